@@ -1,0 +1,32 @@
+"""hf_speculative: tree speculative decoding behind ``model.generate(assistant_model=...)``.
+
+    import hf_speculative as hfs
+    hfs.enable(model)
+    out = model.generate(input_ids, assistant_model=drafter, max_new_tokens=128)
+"""
+
+from .decoding import SpeculativeGenerateOutput, SpeculativeStats
+from .drafters import CausalLMDrafter, DraftingOptions, TreeDrafter, layer_cut_draft
+from .generation import SpeculativeGenerationMixin, enable, is_enabled
+from .trees import DraftTree, TreeSpec
+from .verify import AcceptanceResult, accept_greedy, accept_sampling, accept_typical
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "enable",
+    "is_enabled",
+    "SpeculativeGenerationMixin",
+    "TreeSpec",
+    "DraftTree",
+    "TreeDrafter",
+    "DraftingOptions",
+    "CausalLMDrafter",
+    "layer_cut_draft",
+    "SpeculativeStats",
+    "SpeculativeGenerateOutput",
+    "AcceptanceResult",
+    "accept_greedy",
+    "accept_sampling",
+    "accept_typical",
+]

@@ -1,0 +1,61 @@
+"""Keep the accepted path of a verified tree in a `DynamicCache`.
+
+The verification forward appends the keys/values of all n tree nodes after the cached prefix. Only the
+accepted path's nodes belong to the sequence; gathering them back into place right after the prefix
+and cropping the rest leaves the cache equal to the one a plain forward over prefix + accepted tokens
+would have built (positions are carried by the rotary embedding applied before caching, and every node
+was computed with exactly its ancestors visible).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+__all__ = ["check_tree_cache", "keep_path", "crop_to"]
+
+
+def check_tree_cache(cache) -> None:
+    """Raise a clear error for caches the tree engine cannot compact in place."""
+    if not isinstance(cache, DynamicCache):
+        kind = type(cache).__name__
+        raise ValueError(
+            f"tree speculative decoding needs a DynamicCache, got {kind}. Static, quantized and offloaded caches "
+            "cannot drop rejected tree nodes; leave `cache_implementation` unset (or pass a DynamicCache)."
+        )
+    for layer in cache.layers:
+        if type(layer) is not DynamicLayer:
+            if isinstance(layer, DynamicSlidingWindowLayer):
+                raise ValueError(
+                    "tree speculative decoding does not support sliding-window cache layers yet (the window would "
+                    "evict prefix tokens while tree nodes are appended); load the model with `sliding_window=None` "
+                    "or use a model without sliding-window attention."
+                )
+            raise ValueError(f"tree speculative decoding cannot compact cache layers of type {type(layer).__name__}")
+
+
+def keep_path(cache: Cache, past_length: int, keep: Sequence[int]) -> None:
+    """Keep the tree nodes at offsets ``keep`` (ascending, relative to ``past_length``) and drop the rest."""
+    keep = list(keep)
+    contiguous = keep == list(range(len(keep)))
+    index = None if contiguous else torch.tensor(keep, dtype=torch.long)
+    new_length = past_length + len(keep)
+    for layer in cache.layers:
+        if not layer.is_initialized:
+            continue
+        if index is not None:
+            idx = index.to(layer.keys.device) + past_length
+            layer.keys[..., past_length:new_length, :] = layer.keys.index_select(-2, idx)
+            layer.values[..., past_length:new_length, :] = layer.values.index_select(-2, idx)
+        layer.keys = layer.keys[..., :new_length, :]
+        layer.values = layer.values[..., :new_length, :]
+
+
+def crop_to(cache: Cache, length: int) -> None:
+    """Crop every layer to ``length`` cached positions."""
+    for layer in cache.layers:
+        if layer.is_initialized and layer.keys.shape[-2] > length:
+            layer.keys = layer.keys[..., :length, :]
+            layer.values = layer.values[..., :length, :]

@@ -1,0 +1,243 @@
+"""The tree speculative decoding loop: draft, verify, accept, compact the cache, repeat.
+
+`tree_speculative_decoding` has the signature of transformers' decoding methods (``GenerationMixin._sample``)
+and is handed to ``generate(custom_generate=...)``, so generate prepares inputs, the generation config,
+logits processors, stopping criteria and the cache exactly as it does for plain decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from .cache import check_tree_cache, crop_to, keep_path
+from .drafters.base import DraftingOptions, TreeDrafter
+from .trees import DraftTree, TreeSpec, tree_attention_mask
+from .verify import AcceptanceResult, accept_greedy, accept_sampling, accept_typical
+
+__all__ = ["SpeculativeStats", "SpeculativeGenerateOutput", "tree_speculative_decoding", "check_tree_attention"]
+
+TREE_ATTENTION = ("eager", "sdpa")
+
+
+@dataclass
+class SpeculativeStats:
+    """What one speculative `generate` call did.
+
+    ``accepted_lengths[i]``: tokens committed by target forward i (the prefill forward commits 1; a tree
+    step commits its accepted drafted tokens plus the bonus token). tau is their mean.
+    ``timings`` (seconds): ``draft`` (drafter calls), ``target`` (target forwards), ``engine`` (masks,
+    acceptance, cache compaction, bookkeeping).
+    """
+
+    accepted_lengths: list[int] = field(default_factory=list)
+    tree_sizes: list[int] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=lambda: {"draft": 0.0, "target": 0.0, "engine": 0.0})
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """tau: mean tokens committed per target forward, bonus token included (1.0 = no speedup)."""
+        return sum(self.accepted_lengths) / max(len(self.accepted_lengths), 1)
+
+    @property
+    def num_target_forwards(self) -> int:
+        return len(self.accepted_lengths)
+
+    @property
+    def num_new_tokens(self) -> int:
+        return sum(self.accepted_lengths)
+
+
+@dataclass
+class SpeculativeGenerateOutput(GenerateDecoderOnlyOutput):
+    """`GenerateDecoderOnlyOutput` plus the speculative statistics of the call."""
+
+    speculative_stats: SpeculativeStats | None = None
+
+
+def check_tree_attention(model) -> None:
+    impl = getattr(model.config, "_attn_implementation", None) or "eager"
+    if impl not in TREE_ATTENTION:
+        raise ValueError(
+            f"{type(model).__name__} uses attn_implementation={impl!r}, which cannot take the arbitrary tree attention "
+            "mask of a speculative tree step. Load the model with attn_implementation='sdpa' (or 'eager'), or call "
+            "`model.set_attn_implementation('sdpa')`."
+        )
+
+
+class _Timer:
+    def __init__(self, timings: dict, key: str):
+        self.timings, self.key = timings, key
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.timings[self.key] += time.perf_counter() - self.start
+
+
+def _acceptance(drafter: TreeDrafter, acceptance: str | None, do_sample: bool, generator):
+    mode = acceptance if acceptance is not None else drafter.acceptance
+    if mode not in (None, "exact", "typical"):
+        raise ValueError(f"speculative_acceptance must be 'exact' or 'typical', got {mode!r}")
+    if not do_sample:  # greedy: argmax through the tree (typical acceptance with T=0 is greedy, Medusa 2.3.1)
+        return accept_greedy
+    if mode == "typical":
+        return lambda tree, scores: accept_typical(
+            tree, scores, drafter.posterior_threshold, drafter.posterior_alpha, True, generator
+        )
+    return lambda tree, scores: accept_sampling(tree, scores, generator)
+
+
+@torch.no_grad()
+def tree_speculative_decoding(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    synced_gpus: bool = False,
+    streamer=None,
+    *,
+    drafter: TreeDrafter,
+    tree: TreeSpec | None = None,
+    acceptance: str | None = None,
+    **model_kwargs,
+):
+    """Tree speculative decoding of one sequence; called by `generate` after its usual preparation."""
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"tree speculative decoding supports batch size 1 for now, got {input_ids.shape[0]} sequences "
+            "(num_return_sequences > 1 counts too); generate them one at a time"
+        )
+    if synced_gpus:
+        raise ValueError("tree speculative decoding does not support synced_gpus (ZeRO-3/FSDP) generation")
+    check_tree_attention(model)
+    tree = tree if tree is not None else drafter.default_tree
+    if not isinstance(tree, TreeSpec):
+        raise TypeError(f"speculative_tree must be a hf_speculative.TreeSpec, got {type(tree).__name__}")
+    if drafter.max_depth is not None and tree.depth > drafter.max_depth:
+        raise ValueError(
+            f"the tree is {tree.depth} deep but {type(drafter).__name__} can fill at most {drafter.max_depth} levels"
+        )
+    cache = model_kwargs.get("past_key_values")
+    check_tree_cache(cache)
+
+    do_sample = bool(generation_config.do_sample)
+    generator = None
+    options = DraftingOptions(do_sample, float(generation_config.temperature or 1.0), generator)
+    accept = _acceptance(drafter, acceptance, do_sample, generator)
+    want_hidden = drafter.needs_target_hidden_states
+    return_dict = generation_config.return_dict_in_generate
+    keep_scores = return_dict and generation_config.output_scores
+    keep_logits = return_dict and generation_config.output_logits
+    scores_out, logits_out = [], []
+    stats = SpeculativeStats()
+    device = input_ids.device
+
+    # Padding (batch 1 with a left-padded prompt): hidden prefix columns and shifted positions.
+    attention_mask = model_kwargs.get("attention_mask")
+    past_visible = None
+    num_hidden = 0
+    if attention_mask is not None and not bool(attention_mask.all()):
+        past_visible = attention_mask[0].bool()
+        num_hidden = int((~past_visible).sum())
+
+    def commit(tokens: list[int], token_scores: list[torch.Tensor], token_logits: list[torch.Tensor]) -> tuple[int, bool]:
+        """Append tokens one at a time, as plain decoding would, stopping where generate would stop."""
+        nonlocal input_ids
+        for i, token in enumerate(tokens):
+            input_ids = torch.cat([input_ids, input_ids.new_tensor([[token]])], dim=-1)
+            if keep_scores:
+                scores_out.append(token_scores[i][None])
+            if keep_logits:
+                logits_out.append(token_logits[i][None])
+            if streamer is not None:
+                streamer.put(input_ids[:, -1].cpu())
+            if bool(stopping_criteria(input_ids, None)[0]):
+                return i + 1, True
+        return len(tokens), False
+
+    # Prefill: one target forward over the prompt commits the first new token, exactly as plain generate.
+    past_length = cache.get_seq_length()
+    prefill_kwargs = {}
+    if attention_mask is not None:
+        prefill_kwargs["attention_mask"] = attention_mask
+    if model_kwargs.get("position_ids") is not None:
+        prefill_kwargs["position_ids"] = model_kwargs["position_ids"][:, past_length:]
+    with _Timer(stats.timings, "target"):
+        outputs = model(
+            input_ids=input_ids[:, past_length:],
+            past_key_values=cache,
+            use_cache=True,
+            output_hidden_states=want_hidden,
+            logits_to_keep=1,
+            **prefill_kwargs,
+        )
+    raw = outputs.logits[:, -1].float()
+    scores = logits_processor(input_ids, raw)
+    if do_sample:
+        first = int(torch.multinomial(torch.softmax(scores, -1), 1, generator=generator))
+    else:
+        first = int(torch.argmax(scores, -1))
+    with _Timer(stats.timings, "draft"):
+        drafter.begin(input_ids, outputs)
+    _, stop = commit([first], [scores[0]], [raw[0]])
+    stats.accepted_lengths.append(1)
+
+    while not stop:
+        length = input_ids.shape[1]
+        past_length = length - 1  # the root (last committed token) is not cached yet
+        with _Timer(stats.timings, "draft"):
+            draft: DraftTree = drafter.propose(input_ids, tree, options)
+        with _Timer(stats.timings, "engine"):
+            tokens = draft.tokens.to(device)
+            if past_visible is not None:
+                past_visible = torch.cat([past_visible, past_visible.new_ones(past_length - past_visible.shape[0])])
+            mask = tree_attention_mask(draft.ancestors, past_length, model.dtype, device, past_visible)
+            position_ids = (past_length - num_hidden + draft.depths.to(device))[None]
+        with _Timer(stats.timings, "target"):
+            outputs = model(
+                input_ids=tokens[None],
+                attention_mask=mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+                output_hidden_states=want_hidden,
+            )
+        with _Timer(stats.timings, "engine"):
+            logits = outputs.logits[0].float()
+            node_ids = tokens.tolist()
+
+            def node_scores(node: int) -> torch.Tensor:
+                path = draft.path_to(node)[1:]
+                prefix = torch.cat([input_ids, tokens[path][None]], dim=-1) if path else input_ids
+                return logits_processor(prefix, logits[node : node + 1])[0]
+
+            result: AcceptanceResult = accept(draft, node_scores)
+            keep_path(cache, past_length, result.path)
+            path_logits = [logits[i] for i in result.path]
+            committed, stop = commit(result.tokens, result.scores, path_logits)
+            stats.accepted_lengths.append(committed)
+            stats.tree_sizes.append(len(node_ids))
+            if stop:
+                crop_to(cache, input_ids.shape[1] - 1)
+        if not stop:
+            with _Timer(stats.timings, "draft"):
+                drafter.advance(input_ids, draft, result, outputs)
+
+    drafter.end()
+    if streamer is not None:
+        streamer.end()
+    if return_dict:
+        return SpeculativeGenerateOutput(
+            sequences=input_ids,
+            scores=tuple(scores_out) if keep_scores else None,
+            logits=tuple(logits_out) if keep_logits else None,
+            past_key_values=cache if generation_config.use_cache else None,
+            speculative_stats=stats,
+        )
+    return input_ids

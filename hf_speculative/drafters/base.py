@@ -1,0 +1,85 @@
+"""The one interface between a drafter and the tree engine.
+
+A `TreeDrafter` holds one `generate()` call's drafting state. The engine calls, in order:
+
+1. ``begin(prompt_ids, target_outputs)`` after the target's prefill forward;
+2. per step ``propose(sequence, tree, options) -> DraftTree``: the draft whose root is ``sequence[0, -1]``;
+3. per step ``advance(sequence, draft, result, target_outputs)`` once the accepted tokens are committed,
+   with the verification forward's outputs (its hidden states when ``needs_target_hidden_states``).
+
+The engine never branches on the kind of drafter: Medusa heads, ParallelSpec, SPIRe and a plain causal
+LM differ only in how they implement these three calls.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from ..trees import DraftTree, TreeSpec
+from ..verify import AcceptanceResult
+
+__all__ = ["DraftingOptions", "TreeDrafter", "fill_children"]
+
+
+@dataclass
+class DraftingOptions:
+    """How this call wants candidates drawn (taken from the generation config)."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    generator: torch.Generator | None = None
+
+    def scheme(self, draft_sampling: str) -> str:
+        """The `DraftTree.sampling` scheme: a drafter's own choice when sampling, top-k when greedy."""
+        return draft_sampling if self.do_sample else "deterministic"
+
+
+class TreeDrafter(ABC):
+    """Base class of every drafter's per-call state (see the module docstring)."""
+
+    #: ask the engine for the target's hidden states of the verification forward
+    needs_target_hidden_states: bool = False
+    #: deepest tree this drafter can fill (None: unbounded)
+    max_depth: int | None = None
+    #: the tree used when the call gives no ``speculative_tree``
+    default_tree: TreeSpec | None = None
+    #: "typical" to use Medusa's typical acceptance when sampling (lossy); None for exact acceptance
+    acceptance: str | None = None
+    posterior_threshold: float = 0.09
+    posterior_alpha: float = 0.3
+
+    def begin(self, prompt_ids: torch.LongTensor, target_outputs) -> None:
+        """Reset state for a new call; ``target_outputs`` is the target's prefill output."""
+
+    @abstractmethod
+    def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
+        """This step's draft for the committed ``sequence`` (shape ``(1, L)``; the root is its last token)."""
+
+    def advance(self, sequence: torch.LongTensor, draft: DraftTree, result: AcceptanceResult, target_outputs) -> None:
+        """Bring the drafter's state in step with the committed ``sequence`` after a verification."""
+
+    def end(self) -> None:
+        """Release per-call state."""
+
+
+def fill_children(
+    logits: torch.Tensor, num_children: int, scheme: str, options: DraftingOptions
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Ranked candidates for one parent from the drafter's logits ``(vocab,)``.
+
+    ``scheme`` is a `DraftTree.sampling` value. ``"deterministic"``: the top-k tokens. Sampling: ``q = softmax(logits / T)`` and k draws,
+    without replacement by the Gumbel-top-k trick (the i-th is a draw from q without the first i-1) or
+    with replacement. Returns the tokens and q (None when deterministic).
+    """
+    k = min(num_children, logits.shape[-1])
+    if scheme == "deterministic":
+        return torch.topk(logits, k).indices, None
+    q = torch.softmax(logits.float() / max(options.temperature, 1e-5), dim=-1)
+    if scheme == "with_replacement":
+        return torch.multinomial(q, num_children, replacement=True, generator=options.generator), q
+    u = torch.rand(q.shape, generator=options.generator, device=q.device).clamp_(1e-20, 1.0)
+    gumbel = torch.log(q) - torch.log(-torch.log(u))
+    return torch.topk(gumbel, k).indices, q

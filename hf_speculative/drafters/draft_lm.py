@@ -1,0 +1,137 @@
+"""Any small causal LM as a tree drafter (two-model speculative decoding: Leviathan et al.; Chen et al.;
+SpecInfer's token tree), and the layer-cut self-speculative draft.
+
+The draft model fills the tree level by level: one forward over the newly committed tokens gives the
+root's candidates, then one batched forward per depth over that level's inner nodes, with a tree
+attention mask on the draft's own cache. After drafting, the draft's cache is cropped back to the
+committed tokens, so it only ever holds committed tokens between steps.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+
+from ..trees import DraftTree, TreeSpec, additive_mask
+from .base import DraftingOptions, TreeDrafter, fill_children
+
+__all__ = ["CausalLMDrafter", "layer_cut_draft"]
+
+DEFAULT_LM_TREE = TreeSpec.from_choices(
+    [[0], [1], [2], [3], [0, 0], [0, 1], [1, 0], [2, 0], [0, 0, 0], [0, 0, 1], [0, 1, 0], [1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 0, 0]]
+)
+
+
+class CausalLMDrafter(TreeDrafter):
+    """Drafts a tree with a causal LM that shares the target's vocabulary."""
+
+    def __init__(self, model: PreTrainedModel, tree: TreeSpec | None = None, draft_sampling: str = "without_replacement"):
+        """``draft_sampling``: how siblings are drawn when sampling ("without_replacement", "with_replacement"
+        or "deterministic" top-k); every choice is exact, they differ in acceptance rate."""
+        impl = getattr(model.config, "_attn_implementation", "eager")
+        if impl not in ("eager", "sdpa"):
+            raise ValueError(
+                f"the draft model uses attn_implementation={impl!r}, which cannot take a tree attention mask; "
+                "call `draft.set_attn_implementation('sdpa')` (or 'eager') first"
+            )
+        self.model = model
+        self.default_tree = tree or DEFAULT_LM_TREE
+        self.draft_sampling = draft_sampling
+        self.cache: DynamicCache | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    def begin(self, prompt_ids, target_outputs) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+
+    def _forward(self, ids, positions, mask=None):
+        out = self.model(
+            input_ids=ids[None],
+            position_ids=positions[None],
+            attention_mask=mask,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        return out.logits[0]
+
+    @torch.no_grad()
+    def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
+        device = self.model.device
+        scheme = options.scheme(self.draft_sampling)
+        committed = sequence.shape[1]
+        cached = self.cache.get_seq_length()
+        # 1) the newly committed tokens (the root last): logits for the root's children
+        new = sequence[0, cached:].to(device)
+        logits = {0: self._forward(new, torch.arange(cached, committed, device=device))[-1]}
+
+        n = tree.num_nodes + 1
+        tokens = torch.empty(n, dtype=torch.long, device=device)
+        tokens[0] = sequence[0, -1]
+        probs = None
+        anc = tree.ancestors.to(device)
+        in_cache: list[int] = []  # tree nodes appended to the draft cache, in order
+        level = [0]
+        while level:
+            next_level = []
+            for node in level:
+                kids = tree.children[node]
+                if not kids:
+                    continue
+                chosen, q = fill_children(logits.pop(node), len(kids), scheme, options)
+                tokens[list(kids)] = chosen.to(device)
+                if q is not None:
+                    if probs is None:
+                        probs = torch.zeros(n, q.shape[-1], device=device)
+                    probs[node] = q
+                next_level.extend(c for c in kids if tree.children[c])
+            if not next_level:
+                break
+            # 2) one forward over the level's inner nodes: prefix + their ancestors + themselves visible
+            idx = torch.tensor(next_level, device=device)
+            visible = torch.cat(
+                [torch.ones(len(next_level), committed, dtype=torch.bool, device=device), anc[idx][:, in_cache + next_level]], dim=1
+            )
+            mask = additive_mask(visible, self.model.dtype)
+            out = self._forward(tokens[idx], committed - 1 + tree.depths.to(device)[idx], mask)
+            logits.update(zip(next_level, out))
+            in_cache.extend(next_level)
+            level = next_level
+        # 3) the draft cache keeps committed tokens only
+        for layer in self.cache.layers:
+            if layer.is_initialized:
+                layer.keys, layer.values = layer.keys[..., :committed, :], layer.values[..., :committed, :]
+        return DraftTree.from_spec(tree, tokens, draft_probs=probs, sampling=scheme)
+
+    def end(self) -> None:
+        self.cache = None
+
+
+def layer_cut_draft(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
+    """A self-speculative draft: the target's first ``num_layers`` decoder layers, final norm and LM head.
+
+    The draft shares (does not copy) the target's modules; it is an ordinary causal LM of the target's
+    class, so it also serves as transformers' own ``assistant_model``.
+    """
+    base = getattr(model, model.base_model_prefix)
+    total = len(base.layers)
+    if not 1 <= num_layers <= total:
+        raise ValueError(f"num_layers must be in [1, {total}], got {num_layers}")
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = list(config.layer_types)[:num_layers]
+    with torch.device("meta"):
+        draft = AutoModelForCausalLM.from_config(config, attn_implementation=model.config._attn_implementation)
+    draft_base = getattr(draft, draft.base_model_prefix)
+    for name, module in base.named_children():
+        setattr(draft_base, name, torch.nn.ModuleList(list(module)[:num_layers]) if name == "layers" else module)
+    draft.lm_head = model.lm_head
+    leftover = [n for n, t in list(draft.named_parameters()) + list(draft.named_buffers()) if t.device.type == "meta"]
+    if leftover:
+        raise ValueError(f"layer_cut_draft could not share these target tensors: {leftover[:5]}")
+    draft.generation_config = copy.deepcopy(model.generation_config)
+    return draft.eval()

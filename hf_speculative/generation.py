@@ -1,0 +1,92 @@
+"""`enable(model)`: route ``model.generate(..., assistant_model=X)`` to the tree speculative loop.
+
+`enable` swaps the model instance's class for a subclass that puts `SpeculativeGenerationMixin` first
+in the MRO (the subclass keeps the original class name, so ``save_pretrained`` writes the same
+``architectures``). Without an assistant, `generate` is transformers' own, untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from transformers import GenerationMixin, PreTrainedModel
+
+from .decoding import check_tree_attention, tree_speculative_decoding
+from .drafters import resolve_drafter
+
+__all__ = ["SpeculativeGenerationMixin", "enable", "is_enabled"]
+
+_ENABLED_CLASSES: dict[type, type] = {}
+
+
+class SpeculativeGenerationMixin:
+    """Adds tree speculative decoding to ``generate``.
+
+    Extra ``generate`` arguments:
+        assistant_model: an hf_speculative drafter, a `TreeDrafter`, or any causal LM with the target's
+            vocabulary. Models that draft for themselves (Speculative Streaming) need none.
+        speculative_tree (`TreeSpec`): overrides the drafter's own tree for this call (``TreeSpec.chain(k)``
+            verifies a single chain like transformers' assisted decoding).
+        speculative_acceptance (`str`): ``"exact"`` (default) or ``"typical"`` (Medusa 2.3.1, lossy, sampling only);
+            by default the drafter's config decides.
+    """
+
+    def generate(
+        self,
+        inputs=None,
+        generation_config=None,
+        logits_processor=None,
+        stopping_criteria=None,
+        prefix_allowed_tokens_fn=None,
+        synced_gpus=None,
+        assistant_model=None,
+        streamer=None,
+        *,
+        speculative_tree=None,
+        speculative_acceptance=None,
+        **kwargs,
+    ):
+        drafter = resolve_drafter(self, assistant_model)
+        if drafter is None:
+            if speculative_tree is not None or speculative_acceptance is not None:
+                raise ValueError("speculative_tree / speculative_acceptance need an assistant_model (a drafter)")
+            return super().generate(
+                inputs, generation_config, logits_processor, stopping_criteria, prefix_allowed_tokens_fn,
+                synced_gpus, assistant_model, streamer, **kwargs,
+            )  # fmt: skip
+        for name in ("num_beams", "num_return_sequences"):
+            value = kwargs.get(name, getattr(generation_config, name, None) if generation_config is not None else None)
+            if value is not None and value > 1:
+                raise ValueError(f"tree speculative decoding does not support {name}={value} (it decodes one sequence)")
+        check_tree_attention(self)
+        decoding = functools.partial(
+            tree_speculative_decoding,
+            drafter=drafter,
+            tree=speculative_tree,
+            acceptance=speculative_acceptance,
+            streamer=streamer,  # generate only forwards custom arguments to a custom decoding callable
+        )
+        return super().generate(
+            inputs, generation_config, logits_processor, stopping_criteria, prefix_allowed_tokens_fn,
+            synced_gpus, None, streamer, custom_generate=decoding, **kwargs,
+        )  # fmt: skip
+
+
+def is_enabled(model) -> bool:
+    return isinstance(model, SpeculativeGenerationMixin)
+
+
+def enable(model: PreTrainedModel) -> PreTrainedModel:
+    """Give a transformers causal LM tree speculative generation (idempotent); returns the same object."""
+    if is_enabled(model):
+        return model
+    if not isinstance(model, GenerationMixin):
+        raise TypeError(f"enable() needs a transformers model that can generate, got {type(model).__name__}")
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError("tree speculative decoding supports decoder-only causal LMs")
+    cls = type(model)
+    if cls not in _ENABLED_CLASSES:
+        _ENABLED_CLASSES[cls] = type(cls.__name__, (SpeculativeGenerationMixin, cls), {"__module__": cls.__module__})
+        _ENABLED_CLASSES[cls].__qualname__ = cls.__qualname__
+    model.__class__ = _ENABLED_CLASSES[cls]
+    return model

@@ -1,0 +1,256 @@
+"""Draft trees: the static shape of a tree (`TreeSpec`) and one decoding step's draft (`DraftTree`).
+
+A tree step verifies ``n = 1 + num_nodes`` tokens in one target forward. Node 0 is the *root*: the last
+committed token, which is not in the target's KV cache yet. Every other node is a drafted token whose
+parent is an earlier node. Nodes are stored in breadth-first order (parents before children, the
+children of a node ordered by their rank), so a node's index is also its offset in the verification
+forward and in the KV cache that forward appends.
+
+A static tree is written as Medusa-style *choices* (Cai et al., "Medusa", Sec. 2.1.2 and 2.3.3): each
+path is a tuple of top-i indices, ``(0, 1)`` being "the first candidate at depth 1, then the second
+candidate after it". A chain of length k is the one-path tree ``cartesian([1] * k)``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Iterable, Sequence
+
+import torch
+
+__all__ = ["TreeSpec", "DraftTree", "additive_mask", "tree_attention_mask"]
+
+
+def _ancestor_matrix(parents: Sequence[int]) -> torch.Tensor:
+    """``A[i, j]`` is True when node j is node i itself or one of its ancestors (parents precede children)."""
+    n = len(parents)
+    anc = torch.zeros(n, n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            if p >= i:
+                raise ValueError(f"node {i} has parent {p}: parents must come before their children")
+            anc[i] = anc[p]
+        anc[i, i] = True
+    return anc
+
+
+def _children_lists(parents: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    children: list[list[int]] = [[] for _ in parents]
+    for i, p in enumerate(parents):
+        if p >= 0:
+            children[p].append(i)
+    return tuple(tuple(c) for c in children)
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """A static draft tree, as sorted Medusa-style paths of top-i indices (the root is implicit).
+
+    Derived structure (parents, depths, ranks, ancestor matrix, children) is computed once per shape and
+    cached on the instance, so a decoding loop that reuses one spec builds its masks once.
+    """
+
+    paths: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self):
+        paths = tuple(sorted({tuple(int(i) for i in p) for p in self.paths}, key=lambda p: (len(p), p)))
+        known = set(paths)
+        for p in paths:
+            if len(p) == 0:
+                raise ValueError("a tree path cannot be empty (the root is implicit)")
+            if min(p) < 0:
+                raise ValueError(f"tree path {list(p)} has a negative top-i index")
+            if len(p) > 1 and p[:-1] not in known:
+                raise ValueError(f"tree path {list(p)} has no parent path {list(p[:-1])}: every prefix of a path must be in the tree")
+            if p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in known:
+                raise ValueError(
+                    f"tree path {list(p)} skips its lower-ranked sibling {list(p[:-1] + (p[-1] - 1,))}: "
+                    "the i-th candidate needs candidates 0..i-1"
+                )
+        object.__setattr__(self, "paths", paths)
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_choices(cls, choices: Iterable[Sequence[int]]) -> "TreeSpec":
+        """Build from Medusa-style choices, e.g. ``[[0], [1], [0, 0], [0, 1], [1, 0]]``."""
+        return cls(tuple(tuple(c) for c in choices))
+
+    @classmethod
+    def cartesian(cls, branching: Sequence[int]) -> "TreeSpec":
+        """Every combination of the top-``branching[d]`` candidates at depth d (``[3, 2, 2]``: 3 + 6 + 12 nodes)."""
+        if not branching or any(int(b) < 1 for b in branching):
+            raise ValueError(f"cartesian branching must be a non-empty list of positive ints, got {list(branching)}")
+        paths = []
+        for depth in range(1, len(branching) + 1):
+            paths.extend(itertools.product(*[range(int(b)) for b in branching[:depth]]))
+        return cls(tuple(paths))
+
+    @classmethod
+    def chain(cls, length: int) -> "TreeSpec":
+        """A single path of ``length`` drafted tokens (what transformers' assisted decoding verifies)."""
+        return cls.cartesian([1] * int(length))
+
+    @classmethod
+    def optimize(cls, accuracies, num_nodes: int) -> "TreeSpec":
+        """Medusa Sec. 2.3.3: greedily grow the tree that maximizes the expected acceptance length.
+
+        ``accuracies[d][i]`` is the measured probability that the i-th ranked candidate at depth ``d + 1``
+        is the correct token (top-i accuracy of head d). Under the independence assumption of the paper,
+        a node's chance of being on the accepted path is the product of the accuracies along its path,
+        and the expected acceptance length is the sum of these products over the nodes. Adding nodes one
+        at a time in order of that product (only nodes whose parent and lower-ranked sibling are already
+        in the tree) gives the tree of ``num_nodes`` nodes with the largest expected length.
+        """
+        acc = [[float(a) for a in row] for row in accuracies]
+        if num_nodes < 1 or not acc or not acc[0]:
+            raise ValueError("optimize needs num_nodes >= 1 and a non-empty accuracy table")
+        chosen: list[tuple[int, ...]] = []
+        # max-heap of (-value, path, value of the parent); value = product of accuracies along the path
+        heap = [(-acc[0][0], (0,), 1.0)]
+        while heap and len(chosen) < num_nodes:
+            neg_value, path, parent_value = heapq.heappop(heap)
+            chosen.append(path)
+            depth, rank = len(path) - 1, path[-1]
+            if rank + 1 < len(acc[depth]):  # next-ranked sibling
+                heapq.heappush(heap, (-parent_value * acc[depth][rank + 1], path[:-1] + (rank + 1,), parent_value))
+            if depth + 1 < len(acc) and acc[depth + 1]:  # first child
+                heapq.heappush(heap, (neg_value * acc[depth + 1][0], path + (0,), -neg_value))
+        return cls(tuple(chosen))
+
+    # ------------------------------------------------------------------ derived structure (cached)
+    @property
+    def num_nodes(self) -> int:
+        """Drafted nodes, the root excluded."""
+        return len(self.paths)
+
+    @cached_property
+    def depth(self) -> int:
+        return max(len(p) for p in self.paths)
+
+    @cached_property
+    def parents(self) -> tuple[int, ...]:
+        """Parent index per node, root included (``parents[0] == -1``)."""
+        index = {(): 0}
+        for i, p in enumerate(self.paths, start=1):
+            index[p] = i
+        return (-1,) + tuple(index[p[:-1]] for p in self.paths)
+
+    @cached_property
+    def ranks(self) -> tuple[int, ...]:
+        """Which ranked candidate of its parent each node is (root: 0)."""
+        return (0,) + tuple(p[-1] for p in self.paths)
+
+    @cached_property
+    def depths(self) -> torch.Tensor:
+        return torch.tensor([0] + [len(p) for p in self.paths], dtype=torch.long)
+
+    @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        return _children_lists(self.parents)
+
+    @cached_property
+    def ancestors(self) -> torch.Tensor:
+        return _ancestor_matrix(self.parents)
+
+    def branching_at(self, node: int) -> int:
+        """How many ranked candidates the drafter must produce below ``node``."""
+        return len(self.children[node])
+
+    def to_list(self) -> list[list[int]]:
+        """JSON-friendly form for configs (inverse of `from_choices`)."""
+        return [list(p) for p in self.paths]
+
+    def __repr__(self) -> str:
+        return f"TreeSpec(num_nodes={self.num_nodes}, depth={self.depth})"
+
+
+@dataclass
+class DraftTree:
+    """One step's draft: a token per node (node 0 is the root, the last committed token).
+
+    ``draft_probs[i]`` is the drafter's distribution q over the children of node i, needed for lossless
+    sampling; ``sampling`` states how the children were drawn from it, which decides the residual update
+    used by rejection sampling (see `hf_speculative.verify`):
+
+    * ``"deterministic"``: children are fixed choices (e.g. top-k); no ``draft_probs`` needed.
+    * ``"without_replacement"``: the i-th child was drawn from q with the earlier siblings removed
+      (Gumbel-top-k sampling).
+    * ``"with_replacement"``: every child is an independent draw from q (SpecInfer).
+    """
+
+    tokens: torch.Tensor  # (n,) long
+    parents: tuple[int, ...]
+    draft_probs: torch.Tensor | None = None  # (n, vocab) float, rows of leaves unused
+    sampling: str = "deterministic"
+    hidden: object = None  # drafter-private data carried to `TreeDrafter.advance`
+    _spec: TreeSpec | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        if self.sampling not in ("deterministic", "without_replacement", "with_replacement"):
+            raise ValueError(f"unknown draft sampling scheme {self.sampling!r}")
+        if self.tokens.dim() != 1 or self.tokens.numel() != len(self.parents):
+            raise ValueError("DraftTree.tokens must be 1-D with one token per node")
+
+    @classmethod
+    def from_spec(cls, spec: TreeSpec, tokens: torch.Tensor, **kwargs) -> "DraftTree":
+        """A draft filling a static tree; reuses the spec's cached ancestor matrix."""
+        return cls(tokens=tokens, parents=spec.parents, _spec=spec, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.parents)
+
+    @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        return self._spec.children if self._spec is not None else _children_lists(self.parents)
+
+    @cached_property
+    def ancestors(self) -> torch.Tensor:
+        return self._spec.ancestors if self._spec is not None else _ancestor_matrix(self.parents)
+
+    @cached_property
+    def depths(self) -> torch.Tensor:
+        if self._spec is not None:
+            return self._spec.depths
+        return self.ancestors.sum(-1) - 1
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root to ``node``, both included."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``(q, k)`` bool visibility -> ``(1, 1, q, k)`` additive float mask (0 visible, dtype min hidden).
+
+    transformers passes custom 4D masks through unchanged; eager attention adds them to the scores and
+    sdpa takes a float mask as a bias, so a float mask serves both.
+    """
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def tree_attention_mask(
+    ancestors: torch.Tensor,
+    past_length: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    past_visible: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Additive 4D mask ``(1, 1, n, past_length + n)`` for a tree verification forward.
+
+    The cached prefix is visible to every node (``past_visible`` can hide padding); each node sees its
+    ancestors and itself.
+    """
+    n = ancestors.shape[0]
+    visible = torch.ones(n, past_length + n, dtype=torch.bool, device=device)
+    if past_visible is not None:
+        visible[:, :past_length] = past_visible.to(device=device, dtype=torch.bool)
+    visible[:, past_length:] = ancestors.to(device)
+    return additive_mask(visible, dtype)

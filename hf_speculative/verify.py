@@ -1,0 +1,158 @@
+"""Acceptance over a verified draft tree: greedy, lossless rejection sampling, and typical acceptance.
+
+Each function walks the tree from the root. ``node_scores(i)`` returns the target's *processed* scores
+(the logits after the same logits processors and warpers that `generate` applies) for the token that
+follows node i, given the committed prefix and the path to i. The walk commits the drafted tokens of
+the accepted path and one more token from the target at its end (the *bonus* token), so every target
+forward commits at least one token.
+
+Lossless sampling (`accept_sampling`) is sequential rejection over a node's children (SpecInfer,
+Miao et al. 2023; "iterative speculative sampling"; ParallelSpec Algorithm 1), in the general form of
+recursive rejection sampling (Jeon et al. 2024): child i was drawn from a proposal ``q_i`` that may
+depend on the earlier siblings; it is accepted with probability ``min(1, p_i(x_i) / q_i(x_i))``, and on
+rejection ``p_{i+1} = normalize(max(p_i - q_i, 0))``. If every child is rejected the token is drawn from
+the last residual. For each i this leaves the committed token distributed exactly as p, provided x_i
+really is a draw from q_i given the earlier rejections. The proposal follows from how the drafter drew
+the siblings (`DraftTree.sampling`):
+
+* ``"with_replacement"``: i.i.d. draws, ``q_i = q``.
+* ``"without_replacement"``: ``q_i = q`` with the earlier siblings' tokens removed and renormalized.
+* ``"deterministic"``: fixed candidates such as top-k tokens, ``q_i = onehot(x_i)``. Then x_i is
+  accepted with probability ``p_i(x_i)`` and the residual is p_i without x_i.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .trees import DraftTree
+
+__all__ = ["AcceptanceResult", "accept_greedy", "accept_sampling", "accept_typical"]
+
+NodeScores = Callable[[int], torch.Tensor]
+
+
+@dataclass
+class AcceptanceResult:
+    """The accepted path (node indices, root first) and the tokens it commits (path tokens + bonus)."""
+
+    path: list[int]
+    tokens: list[int]
+    scores: list[torch.Tensor] = field(default_factory=list)  # processed scores behind each committed token
+
+    @property
+    def num_accepted_drafts(self) -> int:
+        return len(self.path) - 1
+
+
+def accept_greedy(tree: DraftTree, node_scores: NodeScores) -> AcceptanceResult:
+    """Follow the target's argmax through the tree (speculative decoding notes, Appendix A)."""
+    tokens = tree.tokens.tolist()
+    node, path, out, scores = 0, [0], [], []
+    while True:
+        s = node_scores(node)
+        best = int(torch.argmax(s))
+        out.append(best)
+        scores.append(s)
+        child = next((c for c in tree.children[node] if tokens[c] == best), None)
+        if child is None:
+            return AcceptanceResult(path, out, scores)
+        path.append(child)
+        node = child
+
+
+def _proposal(tree: DraftTree, node: int, child: int, removed: list[int], vocab: int, device) -> torch.Tensor:
+    """q_i for the next sibling, following `DraftTree.sampling`."""
+    token = int(tree.tokens[child])
+    if tree.sampling == "deterministic":
+        q = torch.zeros(vocab, device=device)
+        q[token] = 1.0
+        return q
+    if tree.draft_probs is None:
+        raise ValueError(f"a DraftTree sampled {tree.sampling} needs draft_probs for lossless sampling")
+    q = tree.draft_probs[node].to(device=device, dtype=torch.float32)
+    if tree.sampling == "without_replacement" and removed:
+        q = q.clone()
+        q[removed] = 0.0
+        total = q.sum()
+        q = q / total if total > 0 else q
+    return q
+
+
+def accept_sampling(
+    tree: DraftTree, node_scores: NodeScores, generator: torch.Generator | None = None
+) -> AcceptanceResult:
+    """Lossless tree rejection sampling: the committed tokens follow the target's own distribution."""
+    tokens = tree.tokens.tolist()
+    node, path, out, scores = 0, [0], [], []
+    while True:
+        s = node_scores(node)
+        p = torch.softmax(s.float(), dim=-1)
+        accepted, removed = None, []
+        for child in tree.children[node]:
+            x = tokens[child]
+            q = _proposal(tree, node, child, removed, p.shape[-1], p.device)
+            qx, px = float(q[x]), float(p[x])
+            u = float(torch.rand((), generator=generator, device="cpu"))
+            if qx > 0 and u * qx < px:
+                accepted = child
+                break
+            residual = torch.clamp(p - q, min=0.0)
+            total = residual.sum()
+            if total > 0:  # total == 0 would need p == q, where the child is always accepted
+                p = residual / total
+            removed.append(x)
+        scores.append(s)
+        if accepted is None:
+            out.append(int(torch.multinomial(p, 1, generator=generator)))
+            return AcceptanceResult(path, out, scores)
+        out.append(tokens[accepted])
+        path.append(accepted)
+        node = accepted
+
+
+def accept_typical(
+    tree: DraftTree,
+    node_scores: NodeScores,
+    posterior_threshold: float = 0.09,
+    posterior_alpha: float = 0.3,
+    do_sample: bool = True,
+    generator: torch.Generator | None = None,
+) -> AcceptanceResult:
+    """Typical acceptance (Medusa Sec. 2.3.1). LOSSY: it does not preserve the target's distribution.
+
+    A drafted token x after a prefix is accepted when ``p(x) > min(epsilon, alpha * exp(-H(p)))`` with
+    p the target's (temperature-scaled) distribution; the longest accepted path wins (ties: the earlier
+    path in tree order). The bonus token is sampled from p at the end of the path (argmax when
+    ``do_sample`` is False).
+    """
+    tokens = tree.tokens.tolist()
+    cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def probs(node: int):
+        if node not in cache:
+            s = node_scores(node)
+            cache[node] = (s, torch.softmax(s.float(), dim=-1))
+        return cache[node]
+
+    def longest(node: int) -> list[int]:
+        _, p = probs(node)
+        entropy = -(p * torch.log(p.clamp_min(1e-20))).sum()
+        threshold = min(posterior_threshold, posterior_alpha * float(torch.exp(-entropy)))
+        best: list[int] = []
+        for child in tree.children[node]:
+            if float(p[tokens[child]]) > threshold:
+                below = [child] + longest(child)
+                if len(below) > len(best):
+                    best = below
+        return best
+
+    path = [0] + longest(0)
+    out = [tokens[i] for i in path[1:]]
+    scores = [probs(i)[0] for i in path]
+    s, p = probs(path[-1])
+    out.append(int(torch.multinomial(p, 1, generator=generator)) if do_sample else int(torch.argmax(s)))
+    return AcceptanceResult(path, out, scores)
