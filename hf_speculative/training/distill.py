@@ -1,0 +1,186 @@
+"""Self-distillation (Medusa, Cai et al. 2024, section 2.3.2).
+
+When the target's own training data are not available, or a drafter should learn the target's
+*own* distribution, let the target answer a set of prompts and train the drafter on those answers.
+This module runs the target with plain :meth:`transformers.GenerationMixin.generate` (never a
+speculative loop), batched with left padding, and writes chat-format jsonl::
+
+    {"id": "...", "messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}],
+     "num_new_tokens": 187, "finish_reason": "stop"}
+
+The output is resumable: ids already in the file are skipped, and each record is appended and
+flushed as soon as it is done, so an interrupted run loses at most one batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from .data import Record, encode_chat_batch
+
+__all__ = ["DistillStats", "read_done_ids", "self_distill"]
+
+
+@dataclass
+class DistillStats:
+    """What one :func:`self_distill` call did."""
+
+    written: int = 0
+    skipped: int = 0
+    new_tokens: int = 0
+    wall_time_s: float = 0.0
+
+    def __str__(self) -> str:
+        rate = self.new_tokens / self.wall_time_s if self.wall_time_s else 0.0
+        return (
+            f"wrote {self.written} records ({self.skipped} already done), {self.new_tokens} new tokens "
+            f"in {self.wall_time_s:.0f} s ({rate:.1f} tokens/s)"
+        )
+
+
+def read_done_ids(path: str | Path) -> set[str]:
+    """Ids already in an output jsonl. A torn last line (an interrupted write) is cut off the file."""
+    path = Path(path)
+    if not path.exists():
+        return set()
+    done: set[str] = set()
+    good_bytes = 0
+    with open(path, "rb") as f:
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                break  # torn write at the end of the file
+            try:
+                row = json.loads(raw)
+            except json.JSONDecodeError:
+                break
+            done.add(str(row["id"]))
+            good_bytes += len(raw)
+    if good_bytes != path.stat().st_size:
+        with open(path, "r+b") as f:
+            f.truncate(good_bytes)
+    return done
+
+
+def _generate_batch(model, tokenizer, conversations, generation_kwargs) -> list[tuple[str, int, str]]:
+    import transformers
+
+    enc = encode_chat_batch(tokenizer, conversations, padding_side="left")
+    enc = {k: v.to(model.device) for k, v in enc.items()}
+    with torch.inference_mode():
+        # Plain transformers generate, even on a model that hf_speculative.enable() patched.
+        out = transformers.GenerationMixin.generate(model, **enc, **generation_kwargs)
+    new = out[:, enc["input_ids"].shape[1]:]
+    eos = generation_kwargs["eos_token_id"]
+    eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos])
+    pad = generation_kwargs["pad_token_id"]
+    results = []
+    for row in new.tolist():
+        n, reason = len(row), "length"
+        for i, tok in enumerate(row):
+            if tok in eos_ids:
+                n, reason = i + 1, "stop"
+                break
+        ids = [t for t in row[:n] if t not in eos_ids and (reason == "stop" or t != pad)]
+        text = tokenizer.decode(ids, skip_special_tokens=True).strip()
+        results.append((text, n, reason))
+    return results
+
+
+def self_distill(
+    model,
+    tokenizer,
+    records: Sequence[Record],
+    output_path: str | Path,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_p: float | None = None,
+    batch_size: int = 1,
+    all_turns: bool = False,
+    limit: int | None = None,
+    time_budget_s: float | None = None,
+    seed: int | None = None,
+    progress: bool = True,
+) -> DistillStats:
+    """Let ``model`` answer ``records`` and append chat-format jsonl to ``output_path``.
+
+    Args:
+        records: prompts; each record's user turns are answered by the model (the data set's own
+            assistant turns are thrown away: that is the point of self-distillation).
+        max_new_tokens: per assistant turn.
+        temperature: 0 decodes greedily; above 0 samples with this temperature (and ``top_p``).
+        batch_size: prompts per ``generate`` call, left-padded.
+        all_turns: answer every user turn in order (multi-turn conversations); otherwise only the first.
+        limit: stop after this many records *in total* in the output file (done ones count).
+        time_budget_s: stop starting new batches after this many seconds.
+        seed: torch seed for sampling.
+    """
+    from tqdm.auto import tqdm
+
+    output_path = Path(output_path)
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    done = read_done_ids(output_path)
+    todo = [r for r in records if r.id not in done]
+    stats = DistillStats(skipped=len(records) - len(todo))
+    if limit is not None:
+        todo = todo[: max(0, limit - len(done))]
+    if seed is not None:
+        torch.manual_seed(seed)
+    gen_kwargs = dict(
+        max_new_tokens=max_new_tokens,
+        do_sample=temperature > 0,
+        eos_token_id=model.generation_config.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model.generation_config.pad_token_id,
+    )
+    if temperature > 0:
+        gen_kwargs["temperature"] = temperature
+        if top_p is not None:
+            gen_kwargs["top_p"] = top_p
+    else:
+        gen_kwargs.update(temperature=None, top_p=None, top_k=None)
+
+    model.eval()
+    start = time.perf_counter()
+    bar = tqdm(total=len(todo), desc="self-distill", disable=not progress, unit="prompt")
+    with open(output_path, "a", encoding="utf-8") as out:
+        for b in range(0, len(todo), batch_size):
+            if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+                break
+            batch = todo[b : b + batch_size]
+            n_turns = max(len(r.turns) for r in batch) if all_turns else 1
+            answers: list[list[str]] = [[] for _ in batch]
+            tokens = [0] * len(batch)
+            reasons = [""] * len(batch)
+            for t in range(n_turns):
+                active = [i for i, r in enumerate(batch) if t < (len(r.turns) if all_turns else 1)]
+                convs = [batch[i].conversation(t + 1, answers[i]) for i in active]
+                for i, (text, n, reason) in zip(active, _generate_batch(model, tokenizer, convs, gen_kwargs)):
+                    answers[i].append(text)
+                    tokens[i] += n
+                    reasons[i] = reason
+            for i, rec in enumerate(batch):
+                n_answered = len(answers[i])
+                messages = rec.conversation(n_answered, answers[i]) + [{"role": "assistant", "content": answers[i][-1]}]
+                row = {
+                    "id": rec.id,
+                    "category": rec.category,
+                    "messages": messages,
+                    "num_new_tokens": tokens[i],
+                    "finish_reason": reasons[i],
+                }
+                out.write(json.dumps(row, ensure_ascii=False) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+                stats.written += 1
+                stats.new_tokens += tokens[i]
+            bar.update(len(batch))
+            bar.set_postfix(tok_s=f"{stats.new_tokens / (time.perf_counter() - start):.1f}")
+    bar.close()
+    stats.wall_time_s = time.perf_counter() - start
+    return stats
