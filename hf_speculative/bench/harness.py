@@ -1,0 +1,585 @@
+"""The timing harness behind ``hf-speculative bench``.
+
+Every method is a small :class:`BenchMethod` registered by name in :data:`METHODS`; it builds its
+drafter once (``setup``) and makes one ``generate`` call per prompt (``generate``). The harness
+then, in one process and on the same tokenized prompts:
+
+1. warms every method up with one short ``generate``;
+2. for each prompt, runs every method in turn (interleaved, so slow drifts of a shared machine hit
+   all methods alike), ``--repeats`` times, timing only the ``generate`` call with
+   ``time.perf_counter`` (tokenization and chat templating happen before, outside the timed region;
+   on CUDA the region is closed by ``torch.cuda.synchronize``);
+3. summarizes with :mod:`hf_speculative.bench.report`.
+
+Counting target forwards.  Our engine reports ``out.speculative_stats.accepted_lengths`` (one entry
+per target forward).  Plain decoding makes one forward per new token.  For transformers' own
+assisted and prompt-lookup decoding, a ``register_forward_pre_hook`` on the *target's top-level
+module* whose only work is ``self.n += 1`` counts the target's forward calls during the timed
+``generate`` (the draft is a different top-level module, even when it shares the target's layers,
+so it is not counted); tau is then ``new_tokens / forwards``.  The hook is registered before and
+removed after the timed region.
+
+Adding a method: subclass :class:`BenchMethod`, set ``name``, implement ``generate`` (and ``setup``
+if it needs a drafter), and decorate it with :func:`register_method`.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+import torch
+
+from .prompts import BenchPrompt, prepare_prompts
+from .report import Measurement, category_table, markdown_table, plot_results, prompts_json, summarize, write_json
+
+__all__ = [
+    "BenchOptions",
+    "BenchMethod",
+    "METHODS",
+    "register_method",
+    "parse_tree",
+    "build_methods",
+    "run_benchmark",
+    "machine_info",
+    "add_bench_parser",
+]
+
+
+# ----------------------------------------------------------------------------- options
+
+
+@dataclass
+class BenchOptions:
+    """Knobs of the methods (one object shared by all of them).
+
+    Attributes:
+        draft_layers: decoder layers kept by the layer-cut self-speculative draft.
+        tree: ``--tree`` string for our tree methods (``None``: the drafter's own default tree).
+        chain_length: drafted tokens per step of ``chain-layercut``.
+        assistant_tokens / assistant_schedule / assistant_confidence: transformers' assisted decoding
+            knobs; they are set on the ASSISTANT's ``generation_config`` (that is where transformers
+            reads them), ``None`` keeps transformers' defaults (20, "constant", 0.4).
+        prompt_lookup_tokens / max_matching_ngram: transformers' prompt-lookup decoding.
+        drafters: ``{method name: path}`` from ``--drafter``.
+    """
+
+    draft_layers: int = 8
+    tree: str | None = None
+    chain_length: int = 4
+    assistant_tokens: int | None = 6
+    assistant_schedule: str | None = "constant"
+    assistant_confidence: float | None = 0.0
+    prompt_lookup_tokens: int = 10
+    max_matching_ngram: int = 2
+    drafters: dict[str, str] = field(default_factory=dict)
+
+
+def parse_tree(spec: str | None):
+    """``cartesian:4,2,2,1`` | ``chain:5`` | a JSON list of choices | a path to a JSON file of choices."""
+    if spec is None:
+        return None
+    import hf_speculative as hfs
+
+    spec = spec.strip()
+    if spec.startswith("cartesian:"):
+        return hfs.TreeSpec.cartesian([int(x) for x in spec.split(":", 1)[1].split(",") if x])
+    if spec.startswith("chain:"):
+        return hfs.TreeSpec.chain(int(spec.split(":", 1)[1]))
+    if spec.startswith("["):
+        return hfs.TreeSpec.from_choices(json.loads(spec))
+    path = Path(spec)
+    if path.is_file():
+        data = json.loads(path.read_text())
+        return hfs.TreeSpec.from_choices(data["choices"] if isinstance(data, dict) else data)
+    raise ValueError(f"--tree {spec!r}: want 'cartesian:4,2,2,1', 'chain:5', a JSON list of choices or a JSON file")
+
+
+# ----------------------------------------------------------------------------- methods
+
+
+class BenchMethod:
+    """One decoding method under test.
+
+    ``generate(input_ids, attention_mask, **common)`` is the timed call: it must do nothing but
+    call ``generate``. ``common`` holds ``max_new_tokens``, ``do_sample``, ``temperature``,
+    ``return_dict_in_generate=True`` and the token ids.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    #: count target forwards with a forward pre-hook (transformers' own speculative methods)
+    count_forwards_with_hook: ClassVar[bool] = False
+
+    def __init__(self, model, tokenizer, options: BenchOptions):
+        self.model, self.tokenizer, self.options = model, tokenizer, options
+
+    def setup(self) -> None:
+        """Build drafters etc. (not timed)."""
+
+    def settings(self) -> dict[str, Any]:
+        """What to record in the JSON ``setting`` for this method."""
+        return {}
+
+    def generate(self, input_ids, attention_mask, **common):
+        raise NotImplementedError
+
+    def target_forwards(self, output, new_tokens: int, hook_count: int | None) -> int | None:
+        stats = getattr(output, "speculative_stats", None)
+        if stats is not None:
+            return len(stats.accepted_lengths)
+        return hook_count
+
+
+METHODS: dict[str, type[BenchMethod]] = {}
+
+
+def register_method(cls: type[BenchMethod]) -> type[BenchMethod]:
+    """Class decorator: make ``cls`` available to ``--methods`` under ``cls.name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    METHODS[cls.name] = cls
+    return cls
+
+
+def _transformers_generate(model, *args, **kwargs):
+    """transformers' own generate, even on a model that hf_speculative.enable() patched."""
+    import transformers
+
+    return transformers.GenerationMixin.generate(model, *args, **kwargs)
+
+
+@register_method
+class PlainMethod(BenchMethod):
+    name = "plain"
+    description = "transformers generate() without speculation (the baseline)"
+
+    def generate(self, input_ids, attention_mask, **common):
+        return _transformers_generate(self.model, input_ids, attention_mask=attention_mask, **common)
+
+    def target_forwards(self, output, new_tokens, hook_count):
+        return new_tokens  # one forward per token (the prefill forward gives the first)
+
+
+class _LayerCutMixin:
+    def _build_draft(self):
+        import hf_speculative as hfs
+
+        self.draft = hfs.layer_cut_draft(self.model, num_layers=self.options.draft_layers)
+
+
+@register_method
+class HFAssistedMethod(_LayerCutMixin, BenchMethod):
+    name = "hf-assisted"
+    description = "transformers' assisted decoding (chain), layer-cut draft as assistant_model"
+    count_forwards_with_hook = True
+
+    def setup(self):
+        self._build_draft()
+        gc = self.draft.generation_config = copy.deepcopy(self.draft.generation_config)
+        o = self.options
+        # transformers reads these from the ASSISTANT's generation_config, not from generate kwargs
+        if o.assistant_tokens is not None:
+            gc.num_assistant_tokens = o.assistant_tokens
+        if o.assistant_schedule is not None:
+            gc.num_assistant_tokens_schedule = o.assistant_schedule
+        if o.assistant_confidence is not None:
+            gc.assistant_confidence_threshold = o.assistant_confidence
+        self._initial = gc.num_assistant_tokens
+
+    def settings(self):
+        gc = self.draft.generation_config
+        return {
+            "draft_layers": self.options.draft_layers,
+            "num_assistant_tokens": self._initial,
+            "num_assistant_tokens_schedule": gc.num_assistant_tokens_schedule,
+            "assistant_confidence_threshold": gc.assistant_confidence_threshold,
+            "note": "None = transformers default (20 tokens, 'constant', confidence 0.4)",
+        }
+
+    def generate(self, input_ids, attention_mask, **common):
+        return _transformers_generate(self.model, input_ids, attention_mask=attention_mask, assistant_model=self.draft, **common)
+
+
+@register_method
+class HFPromptLookupMethod(BenchMethod):
+    name = "hf-prompt-lookup"
+    description = "transformers' prompt-lookup decoding (n-gram match in the prompt)"
+    count_forwards_with_hook = True
+
+    def settings(self):
+        return {"prompt_lookup_num_tokens": self.options.prompt_lookup_tokens, "max_matching_ngram_size": self.options.max_matching_ngram}
+
+    def generate(self, input_ids, attention_mask, **common):
+        return _transformers_generate(
+            self.model, input_ids, attention_mask=attention_mask,
+            prompt_lookup_num_tokens=self.options.prompt_lookup_tokens,
+            max_matching_ngram_size=self.options.max_matching_ngram, **common,
+        )  # fmt: skip
+
+
+class _EngineMethod(BenchMethod):
+    """A method that runs hf_speculative's tree loop: ``enable(model)``, ``generate(assistant_model=...)``."""
+
+    tree = None
+
+    def setup(self):
+        import hf_speculative as hfs
+
+        hfs.enable(self.model)
+
+    def _tree_settings(self):
+        return {"tree": None if self.tree is None else self.tree.to_list(), "tree_nodes": None if self.tree is None else self.tree.num_nodes}
+
+    def generate(self, input_ids, attention_mask, **common):
+        kwargs = {} if self.tree is None else {"speculative_tree": self.tree}
+        return self.model.generate(input_ids, attention_mask=attention_mask, assistant_model=self.draft, **kwargs, **common)
+
+
+@register_method
+class TreeLayerCutMethod(_LayerCutMixin, _EngineMethod):
+    name = "tree-layercut"
+    description = "hf_speculative tree loop, layer-cut self-speculative draft"
+
+    def setup(self):
+        super().setup()
+        self._build_draft()
+        self.tree = parse_tree(self.options.tree)
+        if self.tree is None:  # the drafter's own default tree, recorded for the JSON
+            from hf_speculative.drafters import resolve_drafter
+
+            self.tree = resolve_drafter(self.model, self.draft).default_tree
+
+    def settings(self):
+        return {"draft_layers": self.options.draft_layers, **self._tree_settings()}
+
+
+@register_method
+class ChainLayerCutMethod(_LayerCutMixin, _EngineMethod):
+    name = "chain-layercut"
+    description = "hf_speculative loop with a one-path tree (chain), layer-cut draft"
+
+    def setup(self):
+        import hf_speculative as hfs
+
+        super().setup()
+        self._build_draft()
+        self.tree = hfs.TreeSpec.chain(self.options.chain_length)
+
+    def settings(self):
+        return {"draft_layers": self.options.draft_layers, **self._tree_settings()}
+
+
+class DrafterMethod(_EngineMethod):
+    """A trained drafter from ``--drafter [NAME=]PATH`` (Medusa heads, ParallelSpec, SPIRe, a small LM...).
+
+    The method is named ``NAME``, or by default the drafter config's ``model_type``.
+    """
+
+    path: ClassVar[str] = ""
+
+    def setup(self):
+        super().setup()
+        self.draft = load_drafter(self.path, self.model)
+        self.tree = parse_tree(self.options.tree)
+
+    def settings(self):
+        return {"drafter": self.path, "drafter_type": type(self.draft).__name__, **self._tree_settings()}
+
+
+def load_drafter(path: str, target=None):
+    """Load a drafter folder: an hf_speculative drafter (registered Auto classes) or a causal LM."""
+    import hf_speculative  # noqa: F401  (registers the drafters' Auto classes)
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    archs = getattr(config, "architectures", None) or []
+    if any(a.endswith("ForCausalLM") for a in archs):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=target.dtype if target is not None else None, attn_implementation="sdpa")
+    else:
+        model = AutoModel.from_pretrained(path)
+    if target is not None:
+        model.to(device=target.device, dtype=target.dtype)
+    return model.eval()
+
+
+def drafter_method_name(path: str) -> str:
+    from transformers import AutoConfig
+
+    import hf_speculative  # noqa: F401
+
+    return AutoConfig.from_pretrained(path).model_type.replace("_", "-")
+
+
+def make_drafter_method(name: str, path: str) -> type[BenchMethod]:
+    """Register a :class:`DrafterMethod` subclass named ``name`` for the drafter at ``path``."""
+    cls = type(f"DrafterMethod_{name}", (DrafterMethod,), {"name": name, "path": path, "description": f"drafter {path}"})
+    return register_method(cls)
+
+
+def build_methods(names: list[str], model, tokenizer, options: BenchOptions) -> list[BenchMethod]:
+    for name, path in options.drafters.items():
+        make_drafter_method(name, path)
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; known: {sorted(METHODS)}")
+    methods = [METHODS[n](model, tokenizer, options) for n in names]
+    for m in methods:
+        m.setup()
+    return methods
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+class _ForwardCounter:
+    """A forward pre-hook that only increments an int."""
+
+    __slots__ = ("n",)
+
+    def __init__(self):
+        self.n = 0
+
+    def __call__(self, module, args):
+        self.n += 1
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _common_kwargs(model, tokenizer, max_new_tokens: int, temperature: float) -> dict:
+    gc = model.generation_config
+    kw = dict(
+        max_new_tokens=max_new_tokens,
+        do_sample=temperature > 0,
+        return_dict_in_generate=True,
+        eos_token_id=gc.eos_token_id,
+        pad_token_id=gc.pad_token_id if gc.pad_token_id is not None else tokenizer.pad_token_id,
+    )
+    if temperature > 0:
+        kw.update(temperature=temperature, top_k=0, top_p=1.0)
+    else:
+        kw.update(temperature=None, top_k=None, top_p=None)
+    return kw
+
+
+def time_one(method: BenchMethod, prompt: BenchPrompt, common: dict, device, seed: int | None = None):
+    """One timed generate: ``(output, seconds, hook_count)``."""
+    ids = prompt.input_ids
+    mask = torch.ones_like(ids)
+    counter = None
+    handle = None
+    if method.count_forwards_with_hook:
+        counter = _ForwardCounter()
+        handle = method.model.register_forward_pre_hook(counter)
+    if seed is not None:
+        torch.manual_seed(seed)
+    try:
+        _sync(device)
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            out = method.generate(ids, mask, **common)
+            _sync(device)
+            t1 = time.perf_counter()
+    finally:
+        if handle is not None:
+            handle.remove()
+    return out, t1 - t0, (counter.n if counter is not None else None)
+
+
+def machine_info(device) -> dict:
+    import transformers
+
+    import hf_speculative
+
+    info = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "hf_speculative": getattr(hf_speculative, "__version__", None),
+        "device": str(device),
+    }
+    if torch.device(device).type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def run_benchmark(
+    model,
+    tokenizer,
+    records,
+    methods: list[str],
+    options: BenchOptions | None = None,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    repeats: int = 1,
+    seed: int = 0,
+    device=None,
+    warmup_tokens: int = 16,
+    progress: bool = True,
+    save_text: bool = False,
+    extra_setting: dict | None = None,
+) -> dict:
+    """Benchmark ``methods`` on ``records``; returns the JSON-ready result dict."""
+    from tqdm.auto import tqdm
+
+    options = options or BenchOptions()
+    device = device or model.device
+    if "plain" in methods:  # the baseline runs first in every interleaved round
+        methods = ["plain"] + [m for m in methods if m != "plain"]
+    model.eval()
+    bench_methods = build_methods(methods, model, tokenizer, options)
+    prompts = prepare_prompts(records, tokenizer, device=device)
+    common = _common_kwargs(model, tokenizer, max_new_tokens, temperature)
+    greedy = temperature <= 0
+
+    for m in bench_methods:  # warm-up
+        time_one(m, prompts[0], {**common, "max_new_tokens": min(warmup_tokens, max_new_tokens)}, device, seed)
+
+    measurements: list[Measurement] = []
+    bar = tqdm(total=len(prompts) * len(bench_methods), desc="bench", unit="gen", disable=not progress)
+    for i, prompt in enumerate(prompts):
+        prompt_len = prompt.input_ids.shape[1]
+        for m in bench_methods:
+            walls, out, hook_count = [], None, None
+            for r in range(repeats):
+                out_r, dt, hc = time_one(m, prompt, common, device, seed=seed + i if not greedy else None)
+                walls.append(dt)
+                if out is None:
+                    out, hook_count = out_r, hc
+            new_ids = out.sequences[0, prompt_len:].tolist()
+            stats = getattr(out, "speculative_stats", None)
+            measurements.append(
+                Measurement(
+                    prompt_id=prompt.id,
+                    category=prompt.category,
+                    method=m.name,
+                    new_tokens=len(new_ids),
+                    wall_s=walls,
+                    target_forwards=m.target_forwards(out, len(new_ids), hook_count),
+                    accepted_lengths=list(stats.accepted_lengths) if stats is not None else None,
+                    output_ids=new_ids,
+                    timings=dict(stats.timings) if stats is not None and getattr(stats, "timings", None) else None,
+                    prompt_tokens=prompt_len,
+                    text=tokenizer.decode(new_ids, skip_special_tokens=True) if save_text else None,
+                )
+            )
+            bar.update(1)
+            bar.set_postfix(method=m.name)
+    bar.close()
+
+    summary = summarize(measurements, greedy=greedy)
+    setting = {
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "greedy": greedy,
+        "n_prompts": len(prompts),
+        "repeats": repeats,
+        "seed": seed,
+        "dtype": str(model.dtype),
+        "attn_implementation": getattr(model.config, "_attn_implementation", None),
+        "machine": machine_info(device),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "methods": {m.name: {"description": m.description, **m.settings()} for m in bench_methods},
+        "options": asdict(options),
+        "timing": "time.perf_counter around the generate call only; tokenization/chat template outside",
+        **(extra_setting or {}),
+    }
+    return {
+        "setting": setting,
+        "methods": summary,
+        "prompts": prompts_json(measurements, save_text=save_text),
+    }
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def cmd_bench(args, setup_torch: Callable) -> int:
+    setup_torch(args)
+    from .prompts import load_prompts, resolve_prompt_path
+    from .reference import resolve_model
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    drafters = {}
+    for spec in args.drafter or []:
+        name, _, path = spec.rpartition("=")
+        drafters[name or drafter_method_name(path)] = path
+    options = BenchOptions(
+        draft_layers=args.draft_layers,
+        tree=args.tree,
+        chain_length=args.chain_length,
+        assistant_tokens=None if args.assistant_tokens < 0 else args.assistant_tokens,
+        assistant_schedule=None if args.assistant_schedule == "default" else args.assistant_schedule,
+        assistant_confidence=None if args.assistant_confidence < 0 else args.assistant_confidence,
+        prompt_lookup_tokens=args.prompt_lookup_tokens,
+        max_matching_ngram=args.max_matching_ngram,
+        drafters=drafters,
+    )
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    model, tokenizer = resolve_model(args.model, dtype=dtype, device=args.device)
+    records = load_prompts(args.prompts, limit=args.limit)
+    result = run_benchmark(
+        model, tokenizer, records, methods, options,
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, repeats=args.repeats,
+        seed=args.seed, device=args.device, save_text=args.save_text,
+        extra_setting={"model": str(args.model), "prompts": str(resolve_prompt_path(args.prompts))},
+    )  # fmt: skip
+    print()
+    print(markdown_table(result["methods"]))
+    print()
+    print("speedup per category:")
+    print(category_table(result["methods"], "speedup"))
+    for name, s in result["methods"].items():
+        if s.get("repeats"):
+            r = s["repeats"]
+            print(f"{name}: median tokens/s per repeat {[round(x, 2) for x in r['median_tokens_per_s_per_repeat']]}, "
+                  f"spread {100 * r['relative_spread']:.1f}%")  # fmt: skip
+    if args.output:
+        print(f"wrote {write_json(result, args.output)}")
+    if args.plot:
+        title = f"{args.model} on {Path(str(resolve_prompt_path(args.prompts))).name}, {len(records)} prompts, {args.max_new_tokens} new tokens"
+        print(f"wrote {plot_results(result['methods'], args.plot, title=title)}")
+    return 0
+
+
+def add_bench_parser(sub, add_common: Callable, setup_torch: Callable) -> None:
+    p = sub.add_parser("bench", help="time speculative methods against plain generate() on a prompt set")
+    add_common(p)
+    p.add_argument("--methods", default="plain,hf-assisted,hf-prompt-lookup,tree-layercut",
+                   help=f"comma list; built in: {', '.join(METHODS)}; plus one per --drafter")  # fmt: skip
+    p.add_argument("--drafter", action="append", help="[NAME=]PATH of a trained drafter (repeatable); method NAME "
+                   "(default: its config's model_type)")  # fmt: skip
+    p.add_argument("--draft-layers", type=int, default=8, help="layers kept by the layer-cut draft (default 8)")
+    p.add_argument("--tree", default=None, help="'cartesian:4,2,2,1', 'chain:5', a JSON list of choices or a JSON file "
+                   "(default: the drafter's own tree)")  # fmt: skip
+    p.add_argument("--chain-length", type=int, default=4, help="drafted tokens per step for chain-layercut")
+    p.add_argument("--assistant-tokens", type=int, default=6, help="hf-assisted num_assistant_tokens (-1: transformers default)")
+    p.add_argument("--assistant-schedule", default="constant", choices=["default", "constant", "heuristic", "heuristic_transient"])
+    p.add_argument("--assistant-confidence", type=float, default=0.0,
+                   help="hf-assisted assistant_confidence_threshold (-1: transformers default 0.4)")  # fmt: skip
+    p.add_argument("--prompt-lookup-tokens", type=int, default=10)
+    p.add_argument("--max-matching-ngram", type=int, default=2)
+    p.add_argument("--prompts", default="mt_bench", help="prompt file, or a name: " + ", ".join(
+        ["mt_bench", "gsm8k", "humaneval", "sharegpt", "alpaca", "dialogsum", "e2e_nlg", "wikisql"]))  # fmt: skip
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--repeats", type=int, default=1, help="timed runs per prompt and method (median is used; spread reported)")
+    p.add_argument("--output", default=None, help="result JSON")
+    p.add_argument("--plot", default=None, help="PNG of speedup and tau per category")
+    p.add_argument("--save-text", action="store_true", help="store decoded outputs in the JSON")
+    p.set_defaults(func=lambda args: cmd_bench(args, setup_torch))

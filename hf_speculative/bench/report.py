@@ -1,0 +1,307 @@
+"""Benchmark arithmetic and reports: tau, speedup, step overhead, lossless rate, tables, plots.
+
+Definitions (the same as Spec-Bench, Xia et al. 2024, and DESIGN.md "Measuring"):
+
+* **tau** -- tokens committed per target forward pass, bonus token included, over all prompts:
+  ``sum(new_tokens) / sum(target_forwards)``. Plain decoding has tau = 1 (the prefill forward
+  gives the first token, each later forward one more).
+* **tokens/s** -- ``sum(new_tokens) / sum(wall_time)`` of the timed ``generate`` calls.
+* **speedup** -- mean over prompts of ``tokens/s(method) / tokens/s(plain)`` on the same prompt.
+* **step overhead** -- ``(wall / target_forwards)(method) / (wall / new_tokens)(plain)``: how much
+  longer one speculative step (draft + tree verification + bookkeeping) takes than one plain
+  decoding step.  speedup ~= tau / step_overhead.
+* **lossless rate** -- share of prompts whose greedy output token ids equal plain's (``None`` when
+  sampling: sampled outputs are equal in distribution only).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+__all__ = [
+    "Measurement",
+    "speedup",
+    "step_overhead",
+    "tau",
+    "lossless_rate",
+    "summarize_method",
+    "summarize",
+    "markdown_table",
+    "category_table",
+    "plot_results",
+    "write_json",
+    "BASELINE",
+]
+
+BASELINE = "plain"
+
+
+@dataclass
+class Measurement:
+    """One method on one prompt.
+
+    Attributes:
+        wall_s: wall time of each repeat (seconds, the ``generate`` call only).
+        target_forwards: target forward passes of the call (prefill included); ``None`` when unknown.
+        accepted_lengths: tokens committed per target forward (our engine's stats), if any.
+        output_ids: the new token ids (for the lossless check; not written to JSON).
+        timings: the engine's time breakdown (draft / target / engine seconds), if any.
+    """
+
+    prompt_id: str
+    category: str
+    method: str
+    new_tokens: int
+    wall_s: list[float]
+    target_forwards: int | None = None
+    accepted_lengths: list[int] | None = None
+    output_ids: list[int] | None = None
+    timings: dict[str, float] | None = None
+    prompt_tokens: int | None = None
+    text: str | None = None
+
+    @property
+    def wall(self) -> float:
+        """Median wall time over repeats."""
+        return statistics.median(self.wall_s)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall if self.wall > 0 else float("nan")
+
+    @property
+    def tau(self) -> float | None:
+        if self.target_forwards:
+            return self.new_tokens / self.target_forwards
+        return None
+
+
+# ---------------------------------------------------------------------------- arithmetic
+
+
+def tau(measurements: Sequence[Measurement]) -> float | None:
+    """Tokens per target forward over all prompts; ``None`` if any forward count is unknown."""
+    if not measurements or any(m.target_forwards is None for m in measurements):
+        return None
+    return sum(m.new_tokens for m in measurements) / sum(m.target_forwards for m in measurements)
+
+
+def speedup(method: Sequence[Measurement], baseline: Sequence[Measurement]) -> float | None:
+    """Mean over prompts of tokens/s(method) / tokens/s(baseline) (prompts matched by id)."""
+    base = {m.prompt_id: m for m in baseline}
+    ratios = [
+        m.tokens_per_s / base[m.prompt_id].tokens_per_s
+        for m in method
+        if m.prompt_id in base and base[m.prompt_id].tokens_per_s > 0 and m.new_tokens > 0
+    ]
+    return sum(ratios) / len(ratios) if ratios else None
+
+
+def step_overhead(method: Sequence[Measurement], baseline: Sequence[Measurement]) -> float | None:
+    """(method wall time per target forward) / (baseline wall time per token)."""
+    if any(m.target_forwards is None for m in method):
+        return None
+    fwd = sum(m.target_forwards for m in method)
+    base_tokens = sum(m.new_tokens for m in baseline)
+    if not fwd or not base_tokens:
+        return None
+    base_step = sum(m.wall for m in baseline) / base_tokens
+    return (sum(m.wall for m in method) / fwd) / base_step
+
+
+def lossless_rate(method: Sequence[Measurement], baseline: Sequence[Measurement], greedy: bool = True) -> float | None:
+    """Share of prompts whose output ids equal the baseline's; ``None`` when sampling or ids missing."""
+    if not greedy:
+        return None
+    base = {m.prompt_id: m.output_ids for m in baseline}
+    pairs = [(m.output_ids, base.get(m.prompt_id)) for m in method]
+    pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+    if not pairs:
+        return None
+    return sum(a == b for a, b in pairs) / len(pairs)
+
+
+def _tokens_per_s(ms: Sequence[Measurement]) -> float | None:
+    wall = sum(m.wall for m in ms)
+    return sum(m.new_tokens for m in ms) / wall if wall > 0 else None
+
+
+def _repeat_spread(ms: Sequence[Measurement]) -> dict | None:
+    """Median tokens/s over prompts, once per repeat, and its spread across repeats."""
+    repeats = min(len(m.wall_s) for m in ms) if ms else 0
+    if repeats < 2:
+        return None
+    medians = [statistics.median(m.new_tokens / m.wall_s[r] for m in ms if m.wall_s[r] > 0) for r in range(repeats)]
+    mid = statistics.median(medians)
+    return {
+        "median_tokens_per_s_per_repeat": medians,
+        "min": min(medians),
+        "max": max(medians),
+        "stdev": statistics.stdev(medians),
+        "relative_spread": (max(medians) - min(medians)) / mid if mid else None,
+    }
+
+
+def summarize_method(
+    ms: Sequence[Measurement], baseline: Sequence[Measurement] | None, greedy: bool = True
+) -> dict:
+    """The JSON summary of one method (see the module docstring for the definitions)."""
+    base = baseline or []
+    out = {
+        "tau": tau(ms),
+        "tokens_per_s": _tokens_per_s(ms),
+        "median_tokens_per_s": statistics.median(m.tokens_per_s for m in ms) if ms else None,
+        "speedup": speedup(ms, base) if base else None,
+        "step_overhead": step_overhead(ms, base) if base else None,
+        "lossless_rate": lossless_rate(ms, base, greedy) if base else None,
+        "new_tokens": sum(m.new_tokens for m in ms),
+        "wall_s": sum(m.wall for m in ms),
+        "target_forwards": None if any(m.target_forwards is None for m in ms) else sum(m.target_forwards for m in ms),
+        "n_prompts": len(ms),
+        "repeats": _repeat_spread(ms),
+    }
+    timings = [m.timings for m in ms if m.timings]
+    if timings:
+        keys = sorted({k for t in timings for k in t})
+        out["time_breakdown_s"] = {k: sum(t.get(k, 0.0) for t in timings) for k in keys}
+    cats: dict[str, list[Measurement]] = {}
+    for m in ms:
+        cats.setdefault(m.category, []).append(m)
+    out["per_category"] = {}
+    for cat, cms in cats.items():
+        ids = {m.prompt_id for m in cms}
+        cbase = [b for b in base if b.prompt_id in ids]
+        out["per_category"][cat] = {
+            "tau": tau(cms),
+            "speedup": speedup(cms, cbase) if cbase else None,
+            "tokens_per_s": _tokens_per_s(cms),
+        }
+    return out
+
+
+def summarize(measurements: Iterable[Measurement], greedy: bool = True, baseline: str = BASELINE) -> dict[str, dict]:
+    """``{method: summary}`` in the order methods first appear."""
+    by_method: dict[str, list[Measurement]] = {}
+    for m in measurements:
+        by_method.setdefault(m.method, []).append(m)
+    base = by_method.get(baseline)
+    return {name: summarize_method(ms, base, greedy) for name, ms in by_method.items()}
+
+
+def prompts_json(measurements: Iterable[Measurement], save_text: bool = False) -> list[dict]:
+    """Per-prompt rows: ``{"id", "category", "prompt_tokens", "results": {method: {...}}}``."""
+    rows: dict[str, dict] = {}
+    base_ids = {}
+    ms = list(measurements)
+    for m in ms:
+        if m.method == BASELINE:
+            base_ids[m.prompt_id] = m.output_ids
+    for m in ms:
+        row = rows.setdefault(m.prompt_id, {"id": m.prompt_id, "category": m.category, "prompt_tokens": m.prompt_tokens, "results": {}})
+        res = {
+            "new_tokens": m.new_tokens,
+            "wall_s": m.wall,
+            "tokens_per_s": m.tokens_per_s,
+            "target_forwards": m.target_forwards,
+            "tau": m.tau,
+        }
+        if len(m.wall_s) > 1:
+            res["wall_s_repeats"] = m.wall_s
+        if m.accepted_lengths is not None:
+            res["accepted_lengths"] = m.accepted_lengths
+        if m.prompt_id in base_ids and m.output_ids is not None and base_ids[m.prompt_id] is not None:
+            res["matches_plain"] = m.output_ids == base_ids[m.prompt_id]
+        if save_text and m.text is not None:
+            res["text"] = m.text
+        row["results"][m.method] = res
+    return list(rows.values())
+
+
+# ---------------------------------------------------------------------------- reports
+
+
+def _fmt(x, spec=".2f", suffix="") -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:{spec}}{suffix}"
+
+
+def markdown_table(methods: dict[str, dict]) -> str:
+    """One row per method: tau, tokens/s, speedup, step overhead, lossless rate."""
+    lines = [
+        "| method | tau | tokens/s | speedup | step overhead | lossless |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, s in methods.items():
+        lossless = None if s.get("lossless_rate") is None else 100 * s["lossless_rate"]
+        lines.append(
+            f"| {name} | {_fmt(s.get('tau'))} | {_fmt(s.get('tokens_per_s'), '.1f')} | "
+            f"{_fmt(s.get('speedup'), '.2f', 'x')} | {_fmt(s.get('step_overhead'), '.2f', 'x')} | "
+            f"{_fmt(lossless, '.0f', '%')} |"
+        )
+    return "\n".join(lines)
+
+
+def category_table(methods: dict[str, dict], key: str = "speedup") -> str:
+    """Methods x categories of one per-category quantity (``speedup``, ``tau`` or ``tokens_per_s``)."""
+    cats: list[str] = []
+    for s in methods.values():
+        for c in s.get("per_category", {}):
+            if c not in cats:
+                cats.append(c)
+    lines = ["| method | " + " | ".join(cats) + " |", "|---|" + "---:|" * len(cats)]
+    for name, s in methods.items():
+        pc = s.get("per_category", {})
+        lines.append(f"| {name} | " + " | ".join(_fmt(pc.get(c, {}).get(key)) for c in cats) + " |")
+    return "\n".join(lines)
+
+
+def plot_results(methods: dict[str, dict], path: str | Path, title: str | None = None) -> Path:
+    """Grouped bars of speedup (top) and tau (bottom) per category per method; PNG via matplotlib Agg."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    cats: list[str] = []
+    for s in methods.values():
+        for c in s.get("per_category", {}):
+            if c not in cats:
+                cats.append(c)
+    groups = cats + ["overall"]
+    names = list(methods)
+    x = np.arange(len(groups))
+    width = 0.8 / max(len(names), 1)
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, 1.1 * len(groups) + 2), 7.5), sharex=True)
+    for ax, key, label in ((axes[0], "speedup", "speedup vs plain (x)"), (axes[1], "tau", "tau (tokens / target forward)")):
+        for i, name in enumerate(names):
+            s = methods[name]
+            vals = [s.get("per_category", {}).get(c, {}).get(key) for c in cats] + [s.get(key)]
+            vals = [np.nan if v is None else v for v in vals]
+            ax.bar(x + (i - (len(names) - 1) / 2) * width, vals, width, label=name)
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(ncol=min(len(names), 4), fontsize=8, loc="upper left")
+    axes[1].set_xticks(x)
+    axes[1].set_xticklabels(groups, rotation=30, ha="right")
+    if title:
+        axes[0].set_title(title, fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_json(result: dict, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    return path
