@@ -38,7 +38,10 @@ def _setup_torch(args):
 
     if args.threads:
         torch.set_num_threads(args.threads)
-        torch.set_num_interop_threads(1) if hasattr(torch, "set_num_interop_threads") else None
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:  # already set, or parallel work already started in this process
+            pass
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(args.seed)

@@ -277,7 +277,7 @@ def plot_results(methods: dict[str, dict], path: str | Path, title: str | None =
     names = list(methods)
     x = np.arange(len(groups))
     width = 0.8 / max(len(names), 1)
-    fig, axes = plt.subplots(2, 1, figsize=(max(8, 1.1 * len(groups) + 2), 7.5), sharex=True)
+    fig, axes = plt.subplots(2, 1, figsize=(max(9, 1.1 * len(groups) + 4), 7.5), sharex=True)
     for ax, key, label in ((axes[0], "speedup", "speedup vs plain (x)"), (axes[1], "tau", "tau (tokens / target forward)")):
         for i, name in enumerate(names):
             s = methods[name]
@@ -287,7 +287,7 @@ def plot_results(methods: dict[str, dict], path: str | Path, title: str | None =
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
-    axes[0].legend(ncol=min(len(names), 4), fontsize=8, loc="upper left")
+    axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     axes[1].set_xticks(x)
     axes[1].set_xticklabels(groups, rotation=30, ha="right")
     if title:

@@ -1,0 +1,236 @@
+"""Projected GPU speedup from a measured tau and the step overhead measured at real shapes.
+
+On a CPU, a 135M model tells us tau (how many tokens a method commits per target forward) but not
+what a tree step costs on a GPU, where verifying n tree tokens takes about as long as decoding one
+(decoding is memory-bound) until n gets large. So on a CUDA machine we build a randomly initialized
+model of a real shape (e.g. Llama-2-7B) in bf16, fill a KV cache of a realistic prefix length, and
+time one forward over the ``n`` tokens of a verification tree (root + drafted nodes, with the tree
+attention mask) against a one-token decoding forward:
+
+    projected speedup = tau / (t_n / t_1)
+
+This is **projected**, not measured: it leaves out the drafter's own time (pass ``draft_time`` to
+include it) and the engine's bookkeeping, so it is an upper bound for methods whose drafting is not
+negligible. Always label such numbers "projected".
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = ["SHAPES", "shape_config", "projected_speedup", "StepTiming", "measure_step_latency", "project", "add_project_parser"]
+
+#: LlamaConfig keyword arguments of common target shapes
+SHAPES: dict[str, dict] = {
+    "llama-2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096),
+    "vicuna-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096),
+    "llama-2-13b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=40, num_attention_heads=40,
+                        num_key_value_heads=40, vocab_size=32000, max_position_embeddings=4096),
+    "llama-3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192),
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, tie_word_embeddings=True),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=256, max_position_embeddings=1024),
+}  # fmt: skip
+
+
+def shape_config(shape: str):
+    """A ``LlamaConfig`` of a named shape (:data:`SHAPES`)."""
+    from transformers import LlamaConfig
+
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; known: {sorted(SHAPES)}")
+    return LlamaConfig(**SHAPES[shape])
+
+
+def projected_speedup(tau: float, t_tree: float, t_one: float, draft_time: float = 0.0) -> float:
+    """``tau / ((t_tree + draft_time) / t_one)``: tokens per step over the step's cost in decoding steps."""
+    if tau <= 0 or t_tree <= 0 or t_one <= 0 or draft_time < 0:
+        raise ValueError(f"need tau, t_tree, t_one > 0 and draft_time >= 0, got {tau}, {t_tree}, {t_one}, {draft_time}")
+    return tau / ((t_tree + draft_time) / t_one)
+
+
+@dataclass
+class StepTiming:
+    """Median seconds of a one-token forward (``t_one``) and an ``n_tokens`` tree forward (``t_tree``)."""
+
+    shape: str
+    n_tokens: int
+    prefix_len: int
+    dtype: str
+    device: str
+    t_one: float
+    t_tree: float
+
+    @property
+    def step_overhead(self) -> float:
+        return self.t_tree / self.t_one
+
+
+def _tree_mask(tree, n_tokens: int, prefix_len: int, dtype, device):
+    if tree is not None:
+        from ..trees import tree_attention_mask
+
+        return tree_attention_mask(tree.ancestors, prefix_len, dtype, device)
+    causal = torch.ones(n_tokens, prefix_len + n_tokens, dtype=torch.bool, device=device)
+    causal[:, prefix_len:] = torch.tril(causal[:, prefix_len:])
+    mask = torch.zeros(causal.shape, dtype=dtype, device=device)
+    mask.masked_fill_(~causal, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+@torch.inference_mode()
+def measure_step_latency(
+    shape: str = "llama-2-7b",
+    tree=None,
+    n_tokens: int | None = None,
+    prefix_len: int = 512,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = "cuda",
+    iters: int = 30,
+    warmup: int = 5,
+    seed: int = 0,
+) -> StepTiming:
+    """Time a one-token forward and an ``n``-token tree forward on a random-weight model of ``shape``.
+
+    ``tree`` (a ``TreeSpec``) gives ``n = num_nodes + 1`` (root included) and the tree attention mask;
+    otherwise ``n_tokens`` with a causal mask. Both forwards run on top of a ``prefix_len``-token KV
+    cache, which is cropped back after every timed forward.
+    """
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("measure_step_latency on 'cuda' needs a CUDA GPU; none is available on this machine")
+    n = tree.num_nodes + 1 if tree is not None else int(n_tokens or 1)
+    torch.manual_seed(seed)
+    config = shape_config(shape)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa").eval()
+    vocab = config.vocab_size
+    cache = DynamicCache(config=config)
+    prefix = torch.randint(vocab, (1, prefix_len), device=device)
+    model(input_ids=prefix, past_key_values=cache, use_cache=True)
+    one = torch.randint(vocab, (1, 1), device=device)
+    many = torch.randint(vocab, (1, n), device=device)
+    mask = _tree_mask(tree, n, prefix_len, dtype, device)
+    depths = tree.depths.to(device) if tree is not None else torch.arange(n, device=device)
+    pos_many = (prefix_len + depths)[None]
+    pos_one = torch.tensor([[prefix_len]], device=device)
+    cuda = torch.device(device).type == "cuda"
+
+    def timed(ids, pos, attn):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            model(input_ids=ids, position_ids=pos, attention_mask=attn, past_key_values=cache, use_cache=True)
+            end.record()
+            torch.cuda.synchronize()
+            dt = start.elapsed_time(end) / 1000
+        else:
+            import time
+
+            t0 = time.perf_counter()
+            model(input_ids=ids, position_ids=pos, attention_mask=attn, past_key_values=cache, use_cache=True)
+            dt = time.perf_counter() - t0
+        extra = cache.get_seq_length() - prefix_len
+        if extra > 0:
+            cache.crop(-extra)  # transformers >= 5: a negative value removes that many tokens
+        return dt
+
+    results = {"one": [], "tree": []}
+    for i in range(warmup + iters):
+        for key, (ids, pos, attn) in (("one", (one, pos_one, None)), ("tree", (many, pos_many, mask))):
+            dt = timed(ids, pos, attn)
+            if i >= warmup:
+                results[key].append(dt)
+    return StepTiming(
+        shape=shape, n_tokens=n, prefix_len=prefix_len, dtype=str(dtype).replace("torch.", ""), device=str(device),
+        t_one=statistics.median(results["one"]), t_tree=statistics.median(results["tree"]),
+    )  # fmt: skip
+
+
+def project(tau: float, timing: StepTiming, draft_time: float = 0.0) -> dict:
+    """The JSON record of one projection (``kind: "projected"``)."""
+    return {
+        "kind": "projected",
+        "tau_measured": tau,
+        **asdict(timing),
+        "step_overhead": timing.step_overhead,
+        "draft_time": draft_time,
+        "projected_speedup": projected_speedup(tau, timing.t_tree, timing.t_one, draft_time),
+    }
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _tau_from_bench(path: str, method: str) -> float:
+    data = json.loads(Path(path).read_text())
+    tau = data["methods"][method]["tau"]
+    if tau is None:
+        raise ValueError(f"{path}: method {method!r} has no tau")
+    return float(tau)
+
+
+def cmd_project(args) -> int:
+    from .harness import parse_tree
+
+    tau = args.tau if args.tau is not None else _tau_from_bench(args.bench_json, args.method)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(
+            "hf-speculative project needs a CUDA GPU: it times a forward of a "
+            f"{args.shape}-shaped model in {args.dtype}. No CUDA device is available here, so nothing was "
+            "projected. (The arithmetic is hf_speculative.bench.projection.projected_speedup; "
+            "'--device cpu --shape tiny' runs the code path on CPU for testing only.)"
+        )
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tree = parse_tree(args.tree) if args.tree else None
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[args.dtype]
+    timing = measure_step_latency(args.shape, tree=tree, n_tokens=args.nodes, prefix_len=args.prefix_len,
+                                  dtype=dtype, device=args.device, iters=args.iters)  # fmt: skip
+    rec = project(tau, timing, draft_time=args.draft_ms / 1000)
+    rec["tree"] = args.tree
+    print(
+        f"{args.shape} {rec['dtype']} on {torch.cuda.get_device_name() if args.device == 'cuda' else args.device}: "
+        f"t_1 = {1000 * timing.t_one:.2f} ms, t_{timing.n_tokens} = {1000 * timing.t_tree:.2f} ms "
+        f"(step overhead {timing.step_overhead:.2f}x, prefix {timing.prefix_len}); tau {tau:.2f} -> "
+        f"projected speedup {rec['projected_speedup']:.2f}x (projected)"
+    )
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(rec, indent=2) + "\n")
+    return 0
+
+
+def add_project_parser(sub) -> None:
+    p = sub.add_parser("project", help="projected GPU speedup: measured tau / step overhead at real shapes (CUDA)")
+    p.add_argument("--shape", default="llama-2-7b", choices=sorted(SHAPES))
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--tau", type=float, help="measured tau (tokens per target forward)")
+    g.add_argument("--bench-json", help="take tau from an hf-speculative bench JSON (with --method)")
+    p.add_argument("--method", default="tree-layercut", help="method of --bench-json")
+    p.add_argument("--tree", default="cartesian:4,2,2,1", help="tree of the verification forward (as for bench --tree)")
+    p.add_argument("--nodes", type=int, default=None, help="tokens in the verification forward (instead of --tree)")
+    p.add_argument("--prefix-len", type=int, default=512, help="KV cache length before the step")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU runs)")
+    p.add_argument("--draft-ms", type=float, default=0.0, help="drafter time per step to include (ms)")
+    p.add_argument("--output", default=None, help="JSON record")
+    p.set_defaults(func=lambda a: cmd_project(a if a.nodes is None else _no_tree(a)))
+
+
+def _no_tree(args):
+    args.tree = None
+    return args

@@ -1,0 +1,129 @@
+"""The bench harness on a tiny random Llama (no network, no reference model)."""
+
+import json
+
+import pytest
+import torch
+
+import hf_speculative as hfs
+from hf_speculative.bench.harness import (
+    METHODS,
+    BenchMethod,
+    BenchOptions,
+    parse_tree,
+    register_method,
+    run_benchmark,
+)
+from hf_speculative.bench.report import markdown_table
+from hf_speculative.bench.tiny import tiny_chat_tokenizer, tiny_llama
+from hf_speculative.training.data import Record
+
+HAS_ENGINE = hasattr(hfs, "enable") and hasattr(hfs, "layer_cut_draft")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.set_num_threads(1)
+    tok = tiny_chat_tokenizer()
+    return tiny_llama(tokenizer=tok, num_layers=4), tok
+
+
+RECORDS = [
+    Record("1", ["write a short poem about the cat"], "writing"),
+    Record("2", ["what is one and two ?"], "math"),
+    Record("3", ["tell me a story about the dog and the cat"], "writing"),
+]
+
+
+def test_builtin_methods_registered():
+    for name in ("plain", "hf-assisted", "hf-prompt-lookup", "tree-layercut", "chain-layercut"):
+        assert name in METHODS
+
+
+def test_parse_tree():
+    assert parse_tree(None) is None
+    assert parse_tree("cartesian:2,2").num_nodes == 6
+    assert parse_tree("chain:3").num_nodes == 3
+    assert parse_tree("[[0], [1], [0, 0]]").num_nodes == 3
+    with pytest.raises(ValueError):
+        parse_tree("nonsense")
+
+
+def test_run_benchmark_transformers_methods(tiny):
+    model, tok = tiny
+    opts = BenchOptions(draft_layers=2, assistant_tokens=3)
+    result = run_benchmark(model, tok, RECORDS, ["hf-prompt-lookup", "plain", "hf-assisted"], opts,
+                           max_new_tokens=12, progress=False, save_text=True)  # fmt: skip
+    json.dumps(result)
+    assert set(result) == {"setting", "methods", "prompts"}
+    s = result["setting"]
+    assert s["n_prompts"] == 3 and s["max_new_tokens"] == 12 and s["temperature"] == 0.0
+    assert {"platform", "cpu_count", "torch", "transformers"} <= set(s["machine"])
+    assert s["methods"]["hf-assisted"]["num_assistant_tokens"] == 3
+    methods = result["methods"]
+    assert list(methods) == ["plain", "hf-prompt-lookup", "hf-assisted"]  # plain first (baseline)
+    assert methods["plain"]["tau"] == 1.0 and methods["plain"]["speedup"] == pytest.approx(1.0)
+    for name in ("hf-assisted", "hf-prompt-lookup"):
+        m = methods[name]
+        assert m["lossless_rate"] == 1.0  # greedy transformers speculation is exact in float32
+        assert m["tau"] is not None and m["tau"] >= 1.0  # forwards counted by the hook
+        assert m["target_forwards"] <= methods["plain"]["target_forwards"]
+        assert set(m["per_category"]) == {"writing", "math"}
+    assert len(result["prompts"]) == 3
+    assert "text" in result["prompts"][0]["results"]["plain"]
+    assert "| hf-assisted |" in markdown_table(methods)
+
+
+def test_sampling_has_no_lossless_rate(tiny):
+    model, tok = tiny
+    result = run_benchmark(model, tok, RECORDS[:2], ["plain", "hf-prompt-lookup"], max_new_tokens=6,
+                           temperature=0.8, progress=False)  # fmt: skip
+    assert result["methods"]["hf-prompt-lookup"]["lossless_rate"] is None
+    assert result["setting"]["greedy"] is False
+
+
+def test_repeats_reported(tiny):
+    model, tok = tiny
+    result = run_benchmark(model, tok, RECORDS[:2], ["plain"], max_new_tokens=4, repeats=3, progress=False)
+    rep = result["methods"]["plain"]["repeats"]
+    assert len(rep["median_tokens_per_s_per_repeat"]) == 3
+    assert len(result["prompts"][0]["results"]["plain"]["wall_s_repeats"]) == 3
+
+
+def test_registry_is_extensible(tiny):
+    model, tok = tiny
+
+    @register_method
+    class Greedy2(BenchMethod):
+        name = "test-greedy-copy"
+        description = "plain generate under another name"
+
+        def generate(self, input_ids, attention_mask, **common):
+            return self.model.generate(input_ids, attention_mask=attention_mask, **common)
+
+    try:
+        result = run_benchmark(model, tok, RECORDS[:2], ["plain", "test-greedy-copy"], max_new_tokens=5, progress=False)
+        assert result["methods"]["test-greedy-copy"]["lossless_rate"] == 1.0
+        assert result["methods"]["test-greedy-copy"]["tau"] is None  # no forward count: reported as n/a
+    finally:
+        METHODS.pop("test-greedy-copy")
+
+
+def test_unknown_method(tiny):
+    model, tok = tiny
+    with pytest.raises(ValueError, match="unknown method"):
+        run_benchmark(model, tok, RECORDS[:1], ["plain", "nope"], max_new_tokens=2, progress=False)
+
+
+@pytest.mark.skipif(not HAS_ENGINE, reason="hf_speculative tree engine not available yet")
+def test_run_benchmark_engine_methods(tiny):
+    model, tok = tiny
+    opts = BenchOptions(draft_layers=2, tree="cartesian:2,2", chain_length=3)
+    result = run_benchmark(model, tok, RECORDS[:2], ["plain", "tree-layercut", "chain-layercut"], opts,
+                           max_new_tokens=10, progress=False)  # fmt: skip
+    for name in ("tree-layercut", "chain-layercut"):
+        m = result["methods"][name]
+        assert m["lossless_rate"] == 1.0
+        assert m["tau"] >= 1.0
+        assert "accepted_lengths" in result["prompts"][0]["results"][name]
+    assert result["setting"]["methods"]["tree-layercut"]["tree_nodes"] == 6

