@@ -1,0 +1,85 @@
+"""Tiny random models built from configs (no network) shared by the engine tests."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+import hf_speculative as hfs
+
+# Tiny models: one intra-op thread is fastest, and avoids OpenMP spin contention with other processes.
+torch.set_num_threads(1)
+
+ARCHITECTURES = {
+    "llama": (LlamaConfig, LlamaForCausalLM, {}),
+    "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": None}),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {"use_sliding_window": False}),
+}
+
+
+def tiny_config(arch: str = "llama", vocab_size: int = 96, num_layers: int = 4, **overrides):
+    config_cls, _, extra = ARCHITECTURES[arch]
+    kwargs = dict(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        # a large init makes the logits peaked: argmax is never a near-tie and sampling is far from uniform
+        initializer_range=0.3,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    kwargs.update(extra)
+    kwargs.update(overrides)
+    return config_cls(**kwargs)
+
+
+def tiny_model(arch: str = "llama", seed: int = 0, attn_implementation: str = "sdpa", **overrides):
+    torch.manual_seed(seed)
+    _, model_cls, _ = ARCHITECTURES[arch]
+    model = model_cls._from_config(tiny_config(arch, **overrides), attn_implementation=attn_implementation)
+    return model.eval()
+
+
+def noisy_copy(model, noise: float, seed: int = 1):
+    """A draft close to the target (high but imperfect acceptance): the target's weights plus noise."""
+    torch.manual_seed(seed)
+    draft = type(model)._from_config(model.config, attn_implementation=model.config._attn_implementation).eval()
+    draft.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(noise * p.std() * torch.randn_like(p))
+    return draft
+
+
+def random_tree(rng: random.Random, max_nodes: int = 20, max_depth: int = 5) -> hfs.TreeSpec:
+    """A random valid tree: every node's parent and lower-ranked sibling are in the tree."""
+    paths = {(0,)}
+    target = rng.randint(1, max_nodes)
+    while len(paths) < target:
+        p = rng.choice(sorted(paths))
+        if rng.random() < 0.5 and len(p) < max_depth:
+            paths.add(p + (0,))
+        else:
+            paths.add(p[:-1] + (p[-1] + 1,))
+    return hfs.TreeSpec.from_choices(sorted(paths))
+
+
+@pytest.fixture(params=sorted(ARCHITECTURES))
+def arch(request):
+    return request.param

@@ -1,0 +1,217 @@
+"""Sampling exactness: tree rejection sampling reproduces the target's own distribution.
+
+Method: sample many short continuations, compare their empirical distribution with the EXACT distribution
+of the target (enumerated over a small vocabulary, with the same temperature / top-k / top-p warpers)
+by Pearson's chi-square goodness-of-fit test. Cells with an expected count below 5 are pooled.
+Significance level: alpha = 1e-3 per test (seeds are fixed, so the outcome is deterministic; a wrong
+acceptance rule shifts probability mass by far more than this test's resolution, see the negative control).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+import hf_speculative as hfs
+from hf_speculative.drafters.base import DraftingOptions, fill_children
+from hf_speculative.verify import accept_sampling
+
+from conftest import tiny_model
+
+ALPHA = 1e-3
+
+
+def chi_square_pvalue(counts: dict, expected_probs: dict, n: int) -> float:
+    keys = list(expected_probs)
+    observed = [counts.get(k, 0) for k in keys]
+    expected = [expected_probs[k] * n for k in keys]
+    extra = sum(v for k, v in counts.items() if k not in expected_probs)
+    big = [i for i, e in enumerate(expected) if e >= 5]
+    obs = [observed[i] for i in big]
+    exp = [expected[i] for i in big]
+    pooled_obs = sum(observed) - sum(obs) + extra
+    pooled_exp = n - sum(exp)
+    if pooled_exp > 1e-9:
+        obs.append(pooled_obs)
+        exp.append(pooled_exp)
+    elif pooled_obs > 0:
+        return 0.0  # mass where the target has none
+    return float(chisquare(obs, exp).pvalue)
+
+
+# --------------------------------------------------------------------------- model-free emulation of the loop
+V, LENGTH = 6, 3
+
+
+def _logits(context: tuple, salt: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(hash((context, salt)) % (2**31))
+    return 2.0 * torch.randn(V, generator=g)
+
+
+def _exact_synthetic() -> dict:
+    probs = {}
+    for seq in itertools.product(range(V), repeat=LENGTH):
+        p = 1.0
+        for i in range(LENGTH):
+            p *= float(torch.softmax(_logits(seq[:i], 0), -1)[seq[i]])
+        probs[seq] = p
+    return probs
+
+
+def _sample_synthetic(scheme: str, spec: hfs.TreeSpec, claimed: str | None = None) -> tuple:
+    """One continuation of LENGTH tokens by draft -> verify steps with a synthetic target (salt 0) and draft
+    (salt 1). ``claimed`` is the scheme the verifier is told (a wrong claim is the negative control)."""
+    options = DraftingOptions(do_sample=True, temperature=1.0)
+    seq: tuple = ()
+    while len(seq) < LENGTH:
+        tokens = torch.zeros(spec.num_nodes + 1, dtype=torch.long)  # node 0 stands for the context
+        probs = torch.zeros(spec.num_nodes + 1, V)
+        draft = hfs.DraftTree.from_spec(spec, tokens, draft_probs=probs, sampling=claimed or scheme)
+        context = lambda node: seq + tuple(tokens[draft.path_to(node)[1:]].tolist())
+        for node, kids in enumerate(spec.children):
+            if kids:
+                logits = _logits(context(node), 1)
+                chosen, _ = fill_children(logits, len(kids), scheme, options)
+                tokens[list(kids)] = chosen
+                probs[node] = torch.softmax(logits, -1)
+        result = accept_sampling(draft, lambda node: _logits(context(node), 0))
+        seq = seq + tuple(result.tokens)
+    return seq[:LENGTH]
+
+
+def _synthetic_pvalue(scheme: str, n: int, claimed: str | None = None) -> float:
+    torch.manual_seed(0)
+    spec = hfs.TreeSpec.cartesian([3, 2, 1])
+    counts: dict = {}
+    for _ in range(n):
+        s = _sample_synthetic(scheme, spec, claimed)
+        counts[s] = counts.get(s, 0) + 1
+    return chi_square_pvalue(counts, _exact_synthetic(), n)
+
+
+@pytest.mark.parametrize("scheme", ["without_replacement", "with_replacement", "deterministic"])
+def test_tree_rejection_sampling_is_exact(scheme):
+    assert _synthetic_pvalue(scheme, 12000) > ALPHA
+
+
+def test_negative_control_top_k_siblings_are_not_iid_samples():
+    """Top-k siblings verified as if they were i.i.d. draws of q (the classic mistake) must fail the test."""
+    assert _synthetic_pvalue("deterministic", 6000, claimed="with_replacement") < ALPHA
+
+
+# --------------------------------------------------------------------------- end to end through generate()
+VOCAB, NEW = 8, 3
+
+
+def _warpers(temperature, top_k, top_p):
+    procs = LogitsProcessorList()
+    if temperature != 1.0:
+        procs.append(TemperatureLogitsWarper(temperature))
+    if top_k:
+        procs.append(TopKLogitsWarper(top_k))
+    if top_p < 1.0:
+        procs.append(TopPLogitsWarper(top_p))
+    return procs
+
+
+@torch.no_grad()
+def _exact_generate(model, prompt, temperature, top_k, top_p) -> dict:
+    procs = _warpers(temperature, top_k, top_p)
+    probs = {(): 1.0}
+    for _ in range(NEW):
+        nxt = {}
+        for prefix, p in probs.items():
+            if p == 0.0:
+                continue
+            ids = torch.cat([prompt, torch.tensor([prefix], dtype=torch.long).reshape(1, -1)], dim=-1)
+            scores = procs(ids, model(input_ids=ids).logits[:, -1].float())
+            dist = torch.softmax(scores, -1)[0]
+            for tok in range(VOCAB):
+                if dist[tok] > 0:
+                    nxt[prefix + (tok,)] = p * float(dist[tok])
+        probs = nxt
+    return probs
+
+
+SETTINGS = {
+    "temperature-1": dict(temperature=1.0, top_k=0, top_p=1.0),
+    "temperature-0.7-top-k-4": dict(temperature=0.7, top_k=4, top_p=1.0),
+    "top-p-0.8-temperature-1.3": dict(temperature=1.3, top_k=0, top_p=0.8),
+}
+
+
+@pytest.fixture(scope="module")
+def sampling_models():
+    target = hfs.enable(tiny_model("llama", seed=21, vocab_size=VOCAB, num_layers=2))
+    draft = tiny_model("llama", seed=99, vocab_size=VOCAB, num_layers=1)  # its distribution differs from the target's
+    return target, draft
+
+
+def _sample_counts(generate, n):
+    counts: dict = {}
+    for _ in range(n):
+        seq = tuple(generate()[0, -NEW:].tolist())
+        counts[seq] = counts.get(seq, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize(
+    "setting, draft_sampling, tree",
+    [
+        ("temperature-1", "without_replacement", [3, 2, 1]),
+        ("temperature-0.7-top-k-4", "with_replacement", [2, 2]),
+        ("top-p-0.8-temperature-1.3", "deterministic", [3, 1, 1]),
+    ],
+)
+def test_generate_sampling_matches_target_distribution(sampling_models, setting, draft_sampling, tree):
+    target, draft = sampling_models
+    kw = SETTINGS[setting]
+    prompt = torch.tensor([[1, 5, 2]])
+    exact = _exact_generate(target, prompt, **kw)
+    drafter = hfs.CausalLMDrafter(draft, draft_sampling=draft_sampling)
+    spec = hfs.TreeSpec.cartesian(tree)
+    torch.manual_seed(1234)
+    n = 3000
+    gen_kwargs = dict(do_sample=True, max_new_tokens=NEW, top_k=kw["top_k"] or None, temperature=kw["temperature"], top_p=kw["top_p"])
+    counts = _sample_counts(lambda: target.generate(prompt, assistant_model=drafter, speculative_tree=spec, **gen_kwargs), n)
+    assert chi_square_pvalue(counts, exact, n) > ALPHA
+    # the draft really differs from the target (otherwise the test would prove little)
+    with torch.no_grad():
+        p = torch.softmax(target(prompt).logits[0, -1], -1)
+        q = torch.softmax(draft(prompt).logits[0, -1], -1)
+    assert 0.5 * (p - q).abs().sum() > 0.2
+
+
+def test_reference_distribution_matches_plain_sampling(sampling_models):
+    """Validates the exact-distribution computation itself against transformers' plain sampling."""
+    target, _ = sampling_models
+    kw = SETTINGS["temperature-0.7-top-k-4"]
+    prompt = torch.tensor([[1, 5, 2]])
+    exact = _exact_generate(target, prompt, **kw)
+    torch.manual_seed(4321)
+    n = 3000
+    counts = _sample_counts(lambda: target.generate(prompt, do_sample=True, max_new_tokens=NEW, top_k=kw["top_k"], temperature=kw["temperature"]), n)
+    assert chi_square_pvalue(counts, exact, n) > ALPHA
+
+
+def test_typical_acceptance_only_when_asked(sampling_models, monkeypatch):
+    import hf_speculative.decoding as decoding
+
+    target, draft = sampling_models
+    calls = []
+    real = decoding.accept_typical
+    monkeypatch.setattr(decoding, "accept_typical", lambda *a, **k: calls.append(1) or real(*a, **k))
+    prompt = torch.tensor([[1, 5, 2]])
+    target.generate(prompt, assistant_model=draft, do_sample=True, max_new_tokens=6)
+    assert calls == []
+    target.generate(prompt, assistant_model=draft, do_sample=False, max_new_tokens=6, speculative_acceptance="typical")
+    assert calls == []  # greedy stays exact: typical acceptance is a sampling rule
+    target.generate(prompt, assistant_model=draft, do_sample=True, max_new_tokens=6, speculative_acceptance="typical")
+    assert calls
+    with pytest.raises(ValueError, match="speculative_acceptance"):
+        target.generate(prompt, assistant_model=draft, do_sample=True, max_new_tokens=2, speculative_acceptance="fast")

@@ -1,0 +1,67 @@
+"""The verification forward: tree logits equal per-branch logits, and cache compaction equals a re-run."""
+
+import random
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+import hf_speculative as hfs
+from hf_speculative.cache import keep_path
+from hf_speculative.trees import tree_attention_mask
+
+from conftest import random_tree, tiny_model
+
+
+def _tree_forward(model, prompt, tree_tokens, spec):
+    cache = DynamicCache(config=model.config)
+    model(input_ids=prompt[:, :-1], past_key_values=cache, use_cache=True)
+    past = prompt.shape[1] - 1
+    mask = tree_attention_mask(spec.ancestors, past, model.dtype, "cpu")
+    out = model(
+        input_ids=tree_tokens[None],
+        attention_mask=mask,
+        position_ids=(past + spec.depths)[None],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return out.logits[0], cache, past
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_tree_logits_equal_per_branch_logits(arch, attn):
+    model = tiny_model(arch, seed=3, attn_implementation=attn)
+    rng = random.Random(0)
+    for trial in range(4):
+        spec = random_tree(rng, max_nodes=16)
+        prompt = torch.randint(0, 96, (1, rng.randint(2, 9)))
+        tokens = torch.randint(0, 96, (spec.num_nodes + 1,))
+        tokens[0] = prompt[0, -1]
+        logits, _, _ = _tree_forward(model, prompt, tokens, spec)
+        draft = hfs.DraftTree.from_spec(spec, tokens)
+        for node in range(len(draft)):
+            path = draft.path_to(node)[1:]
+            seq = torch.cat([prompt, tokens[path][None]], dim=-1)
+            ref = model(input_ids=seq).logits[0, -1]
+            torch.testing.assert_close(logits[node], ref, atol=2e-5, rtol=1e-4)
+
+
+def test_cache_after_compaction_equals_rerun(arch):
+    model = tiny_model(arch, seed=4)
+    rng = random.Random(1)
+    for trial in range(6):
+        spec = random_tree(rng, max_nodes=20)
+        prompt = torch.randint(0, 96, (1, rng.randint(2, 9)))
+        tokens = torch.randint(0, 96, (spec.num_nodes + 1,))
+        tokens[0] = prompt[0, -1]
+        _, cache, past = _tree_forward(model, prompt, tokens, spec)
+        draft = hfs.DraftTree.from_spec(spec, tokens)
+        leaf = rng.randrange(len(draft))
+        path = draft.path_to(leaf)
+        keep_path(cache, past, path)
+        rerun = DynamicCache(config=model.config)
+        model(input_ids=torch.cat([prompt[:, :-1], tokens[path][None]], dim=-1), past_key_values=rerun, use_cache=True)
+        assert cache.get_seq_length() == rerun.get_seq_length() == past + len(path)
+        for mine, ref in zip(cache.layers, rerun.layers):
+            torch.testing.assert_close(mine.keys, ref.keys, atol=2e-5, rtol=1e-4)
+            torch.testing.assert_close(mine.values, ref.values, atol=2e-5, rtol=1e-4)
