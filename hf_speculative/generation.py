@@ -46,8 +46,7 @@ class SpeculativeGenerationMixin:
         speculative_acceptance=None,
         **kwargs,
     ):
-        drafter = resolve_drafter(self, assistant_model)
-        if drafter is None:
+        if assistant_model is None and not hasattr(self, "get_self_drafter"):
             if speculative_tree is not None or speculative_acceptance is not None:
                 raise ValueError("speculative_tree / speculative_acceptance need an assistant_model (a drafter)")
             return super().generate(
@@ -59,6 +58,7 @@ class SpeculativeGenerationMixin:
             if value is not None and value > 1:
                 raise ValueError(f"tree speculative decoding does not support {name}={value} (it decodes one sequence)")
         check_tree_attention(self)
+        drafter = resolve_drafter(self, assistant_model)
         decoding = functools.partial(
             tree_speculative_decoding,
             drafter=drafter,

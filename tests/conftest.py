@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -59,7 +60,7 @@ def tiny_model(arch: str = "llama", seed: int = 0, attn_implementation: str = "s
 def noisy_copy(model, noise: float, seed: int = 1):
     """A draft close to the target (high but imperfect acceptance): the target's weights plus noise."""
     torch.manual_seed(seed)
-    draft = type(model)._from_config(model.config, attn_implementation=model.config._attn_implementation).eval()
+    draft = type(model)._from_config(copy.deepcopy(model.config), attn_implementation=model.config._attn_implementation).eval()
     draft.load_state_dict(model.state_dict())
     with torch.no_grad():
         for p in draft.parameters():
