@@ -66,18 +66,21 @@ class BenchOptions:
         chain_length: drafted tokens per step of ``chain-layercut``.
         assistant_tokens / assistant_schedule / assistant_confidence: transformers' assisted decoding
             knobs; they are set on the ASSISTANT's ``generation_config`` (that is where transformers
-            reads them), ``None`` keeps transformers' defaults (20, "constant", 0.4).
-        prompt_lookup_tokens / max_matching_ngram: transformers' prompt-lookup decoding.
+            reads them), ``None`` keeps transformers' defaults (20, "constant", 0.4). The defaults here
+            (5, "heuristic", 0.0) were the fastest of the settings tried on SmolLM2 + layer-cut draft
+            (docs/bench.md lists the sweep).
+        prompt_lookup_tokens / max_matching_ngram: transformers' prompt-lookup decoding (3 and 2 were
+            the fastest tried; transformers' docs suggest 10).
         drafters: ``{method name: path}`` from ``--drafter``.
     """
 
     draft_layers: int = 8
     tree: str | None = None
     chain_length: int = 4
-    assistant_tokens: int | None = 6
-    assistant_schedule: str | None = "constant"
+    assistant_tokens: int | None = 5
+    assistant_schedule: str | None = "heuristic"
     assistant_confidence: float | None = 0.0
-    prompt_lookup_tokens: int = 10
+    prompt_lookup_tokens: int = 3
     max_matching_ngram: int = 2
     drafters: dict[str, str] = field(default_factory=dict)
 
@@ -567,11 +570,11 @@ def add_bench_parser(sub, add_common: Callable, setup_torch: Callable) -> None:
     p.add_argument("--tree", default=None, help="'cartesian:4,2,2,1', 'chain:5', a JSON list of choices or a JSON file "
                    "(default: the drafter's own tree)")  # fmt: skip
     p.add_argument("--chain-length", type=int, default=4, help="drafted tokens per step for chain-layercut")
-    p.add_argument("--assistant-tokens", type=int, default=6, help="hf-assisted num_assistant_tokens (-1: transformers default)")
-    p.add_argument("--assistant-schedule", default="constant", choices=["default", "constant", "heuristic", "heuristic_transient"])
+    p.add_argument("--assistant-tokens", type=int, default=5, help="hf-assisted num_assistant_tokens (-1: transformers default)")
+    p.add_argument("--assistant-schedule", default="heuristic", choices=["default", "constant", "heuristic", "heuristic_transient"])
     p.add_argument("--assistant-confidence", type=float, default=0.0,
                    help="hf-assisted assistant_confidence_threshold (-1: transformers default 0.4)")  # fmt: skip
-    p.add_argument("--prompt-lookup-tokens", type=int, default=10)
+    p.add_argument("--prompt-lookup-tokens", type=int, default=3)
     p.add_argument("--max-matching-ngram", type=int, default=2)
     p.add_argument("--prompts", default="mt_bench", help="prompt file, or a name: " + ", ".join(
         ["mt_bench", "gsm8k", "humaneval", "sharegpt", "alpaca", "dialogsum", "e2e_nlg", "wikisql"]))  # fmt: skip
