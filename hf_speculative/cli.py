@@ -95,7 +95,7 @@ def _distill_parser(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-speculative", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="hf-speculative", description="Tree speculative decoding tools: self-distillation, speed benchmark, GPU projection.")
     sub = parser.add_subparsers(dest="command", required=True)
     _distill_parser(sub)
     try:

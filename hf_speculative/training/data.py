@@ -305,7 +305,7 @@ def load_chat_jsonl(path: str | Path, limit: int | None = None) -> list[Record]:
 def load_records(path: str | Path, limit: int | None = None, **kwargs) -> list[Record]:
     """Load any supported file, choosing the loader from the suffix and the first record's keys."""
     path = Path(path)
-    if path.suffix == ".zip" or "dialogsum" in path.name.lower():
+    if path.suffix == ".zip":
         return load_dialogsum(path, limit=limit, **kwargs)
     if path.suffix == ".csv":
         return load_e2e_nlg(path, limit=limit, **kwargs)
