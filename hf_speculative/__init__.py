@@ -7,6 +7,7 @@
 
 from .decoding import SpeculativeGenerateOutput, SpeculativeStats
 from .drafters import CausalLMDrafter, DraftingOptions, TreeDrafter, layer_cut_draft
+from .drafters.medusa import MedusaConfig, MedusaHeadsModel
 from .generation import SpeculativeGenerationMixin, enable, is_enabled
 from .trees import DraftTree, TreeSpec
 from .verify import AcceptanceResult, accept_greedy, accept_sampling, accept_typical
@@ -23,6 +24,8 @@ __all__ = [
     "DraftingOptions",
     "CausalLMDrafter",
     "layer_cut_draft",
+    "MedusaConfig",
+    "MedusaHeadsModel",
     "SpeculativeStats",
     "SpeculativeGenerateOutput",
     "AcceptanceResult",
@@ -30,3 +33,13 @@ __all__ = [
     "accept_sampling",
     "accept_typical",
 ]
+
+
+def _register_auto_classes() -> None:
+    from transformers import AutoConfig, AutoModel
+
+    AutoConfig.register(MedusaConfig.model_type, MedusaConfig, exist_ok=True)
+    AutoModel.register(MedusaConfig, MedusaHeadsModel, exist_ok=True)
+
+
+_register_auto_classes()

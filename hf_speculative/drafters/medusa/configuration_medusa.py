@@ -1,0 +1,107 @@
+"""Configuration of Medusa heads (Cai et al., "Medusa: Simple LLM Inference Acceleration Framework with
+Multiple Decoding Heads", 2024, https://arxiv.org/abs/2401.10774)."""
+
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+
+from ...trees import TreeSpec
+
+__all__ = ["MedusaConfig", "default_medusa_choices"]
+
+
+def default_medusa_choices(num_heads: int, num_nodes: int = 24) -> list[list[int]]:
+    """A sparse tree for untrained (or uncalibrated) heads: `TreeSpec.optimize` on a prior accuracy table.
+
+    The prior assumes head ``d`` has top-1 accuracy ``0.6 * 0.8**d`` and that the i-th ranked candidate is
+    half as likely as the (i-1)-th, which is close to the shape of the tables in Medusa Fig. 3. Calibrate
+    with `calibrate_tree` once the heads are trained.
+    """
+    prior = [[0.6 * 0.8**d * 0.5**i for i in range(8)] for d in range(num_heads)]
+    return TreeSpec.optimize(prior, num_nodes).to_list()
+
+
+class MedusaConfig(PretrainedConfig):
+    r"""Configuration of a `MedusaHeadsModel`: K Medusa heads on the last hidden state of a base model.
+
+    Head k (0-based) reads the base model's final hidden state ``h_t`` (after the final norm, the state the
+    base ``lm_head`` consumes) and predicts the token at position ``t + k + 2``: the base ``lm_head``
+    predicts ``t + 1``, head 0 the token after it, and so on (Medusa Sec. 2.1.1).
+
+    Args:
+        base_model_name_or_path (`str`, *optional*):
+            Name or path of the base model the heads were trained on (recorded for the model card and for
+            users; the heads never load it themselves).
+        hidden_size (`int`, defaults to 4096):
+            Hidden size of the base model.
+        vocab_size (`int`, defaults to 32000):
+            Vocabulary size of the base model; the drafter refuses a target with another vocabulary.
+        num_heads (`int`, defaults to 4):
+            Number of Medusa heads K, i.e. the deepest tree the heads can fill.
+        num_layers (`int`, defaults to 1):
+            Residual blocks per head. Each block is ``h + SiLU(W1 h + b1)``, with its own weights (the
+            reference implementation shared one block across layers by accident).
+        share_lm_head (`bool`, defaults to `True`):
+            When `True`, every head ends in the base model's frozen ``lm_head`` (not stored in the checkpoint,
+            attached from the base model); when `False`, each head has its own vocabulary projection W2,
+            initialised from the base ``lm_head`` (Medusa-1 as in the paper).
+        medusa_choices (`list[list[int]]`, *optional*):
+            The static draft tree as Medusa-style paths of top-i indices (see `TreeSpec.from_choices`).
+            Defaults to `default_medusa_choices(num_heads)`; `calibrate_tree` replaces it with the tree built
+            from measured head accuracies (Medusa Sec. 2.3.3).
+        acceptance (`str`, defaults to `"exact"`):
+            `"exact"`: lossless rejection sampling when sampling (greedy decoding is always exact).
+            `"typical"`: Medusa's typical acceptance (Sec. 2.3.1) when sampling; lossy, faster at high
+            temperature.
+        posterior_threshold (`float`, defaults to 0.09):
+            Typical acceptance's hard threshold epsilon.
+        posterior_alpha (`float`, defaults to 0.3):
+            Typical acceptance's entropy-dependent threshold factor alpha (``alpha * exp(-H(p))``).
+        initializer_range (`float`, defaults to 0.02):
+            Std of the normal init of a head's own W2 when it is not copied from a base ``lm_head``.
+    """
+
+    model_type = "medusa_heads"
+
+    def __init__(
+        self,
+        base_model_name_or_path: str | None = None,
+        hidden_size: int = 4096,
+        vocab_size: int = 32000,
+        num_heads: int = 4,
+        num_layers: int = 1,
+        share_lm_head: bool = True,
+        medusa_choices: list[list[int]] | None = None,
+        acceptance: str = "exact",
+        posterior_threshold: float = 0.09,
+        posterior_alpha: float = 0.3,
+        initializer_range: float = 0.02,
+        **kwargs,
+    ):
+        if num_heads < 1 or num_layers < 0:
+            raise ValueError(f"MedusaConfig needs num_heads >= 1 and num_layers >= 0, got {num_heads}, {num_layers}")
+        if acceptance not in ("exact", "typical"):
+            raise ValueError(f"MedusaConfig.acceptance must be 'exact' or 'typical', got {acceptance!r}")
+        self.base_model_name_or_path = base_model_name_or_path
+        self.hidden_size = hidden_size
+        self.vocab_size = vocab_size
+        self.num_heads = num_heads
+        self.num_layers = num_layers
+        self.share_lm_head = share_lm_head
+        if medusa_choices is None:
+            medusa_choices = default_medusa_choices(num_heads)
+        tree = TreeSpec.from_choices(medusa_choices)  # validates
+        if tree.depth > num_heads:
+            raise ValueError(f"medusa_choices is {tree.depth} deep but there are only {num_heads} heads")
+        self.medusa_choices = tree.to_list()
+        self.acceptance = acceptance
+        self.posterior_threshold = posterior_threshold
+        self.posterior_alpha = posterior_alpha
+        self.initializer_range = initializer_range
+        kwargs.setdefault("tie_word_embeddings", False)
+        super().__init__(**kwargs)
+
+    @property
+    def tree(self) -> TreeSpec:
+        """The draft tree of `medusa_choices`."""
+        return TreeSpec.from_choices(self.medusa_choices)

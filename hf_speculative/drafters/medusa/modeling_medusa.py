@@ -1,0 +1,248 @@
+"""Medusa heads (Cai et al., "Medusa", 2024) as a `PreTrainedModel` and as a tree drafter.
+
+K heads read the base model's final hidden state ``h_t``. Head k is ``num_layers`` residual blocks
+``h <- h + SiLU(W1 h + b1)`` followed by a vocabulary projection W2, and predicts the token at ``t + k + 2``
+(the base ``lm_head`` predicts ``t + 1``). With W1 = 0 and W2 = the base ``lm_head`` a head starts as a copy
+of the base model's next-token prediction (Medusa-1 init, Sec. 2.2.1).
+
+In the tree loop the heads need no forward pass of their own on the target: the verification forward of
+one step returns the hidden state of the last accepted node, whose ``lm_head`` output is the bonus token
+(the next step's root) and whose Medusa heads fill depths 1..K of the next step's tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.utils import ModelOutput
+
+from ...trees import DraftTree, TreeSpec
+from ..base import DraftingOptions, TreeDrafter, fill_children
+from .configuration_medusa import MedusaConfig
+
+__all__ = ["MedusaResBlock", "MedusaHead", "MedusaHeadsModel", "MedusaOutput", "MedusaDrafter", "final_hidden_state"]
+
+
+def final_hidden_state(outputs) -> torch.Tensor:
+    """The state the target's ``lm_head`` consumes: in transformers 5 causal LMs the last element of
+    ``outputs.hidden_states`` is the output of the final norm (tested: ``lm_head(h) == logits``)."""
+    if getattr(outputs, "hidden_states", None) is None:
+        raise ValueError("Medusa heads need the target's hidden states (output_hidden_states=True)")
+    return outputs.hidden_states[-1]
+
+
+class MedusaResBlock(nn.Module):
+    """``h + SiLU(W1 h + b1)``. Owns W1 and b1 directly, so `_init_weights` sees it as a leaf and zeroes both."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(hidden_size, hidden_size))
+        self.bias = nn.Parameter(torch.empty(hidden_size))
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return hidden_states + F.silu(F.linear(hidden_states, self.weight, self.bias))
+
+
+class MedusaHead(nn.Module):
+    """One head: independent residual blocks, then its own W2 unless the base ``lm_head`` is shared."""
+
+    def __init__(self, config: MedusaConfig):
+        super().__init__()
+        self.blocks = nn.ModuleList([MedusaResBlock(config.hidden_size) for _ in range(config.num_layers)])
+        self.lm_head = None if config.share_lm_head else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            hidden_states = block(hidden_states)
+        return hidden_states
+
+
+@dataclass
+class MedusaOutput(ModelOutput):
+    """``logits``: ``(..., num_heads, vocab_size)``, head k's logits for the token at ``t + k + 2``.
+    ``loss``: the Medusa-1 loss when ``labels`` were given."""
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+
+
+class MedusaPreTrainedModel(PreTrainedModel):
+    config_class = MedusaConfig
+    base_model_prefix = "medusa"
+    main_input_name = "hidden_states"
+    _no_split_modules = ["MedusaHead"]
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        if isinstance(module, MedusaResBlock):  # W1 = 0: the block starts as the identity
+            init.zeros_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, nn.Linear):  # a W2 not copied from a base lm_head
+            init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
+
+
+class MedusaHeadsModel(MedusaPreTrainedModel):
+    """K Medusa heads; a drafter for ``model.generate(assistant_model=heads)``.
+
+    Create from a base model with `from_base_model`; load with ``from_pretrained(folder, base_model=model)``
+    (or plain ``AutoModel.from_pretrained(folder)``: with ``share_lm_head`` the base ``lm_head`` is then
+    attached the first time the heads draft for a target).
+    """
+
+    def __init__(self, config: MedusaConfig):
+        super().__init__(config)
+        self.heads = nn.ModuleList([MedusaHead(config) for _ in range(config.num_heads)])
+        self.__dict__["base_lm_head"] = None  # not a submodule: never saved, moved or trained with the heads
+        self.post_init()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_base_model(
+        cls, model: PreTrainedModel, num_heads: int = 4, num_layers: int = 1, share_lm_head: bool = True, **config_kwargs
+    ) -> "MedusaHeadsModel":
+        """Medusa-1 init for ``model``: W1 = 0 and W2 = the base ``lm_head`` (shared or copied)."""
+        lm_head = _output_embeddings(model)
+        config = MedusaConfig(
+            base_model_name_or_path=getattr(model.config, "_name_or_path", None) or getattr(model, "name_or_path", None),
+            hidden_size=lm_head.weight.shape[1],
+            vocab_size=lm_head.weight.shape[0],
+            num_heads=num_heads,
+            num_layers=num_layers,
+            share_lm_head=share_lm_head,
+            **config_kwargs,
+        )
+        heads = cls(config).to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
+        heads.attach_base_model(model)
+        if not share_lm_head:
+            with torch.no_grad():
+                for head in heads.heads:
+                    head.lm_head.weight.copy_(lm_head.weight)
+        return heads.eval()
+
+    @classmethod
+    def from_pretrained(cls, *args, base_model: PreTrainedModel | None = None, **kwargs) -> "MedusaHeadsModel":
+        """`PreTrainedModel.from_pretrained`, plus ``base_model=`` to attach the shared ``lm_head`` at once."""
+        heads = super().from_pretrained(*args, **kwargs)
+        if base_model is not None:
+            heads.attach_base_model(base_model)
+        return heads
+
+    def attach_base_model(self, model: PreTrainedModel) -> None:
+        """Check the base model's shapes and, with ``share_lm_head``, use its (frozen) ``lm_head``."""
+        lm_head = _output_embeddings(model)
+        vocab, hidden = lm_head.weight.shape
+        if vocab != self.config.vocab_size or hidden != self.config.hidden_size:
+            raise ValueError(
+                f"these Medusa heads were built for hidden_size={self.config.hidden_size}, vocab_size={self.config.vocab_size} "
+                f"but the base model has hidden_size={hidden}, vocab_size={vocab}"
+            )
+        if self.config.share_lm_head:
+            self.__dict__["base_lm_head"] = lm_head
+
+    @property
+    def tree(self) -> TreeSpec:
+        return self.config.tree
+
+    # ------------------------------------------------------------------ forward
+    def head_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """``(..., H)`` final hidden states -> ``(..., K, H)`` states after each head's residual blocks."""
+        dtype = self.heads[0].blocks[0].weight.dtype if self.config.num_layers else hidden_states.dtype
+        hidden_states = hidden_states.to(dtype)
+        return torch.stack([head(hidden_states) for head in self.heads], dim=-2)
+
+    def project(self, states: torch.Tensor) -> torch.Tensor:
+        """``(..., K, H)`` -> ``(..., K, V)`` logits through W2 (the shared base ``lm_head`` or each head's own)."""
+        if self.config.share_lm_head:
+            if self.base_lm_head is None:
+                raise ValueError(
+                    "these Medusa heads share the base model's lm_head, which is not attached: use "
+                    "MedusaHeadsModel.from_pretrained(folder, base_model=model) or heads.attach_base_model(model)"
+                )
+            weight = self.base_lm_head.weight
+            return F.linear(states.to(weight.dtype), weight)  # one matmul for all heads
+        return torch.stack([head.lm_head(states[..., k, :]) for k, head in enumerate(self.heads)], dim=-2)
+
+    def forward(self, hidden_states: torch.Tensor, labels: torch.LongTensor | None = None, **kwargs) -> MedusaOutput:
+        """``hidden_states`` ``(..., H)``: the base model's final hidden states. ``labels`` ``(..., K)``: head k's
+        target for each position (``-100`` ignored), see `training_medusa.medusa_labels`."""
+        logits = self.project(self.head_states(hidden_states))
+        loss = None
+        if labels is not None:
+            from .training_medusa import medusa_loss
+
+            loss = medusa_loss(logits, labels)
+        return MedusaOutput(loss=loss, logits=logits)
+
+    # ------------------------------------------------------------------ drafting
+    def get_tree_drafter(self, target: PreTrainedModel) -> "MedusaDrafter":
+        """The per-call drafter the engine uses for ``target.generate(assistant_model=self)``."""
+        self.attach_base_model(target)
+        return MedusaDrafter(self)
+
+
+def _output_embeddings(model) -> nn.Module:
+    lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if lm_head is None or getattr(lm_head, "weight", None) is None:
+        raise TypeError(f"{type(model).__name__} has no output embeddings (lm_head): Medusa heads need a causal LM")
+    return lm_head
+
+
+class MedusaDrafter(TreeDrafter):
+    """Fills a static tree from the Medusa heads' predictions at the last accepted node.
+
+    Greedy: the node at depth d with rank i gets head (d-1)'s i-th most likely token, whatever its parent
+    (Medusa's Cartesian / sparse trees). Sampling: each inner node's children are drawn from head (d-1)'s
+    distribution q (Gumbel-top-k, without replacement) and verified by exact tree rejection sampling.
+    """
+
+    needs_target_hidden_states = True
+
+    def __init__(self, heads: MedusaHeadsModel, draft_sampling: str = "without_replacement"):
+        config = heads.config
+        self.heads = heads
+        self.max_depth = config.num_heads
+        self.default_tree = config.tree
+        self.acceptance = config.acceptance
+        self.posterior_threshold = config.posterior_threshold
+        self.posterior_alpha = config.posterior_alpha
+        self.vocab_size = config.vocab_size
+        self.draft_sampling = draft_sampling
+        self.hidden: torch.Tensor | None = None
+
+    def begin(self, prompt_ids, target_outputs) -> None:
+        self.hidden = final_hidden_state(target_outputs)[0, -1]
+
+    def advance(self, sequence, draft, result, target_outputs) -> None:
+        self.hidden = final_hidden_state(target_outputs)[0, result.path[-1]]
+
+    @torch.no_grad()
+    def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
+        logits = self.heads(self.hidden).logits.float()  # (K, V)
+        device = sequence.device
+        n = tree.num_nodes + 1
+        scheme = options.scheme(self.draft_sampling)
+        depths = tree.depths.tolist()
+        if scheme == "deterministic":
+            width = max(tree.ranks[1:]) + 1
+            top = torch.topk(logits[: tree.depth], min(width, logits.shape[-1]), dim=-1).indices  # (depth, width)
+            idx = torch.tensor(depths[1:], device=top.device) - 1
+            rank = torch.tensor(tree.ranks[1:], device=top.device)
+            tokens = torch.cat([sequence[0, -1:].to(top.device), top[idx, rank]]).to(device)
+            return DraftTree.from_spec(tree, tokens, sampling=scheme)
+        tokens = torch.empty(n, dtype=torch.long, device=device)
+        tokens[0] = sequence[0, -1]
+        probs = torch.zeros(n, logits.shape[-1], device=device)
+        for node, kids in enumerate(tree.children):
+            if kids:
+                chosen, q = fill_children(logits[depths[node]], len(kids), scheme, options)
+                tokens[list(kids)] = chosen.to(device)
+                probs[node] = q.to(device)
+        return DraftTree.from_spec(tree, tokens, draft_probs=probs, sampling=scheme)
+
+    def end(self) -> None:
+        self.hidden = None

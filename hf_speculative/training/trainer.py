@@ -1,0 +1,148 @@
+"""What drafter training shares: the target's final hidden states, computed once and cached, and a
+`Trainer` base that logs the components of a drafter's loss.
+
+Drafters that read the target's hidden states (Medusa heads and the like) train on a frozen backbone, so the
+backbone runs once over the training data; its final hidden states go to a safetensors file under
+``$HF_SPECULATIVE_CACHE/hidden_states/`` (default ``~/.cache/hf_speculative``), keyed by the model, the data
+and the settings, and every later epoch or run reads them back in seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from transformers import Trainer
+
+from .data import Record, tokenize_conversation
+
+__all__ = ["HiddenStates", "extract_hidden_states", "hidden_state_cache_path", "DrafterTrainer"]
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("HF_SPECULATIVE_CACHE", Path.home() / ".cache" / "hf_speculative")).expanduser()
+
+
+@dataclass
+class HiddenStates:
+    """The final hidden states of a set of conversations, flattened.
+
+    ``hidden`` ``(N, H)`` (fp16 on disk), ``input_ids`` and ``labels`` ``(N,)`` (``labels`` is ``-100`` outside
+    assistant turns), sequence ``i`` spanning ``offsets[i]:offsets[i + 1]``; ``ids`` the record ids.
+    """
+
+    hidden: torch.Tensor
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    offsets: torch.Tensor
+    ids: list[str]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def select(self, indices: Sequence[int]) -> "HiddenStates":
+        """The sequences ``indices`` (e.g. a held-out split)."""
+        parts_h, parts_x, parts_y, offsets = [], [], [], [0]
+        for i in indices:
+            s, e = int(self.offsets[i]), int(self.offsets[i + 1])
+            parts_h.append(self.hidden[s:e])
+            parts_x.append(self.input_ids[s:e])
+            parts_y.append(self.labels[s:e])
+            offsets.append(offsets[-1] + e - s)
+        return HiddenStates(
+            torch.cat(parts_h) if parts_h else self.hidden[:0],
+            torch.cat(parts_x) if parts_x else self.input_ids[:0],
+            torch.cat(parts_y) if parts_y else self.labels[:0],
+            torch.tensor(offsets),
+            [self.ids[i] for i in indices],
+        )
+
+    @property
+    def num_train_tokens(self) -> int:
+        return int((self.labels != -100).sum())
+
+
+def hidden_state_cache_path(model, records: Sequence[Record], max_length: int) -> Path:
+    key = hashlib.sha256()
+    key.update(str(getattr(model.config, "_name_or_path", type(model).__name__)).encode())
+    key.update(json.dumps(model.config.to_diff_dict(), sort_keys=True, default=str).encode())
+    key.update(str(max_length).encode())
+    for r in records:
+        key.update(json.dumps(r.to_dict(), sort_keys=True).encode())
+    return _cache_root() / "hidden_states" / f"{key.hexdigest()[:20]}.safetensors"
+
+
+@torch.no_grad()
+def extract_hidden_states(
+    model,
+    tokenizer,
+    records: Sequence[Record],
+    max_length: int = 1024,
+    cache: bool = True,
+    progress: bool = True,
+) -> HiddenStates:
+    """Run the frozen backbone once over ``records`` (conversations with their assistant answers) and
+    return (and cache) its final hidden states: the post-norm states that the ``lm_head`` consumes."""
+    from safetensors.torch import load_file, save_file
+
+    path = hidden_state_cache_path(model, records, max_length)
+    if cache and path.is_file():
+        t = load_file(str(path))
+        ids = json.loads(path.with_suffix(".json").read_text())["ids"]
+        return HiddenStates(t["hidden"], t["input_ids"], t["labels"], t["offsets"], ids)
+    backbone = getattr(model, model.base_model_prefix)
+    hs, xs, ys, offsets, ids = [], [], [], [0], []
+    iterator = records
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(records, desc="hidden states", unit="conv")
+    for r in iterator:
+        if not r.answers:
+            continue  # nothing to learn from a prompt without an answer
+        msgs = r.conversation(num_turns=len(r.answers)) + [{"role": "assistant", "content": r.answers[-1]}]
+        enc = tokenize_conversation(tokenizer, msgs, max_length=max_length)
+        x = torch.tensor(enc["input_ids"])
+        y = torch.tensor(enc["labels"])
+        if len(x) < 3 or bool((y == -100).all()):
+            continue
+        out = backbone(input_ids=x[None].to(model.device), use_cache=False)
+        hs.append(out.last_hidden_state[0].to("cpu", torch.float16))
+        xs.append(x)
+        ys.append(y)
+        offsets.append(offsets[-1] + len(x))
+        ids.append(r.id)
+    states = HiddenStates(torch.cat(hs), torch.cat(xs), torch.cat(ys), torch.tensor(offsets), ids)
+    if cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(
+            {"hidden": states.hidden.contiguous(), "input_ids": states.input_ids, "labels": states.labels, "offsets": states.offsets},
+            str(path),
+        )
+        path.with_suffix(".json").write_text(json.dumps({"ids": ids, "max_length": max_length}))
+    return states
+
+
+class DrafterTrainer(Trainer):
+    """A `Trainer` whose model returns ``loss`` plus named loss components (``loss_parts: dict``), which it
+    logs averaged over the logging interval next to the total loss."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._parts: dict[str, list[float]] = {}
+
+    def record_parts(self, parts: dict[str, torch.Tensor]) -> None:
+        for name, value in parts.items():
+            self._parts.setdefault(name, []).append(float(value))
+
+    def log(self, logs: dict[str, float], *args, **kwargs) -> None:
+        if self._parts and "loss" in logs:
+            for name, values in self._parts.items():
+                logs[name] = round(sum(values) / len(values), 4)
+            self._parts = {}
+        super().log(logs, *args, **kwargs)
