@@ -110,28 +110,53 @@ class CausalLMDrafter(TreeDrafter):
         self.cache = None
 
 
-def layer_cut_draft(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
-    """A self-speculative draft: the target's first ``num_layers`` decoder layers, final norm and LM head.
+def layer_cut_draft(model: PreTrainedModel, num_layers: int | None = None, layers: list[int] | None = None) -> PreTrainedModel:
+    """A self-speculative draft: some of the target's decoder layers, its final norm and LM head.
 
-    The draft shares (does not copy) the target's modules; it is an ordinary causal LM of the target's
-    class, so it also serves as transformers' own ``assistant_model``.
+    ``num_layers=k`` keeps the first k layers; ``layers=[...]`` keeps any ordered subset (skipping middle
+    layers, as in Draft & Verify, Zhang et al. 2023). The draft shares (does not copy) the target's
+    modules; it is an ordinary causal LM of the target's class, so it also serves as transformers' own
+    ``assistant_model``.
     """
     base = getattr(model, model.base_model_prefix)
     total = len(base.layers)
-    if not 1 <= num_layers <= total:
-        raise ValueError(f"num_layers must be in [1, {total}], got {num_layers}")
+    if (num_layers is None) == (layers is None):
+        raise ValueError("pass exactly one of num_layers or layers")
+    if layers is None:
+        if not 1 <= num_layers <= total:
+            raise ValueError(f"num_layers must be in [1, {total}], got {num_layers}")
+        layers = list(range(num_layers))
+    layers = [int(i) for i in layers]
+    if not layers or layers != sorted(set(layers)) or layers[0] < 0 or layers[-1] >= total:
+        raise ValueError(f"layers must be increasing indices in [0, {total}), got {layers}")
+    num_layers = len(layers)
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = num_layers
     if getattr(config, "layer_types", None):
-        config.layer_types = list(config.layer_types)[:num_layers]
+        config.layer_types = [config.layer_types[i] for i in layers]
     with torch.device("meta"):
         draft = AutoModelForCausalLM.from_config(config, attn_implementation=model.config._attn_implementation)
     draft_base = getattr(draft, draft.base_model_prefix)
     for name, module in base.named_children():
-        setattr(draft_base, name, torch.nn.ModuleList(list(module)[:num_layers]) if name == "layers" else module)
+        if name == "layers":
+            module = torch.nn.ModuleList([_with_layer_idx(module[i], j) for j, i in enumerate(layers)])
+        setattr(draft_base, name, module)
     draft.lm_head = model.lm_head
     leftover = [n for n, t in list(draft.named_parameters()) + list(draft.named_buffers()) if t.device.type == "meta"]
     if leftover:
         raise ValueError(f"layer_cut_draft could not share these target tensors: {leftover[:5]}")
     draft.generation_config = copy.deepcopy(model.generation_config)
     return draft.eval()
+
+
+def _with_layer_idx(layer: torch.nn.Module, idx: int) -> torch.nn.Module:
+    """The layer itself when it already sits at cache slot ``idx``; else a shallow copy (sharing every
+    weight) whose attention writes to slot ``idx`` of the draft's own cache."""
+    attn = getattr(layer, "self_attn", None)
+    if attn is None or getattr(attn, "layer_idx", idx) == idx:
+        return layer
+    layer = copy.copy(layer)
+    layer._modules = dict(layer._modules)
+    layer.self_attn = copy.copy(attn)
+    layer.self_attn.layer_idx = idx
+    return layer
