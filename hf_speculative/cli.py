@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_project_parser(sub)
+    from .drafters.medusa.commands import add_medusa_parsers
+
+    add_medusa_parsers(sub, _add_common, _setup_torch)  # train medusa, calibrate-tree
     return parser
 
 

@@ -347,3 +347,30 @@ def test_sampling_with_heads_matches_the_target_distribution():
         q = torch.softmax(heads(final_hidden_state(out)[0, -1]).logits[0], -1)
         p = torch.softmax(target(torch.cat([prompt, out.logits[:, -1:].argmax(-1)], 1)).logits[0, -1], -1)
     assert 0.5 * (p - q).abs().sum() > 0.2
+
+
+# --------------------------------------------------------------------------- cli, curve, model card
+
+
+def test_cli_registers_train_medusa_and_calibrate_tree():
+    from hf_speculative.cli import build_parser
+
+    args = build_parser().parse_args(["train", "medusa", "--data", "x.jsonl", "--out", "o", "--num-heads", "3"])
+    assert (args.command, args.method, args.num_heads, args.num_layers) == ("train", "medusa", 3, 1)
+    args = build_parser().parse_args(["calibrate-tree", "--heads", "h", "--data", "d.jsonl", "--num-nodes", "12"])
+    assert args.num_nodes == 12 and callable(args.func)
+
+
+def test_curve_callback_and_model_card(trained_tiny, tmp_path):
+    from hf_speculative.drafters.medusa.model_card import render_model_card
+    from hf_speculative.drafters.medusa.training_medusa import MedusaCurveCallback, train_medusa
+
+    model, trained, states = trained_tiny
+    heads = hfs.MedusaHeadsModel.from_base_model(model, num_heads=3)
+    curve = MedusaCurveCallback(heads, states, num_nodes=8, num_points=2, save_dir=str(tmp_path / "curve"), batch_size=64)
+    train_medusa(heads, states, str(tmp_path / "run"), num_epochs=1, batch_size=64, progress=False, callbacks=[curve])
+    assert [p["step"] for p in curve.curve][0] == 0 and len(curve.curve) == 3
+    assert all((tmp_path / "curve" / f"step{p['step']}" / "config.json").exists() for p in curve.curve)
+    calibrate_tree(heads, states, num_nodes=8)
+    card = render_model_card(heads, results="tau 9.9 (test)")
+    assert "medusa" in card and "tau 9.9 (test)" in card and "| 0 |" in card

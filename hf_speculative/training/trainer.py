@@ -4,7 +4,7 @@
 Drafters that read the target's hidden states (Medusa heads and the like) train on a frozen backbone, so the
 backbone runs once over the training data; its final hidden states go to a safetensors file under
 ``$HF_SPECULATIVE_CACHE/hidden_states/`` (default ``~/.cache/hf_speculative``), keyed by the model, the data
-and the settings, and every later epoch or run reads them back in seconds.
+and the settings (one file per conversation), and every later epoch or run reads them back in seconds.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from transformers import Trainer
 
 from .data import Record, tokenize_conversation
 
-__all__ = ["HiddenStates", "extract_hidden_states", "hidden_state_cache_path", "DrafterTrainer"]
+__all__ = ["HiddenStates", "extract_hidden_states", "hidden_state_cache_dir", "DrafterTrainer"]
 
 
 def _cache_root() -> Path:
@@ -67,14 +67,23 @@ class HiddenStates:
         return int((self.labels != -100).sum())
 
 
-def hidden_state_cache_path(model, records: Sequence[Record], max_length: int) -> Path:
+def _model_key(model, max_length: int) -> str:
     key = hashlib.sha256()
     key.update(str(getattr(model.config, "_name_or_path", type(model).__name__)).encode())
     key.update(json.dumps(model.config.to_diff_dict(), sort_keys=True, default=str).encode())
-    key.update(str(max_length).encode())
-    for r in records:
-        key.update(json.dumps(r.to_dict(), sort_keys=True).encode())
-    return _cache_root() / "hidden_states" / f"{key.hexdigest()[:20]}.safetensors"
+    key.update(str(sum(float(p.float().abs().sum()) for p in list(model.parameters())[:3])).encode())
+    key.update(f"{max_length}|{model.dtype}".encode())
+    return key.hexdigest()[:16]
+
+
+def hidden_state_cache_dir(model, max_length: int) -> Path:
+    """One folder per (model, max_length); one small safetensors file per conversation, so a growing
+    data file only costs the backbone passes of its new conversations."""
+    return _cache_root() / "hidden_states" / _model_key(model, max_length)
+
+
+def _record_key(record: Record) -> str:
+    return hashlib.sha256(json.dumps(record.to_dict(), sort_keys=True).encode()).hexdigest()[:24]
 
 
 @torch.no_grad()
@@ -87,14 +96,13 @@ def extract_hidden_states(
     progress: bool = True,
 ) -> HiddenStates:
     """Run the frozen backbone once over ``records`` (conversations with their assistant answers) and
-    return (and cache) its final hidden states: the post-norm states that the ``lm_head`` consumes."""
+    return (and cache) its final hidden states: the post-norm states that the ``lm_head`` consumes.
+    Records without an answer are skipped."""
     from safetensors.torch import load_file, save_file
 
-    path = hidden_state_cache_path(model, records, max_length)
-    if cache and path.is_file():
-        t = load_file(str(path))
-        ids = json.loads(path.with_suffix(".json").read_text())["ids"]
-        return HiddenStates(t["hidden"], t["input_ids"], t["labels"], t["offsets"], ids)
+    folder = hidden_state_cache_dir(model, max_length)
+    if cache:
+        folder.mkdir(parents=True, exist_ok=True)
     backbone = getattr(model, model.base_model_prefix)
     hs, xs, ys, offsets, ids = [], [], [], [0], []
     iterator = records
@@ -105,27 +113,29 @@ def extract_hidden_states(
     for r in iterator:
         if not r.answers:
             continue  # nothing to learn from a prompt without an answer
-        msgs = r.conversation(num_turns=len(r.answers)) + [{"role": "assistant", "content": r.answers[-1]}]
-        enc = tokenize_conversation(tokenizer, msgs, max_length=max_length)
-        x = torch.tensor(enc["input_ids"])
-        y = torch.tensor(enc["labels"])
-        if len(x) < 3 or bool((y == -100).all()):
-            continue
-        out = backbone(input_ids=x[None].to(model.device), use_cache=False)
-        hs.append(out.last_hidden_state[0].to("cpu", torch.float16))
+        path = folder / f"{_record_key(r)}.safetensors"
+        if cache and path.is_file():
+            t = load_file(str(path))
+            h, x, y = t["hidden"], t["input_ids"], t["labels"]
+        else:
+            msgs = r.conversation(num_turns=len(r.answers)) + [{"role": "assistant", "content": r.answers[-1]}]
+            enc = tokenize_conversation(tokenizer, msgs, max_length=max_length)
+            x = torch.tensor(enc["input_ids"])
+            y = torch.tensor(enc["labels"])
+            if len(x) < 3 or bool((y == -100).all()):
+                continue
+            out = backbone(input_ids=x[None].to(model.device), use_cache=False)
+            h = out.last_hidden_state[0].to("cpu", torch.float16).contiguous()
+            if cache:
+                save_file({"hidden": h, "input_ids": x, "labels": y}, str(path))
+        hs.append(h)
         xs.append(x)
         ys.append(y)
         offsets.append(offsets[-1] + len(x))
         ids.append(r.id)
-    states = HiddenStates(torch.cat(hs), torch.cat(xs), torch.cat(ys), torch.tensor(offsets), ids)
-    if cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(
-            {"hidden": states.hidden.contiguous(), "input_ids": states.input_ids, "labels": states.labels, "offsets": states.offsets},
-            str(path),
-        )
-        path.with_suffix(".json").write_text(json.dumps({"ids": ids, "max_length": max_length}))
-    return states
+    if not ids:
+        raise ValueError("no conversation with an assistant answer to compute hidden states for")
+    return HiddenStates(torch.cat(hs), torch.cat(xs), torch.cat(ys), torch.tensor(offsets), ids)
 
 
 class DrafterTrainer(Trainer):

@@ -15,6 +15,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
+from transformers import TrainerCallback
 
 from ...training.trainer import DrafterTrainer
 
@@ -26,6 +27,7 @@ __all__ = [
     "MedusaPositionDataset",
     "MedusaCollator",
     "MedusaTrainer",
+    "MedusaCurveCallback",
     "train_medusa",
 ]
 
@@ -122,6 +124,48 @@ class MedusaTrainer(DrafterTrainer):
         return (loss, outputs) if return_outputs else loss
 
 
+class MedusaCurveCallback(TrainerCallback):
+    """Records the learning curve: at ``num_points`` evenly spaced steps, the heads' held-out top-i accuracies
+    and the expected acceptance length of the tree calibrated for ``num_nodes`` (and optionally saves the
+    heads' weights there, to measure real tau against training tokens afterwards)."""
+
+    def __init__(self, heads, held_out, num_nodes: int = 32, num_points: int = 5, save_dir: str | None = None, batch_size: int = 64):
+        self.heads, self.held_out, self.num_nodes = heads, held_out, num_nodes
+        self.num_points, self.save_dir, self.batch_size = num_points, save_dir, batch_size
+        self.curve: list[dict] = []
+
+    def _record(self, step: int) -> None:
+        from ...trees import TreeSpec
+        from .tree_calibration import expected_acceptance_length, head_accuracies
+
+        was_training = self.heads.training
+        self.heads.eval()
+        acc = head_accuracies(self.heads, self.held_out)
+        tree = TreeSpec.optimize(acc, self.num_nodes)
+        point = {
+            "step": step,
+            "train_positions": step * self.batch_size,
+            "head_top1": [round(r[0], 4) for r in acc],
+            "expected_tau_calibrated": round(expected_acceptance_length(tree, acc), 4),
+        }
+        if self.save_dir is not None:
+            from pathlib import Path
+
+            path = Path(self.save_dir) / f"step{step}"
+            self.heads.save_pretrained(path)
+            point["checkpoint"] = str(path)
+        self.curve.append(point)
+        self.heads.train(was_training)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._record(0)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        marks = {max(1, round(state.max_steps * (i + 1) / self.num_points)) for i in range(self.num_points)}
+        if state.global_step in marks:
+            self._record(state.global_step)
+
+
 def train_medusa(
     heads,
     train_states,
@@ -135,6 +179,7 @@ def train_medusa(
     logging_steps: int = 20,
     seed: int = 0,
     progress: bool = True,
+    callbacks: list | None = None,
 ):
     """Train ``heads`` (a `MedusaHeadsModel` attached to its base) on cached hidden states; returns the Trainer."""
     from transformers import TrainingArguments
@@ -159,7 +204,7 @@ def train_medusa(
         seed=seed,
     )
     heads.train()
-    trainer = MedusaTrainer(model=heads, args=args, train_dataset=dataset, data_collator=MedusaCollator())
+    trainer = MedusaTrainer(model=heads, args=args, train_dataset=dataset, data_collator=MedusaCollator(), callbacks=callbacks)
     trainer.train()
     heads.eval()
     return trainer

@@ -1,0 +1,124 @@
+"""The Hub model card of a Medusa heads folder, generated from a template and the heads' config
+(``training``, ``calibration`` and ``results`` entries written by the CLI and the benchmark)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["MODEL_CARD_TEMPLATE", "render_model_card", "write_model_card"]
+
+MODEL_CARD_TEMPLATE = """---
+library_name: hf_speculative
+base_model: {base_model}
+tags:
+- speculative-decoding
+- medusa
+- hf_speculative
+---
+
+# Medusa heads for {base_model}
+
+{num_heads} Medusa heads (Cai et al., 2024, [arXiv:2401.10774](https://arxiv.org/abs/2401.10774)) for
+`{base_model}`, for tree speculative decoding with [hf_speculative](https://github.com/) behind
+`model.generate(assistant_model=heads)`. Each head is {num_layers} residual block(s) `h + SiLU(W1 h + b1)`
+on the base model's final hidden state, then {projection}. {params} parameters ({size}).
+
+## Usage
+
+```python
+import hf_speculative as hfs
+from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+model = hfs.enable(AutoModelForCausalLM.from_pretrained("{base_model}", attn_implementation="sdpa"))
+heads = AutoModel.from_pretrained("<this folder or repo>")   # a MedusaHeadsModel, no trust_remote_code
+out = model.generate(input_ids, assistant_model=heads, max_new_tokens=128, do_sample=False)
+```
+
+Greedy decoding gives exactly the base model's tokens; sampling is exact (tree rejection sampling) unless
+the config's `acceptance` is `"typical"` (currently `{acceptance}`).
+
+## Tree
+
+{tree_text}
+
+## Training
+
+{training_text}
+
+## Results
+
+{results_text}
+
+## Limitations
+
+The heads only draft; every committed token is verified by the base model. Their acceptance rate, and so the
+speedup, depends on how close the text is to the training data (self-distilled chat answers).
+"""
+
+
+def _training_text(cfg) -> str:
+    t = getattr(cfg, "training", None)
+    if not t:
+        return "Not recorded."
+    lines = [
+        f"- method: {t.get('method')}, loss `sum_k 0.8^k CE(head_k(h_t), x_(t+k+2))`",
+        f"- data: `{t.get('data')}` ({t.get('conversations')} conversations, {t.get('train_answer_tokens')} answer tokens; "
+        f"{t.get('held_out_conversations')} held out for tree calibration)",
+        f"- {t.get('epochs')} epochs, learning rate {t.get('learning_rate')}, batch {t.get('batch_size')} positions, "
+        f"{t.get('train_seconds')} s on CPU, final training loss {t.get('final_loss')}",
+    ]
+    if t.get("command"):
+        lines.append(f"- command:\n\n```bash\n{t['command']}\n```")
+    return "\n".join(lines)
+
+
+def _tree_text(cfg) -> str:
+    from ...trees import TreeSpec
+
+    tree = TreeSpec.from_choices(cfg.medusa_choices)
+    text = f"{tree.num_nodes} nodes, depth {tree.depth} (`medusa_choices` in config.json)."
+    cal = getattr(cfg, "calibration", None)
+    if cal and "head_top_i_accuracy" in cal:
+        text += (
+            "\nCalibrated (Medusa Sec. 2.3.3) from the heads' held-out top-i accuracies"
+            f" ({cal.get('num_positions', '?')} positions), expected acceptance length "
+            f"{cal.get('expected_acceptance_length', '?')}:\n\n| head | top-1 | top-2 | top-3 | top-5 | top-10 (cumulative) |\n|---|---|---|---|---|---|\n"
+        )
+        for k, row in enumerate(cal["head_top_i_accuracy"]):
+            cum = [sum(row[: i + 1]) for i in range(len(row))]
+            pick = [cum[i] if i < len(cum) else float("nan") for i in (0, 1, 2, 4, 9)]
+            text += f"| {k} | " + " | ".join(f"{v:.3f}" for v in pick) + " |\n"
+    return text
+
+
+def _results_text(cfg, results) -> str:
+    results = results or getattr(cfg, "results", None)
+    if not results:
+        return "Not measured yet."
+    if isinstance(results, str):
+        return results
+    return "```json\n" + json.dumps(results, indent=1) + "\n```"
+
+
+def render_model_card(heads, results=None) -> str:
+    cfg = heads.config
+    params = sum(p.numel() for p in heads.parameters())
+    return MODEL_CARD_TEMPLATE.format(
+        base_model=cfg.base_model_name_or_path or "<base model>",
+        num_heads=cfg.num_heads,
+        num_layers=cfg.num_layers,
+        projection="the base model's own frozen `lm_head` (shared, not stored here)" if cfg.share_lm_head else "its own vocabulary projection W2",
+        params=f"{params:,}",
+        size=f"{params * heads.dtype.itemsize / 2**20:.1f} MiB in {str(heads.dtype).replace('torch.', '')}",
+        acceptance=cfg.acceptance,
+        tree_text=_tree_text(cfg),
+        training_text=_training_text(cfg),
+        results_text=_results_text(cfg, results),
+    )
+
+
+def write_model_card(heads, folder, results=None) -> Path:
+    path = Path(folder) / "README.md"
+    path.write_text(render_model_card(heads, results), encoding="utf-8")
+    return path
