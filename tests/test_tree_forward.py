@@ -28,17 +28,22 @@ def _tree_forward(model, prompt, tree_tokens, spec):
     return out.logits[0], cache, past
 
 
+def _random_case(rng, max_nodes):
+    """A random tree, a prompt, and random tree tokens whose root is the prompt's last token."""
+    spec = random_tree(rng, max_nodes=max_nodes)
+    prompt = torch.randint(0, 96, (1, rng.randint(2, 9)))
+    tokens = torch.randint(0, 96, (spec.num_nodes + 1,))
+    tokens[0] = prompt[0, -1]
+    return spec, prompt, tokens, hfs.DraftTree.from_spec(spec, tokens)
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_tree_logits_equal_per_branch_logits(arch, attn):
     model = tiny_model(arch, seed=3, attn_implementation=attn)
     rng = random.Random(0)
     for trial in range(4):
-        spec = random_tree(rng, max_nodes=16)
-        prompt = torch.randint(0, 96, (1, rng.randint(2, 9)))
-        tokens = torch.randint(0, 96, (spec.num_nodes + 1,))
-        tokens[0] = prompt[0, -1]
+        spec, prompt, tokens, draft = _random_case(rng, 16)
         logits, _, _ = _tree_forward(model, prompt, tokens, spec)
-        draft = hfs.DraftTree.from_spec(spec, tokens)
         for node in range(len(draft)):
             path = draft.path_to(node)[1:]
             seq = torch.cat([prompt, tokens[path][None]], dim=-1)
@@ -50,12 +55,8 @@ def test_cache_after_compaction_equals_rerun(arch):
     model = tiny_model(arch, seed=4)
     rng = random.Random(1)
     for trial in range(6):
-        spec = random_tree(rng, max_nodes=20)
-        prompt = torch.randint(0, 96, (1, rng.randint(2, 9)))
-        tokens = torch.randint(0, 96, (spec.num_nodes + 1,))
-        tokens[0] = prompt[0, -1]
+        spec, prompt, tokens, draft = _random_case(rng, 20)
         _, cache, past = _tree_forward(model, prompt, tokens, spec)
-        draft = hfs.DraftTree.from_spec(spec, tokens)
         leaf = rng.randrange(len(draft))
         path = draft.path_to(leaf)
         keep_path(cache, past, path)
