@@ -103,6 +103,7 @@ def cmd_train_medusa(args, setup_torch) -> int:
         "max_train_tokens": args.max_train_tokens,
         "train_seconds": round(train_s, 1),
         "final_loss": round(float(trainer.state.log_history[-1].get("train_loss", float("nan"))), 4),
+        "learning_curve": callbacks[0].curve if callbacks else None,
         "command": "hf-speculative " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[0].endswith("hf-speculative") else None,
     }
     out = Path(args.out)
