@@ -87,32 +87,33 @@ def main() -> None:
     for run in methods.values():  # warm-up
         run(prompts[0][:, :16])
 
-    results, outputs = {}, {}
-    for name, run in methods.items():
-        per_prompt, seqs, engine, steps = [], [], 0.0, 0
-        for ids in prompts:
+    # methods interleaved per prompt, so a change of machine load affects all of them alike
+    records = {name: [] for name in methods}
+    outputs = {name: [] for name in methods}
+    engine = {name: [0.0, 0] for name in methods}
+    for ids in prompts:
+        for name, run in methods.items():
             counter = ForwardCounter(model)
             start = time.perf_counter()
             out = run(ids)
             elapsed = time.perf_counter() - start
             counter.handle.remove()
             seq = out.sequences if hasattr(out, "sequences") else out
-            new = seq.shape[1] - ids.shape[1]
+            forwards = counter.count
             if hasattr(out, "speculative_stats"):
                 forwards = out.speculative_stats.num_target_forwards
-                engine += out.speculative_stats.timings["engine"]
-                steps += forwards - 1
-            else:
-                forwards = counter.count
-            per_prompt.append({"new_tokens": new, "seconds": elapsed, "forwards": forwards})
-            seqs.append(seq)
-        outputs[name] = seqs
+                engine[name][0] += out.speculative_stats.timings["engine"]
+                engine[name][1] += forwards - 1
+            records[name].append({"new_tokens": seq.shape[1] - ids.shape[1], "seconds": elapsed, "forwards": forwards})
+            outputs[name].append(seq)
+    results = {}
+    for name, per_prompt in records.items():
         tokens = sum(p["new_tokens"] for p in per_prompt)
         results[name] = {
             "tau": tokens / sum(p["forwards"] for p in per_prompt),
             "tokens_per_s": tokens / sum(p["seconds"] for p in per_prompt),
             "per_prompt_tps": [p["new_tokens"] / p["seconds"] for p in per_prompt],
-            "engine_s_per_step": engine / steps if steps else None,
+            "engine_s_per_step": engine[name][0] / engine[name][1] if engine[name][1] else None,
         }
 
     plain = results["plain"]
