@@ -20,7 +20,7 @@ tags:
 # Medusa heads for {base_model}
 
 {num_heads} Medusa heads (Cai et al., 2024, [arXiv:2401.10774](https://arxiv.org/abs/2401.10774)) for
-`{base_model}`, for tree speculative decoding with [hf_speculative](https://github.com/) behind
+`{base_model}`, for tree speculative decoding with `hf_speculative` behind
 `model.generate(assistant_model=heads)`. Each head is {num_layers} residual block(s) `h + SiLU(W1 h + b1)`
 on the base model's final hidden state, then {projection}. {params} parameters ({size}).
 
@@ -66,8 +66,15 @@ def _training_text(cfg) -> str:
         f"- data: `{t.get('data')}` ({t.get('conversations')} conversations, {t.get('train_answer_tokens')} answer tokens; "
         f"{t.get('held_out_conversations')} held out for tree calibration)",
         f"- {t.get('epochs')} epochs, learning rate {t.get('learning_rate')}, batch {t.get('batch_size')} positions, "
-        f"{t.get('train_seconds')} s on CPU, final training loss {t.get('final_loss')}",
+        f"{t.get('train_seconds')} s on CPU, mean training loss {t.get('final_loss')} (`sum_k 0.8^k CE_k`)",
     ]
+    curve = t.get("learning_curve")
+    if curve:
+        lines.append("- learning curve (held-out head top-1 accuracy, expected tau of the calibrated tree):\n")
+        lines.append("| training positions seen (the data repeat after one epoch) | head top-1 (held out) | expected tau |\n|---:|---|---:|")
+        for pt in curve:
+            lines.append(f"| {pt['train_positions']} | {pt['head_top1']} | {pt['expected_tau_calibrated']} |")
+        lines.append("")
     if t.get("command"):
         lines.append(f"- command:\n\n```bash\n{t['command']}\n```")
     return "\n".join(lines)
