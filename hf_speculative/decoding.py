@@ -79,6 +79,43 @@ class _Timer:
         self.timings[self.key] += time.perf_counter() - self.start
 
 
+class NodeLogits:
+    """The target's logits per tree node, computed only for the nodes the acceptance walk visits.
+
+    A tree step needs logits at the accepted path and one node past it (a few of the n nodes); the LM
+    head over a large vocabulary for every node is a large share of a tree forward's compute. When the
+    model's logits are plain ``lm_head(final hidden state)`` (checked once on the prefill: models with
+    logit scaling or soft-capping fail the check), the forward keeps a single logit row and the head is
+    applied lazily per visited node. Otherwise all logits come from the forward.
+    """
+
+    def __init__(self, outputs, head: torch.nn.Module | None):
+        self.head = head
+        if head is None:
+            self.full = outputs.logits[0].float()
+        else:
+            self.hidden = outputs.hidden_states[-1][0]
+            self.rows: dict[int, torch.Tensor] = {}
+
+    def __getitem__(self, node: int) -> torch.Tensor:
+        if self.head is None:
+            return self.full[node]
+        if node not in self.rows:
+            self.rows[node] = self.head(self.hidden[node : node + 1]).float()[0]
+        return self.rows[node]
+
+    @staticmethod
+    def lazy_head(model, prefill_outputs) -> torch.nn.Module | None:
+        """The LM head when ``logits == lm_head(hidden_states[-1])`` holds for this model, else None."""
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        hidden = getattr(prefill_outputs, "hidden_states", None)
+        if head is None or not hidden:
+            return None
+        reference = prefill_outputs.logits[:, -1].float()
+        recomputed = head(hidden[-1][:, -1]).float()
+        return head if torch.allclose(recomputed, reference, rtol=1e-4, atol=1e-4) else None
+
+
 def _acceptance(drafter: TreeDrafter, acceptance: str | None, do_sample: bool, generator):
     mode = acceptance if acceptance is not None else drafter.acceptance
     if mode not in (None, "exact", "typical"):
@@ -173,10 +210,11 @@ def tree_speculative_decoding(
             input_ids=input_ids[:, past_length:],
             past_key_values=cache,
             use_cache=True,
-            output_hidden_states=want_hidden,
+            output_hidden_states=True,
             logits_to_keep=1,
             **prefill_kwargs,
         )
+    lazy_head = NodeLogits.lazy_head(model, outputs)
     raw = outputs.logits[:, -1].float()
     scores = logits_processor(input_ids, raw)
     if do_sample:
@@ -206,16 +244,17 @@ def tree_speculative_decoding(
                 position_ids=position_ids,
                 past_key_values=cache,
                 use_cache=True,
-                output_hidden_states=want_hidden,
+                output_hidden_states=want_hidden or lazy_head is not None,
+                logits_to_keep=1 if lazy_head is not None else 0,
             )
         with _Timer(stats.timings, "engine"):
-            logits = outputs.logits[0].float()
+            logits = NodeLogits(outputs, lazy_head)
             node_ids = tokens.tolist()
 
             def node_scores(node: int) -> torch.Tensor:
                 path = draft.path_to(node)[1:]
                 prefix = torch.cat([input_ids, tokens[path][None]], dim=-1) if path else input_ids
-                return logits_processor(prefix, logits[node : node + 1])[0]
+                return logits_processor(prefix, logits[node][None])[0]
 
             result: AcceptanceResult = accept(draft, node_scores)
             keep_path(cache, past_length, result.path)

@@ -66,3 +66,27 @@ def test_cache_after_compaction_equals_rerun(arch):
         for mine, ref in zip(cache.layers, rerun.layers):
             torch.testing.assert_close(mine.keys, ref.keys, atol=2e-5, rtol=1e-4)
             torch.testing.assert_close(mine.values, ref.values, atol=2e-5, rtol=1e-4)
+
+
+def test_lazy_logits_only_when_logits_are_the_plain_lm_head():
+    """Models whose logits are not lm_head(h) (logit scaling, soft-capping) fall back to full logits, exactly."""
+    from hf_speculative.decoding import NodeLogits
+    from transformers import LlamaForCausalLM
+
+    class ScaledLogits(LlamaForCausalLM):  # stands for Cohere's logit_scale / Gemma's soft-capping
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = torch.tanh(out.logits / 3.0) * 3.0
+            return out
+
+    plain = tiny_model("llama", seed=8)
+    scaled = ScaledLogits._from_config(plain.config, attn_implementation="sdpa").eval()
+    scaled.load_state_dict(plain.state_dict())
+    prompt = torch.randint(0, 96, (1, 6))
+    for model, lazy in ((plain, True), (scaled, False)):
+        out = model(input_ids=prompt, output_hidden_states=True, logits_to_keep=1)
+        assert (NodeLogits.lazy_head(model, out) is not None) == lazy
+        hfs.enable(model)
+        draft = hfs.layer_cut_draft(model, 2)
+        expected = model.generate(prompt, max_new_tokens=20, do_sample=False)
+        assert torch.equal(model.generate(prompt, assistant_model=draft, max_new_tokens=20, do_sample=False), expected)
