@@ -76,15 +76,11 @@ class StepTiming:
 
 
 def _tree_mask(tree, n_tokens: int, prefix_len: int, dtype, device):
-    if tree is not None:
-        from ..trees import tree_attention_mask
+    """The engine's tree mask; without a tree, a causal block (the ancestor matrix of a chain)."""
+    from ..trees import tree_attention_mask
 
-        return tree_attention_mask(tree.ancestors, prefix_len, dtype, device)
-    causal = torch.ones(n_tokens, prefix_len + n_tokens, dtype=torch.bool, device=device)
-    causal[:, prefix_len:] = torch.tril(causal[:, prefix_len:])
-    mask = torch.zeros(causal.shape, dtype=dtype, device=device)
-    mask.masked_fill_(~causal, torch.finfo(dtype).min)
-    return mask[None, None]
+    ancestors = tree.ancestors if tree is not None else torch.ones(n_tokens, n_tokens, dtype=torch.bool).tril()
+    return tree_attention_mask(ancestors, prefix_len, dtype, device)
 
 
 @torch.inference_mode()
