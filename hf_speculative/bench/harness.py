@@ -293,6 +293,10 @@ class DrafterMethod(_EngineMethod):
         super().setup()
         self.draft = load_drafter(self.path, self.model)
         self.tree = parse_tree(self.options.tree)
+        if self.tree is None:  # the drafter's own tree, recorded for the JSON
+            from hf_speculative.drafters import resolve_drafter
+
+            self.tree = getattr(resolve_drafter(self.model, self.draft), "default_tree", None)
 
     def settings(self):
         return {"drafter": self.path, "drafter_type": type(self.draft).__name__, **self._tree_settings()}
