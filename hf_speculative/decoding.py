@@ -252,7 +252,6 @@ def tree_speculative_decoding(
             )
         with _Timer(stats.timings, "engine"):
             logits = NodeLogits(outputs, lazy_head)
-            node_ids = tokens.tolist()
 
             def node_scores(node: int) -> torch.Tensor:
                 path = draft.path_to(node)[1:]
@@ -266,7 +265,7 @@ def tree_speculative_decoding(
             path_logits = [logits[i] for i in result.path]
             committed, stop = commit(result.tokens, result.scores, path_logits)
             stats.accepted_lengths.append(committed)
-            stats.tree_sizes.append(len(node_ids))
+            stats.tree_sizes.append(len(draft))
             if stop:
                 crop_to(cache, input_ids.shape[1] - 1)
         if not stop:

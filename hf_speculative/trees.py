@@ -185,7 +185,6 @@ class DraftTree:
     parents: tuple[int, ...]
     draft_probs: torch.Tensor | None = None  # (n, vocab) float, rows of leaves unused
     sampling: str = "deterministic"
-    hidden: object = None  # drafter-private data carried to `TreeDrafter.advance`
     _spec: TreeSpec | None = field(default=None, repr=False)
 
     def __post_init__(self):

@@ -84,3 +84,11 @@ def random_tree(rng: random.Random, max_nodes: int = 20, max_depth: int = 5) -> 
 @pytest.fixture(params=sorted(ARCHITECTURES))
 def arch(request):
     return request.param
+
+
+def tiny_chat_model(num_layers: int):
+    """A tiny random Llama with a tiny chat tokenizer (bench and distillation tests)."""
+    from hf_speculative.bench.tiny import tiny_chat_tokenizer, tiny_llama
+
+    tok = tiny_chat_tokenizer()
+    return tiny_llama(tokenizer=tok, num_layers=num_layers), tok

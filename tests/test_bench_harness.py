@@ -3,9 +3,7 @@
 import json
 
 import pytest
-import torch
 
-import hf_speculative as hfs
 from hf_speculative.bench.harness import (
     METHODS,
     BenchMethod,
@@ -15,17 +13,16 @@ from hf_speculative.bench.harness import (
     run_benchmark,
 )
 from hf_speculative.bench.report import markdown_table
-from hf_speculative.bench.tiny import tiny_chat_tokenizer, tiny_llama
 from hf_speculative.training.data import Record
 
-HAS_ENGINE = hasattr(hfs, "enable") and hasattr(hfs, "layer_cut_draft")
+
+
+from conftest import tiny_chat_model
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    torch.set_num_threads(1)
-    tok = tiny_chat_tokenizer()
-    return tiny_llama(tokenizer=tok, num_layers=4), tok
+    return tiny_chat_model(num_layers=4)
 
 
 RECORDS = [
@@ -115,7 +112,6 @@ def test_unknown_method(tiny):
         run_benchmark(model, tok, RECORDS[:1], ["plain", "nope"], max_new_tokens=2, progress=False)
 
 
-@pytest.mark.skipif(not HAS_ENGINE, reason="hf_speculative tree engine not available yet")
 def test_run_benchmark_engine_methods(tiny):
     model, tok = tiny
     opts = BenchOptions(draft_layers=2, tree="cartesian:2,2", chain_length=3)

@@ -3,18 +3,17 @@
 import json
 
 import pytest
-import torch
 
-from hf_speculative.bench.tiny import tiny_chat_tokenizer, tiny_llama
 from hf_speculative.training.data import Record, load_records
 from hf_speculative.training.distill import read_done_ids, self_distill
 
 
+from conftest import tiny_chat_model
+
+
 @pytest.fixture(scope="module")
 def tiny():
-    torch.set_num_threads(1)
-    tok = tiny_chat_tokenizer()
-    return tiny_llama(tokenizer=tok, num_layers=2), tok
+    return tiny_chat_model(num_layers=2)
 
 
 RECORDS = [
