@@ -110,9 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_project_parser(sub)
+    train = sub.add_parser("train", help="train a drafter")
+    methods = train.add_subparsers(dest="method", required=True)
+    # one line per drafter kind: each registers its own `train <method>` (and any extra commands)
     from .drafters.medusa.commands import add_medusa_parsers
 
-    add_medusa_parsers(sub, _add_common, _setup_torch)  # train medusa, calibrate-tree
+    add_medusa_parsers(sub, methods, _add_common, _setup_torch)  # train medusa, calibrate-tree
     return parser
 
 

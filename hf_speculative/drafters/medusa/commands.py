@@ -137,10 +137,8 @@ def cmd_calibrate_tree(args, setup_torch) -> int:
     return 0
 
 
-def add_medusa_parsers(sub, add_common, setup_torch) -> None:
-    """Register ``train medusa`` and ``calibrate-tree`` on the ``hf-speculative`` sub-command parser."""
-    train = sub.add_parser("train", help="train a drafter")
-    methods = train.add_subparsers(dest="method", required=True)
+def add_medusa_parsers(sub, methods, add_common, setup_torch) -> None:
+    """Register ``train medusa`` (on ``methods``, the ``train`` sub-parsers) and ``calibrate-tree`` (on ``sub``)."""
     p = methods.add_parser("medusa", help="Medusa-1 heads on a frozen backbone (hidden states cached once)")
     add_common(p)
     p.add_argument("--data", required=True, help="training conversations (chat jsonl, ShareGPT, ...: hf_speculative.training.data)")
