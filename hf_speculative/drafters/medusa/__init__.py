@@ -1,5 +1,5 @@
 """Medusa heads (Cai et al., 2024): configuration, model and tree drafter; training and tree calibration
-(``training_medusa``, ``tree_calibration``) are imported on first use, as they pull in `transformers.Trainer`."""
+(``training_medusa``, ``training_medusa2``, ``tree_calibration``) are imported on first use, as they pull in `transformers.Trainer`."""
 
 from .configuration_medusa import MedusaConfig, default_medusa_choices
 from .modeling_medusa import MedusaDrafter, MedusaHeadsModel, MedusaOutput, MedusaResBlock
@@ -16,6 +16,12 @@ __all__ = [
     "train_medusa",
     "calibrate_tree",
     "head_accuracies",
+    "Medusa2Model",
+    "Medusa2Trainer",
+    "medusa2_loss",
+    "train_medusa2",
+    "save_medusa2",
+    "load_medusa2",
 ]
 
 _LAZY = {
@@ -29,6 +35,13 @@ _LAZY = {
     "calibrate_tree": "tree_calibration",
     "head_accuracies": "tree_calibration",
     "expected_acceptance_length": "tree_calibration",
+    "Medusa2Model": "training_medusa2",
+    "Medusa2Trainer": "training_medusa2",
+    "medusa2_loss": "training_medusa2",
+    "lambda0_schedule": "training_medusa2",
+    "train_medusa2": "training_medusa2",
+    "save_medusa2": "training_medusa2",
+    "load_medusa2": "training_medusa2",
 }
 
 

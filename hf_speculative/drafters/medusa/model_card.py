@@ -6,7 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["MODEL_CARD_TEMPLATE", "render_model_card", "write_model_card"]
+__all__ = [
+    "MODEL_CARD_TEMPLATE",
+    "MEDUSA2_MODEL_CARD_TEMPLATE",
+    "render_model_card",
+    "write_model_card",
+    "render_medusa2_model_card",
+    "write_medusa2_model_card",
+]
 
 MODEL_CARD_TEMPLATE = """---
 library_name: hf_speculative
@@ -128,4 +135,109 @@ def render_model_card(heads, results=None) -> str:
 def write_model_card(heads, folder, results=None) -> Path:
     path = Path(folder) / "README.md"
     path.write_text(render_model_card(heads, results), encoding="utf-8")
+    return path
+
+
+MEDUSA2_MODEL_CARD_TEMPLATE = """---
+library_name: hf_speculative
+base_model: {base_model}
+tags:
+- speculative-decoding
+- medusa
+- medusa-2
+- lora
+- peft
+- hf_speculative
+---
+
+# Medusa-2 for {base_model}: LoRA adapter + {num_heads} Medusa heads
+
+Medusa-2 (Cai et al., 2024, [arXiv:2401.10774](https://arxiv.org/abs/2401.10774), Sec. 2.2.2): the backbone
+`{base_model}` got a LoRA adapter (`adapter/`, PEFT format) trained **jointly** with {num_heads} Medusa heads
+(`config.json` + `model.safetensors` here; each head {num_layers} residual block(s) `h + SiLU(W1 h + b1)`, then
+{projection}; {params} head parameters, {size}).
+
+**This is a CHANGED model.** The heads draft for base + adapter, not for the base model. Greedy decoding with the
+heads gives exactly the tokens of base + adapter's own greedy decoding, which differ from the base model's
+(see the quality numbers below).
+
+## Usage
+
+```python
+import hf_speculative as hfs
+from transformers import AutoModelForCausalLM
+from hf_speculative.drafters.medusa.training_medusa2 import load_medusa2
+
+base = AutoModelForCausalLM.from_pretrained("{base_model}", attn_implementation="sdpa")
+model, heads = load_medusa2("<this folder>", base, merge=True)   # PeftModel(..., "adapter/").merge_and_unload()
+hfs.enable(model)
+out = model.generate(input_ids, assistant_model=heads, max_new_tokens=128, do_sample=False)
+```
+
+## Tree
+
+{tree_text}
+
+## Training
+
+{training_text}
+
+## Results
+
+{results_text}
+
+## Limitations
+
+Every committed token is verified by base + adapter, so decoding with the heads is lossless with respect to
+*that* model; the adapter itself changes the base model's outputs. Acceptance depends on how close the text is
+to the training data (self-distilled chat answers).
+"""
+
+
+def _medusa2_training_text(cfg) -> str:
+    t = getattr(cfg, "training", None)
+    if not t:
+        return "Not recorded."
+    lora = t.get("lora") or {}
+    sched = t.get("lambda0_schedule") or {}
+    lm = {"kl": "`KL(p_original || p)` (self-distillation against the adapter-disabled model, Medusa 2.3.2)",
+          "ce": "next-token cross entropy", "ce+kl": "cross entropy + `KL(p_original || p)`"}.get(t.get("lm_loss"), t.get("lm_loss"))
+    lines = [
+        f"- method: {t.get('method')}; loss `L_LM + lambda_0 * sum_k 0.8^k CE(head_k(h_t), x_(t+k+2))`, L_LM = {lm}",
+        f"- base: {t.get('base')}",
+        f"- LoRA: r={lora.get('r')}, alpha={lora.get('alpha')}, dropout={lora.get('dropout')}, on {lora.get('target_modules')}",
+        f"- learning rates: LoRA {t.get('learning_rate_lora')}, heads {t.get('learning_rate_heads')} (separate optimizer parameter groups)",
+        f"- lambda_0 = {t.get('lambda0')}, schedule `{sched.get('kind')}` rising over warm-up {sched.get('warmup')} (share of steps if < 1); "
+        f"heads initialised from {('`' + t['init_heads'] + '` (Medusa-1 stage)') if t.get('init_heads') else 'zero-init W1 (no Medusa-1 stage)'}",
+        f"- data: `{t.get('data')}` ({t.get('conversations')} training conversations, {t.get('train_answer_tokens')} answer tokens, "
+        f"{t.get('held_out_conversations')} held out); {t.get('optimizer_steps')} optimizer steps x {t.get('batch_size')} x "
+        f"{t.get('gradient_accumulation_steps')} conversations (max {t.get('max_length')} tokens each) = {t.get('conversations_seen')} "
+        f"conversations seen, {t.get('train_seconds')} s on CPU",
+    ]
+    if "held_out_lm_loss_base" in t:
+        lines.append(f"- held-out answer LM loss (CE per token): base {t['held_out_lm_loss_base']}, base + adapter {t['held_out_lm_loss_adapted']}")
+    if t.get("command"):
+        lines.append(f"- command:\n\n```bash\n{t['command']}\n```")
+    return "\n".join(lines)
+
+
+def render_medusa2_model_card(heads, results=None) -> str:
+    cfg = heads.config
+    params = sum(p.numel() for p in heads.parameters())
+    return MEDUSA2_MODEL_CARD_TEMPLATE.format(
+        base_model=cfg.base_model_name_or_path or "<base model>",
+        num_heads=cfg.num_heads,
+        num_layers=cfg.num_layers,
+        projection="the backbone's own frozen `lm_head` (shared, not stored)" if cfg.share_lm_head else "its own vocabulary projection W2",
+        params=f"{params:,}",
+        size=f"{params * heads.dtype.itemsize / 2**20:.1f} MiB in {str(heads.dtype).replace('torch.', '')}",
+        tree_text=_tree_text(cfg),
+        training_text=_medusa2_training_text(cfg),
+        results_text=_results_text(cfg, results),
+    )
+
+
+def write_medusa2_model_card(heads, folder, results=None) -> Path:
+    path = Path(folder) / "README.md"
+    path.write_text(render_medusa2_model_card(heads, results), encoding="utf-8")
     return path
