@@ -6,7 +6,7 @@
 """
 
 from .decoding import SpeculativeGenerateOutput, SpeculativeStats
-from .drafters import CausalLMDrafter, DraftingOptions, TreeDrafter, layer_cut_draft
+from .drafters import CausalLMDrafter, DraftingOptions, PromptLookupDrafter, TreeDrafter, layer_cut_draft
 from .drafters.medusa import MedusaConfig, MedusaHeadsModel
 from .generation import SpeculativeGenerationMixin, enable, is_enabled
 from .trees import DraftTree, TreeSpec
@@ -24,6 +24,7 @@ __all__ = [
     "DraftingOptions",
     "CausalLMDrafter",
     "layer_cut_draft",
+    "PromptLookupDrafter",
     "MedusaConfig",
     "MedusaHeadsModel",
     "SpeculativeStats",

@@ -71,7 +71,8 @@ class BenchOptions:
             (5, "heuristic", 0.0) were the fastest of the settings tried on SmolLM2 + layer-cut draft
             (docs/bench.md lists the sweep).
         prompt_lookup_tokens / max_matching_ngram: transformers' prompt-lookup decoding (3 and 2 were
-            the fastest tried; transformers' docs suggest 10).
+            the fastest tried; transformers' docs suggest 10); ``max_matching_ngram`` is also the longest
+            n-gram of ``tree-prompt-lookup``.
         drafters: ``{method name: path}`` from ``--drafter``.
     """
 
@@ -279,6 +280,23 @@ class ChainLayerCutMethod(_LayerCutMixin, _EngineMethod):
 
     def settings(self):
         return {"draft_layers": self.options.draft_layers, **self._tree_settings()}
+
+
+@register_method
+class TreePromptLookupMethod(_EngineMethod):
+    name = "tree-prompt-lookup"
+    description = "hf_speculative tree loop, n-gram (prompt lookup) tree drafter: no draft model"
+
+    def setup(self):
+        import hf_speculative as hfs
+
+        super().setup()
+        self.draft = hfs.PromptLookupDrafter(max_ngram_size=self.options.max_matching_ngram)
+        self.tree = parse_tree(self.options.tree) or self.draft.default_tree
+
+    def settings(self):
+        return {"max_ngram_size": self.draft.max_ngram_size, "max_candidates": self.draft.max_candidates,
+                "budget": "at most tree_nodes nodes, tree depth levels", **self._tree_settings()}  # fmt: skip
 
 
 class DrafterMethod(_EngineMethod):
