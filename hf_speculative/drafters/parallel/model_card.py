@@ -1,0 +1,140 @@
+"""The Hub model card of a ParallelDrafter folder, generated from a template and the drafter's config
+(``training``, ``calibration`` and ``results`` entries written by the CLI and the benchmark)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["MODEL_CARD_TEMPLATE", "render_model_card", "write_model_card"]
+
+MODEL_CARD_TEMPLATE = """---
+library_name: hf_speculative
+base_model: {base_model}
+tags:
+- speculative-decoding
+- parallelspec
+- hf_speculative
+---
+
+# ParallelSpec drafter for {base_model}
+
+A parallel drafter (Xiao et al., 2024, "ParallelSpec", [arXiv:2410.05589](https://arxiv.org/abs/2410.05589)) for
+`{base_model}`: {num_layers} decoder layer(s) of the target's architecture with its own final norm and
+{k} learned [MASK] embeddings. ONE forward over the context and the {k} mask tokens drafts {k_plus_1} tokens,
+which fill the draft tree; the target verifies the tree with `hf_speculative` behind
+`model.generate(assistant_model=drafter)`. {conditioning} The target's embedding table and `lm_head` are
+shared (frozen, not stored here). {params} parameters ({size}).
+
+## Usage
+
+```python
+import hf_speculative as hfs
+from transformers import AutoModel, AutoModelForCausalLM
+
+model = hfs.enable(AutoModelForCausalLM.from_pretrained("{base_model}", attn_implementation="sdpa"))
+drafter = AutoModel.from_pretrained("<this folder or repo>")   # a ParallelDrafter, no trust_remote_code
+out = model.generate(input_ids, assistant_model=drafter, max_new_tokens=128, do_sample=False)
+```
+
+Greedy decoding gives exactly the target's tokens; sampling is exact (tree rejection sampling, ParallelSpec
+Algorithm 1) unless the config's `acceptance` is `"typical"` (currently `{acceptance}`).
+
+## Tree
+
+{tree_text}
+
+## Training
+
+{training_text}
+
+## Results
+
+{results_text}
+
+## Limitations
+
+The drafter only drafts; every committed token is verified by the target. Its acceptance rate, and so the
+speedup, depends on how close the text is to the training data (self-distilled chat answers).
+"""
+
+
+def _training_text(cfg) -> str:
+    t = getattr(cfg, "training", None)
+    if not t:
+        return "Not recorded."
+    lines = [
+        f"- method: {t.get('method')}; loss `CE_0 + sum_j 0.8^j CE_j` (ParallelSpec eq. 3), distillation weight {t.get('distill_weight')}",
+        f"- data: `{t.get('data')}` ({t.get('conversations')} conversations, {t.get('train_answer_tokens')} answer tokens; "
+        f"{t.get('held_out_conversations')} held out for tree calibration)",
+        f"- {t.get('steps')} steps of {t.get('batch_size')} sequences x {t.get('groups_per_sequence')} parallel groups "
+        f"({t.get('train_groups_seen')} groups seen), learning rate {t.get('learning_rate')}, {t.get('train_seconds')} s on CPU, "
+        f"last logged loss {t.get('last_logged_loss')}",
+    ]
+    curve = t.get("learning_curve")
+    if curve:
+        lines.append("- learning curve (held-out top-1 accuracy per depth, expected tau of the calibrated tree):\n")
+        lines.append("| parallel groups seen | top-1 per depth (held out) | expected tau |\n|---:|---|---:|")
+        for pt in curve:
+            lines.append(f"| {pt['train_groups']} | {pt['depth_top1']} | {pt['expected_tau_calibrated']} |")
+        lines.append("")
+    if t.get("command"):
+        lines.append(f"- command:\n\n```bash\n{t['command']}\n```")
+    return "\n".join(lines)
+
+
+def _tree_text(cfg) -> str:
+    from ...trees import TreeSpec
+
+    tree = TreeSpec.from_choices(cfg.parallel_choices)
+    text = f"{tree.num_nodes} nodes, depth {tree.depth} (`parallel_choices` in config.json)."
+    cal = getattr(cfg, "calibration", None)
+    if cal and "depth_top_i_accuracy" in cal:
+        text += (
+            "\nCalibrated (Medusa Sec. 2.3.3) from the held-out top-i accuracies of the k + 1 distributions, expected "
+            f"acceptance length {cal.get('expected_acceptance_length', '?')}:\n\n"
+            "| depth | top-1 | top-2 | top-3 | top-5 | top-10 (cumulative) |\n|---|---|---|---|---|---|\n"
+        )
+        for d, row in enumerate(cal["depth_top_i_accuracy"]):
+            cum = [sum(row[: i + 1]) for i in range(len(row))]
+            pick = [cum[i] if i < len(cum) else float("nan") for i in (0, 1, 2, 4, 9)]
+            text += f"| {d + 1} | " + " | ".join(f"{v:.3f}" for v in pick) + " |\n"
+    return text
+
+
+def _results_text(cfg, results) -> str:
+    results = results or getattr(cfg, "results", None)
+    if not results:
+        return "Not measured yet."
+    if isinstance(results, str):
+        return results
+    return "```json\n" + json.dumps(results, indent=1) + "\n```"
+
+
+def render_model_card(drafter, results=None) -> str:
+    cfg = drafter.config
+    params = sum(p.numel() for p in drafter.parameters())
+    return MODEL_CARD_TEMPLATE.format(
+        base_model=cfg.base_model_name_or_path or "<base model>",
+        num_layers=cfg.num_layers,
+        k=cfg.num_mask_tokens,
+        k_plus_1=cfg.num_mask_tokens + 1,
+        conditioning=(
+            "Each context token is fused with the target's final hidden state at the previous position "
+            "(`W [e(x_i); h_(i-1)]`, ParallelSpec Sec. 4.3)."
+            if cfg.use_target_hidden_states
+            else "It reads tokens only."
+        ),
+        params=f"{params:,}",
+        size=f"{params * drafter.dtype.itemsize / 2**20:.1f} MiB in {str(drafter.dtype).replace('torch.', '')}",
+        acceptance=cfg.acceptance,
+        tree_text=_tree_text(cfg),
+        training_text=_training_text(cfg),
+        results_text=_results_text(cfg, results),
+    )
+
+
+def write_model_card(drafter, folder, results=None) -> Path:
+    path = Path(folder) / "README.md"
+    path.write_text(render_model_card(drafter, results), encoding="utf-8")
+    return path

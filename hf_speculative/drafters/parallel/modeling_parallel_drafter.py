@@ -1,0 +1,323 @@
+"""The ParallelSpec drafter (Xiao et al., 2024) as a `PreTrainedModel` and as a tree drafter.
+
+A one-layer transformer (the target architecture's own decoder layer, its own final norm) that shares the
+target's embedding table and ``lm_head``. Its input is the context followed by k learned [MASK] tokens:
+
+    tokens     x_c ... x_t   MASK_1  ...  MASK_k
+    positions  c   ... t     t + 1   ...  t + k
+    predicts   ...   x_{t+1} x_{t+2} ...  x_{t+k+1}
+
+so ONE forward gives k + 1 distributions, which fill depths 1 .. k + 1 of the step's draft tree (Sec. 3).
+Between steps the drafter's own KV cache holds the committed tokens only: the mask tokens' keys and values
+are dropped after every forward (the next step's masks sit at other positions).
+
+With ``use_target_hidden_states`` (Sec. 4.3, the EAGLE-style integration) a context token ``x_i`` enters as
+``W [e(x_i); h_{i-1}]``, ``h_{i-1}`` being the target's final hidden state at position ``i - 1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModel, DynamicCache, PreTrainedModel
+from transformers import initialization as init
+from transformers.utils import ModelOutput
+
+from ...trees import DraftTree, TreeSpec
+from ..base import DraftingOptions, TreeDrafter, fill_children
+from .configuration_parallel_drafter import ParallelDrafterConfig
+
+__all__ = ["ParallelDrafter", "ParallelDrafterOutput", "ParallelTreeDrafter"]
+
+
+@dataclass
+class ParallelDrafterOutput(ModelOutput):
+    """``logits`` ``(B, Q, V)`` (or of the rows asked for); ``hidden_states`` ``(B, Q, H)`` after the final norm;
+    ``past_key_values`` the drafter's cache when ``use_cache``."""
+
+    logits: torch.Tensor | None = None
+    hidden_states: torch.Tensor | None = None
+    past_key_values: object | None = None
+
+
+class ParallelDrafterPreTrainedModel(PreTrainedModel):
+    config_class = ParallelDrafterConfig
+    base_model_prefix = "drafter"
+    main_input_name = "input_ids"
+    _supports_sdpa = True
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, nn.Embedding):  # the [MASK] embeddings
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, nn.Linear) and module is getattr(self, "fuse", None):
+            # W [e; h] = e at init: the drafter starts as a token-only model and learns to read h
+            h = self.config.hidden_size
+            init.zeros_(module.weight)
+            module.weight[:, :h].copy_(torch.eye(h, dtype=module.weight.dtype))
+        else:  # decoder layers, norm, rotary embedding: the library's generic init
+            super()._init_weights(module)
+
+
+class ParallelDrafter(ParallelDrafterPreTrainedModel):
+    """A ParallelSpec drafter; use as ``model.generate(assistant_model=drafter)``.
+
+    Create from a target with `from_base_model`; load with ``from_pretrained(folder, base_model=model)`` or
+    plain ``AutoModel.from_pretrained(folder)`` (the target's embeddings and ``lm_head`` are then attached the
+    first time the drafter drafts for a target).
+    """
+
+    def __init__(self, config: ParallelDrafterConfig):
+        super().__init__(config)
+        decoder = AutoModel.from_config(config.decoder())
+        decoder.embed_tokens = None  # the target's embedding table is shared, never stored here
+        self.decoder = decoder
+        self.mask_embeddings = nn.Embedding(config.num_mask_tokens, config.hidden_size)
+        self.fuse = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False) if config.use_target_hidden_states else None
+        self.__dict__["base_embeddings"] = None  # not submodules: never saved, moved or trained with the drafter
+        self.__dict__["base_lm_head"] = None
+        self.post_init()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_base_model(
+        cls,
+        model: PreTrainedModel,
+        num_mask_tokens: int = 4,
+        num_layers: int = 1,
+        init_layer: int = -1,
+        use_target_hidden_states: bool = False,
+        **config_kwargs,
+    ) -> "ParallelDrafter":
+        """A drafter for ``model``: its decoder layers copied from the target's layers ending at ``init_layer``
+        (default: the last ``num_layers``), its final norm from the target's, the mask embeddings set to the
+        mean token embedding plus small noise."""
+        emb, lm_head = _base_modules(model)
+        vocab, hidden = lm_head.weight.shape
+        base = getattr(model, model.base_model_prefix)
+        total = len(base.layers)
+        last = init_layer % total
+        if last + 1 < num_layers:
+            raise ValueError(f"init_layer={init_layer} leaves fewer than num_layers={num_layers} target layers to copy")
+        config = ParallelDrafterConfig(
+            base_model_name_or_path=getattr(model.config, "_name_or_path", None) or None,
+            decoder_config=model.config.to_dict(),
+            hidden_size=hidden,
+            vocab_size=vocab,
+            num_mask_tokens=num_mask_tokens,
+            num_layers=num_layers,
+            use_target_hidden_states=use_target_hidden_states,
+            init_layer=last,
+            **config_kwargs,
+        )
+        drafter = cls(config).to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
+        with torch.no_grad():
+            for j, i in enumerate(range(last + 1 - num_layers, last + 1)):
+                state = {k: v for k, v in base.layers[i].state_dict().items()}
+                drafter.decoder.layers[j].load_state_dict(state)
+            drafter.decoder.norm.load_state_dict(base.norm.state_dict())
+            g = torch.Generator(device="cpu").manual_seed(0)
+            noise = torch.randn(num_mask_tokens, hidden, generator=g) * emb.weight.float().std()
+            drafter.mask_embeddings.weight.copy_(emb.weight.float().mean(0) + 0.1 * noise.to(emb.weight.device))
+        drafter.attach_base_model(model)
+        return drafter.eval()
+
+    @classmethod
+    def from_pretrained(cls, *args, base_model: PreTrainedModel | None = None, **kwargs) -> "ParallelDrafter":
+        """`PreTrainedModel.from_pretrained`, plus ``base_model=`` to attach the shared modules at once."""
+        drafter = super().from_pretrained(*args, **kwargs)
+        if base_model is not None:
+            drafter.attach_base_model(base_model)
+        return drafter
+
+    def attach_base_model(self, model: PreTrainedModel) -> None:
+        """Check the target's shapes and share its (frozen) input embeddings and ``lm_head``."""
+        emb, lm_head = _base_modules(model)
+        vocab, hidden = lm_head.weight.shape
+        if vocab != self.config.vocab_size or hidden != self.config.hidden_size:
+            raise ValueError(
+                f"this ParallelDrafter was built for hidden_size={self.config.hidden_size}, vocab_size={self.config.vocab_size} "
+                f"but the target has hidden_size={hidden}, vocab_size={vocab}"
+            )
+        self.__dict__["base_embeddings"] = emb
+        self.__dict__["base_lm_head"] = lm_head
+
+    @property
+    def tree(self) -> TreeSpec:
+        return self.config.tree
+
+    def mask_token_ids(self, device=None) -> torch.LongTensor:
+        """The ids that stand for MASK_1 .. MASK_k in the drafter's inputs: ``vocab_size + j``."""
+        return torch.arange(self.config.num_mask_tokens, device=device) + self.config.vocab_size
+
+    # ------------------------------------------------------------------ forward
+    def _require_base(self):
+        if self.base_embeddings is None or self.base_lm_head is None:
+            raise ValueError(
+                "this ParallelDrafter shares the target's embeddings and lm_head, which are not attached: use "
+                "ParallelDrafter.from_pretrained(folder, base_model=model) or drafter.attach_base_model(model)"
+            )
+
+    def embed(self, input_ids: torch.LongTensor, target_hidden_states: torch.Tensor | None = None) -> torch.Tensor:
+        """Input embeddings: the target's table for tokens, the learned [MASK] embeddings for ids ``>= vocab_size``;
+        with ``use_target_hidden_states`` a token's embedding is fused with ``target_hidden_states`` (the target's
+        state at the previous position, same shape as the ids plus ``H``; ignored at mask positions)."""
+        self._require_base()
+        V = self.config.vocab_size
+        is_mask = input_ids >= V
+        dtype = self.mask_embeddings.weight.dtype
+        with torch.no_grad():  # the shared table is frozen
+            tokens = self.base_embeddings(input_ids.clamp(max=V - 1)).to(dtype)
+        if self.fuse is not None:
+            if target_hidden_states is None:
+                raise ValueError("this ParallelDrafter conditions on the target's hidden states: pass target_hidden_states")
+            tokens = self.fuse(torch.cat([tokens, target_hidden_states.to(dtype)], dim=-1))
+        masks = self.mask_embeddings((input_ids - V).clamp(min=0))
+        return torch.where(is_mask[..., None], masks, tokens)
+
+    def project(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Logits through the target's shared ``lm_head``."""
+        self._require_base()
+        weight = self.base_lm_head.weight.detach()  # shared and frozen: no gradient for the 49K-row table
+        return F.linear(hidden_states.to(weight.dtype), weight)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        position_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        target_hidden_states: torch.Tensor | None = None,
+        past_key_values=None,
+        use_cache: bool = False,
+        logits_rows: torch.Tensor | None = None,
+        **kwargs,
+    ) -> ParallelDrafterOutput:
+        """``input_ids`` ``(B, Q)`` with mask tokens as ids ``vocab_size + j``; ``attention_mask`` a 4D additive
+        float mask (the group-wise training layout) or None (causal); ``logits_rows`` ``(B, R)`` indices of the
+        rows to project (the LM head over 49K tokens is the bulk of the cost), default all rows."""
+        embeds = self.embed(input_ids, target_hidden_states)
+        out = self.decoder(
+            inputs_embeds=embeds,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+        )
+        hidden = out.last_hidden_state
+        if logits_rows is not None:
+            hidden = torch.gather(hidden, 1, logits_rows[..., None].expand(-1, -1, hidden.shape[-1]))
+        return ParallelDrafterOutput(logits=self.project(hidden), hidden_states=hidden, past_key_values=out.past_key_values)
+
+    # ------------------------------------------------------------------ drafting
+    def get_tree_drafter(self, target: PreTrainedModel) -> "ParallelTreeDrafter":
+        """The per-call drafter the engine uses for ``target.generate(assistant_model=self)``."""
+        self.attach_base_model(target)
+        return ParallelTreeDrafter(self)
+
+
+def _base_modules(model) -> tuple[nn.Module, nn.Module]:
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if emb is None or lm_head is None or getattr(lm_head, "weight", None) is None:
+        raise TypeError(f"{type(model).__name__} has no input/output embeddings: a ParallelDrafter needs a causal LM target")
+    return emb, lm_head
+
+
+class ParallelTreeDrafter(TreeDrafter):
+    """One drafter forward per step over ``[uncached committed tokens, MASK_1 .. MASK_k]`` fills the tree.
+
+    Greedy: the node at depth d with rank i gets the i-th most likely token of distribution d (whatever its
+    parent, as with Medusa heads). Sampling: each inner node's children are drawn from q_d (Gumbel-top-k,
+    without replacement) and verified by exact tree rejection sampling (ParallelSpec Algorithm 1).
+    """
+
+    def __init__(self, drafter: ParallelDrafter, draft_sampling: str = "without_replacement"):
+        config = drafter.config
+        self.drafter = drafter
+        self.k = config.num_mask_tokens
+        self.max_depth = config.num_mask_tokens + 1
+        self.default_tree = config.tree
+        self.acceptance = config.acceptance
+        self.posterior_threshold = config.posterior_threshold
+        self.posterior_alpha = config.posterior_alpha
+        self.vocab_size = config.vocab_size
+        self.needs_target_hidden_states = bool(config.use_target_hidden_states)
+        self.draft_sampling = draft_sampling
+        self.cache: DynamicCache | None = None
+        self.target_hidden: torch.Tensor | None = None  # (positions, H): the target's final hidden state per position
+
+    def begin(self, prompt_ids, target_outputs) -> None:
+        self.cache = DynamicCache(config=self.drafter.decoder.config)
+        if self.needs_target_hidden_states:
+            from ..medusa.modeling_medusa import final_hidden_state
+
+            h = final_hidden_state(target_outputs)[0]
+            missing = prompt_ids.shape[1] - h.shape[0]  # positions prefilled before this call carry no state: zeros
+            self.target_hidden = torch.cat([h.new_zeros(missing, h.shape[-1]), h]) if missing > 0 else h
+
+    def advance(self, sequence, draft, result, target_outputs) -> None:
+        if self.needs_target_hidden_states:
+            from ..medusa.modeling_medusa import final_hidden_state
+
+            h = final_hidden_state(target_outputs)[0, list(result.path)]
+            self.target_hidden = torch.cat([self.target_hidden, h])[: sequence.shape[1] - 1]
+
+    @torch.no_grad()
+    def draft_logits(self, sequence: torch.LongTensor) -> torch.Tensor:
+        """One drafter forward: ``(k + 1, V)`` logits for the tokens after the root; the cache then holds
+        the committed tokens only (the mask tokens' entries are dropped)."""
+        drafter = self.drafter
+        device = drafter.mask_embeddings.weight.device
+        committed = sequence.shape[1]
+        cached = self.cache.get_seq_length()
+        ids = torch.cat([sequence[0, cached:].to(device), drafter.mask_token_ids(device)])
+        positions = torch.arange(cached, committed + self.k, device=device)
+        hidden = None
+        if self.needs_target_hidden_states:
+            # token i is fused with the target's state at i - 1 (zeros before position 0); masks ignore it
+            prev = self.target_hidden[max(cached - 1, 0) : committed - 1].to(device)
+            if cached == 0:
+                prev = torch.cat([prev.new_zeros(1, prev.shape[-1]), prev])
+            hidden = torch.cat([prev, prev.new_zeros(self.k, prev.shape[-1])])[None]
+        rows = torch.arange(ids.shape[0] - self.k - 1, ids.shape[0], device=device)[None]
+        out = drafter(ids[None], position_ids=positions[None], target_hidden_states=hidden,
+                      past_key_values=self.cache, use_cache=True, logits_rows=rows)  # fmt: skip
+        self._keep_committed(committed)
+        return out.logits[0].float()
+
+    def _keep_committed(self, length: int) -> None:
+        for layer in self.cache.layers:
+            if layer.is_initialized:
+                layer.keys, layer.values = layer.keys[..., :length, :], layer.values[..., :length, :]
+
+    @torch.no_grad()
+    def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
+        logits = self.draft_logits(sequence)  # (k + 1, V): depth d + 1 <- row d
+        device = sequence.device
+        scheme = options.scheme(self.draft_sampling)
+        depths = tree.depths.tolist()
+        if scheme == "deterministic":
+            width = max(tree.ranks[1:]) + 1
+            top = torch.topk(logits[: tree.depth], min(width, logits.shape[-1]), dim=-1).indices
+            idx = torch.tensor(depths[1:], device=top.device) - 1
+            rank = torch.tensor(tree.ranks[1:], device=top.device)
+            tokens = torch.cat([sequence[0, -1:].to(top.device), top[idx, rank]]).to(device)
+            return DraftTree.from_spec(tree, tokens, sampling=scheme)
+        n = tree.num_nodes + 1
+        tokens = torch.empty(n, dtype=torch.long, device=device)
+        tokens[0] = sequence[0, -1]
+        probs = torch.zeros(n, logits.shape[-1], device=device)
+        for node, kids in enumerate(tree.children):
+            if kids:
+                chosen, q = fill_children(logits[depths[node]], len(kids), scheme, options)
+                tokens[list(kids)] = chosen.to(device)
+                probs[node] = q.to(device)
+        return DraftTree.from_spec(tree, tokens, draft_probs=probs, sampling=scheme)
+
+    def end(self) -> None:
+        self.cache = None
+        self.target_hidden = None
