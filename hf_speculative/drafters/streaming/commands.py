@@ -1,0 +1,117 @@
+"""``hf-speculative train streaming``: Speculative Streaming streams (lossless mode) on the states entering the
+MSA layers, computed once and cached, then a calibrated tree and a model card.
+
+    hf-speculative train streaming --model reference --data examples/data/sharegpt_smollm2_distill.jsonl \\
+        --out model_cards/speculative-streaming-smollm2-135m-instruct --num-streams 3 --num-msa-layers 4
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["add_streaming_parsers", "cmd_train_streaming"]
+
+
+def cmd_train_streaming(args, setup_torch) -> int:
+    setup_torch(args)
+    from ...trees import TreeSpec
+    from ..medusa.commands import _load, split_records
+    from ..medusa.tree_calibration import expected_acceptance_length
+    from .model_card import write_model_card
+    from .modeling_speculative_streaming import REFERENCE_HUB_ID, LlamaForSpeculativeStreaming
+    from .training_speculative_streaming import (
+        StreamCurveCallback,
+        extract_stream_inputs,
+        stream_accuracies,
+        train_speculative_streaming,
+    )
+
+    model, tokenizer, records = _load(args)
+    train_records, held_out = split_records(records, args.holdout, args.seed)
+    print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
+    ss = LlamaForSpeculativeStreaming.from_base_model(
+        model, num_streams=args.num_streams, num_msa_layers=args.num_msa_layers, mode="lossless",
+        adapter_rank=args.adapter_rank, stream_init_rank=args.stream_init_rank, tree_top_k=args.top_k,
+    )  # fmt: skip
+    if args.model in ("reference", "smollm2", "smollm2-135m-instruct"):
+        ss.config.base_model_name_or_path = REFERENCE_HUB_ID
+    layer = ss.config.first_msa_layer
+    t0 = time.perf_counter()
+    train_states = extract_stream_inputs(model, tokenizer, train_records, layer, max_length=args.max_length)
+    hold_states = extract_stream_inputs(model, tokenizer, held_out, layer, max_length=args.max_length) if held_out else None
+    print(f"states entering layer {layer}: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
+    callbacks = []
+    if hold_states is not None and args.curve_points:
+        callbacks.append(StreamCurveCallback(ss, hold_states, args.calibrate_nodes or 16, args.curve_points, args.batch_size * args.segment_length))
+    t0 = time.perf_counter()
+    trainer = train_speculative_streaming(
+        ss, train_states, output_dir=str(Path(args.out) / "trainer_state"), num_epochs=args.epochs, learning_rate=args.lr,
+        batch_size=args.batch_size, segment_length=args.segment_length, max_tokens=args.max_train_tokens,
+        max_steps=args.max_steps, seed=args.seed, callbacks=callbacks,
+    )  # fmt: skip
+    train_s = time.perf_counter() - t0
+    if hold_states is not None:
+        acc = stream_accuracies(ss, hold_states)
+        calibration = {"stream_top_i_accuracy": [[round(a, 4) for a in r] for r in acc]}
+        if args.calibrate_nodes:
+            tree = TreeSpec.optimize(acc, args.calibrate_nodes)
+            ss.config.stream_tree = tree.to_list()
+            calibration.update(num_nodes=args.calibrate_nodes, expected_acceptance_length=round(expected_acceptance_length(tree, acc), 4))
+        ss.config.calibration = calibration
+    base_params = sum(p.numel() for p in model.parameters())
+    ss.config.training = {
+        "method": "speculative streaming, lossless mode (frozen base, alpha_0 = 0)",
+        "data": str(args.data),
+        "conversations": len(train_records),
+        "held_out_conversations": len(held_out),
+        "train_answer_tokens": train_states.num_train_tokens,
+        "epochs": args.epochs,
+        "max_steps": args.max_steps,
+        "learning_rate": args.lr,
+        "batch_size": args.batch_size,
+        "segment_length": args.segment_length,
+        "train_seconds": round(train_s, 1),
+        "final_loss": round(float(trainer.state.log_history[-1].get("train_loss", float("nan"))), 4),
+        "stream_parameters": ss.num_stream_parameters(),
+        "base_parameters": base_params,
+        "extra_parameter_share": round(ss.num_stream_parameters() / base_params, 6),
+        "learning_curve": callbacks[0].curve if callbacks else None,
+        "command": "hf-speculative " + " ".join(shlex.quote(a) for a in args.argv) if getattr(args, "argv", None) else None,
+    }
+    out = Path(args.out)
+    ss.save_pretrained(out)
+    write_model_card(ss, out)
+    import shutil
+
+    shutil.rmtree(out / "trainer_state", ignore_errors=True)
+    print(json.dumps({"training": ss.config.training, "calibration": getattr(ss.config, "calibration", None)}, indent=1))
+    return 0
+
+
+def add_streaming_parsers(sub, methods, add_common, setup_torch) -> None:
+    """Register ``train streaming`` on ``methods`` (the ``train`` sub-parsers)."""
+    p = methods.add_parser("streaming", help="Speculative Streaming streams, lossless mode (frozen base, MSA-layer inputs cached)")
+    add_common(p)
+    p.add_argument("--data", required=True, help="training conversations (chat jsonl, ShareGPT, ...)")
+    p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
+    p.add_argument("--num-streams", type=int, default=3, help="gamma")
+    p.add_argument("--num-msa-layers", type=int, default=4, help="N_s")
+    p.add_argument("--adapter-rank", type=int, default=8, help="rank of the stream-row adapters on the MSA layers")
+    p.add_argument("--stream-init-rank", type=int, default=0, help="eta (0: identity stream init)")
+    p.add_argument("--top-k", type=int, default=2, help="top-k per stream of the default (uncalibrated) tree")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--max-steps", type=int, default=-1)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--batch-size", type=int, default=2, help="segments per step")
+    p.add_argument("--segment-length", type=int, default=256)
+    p.add_argument("--max-length", type=int, default=1024, help="tokens per conversation")
+    p.add_argument("--max-train-tokens", type=int, default=None)
+    p.add_argument("--limit", type=int, default=None, help="use the first N conversations")
+    p.add_argument("--holdout", type=float, default=0.1)
+    p.add_argument("--calibrate-nodes", type=int, default=16, help="node budget of the calibrated tree (0: keep the default)")
+    p.add_argument("--curve-points", type=int, default=0)
+    p.set_defaults(func=lambda a: cmd_train_streaming(a, setup_torch))

@@ -1,0 +1,112 @@
+"""Configuration of Speculative Streaming (Bhendawade et al., "Speculative Streaming: Fast LLM Inference without
+Auxiliary Models", 2024, https://arxiv.org/abs/2402.11131)."""
+
+from __future__ import annotations
+
+from transformers import LlamaConfig
+
+from ...trees import TreeSpec
+
+__all__ = ["SpeculativeStreamingConfig", "default_stream_tree"]
+
+
+def default_stream_tree(num_streams: int, top_k: int | list[int] = 2) -> list[list[int]]:
+    """Sec. 3.1.2: the top-k tokens of stream n are the parents of the top-k tokens of stream n+1 (a
+    Cartesian tree of depth ``num_streams``). ``top_k`` may differ per stream."""
+    ks = [top_k] * num_streams if isinstance(top_k, int) else list(top_k)
+    return TreeSpec.cartesian(ks[:num_streams]).to_list()
+
+
+class SpeculativeStreamingConfig(LlamaConfig):
+    r"""A `LlamaConfig` plus the Speculative Streaming settings of a `LlamaForSpeculativeStreaming`.
+
+    The top ``num_msa_layers`` (N_s) decoder layers become multi-stream attention (MSA) layers (Sec. 3.1.1):
+    at layer ``N - N_s`` each position t gets ``num_streams`` (gamma) speculative streams
+    ``S_tj = f_eta(M_t) + P_j``; stream j predicts the token ``j`` places after the one the main stream
+    predicts (main: ``t + 1``, stream j: ``t + 1 + j``).
+
+    Args:
+        num_streams (`int`, defaults to 3): gamma, the number of speculative streams (the deepest tree).
+        num_msa_layers (`int`, defaults to 4): N_s, the number of top layers run as MSA layers.
+        mode (`str`, defaults to `"lossless"`):
+            ``"lossless"``: the base model is frozen and the main stream never sees the streams, so it
+            computes exactly what the base model computes (the streams are trained alone, alpha_0 = 0).
+            ``"shared"``: the main stream also attends to its own streams (Eq. 1) and the base is fine-tuned
+            (alpha_0 = 1, alpha_j = 0.1). Only ``"lossless"`` is implemented for now.
+        stream_init_rank (`int`, defaults to 0): eta, the rank of the stream-init adapter f_eta; 0 makes f the
+            identity (the streams start as copies of the main stream plus their identifier embedding).
+        adapter_rank (`int`, defaults to 8): rank of the LoRA-style adapters on the MSA layers' q/k/v/o
+            projections, applied only to the stream rows (0: no adapters, only stream embeddings train).
+        adapter_alpha (`float`, defaults to 16.0): LoRA scaling numerator (scale = alpha / rank).
+        stream_design (`str`, defaults to `"embeddings"`): ``"embeddings"`` (identifier embeddings P_j,
+            Sec. 3.1.1) or ``"value_rotation"`` (Appendix C.3, not implemented).
+        pruning_layer (`int`, *optional*): layer l of the early exit used by parallel tree pruning (Sec. 3.1.3);
+            None disables pruning (not implemented yet).
+        pruning_rank (`int`, defaults to 8): theta, rank of the early-exit adapter used by pruning.
+        pruning_threshold (`float`, defaults to 0.0): prune nodes whose estimated transition probability is
+            below this threshold.
+        tree_top_k (`int` or `list[int]`, defaults to 2): top-k per stream of the default Cartesian tree.
+        stream_tree (`list[list[int]]`, *optional*): the static draft tree as Medusa-style paths (overrides
+            ``tree_top_k``; its depth must be at most ``num_streams``).
+        base_model_name_or_path (`str`, *optional*): the base model the streams belong to. ``"reference"``
+            means `hf_speculative.bench.load_reference_model` (SmolLM2-135M-Instruct).
+    """
+
+    model_type = "speculative_streaming"
+
+    def __init__(
+        self,
+        num_streams: int = 3,
+        num_msa_layers: int = 4,
+        mode: str = "lossless",
+        stream_init_rank: int = 0,
+        adapter_rank: int = 8,
+        adapter_alpha: float = 16.0,
+        stream_design: str = "embeddings",
+        pruning_layer: int | None = None,
+        pruning_rank: int = 8,
+        pruning_threshold: float = 0.0,
+        tree_top_k: int | list[int] = 2,
+        stream_tree: list[list[int]] | None = None,
+        base_model_name_or_path: str | None = None,
+        base_architecture: str | None = None,
+        training: dict | None = None,
+        results: dict | None = None,
+        **kwargs,
+    ):
+        if mode not in ("lossless", "shared"):
+            raise ValueError(f"mode must be 'lossless' or 'shared', got {mode!r}")
+        if stream_design not in ("embeddings", "value_rotation"):
+            raise ValueError(f"stream_design must be 'embeddings' or 'value_rotation', got {stream_design!r}")
+        if num_streams < 1 or num_msa_layers < 1:
+            raise ValueError("num_streams and num_msa_layers must be >= 1")
+        self.num_streams = num_streams
+        self.num_msa_layers = num_msa_layers
+        self.mode = mode
+        self.stream_init_rank = stream_init_rank
+        self.adapter_rank = adapter_rank
+        self.adapter_alpha = adapter_alpha
+        self.stream_design = stream_design
+        self.pruning_layer = pruning_layer
+        self.pruning_rank = pruning_rank
+        self.pruning_threshold = pruning_threshold
+        self.tree_top_k = tree_top_k
+        self.stream_tree = stream_tree if stream_tree is not None else default_stream_tree(num_streams, tree_top_k)
+        self.base_model_name_or_path = base_model_name_or_path
+        self.base_architecture = base_architecture
+        self.training = training
+        self.results = results
+        super().__init__(**kwargs)
+        if self.num_msa_layers > self.num_hidden_layers:
+            raise ValueError(f"num_msa_layers={num_msa_layers} exceeds the {self.num_hidden_layers} layers of the model")
+        if self.tree.depth > num_streams:
+            raise ValueError(f"stream_tree is {self.tree.depth} deep but there are only {num_streams} streams")
+
+    @property
+    def tree(self) -> TreeSpec:
+        return TreeSpec.from_choices(self.stream_tree)
+
+    @property
+    def first_msa_layer(self) -> int:
+        """N - N_s: the index of the first MSA layer (where the streams start)."""
+        return self.num_hidden_layers - self.num_msa_layers

@@ -1,0 +1,136 @@
+"""The Hub model card of a Speculative Streaming folder, generated from a template and the config
+(``training``, ``calibration`` and ``results`` entries written by the CLI and the benchmark)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["MODEL_CARD_TEMPLATE", "render_model_card", "write_model_card"]
+
+MODEL_CARD_TEMPLATE = """---
+library_name: hf_speculative
+base_model: {base_model}
+tags:
+- speculative-decoding
+- speculative-streaming
+- hf_speculative
+---
+
+# Speculative Streaming streams for {base_model}
+
+Speculative Streaming (Bhendawade et al., 2024, [arXiv:2402.11131](https://arxiv.org/abs/2402.11131)) for
+`{base_model}`, in **{mode}** mode: the base model's top {num_msa_layers} layers run as multi-stream attention
+layers with {num_streams} speculative streams, so the model drafts for itself inside `generate()` with no
+draft model. This folder holds only what the method adds: the stream identifier embeddings and low-rank
+(rank {adapter_rank}) stream-row adapters on the MSA layers' projections, {params} parameters ({share} of the
+base model's {base_params}); the base weights are not included and are loaded from `base_model`.
+
+## Usage
+
+```python
+import hf_speculative as hfs
+from transformers import AutoModelForCausalLM
+
+base = AutoModelForCausalLM.from_pretrained("{base_model}", attn_implementation="sdpa")
+ss = hfs.LlamaForSpeculativeStreaming.from_pretrained("<this folder or repo>", base_model=base)
+out = ss.generate(input_ids, max_new_tokens=128, do_sample=False)   # drafts for itself
+```
+
+In lossless mode the main stream is the base model's own forward: greedy decoding gives exactly the base
+model's tokens and sampling is exact (tree rejection sampling with the stream distributions as proposals).
+
+## Tree
+
+{tree_text}
+
+## Training
+
+{training_text}
+
+## Results
+
+{results_text}
+
+## Limitations
+
+Trained briefly on CPU on self-distilled chat answers; acceptance (and so the speedup) depends on how close
+the text is to that data. Shared mode, parallel tree pruning and the value-rotation design are not used.
+"""
+
+
+def _training_text(cfg) -> str:
+    t = getattr(cfg, "training", None)
+    if not t:
+        return "Not recorded."
+    lines = [
+        f"- method: {t.get('method')}; loss `sum_j CE(stream_j(t), y_(t+1+j))`, j = 1..{cfg.num_streams}",
+        f"- data: `{t.get('data')}` ({t.get('conversations')} conversations, {t.get('train_answer_tokens')} answer tokens; "
+        f"{t.get('held_out_conversations')} held out for tree calibration)",
+        f"- epochs {t.get('epochs')} (max steps {t.get('max_steps')}), learning rate {t.get('learning_rate')}, "
+        f"batch {t.get('batch_size')} segments of {t.get('segment_length')} tokens, {t.get('train_seconds')} s on CPU, "
+        f"mean training loss {t.get('final_loss')}",
+    ]
+    curve = t.get("learning_curve")
+    if curve:
+        lines.append("- learning curve (held-out stream top-1 accuracy, expected tau of the calibrated tree):\n")
+        lines.append("| training tokens seen | stream top-1 (held out) | expected tau |\n|---:|---|---:|")
+        for pt in curve:
+            lines.append(f"| {pt['train_tokens']} | {pt['stream_top1']} | {pt['expected_tau_calibrated']} |")
+        lines.append("")
+    if t.get("command"):
+        lines.append(f"- command:\n\n```bash\n{t['command']}\n```")
+    return "\n".join(lines)
+
+
+def _tree_text(cfg) -> str:
+    from ...trees import TreeSpec
+
+    tree = TreeSpec.from_choices(cfg.stream_tree)
+    text = f"{tree.num_nodes} nodes, depth {tree.depth} (`stream_tree` in config.json)."
+    cal = getattr(cfg, "calibration", None)
+    if cal and "stream_top_i_accuracy" in cal:
+        text += (
+            f"\nCalibrated from the streams' held-out top-i accuracies (Medusa Sec. 2.3.3 greedy build), expected "
+            f"acceptance length {cal.get('expected_acceptance_length', '?')}:\n\n"
+            "| stream | top-1 | top-2 | top-3 | top-5 | top-10 (cumulative) |\n|---|---|---|---|---|---|\n"
+        )
+        for j, row in enumerate(cal["stream_top_i_accuracy"]):
+            cum = [sum(row[: i + 1]) for i in range(len(row))]
+            pick = [cum[i] if i < len(cum) else float("nan") for i in (0, 1, 2, 4, 9)]
+            text += f"| {j + 1} | " + " | ".join(f"{v:.3f}" for v in pick) + " |\n"
+    return text
+
+
+def _results_text(cfg, results) -> str:
+    results = results or getattr(cfg, "results", None)
+    if not results:
+        return "Not measured yet."
+    if isinstance(results, str):
+        return results
+    return "```json\n" + json.dumps(results, indent=1) + "\n```"
+
+
+def render_model_card(ss, results=None) -> str:
+    cfg = ss.config
+    params = ss.num_stream_parameters()
+    base_params = (cfg.training or {}).get("base_parameters") or (sum(p.numel() for p in ss.base.parameters()) if ss.base is not None else None)
+    return MODEL_CARD_TEMPLATE.format(
+        base_model=cfg.base_model_name_or_path or "<base model>",
+        mode=cfg.mode,
+        num_msa_layers=cfg.num_msa_layers,
+        num_streams=cfg.num_streams,
+        adapter_rank=cfg.adapter_rank,
+        params=f"{params:,}",
+        share=f"{100 * params / base_params:.3f}%" if base_params else "?",
+        base_params=f"{base_params:,}" if base_params else "?",
+        tree_text=_tree_text(cfg),
+        training_text=_training_text(cfg),
+        results_text=_results_text(cfg, results),
+    )
+
+
+def write_model_card(ss, folder, results=None) -> Path:
+    path = Path(folder) / "README.md"
+    path.write_text(render_model_card(ss, results))
+    return path

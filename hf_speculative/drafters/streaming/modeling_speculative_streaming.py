@@ -1,0 +1,489 @@
+"""Speculative Streaming (Bhendawade et al., 2024, https://arxiv.org/abs/2402.11131): the target drafts for itself.
+
+The top N_s decoder layers of a Llama-family model become multi-stream attention (MSA) layers (Sec. 3.1.1).
+At layer ``N - N_s`` every position t gets gamma speculative streams ``S_tj = f_eta(M_t) + P_j`` (``M_t`` the
+main stream's hidden state there, ``P_j`` a learned stream identifier embedding, ``f_eta`` the identity or a
+rank-eta adapter). In each MSA layer (Eq. 2) stream j at position t attends to the main stream's keys/values
+at positions ``<= t`` (the KV cache) and to the streams ``<= j`` at t; the streams never write to the cache.
+After the last layer the final norm and the base ``lm_head`` give stream j's logits for the token at
+``t + 1 + j`` (the main stream predicts ``t + 1``).
+
+Lossless mode (the only mode implemented): the base is frozen and the main stream never attends to the
+streams, so the main stream *is* the base model's forward, bit for bit, and the cache holds exactly the base
+model's keys/values. The streams only read them, which is also why they can be evaluated after the
+verification forward for the one node that needs them (the last accepted node, whose main-stream keys and
+values are exactly the compacted cache): computing them for every tree node inside the forward (the paper's
+fused GPU layout, `forward(output_streams=True)`) gives the same numbers for that node.
+
+The MSA layers reuse the base layers' own projections, norms and MLPs (shared modules, no copy); the
+trainable parameters are the stream embeddings, the optional stream-init adapter and LoRA-style low-rank
+adapters on the MSA layers' projections that act on the stream rows only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaForCausalLM, PreTrainedModel
+from transformers import initialization as init
+from transformers.cache_utils import DynamicCache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.models.llama.modeling_llama import LlamaPreTrainedModel, rotate_half
+
+from ...generation import SpeculativeGenerationMixin
+from ...trees import DraftTree, TreeSpec
+from ..base import DraftingOptions, TreeDrafter, fill_children
+from .configuration_speculative_streaming import SpeculativeStreamingConfig
+
+__all__ = [
+    "StreamAdapter",
+    "SpeculativeStreams",
+    "SpeculativeStreamingOutput",
+    "LlamaForSpeculativeStreaming",
+    "SpeculativeStreamingDrafter",
+]
+
+ADAPTED_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+REFERENCE_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+class StreamAdapter(nn.Module):
+    """Low-rank update ``x -> (alpha / r) * B A x`` (LoRA), added to a frozen projection on stream rows only.
+    Owns A and B directly so `_init_weights` reaches it (A random, B = 0: the adapter starts at zero)."""
+
+    def __init__(self, in_features: int, out_features: int, rank: int, alpha: float):
+        super().__init__()
+        self.scale = alpha / rank
+        self.lora_A = nn.Parameter(torch.empty(rank, in_features))
+        self.lora_B = nn.Parameter(torch.empty(out_features, rank))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(F.linear(x, self.lora_A), self.lora_B) * self.scale
+
+
+class StreamEmbeddings(nn.Module):
+    """The stream identifier embeddings P_j ``(gamma, H)`` (Sec. 3.1.1)."""
+
+    def __init__(self, num_streams: int, hidden_size: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_streams, hidden_size))
+
+
+def _layer_shapes(config: SpeculativeStreamingConfig) -> dict[str, tuple[int, int]]:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    q, kv, h, m = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim, config.hidden_size, config.intermediate_size
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, m), "up_proj": (h, m), "down_proj": (m, h)}
+
+
+class SpeculativeStreams(nn.Module):
+    """Everything Speculative Streaming adds to the base model: P_j, f_eta and the MSA-layer adapters."""
+
+    def __init__(self, config: SpeculativeStreamingConfig):
+        super().__init__()
+        self.stream_embeddings = StreamEmbeddings(config.num_streams, config.hidden_size)
+        eta = config.stream_init_rank
+        self.stream_init = StreamAdapter(config.hidden_size, config.hidden_size, eta, eta) if eta > 0 else None
+        self.adapters = None
+        if config.adapter_rank > 0:
+            shapes = _layer_shapes(config)
+            r, a = config.adapter_rank, config.adapter_alpha
+            self.adapters = nn.ModuleList(
+                nn.ModuleDict({name: StreamAdapter(*shapes[name], r, a) for name in ADAPTED_PROJECTIONS})
+                for _ in range(config.num_msa_layers)
+            )
+
+    def init_streams(self, main_hidden: torch.Tensor) -> torch.Tensor:
+        """``(..., H)`` main-stream states entering layer N - N_s -> ``(..., gamma, H)`` streams f_eta(M_t) + P_j."""
+        h = main_hidden.to(self.stream_embeddings.weight.dtype)
+        if self.stream_init is not None:
+            h = h + self.stream_init(h)
+        return h[..., None, :] + self.stream_embeddings.weight
+
+
+@dataclass
+class SpeculativeStreamingOutput(CausalLMOutputWithPast):
+    """`CausalLMOutputWithPast` (the main stream: exactly the base model's outputs) plus
+
+    ``stream_inputs`` ``(B, T, H)``: the main stream entering layer N - N_s (where the streams start);
+    ``stream_logits`` ``(B, T, gamma, V)``: with ``output_streams=True``, stream j's logits for ``t + 1 + j``.
+    """
+
+    stream_inputs: torch.Tensor | None = None
+    stream_logits: torch.Tensor | None = None
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + rotate_half(x) * sin
+
+
+def _project(linear: nn.Linear, adapters, name: str, x: torch.Tensor) -> torch.Tensor:
+    out = linear(x)
+    if adapters is not None:
+        out = out + adapters[name](x)
+    return out
+
+
+def msa_stream_layer(layer: nn.Module, adapters, streams, keys, values, key_mask, cos, sin) -> torch.Tensor:
+    """One MSA layer for the stream rows (Eq. 2), with the decoder layer's own modules.
+
+    ``streams`` ``(B, T, G, H)``; ``keys``/``values`` ``(B, kv_heads, L, d)``: the main stream's (rotary applied,
+    as cached); ``key_mask`` ``(B, T, L)`` additive (which main positions position t may see: its causal or
+    tree-ancestor row) or None (all); ``cos``/``sin`` ``(B, T, d)``: rotary at each position t. Stream j at t
+    attends to those main keys and to the streams ``<= j`` at t. Returns the streams after the layer.
+    """
+    attn = layer.self_attn
+    if hasattr(attn, "q_norm") or getattr(attn, "sliding_window", None):
+        raise NotImplementedError("MSA layers support the Llama / Mistral / Qwen2 attention layout (no q/k norm, no sliding window)")
+    B, T, G, _ = streams.shape
+    kv_heads, d = keys.shape[1], keys.shape[-1]
+    rep = attn.num_key_value_groups
+    x = layer.input_layernorm(streams)
+    q = _project(attn.q_proj, adapters, "q_proj", x).view(B, T, G, kv_heads, rep, d)
+    k = _project(attn.k_proj, adapters, "k_proj", x).view(B, T, G, kv_heads, d)
+    v = _project(attn.v_proj, adapters, "v_proj", x).view(B, T, G, kv_heads, d)
+    q = _rope(q, cos[:, :, None, None, None, :], sin[:, :, None, None, None, :])
+    k = _rope(k, cos[:, :, None, None, :], sin[:, :, None, None, :])
+    scores_main = torch.einsum("btgkrd,bksd->bkrtgs", q, keys.to(q.dtype)) * attn.scaling  # (B, kv, rep, T, G, L)
+    if key_mask is not None:
+        scores_main = scores_main + key_mask[:, None, None, :, None, :].to(scores_main.dtype)
+    scores_self = torch.einsum("btgkrd,bthkd->bkrtgh", q, k) * attn.scaling  # (B, kv, rep, T, G, G)
+    later = torch.ones(G, G, dtype=torch.bool, device=q.device).triu(1)  # stream j sees streams <= j
+    scores_self = scores_self.masked_fill(later, torch.finfo(scores_self.dtype).min)
+    L = scores_main.shape[-1]
+    weights = torch.softmax(torch.cat([scores_main, scores_self], dim=-1), dim=-1, dtype=torch.float32).to(q.dtype)
+    out = torch.einsum("bkrtgs,bksd->btgkrd", weights[..., :L], values.to(q.dtype))
+    out = out + torch.einsum("bkrtgh,bthkd->btgkrd", weights[..., L:], v)
+    streams = streams + _project(attn.o_proj, adapters, "o_proj", out.reshape(B, T, G, -1))
+    x = layer.post_attention_layernorm(streams)
+    mlp = layer.mlp
+    gate = _project(mlp.gate_proj, adapters, "gate_proj", x)
+    up = _project(mlp.up_proj, adapters, "up_proj", x)
+    return streams + _project(mlp.down_proj, adapters, "down_proj", mlp.act_fn(gate) * up)
+
+
+def main_stream_layer(layer: nn.Module, hidden, key_mask, cos, sin):
+    """The base decoder layer on the main stream alone (no cache), also returning its keys and values.
+
+    Used by training from cached hidden states, where the main stream runs only through the top N_s layers.
+    ``hidden`` ``(B, T, H)``, ``key_mask`` ``(B, 1, T, T)`` additive. Returns ``(hidden, keys, values)``."""
+    attn = layer.self_attn
+    B, T, _ = hidden.shape
+    d = attn.head_dim
+    x = layer.input_layernorm(hidden)
+    q = attn.q_proj(x).view(B, T, -1, d).transpose(1, 2)
+    k = attn.k_proj(x).view(B, T, -1, d).transpose(1, 2)
+    v = attn.v_proj(x).view(B, T, -1, d).transpose(1, 2)
+    q, k = _rope(q, cos[:, None], sin[:, None]), _rope(k, cos[:, None], sin[:, None])
+    rep = attn.num_key_value_groups
+    out = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=key_mask, scale=attn.scaling
+    )
+    hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+    hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    return hidden, k, v
+
+
+def causal_key_mask(batch: int, length: int, dtype: torch.dtype, device, past_length: int = 0) -> torch.Tensor:
+    """``(batch, length, past_length + length)`` additive causal mask (0 visible, dtype min hidden)."""
+    q = torch.arange(length, device=device)[:, None] + past_length
+    visible = torch.arange(past_length + length, device=device)[None, :] <= q
+    mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[None].expand(batch, -1, -1)
+
+
+class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM):
+    """An MSA-patched `LlamaForCausalLM` that drafts for itself: ``ss.generate(input_ids, max_new_tokens=...)``.
+
+    Build with ``from_base_model(model, num_streams=3, num_msa_layers=4)`` (Llama, Mistral or Qwen2 layer
+    layouts; the base's modules are shared, not copied), or ``from_pretrained(folder, base_model=model)``. The
+    checkpoint holds only the config and the streams' parameters and names its base model; the base's modules
+    are not submodules of this model (not saved, not moved by ``.to()``, not trained).
+    """
+
+    config_class = SpeculativeStreamingConfig
+    base_model_prefix = "speculative_streaming"
+    _tied_weights_keys = {}
+    _no_split_modules = []
+    _keys_to_ignore_on_load_unexpected = [r"^model\.", r"^lm_head\."]
+
+    def __init__(self, config: SpeculativeStreamingConfig, base_model: PreTrainedModel | None = None):
+        LlamaPreTrainedModel.__init__(self, config)
+        self.streams = SpeculativeStreams(config)
+        self.vocab_size = config.vocab_size
+        self.__dict__["base"] = None
+        self.__dict__["model"] = None
+        self.__dict__["lm_head"] = None
+        self.post_init()
+        if base_model is not None:
+            self.attach_base_model(base_model)
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, StreamAdapter):
+            init.normal_(module.lora_A, mean=0.0, std=1.0 / math.sqrt(module.lora_A.shape[1]))
+            init.zeros_(module.lora_B)
+        elif isinstance(module, StreamEmbeddings):
+            init.normal_(module.weight, mean=0.0, std=std)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_base_model(
+        cls, model: PreTrainedModel, num_streams: int = 3, num_msa_layers: int = 4, mode: str = "lossless", **config_kwargs
+    ) -> "LlamaForSpeculativeStreaming":
+        """Wrap ``model`` (a Llama / Mistral / Qwen2 causal LM) with fresh streams; its weights are shared."""
+        base_config = model.config.to_dict()
+        arch = base_config.pop("model_type", None)
+        for key in ("architectures", "auto_map", "transformers_version", "dtype", "torch_dtype"):
+            base_config.pop(key, None)
+        config = SpeculativeStreamingConfig(
+            num_streams=num_streams,
+            num_msa_layers=num_msa_layers,
+            mode=mode,
+            base_model_name_or_path=getattr(model.config, "_name_or_path", None) or None,
+            base_architecture=arch,
+            **{**base_config, **config_kwargs},
+        )
+        return cls(config, base_model=model).eval()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, base_model: PreTrainedModel | None = None, **kwargs):
+        """Load the streams; attach them to ``base_model``, or else load the base named in the config
+        (``"reference"`` / the SmolLM2-135M-Instruct Hub id: `hf_speculative.bench.load_reference_model`)."""
+        ss = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        if base_model is None:
+            base_model = load_base_model(ss.config.base_model_name_or_path)
+        ss.attach_base_model(base_model)
+        return ss.eval()
+
+    def attach_base_model(self, model: PreTrainedModel) -> None:
+        """Use ``model``'s decoder and ``lm_head`` (frozen, shared) as this model's main stream."""
+        if self.config.mode != "lossless":
+            raise NotImplementedError("only mode='lossless' is implemented (shared mode needs a joint main/stream forward)")
+        decoder = getattr(model, "model", None)
+        layers = getattr(decoder, "layers", None)
+        if layers is None or not hasattr(decoder, "rotary_emb") or not hasattr(decoder, "norm"):
+            raise TypeError(f"{type(model).__name__} is not a Llama-family causal LM (needs .model.layers/.norm/.rotary_emb)")
+        lm_head = model.get_output_embeddings()
+        if len(layers) != self.config.num_hidden_layers or lm_head.weight.shape != (self.config.vocab_size, self.config.hidden_size):
+            raise ValueError(
+                f"these streams were built for {self.config.num_hidden_layers} layers, hidden_size={self.config.hidden_size}, "
+                f"vocab_size={self.config.vocab_size}; the base model has {len(layers)} layers and an lm_head of shape "
+                f"{tuple(lm_head.weight.shape)}"
+            )
+        for p in model.parameters():
+            p.requires_grad_(False)
+        self.__dict__["base"] = model
+        self.__dict__["model"] = decoder
+        self.__dict__["lm_head"] = lm_head
+        self.streams.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
+        self.config._attn_implementation = model.config._attn_implementation
+        self.generation_config = model.generation_config
+
+    def get_input_embeddings(self):
+        return None if self.model is None else self.model.embed_tokens
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def tie_weights(self, *args, **kwargs):  # the base's tying is the base's business
+        return None
+
+    def num_stream_parameters(self) -> int:
+        """Parameters Speculative Streaming adds to the base model."""
+        return sum(p.numel() for p in self.streams.parameters())
+
+    @property
+    def tree(self) -> TreeSpec:
+        return self.config.tree
+
+    def _check_attached(self) -> None:
+        if self.model is None:
+            raise ValueError(
+                "no base model attached: use LlamaForSpeculativeStreaming.from_base_model(model), "
+                "from_pretrained(folder, base_model=model) or ss.attach_base_model(model)"
+            )
+
+    # ------------------------------------------------------------------ forward
+    @property
+    def msa_layers(self) -> list[nn.Module]:
+        return list(self.model.layers[self.config.first_msa_layer :])
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values=None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        output_streams: bool = False,
+        **kwargs,
+    ) -> SpeculativeStreamingOutput:
+        """The base model's forward (the main stream, unchanged), plus ``stream_inputs`` and, with
+        ``output_streams=True``, the streams of every position (``stream_logits``)."""
+        self._check_attached()
+        captured = {}
+
+        def capture(module, args, kw):
+            captured["h"] = args[0] if args else kw["hidden_states"]
+
+        own_cache = output_streams and past_key_values is None
+        if own_cache:
+            past_key_values, use_cache = DynamicCache(config=self.base.config), True
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        handle = self.model.layers[self.config.first_msa_layer].register_forward_pre_hook(capture, with_kwargs=True)
+        try:
+            out = LlamaForCausalLM.forward(
+                self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache,
+                logits_to_keep=logits_to_keep, **kwargs,
+            )  # fmt: skip
+        finally:
+            handle.remove()
+        stream_logits = None
+        if output_streams:
+            h = captured["h"]
+            B, T = h.shape[:2]
+            if position_ids is None:
+                position_ids = torch.arange(past_length, past_length + T, device=h.device)[None].expand(B, -1)
+            if attention_mask is not None and attention_mask.dim() == 4:
+                key_mask = attention_mask[:, 0].to(h.dtype)
+            else:
+                key_mask = causal_key_mask(B, T, h.dtype, h.device, past_length)
+                if attention_mask is not None:  # 2D padding mask over past + new tokens
+                    key_mask = key_mask.masked_fill(~attention_mask[:, None, :].bool(), torch.finfo(h.dtype).min)
+            stream_logits = self.stream_logits(h, past_key_values, key_mask, position_ids)
+        return SpeculativeStreamingOutput(
+            loss=out.loss,
+            logits=out.logits,
+            past_key_values=None if own_cache else out.past_key_values,
+            hidden_states=out.hidden_states,
+            attentions=out.attentions,
+            stream_inputs=captured.get("h"),
+            stream_logits=stream_logits,
+        )
+
+    def stream_states(self, main_hidden, keys_values, key_mask, position_ids) -> torch.Tensor:
+        """Streams through the MSA layers. ``main_hidden`` ``(B, T, H)`` enters layer N - N_s; ``keys_values``:
+        per MSA layer the main stream's ``(keys, values)`` ``(B, kv, L, d)``; ``key_mask`` ``(B, T, L)`` additive
+        or None; returns the final-normed streams ``(B, T, gamma, H)``."""
+        streams = self.streams.init_streams(main_hidden)
+        cos, sin = self.model.rotary_emb(streams, position_ids)
+        adapters = self.streams.adapters
+        for i, layer in enumerate(self.msa_layers):
+            keys, values = keys_values[i]
+            streams = msa_stream_layer(layer, adapters[i] if adapters is not None else None, streams, keys, values, key_mask, cos, sin)
+        return self.model.norm(streams)
+
+    def stream_logits(self, main_hidden, cache, key_mask=None, position_ids=None) -> torch.Tensor:
+        """Stream logits ``(B, T, gamma, V)`` reading the main stream's keys/values from ``cache`` (read only)."""
+        B, T = main_hidden.shape[:2]
+        if position_ids is None:  # the T positions are the last T cached ones
+            length = cache.get_seq_length()
+            position_ids = torch.arange(length - T, length, device=main_hidden.device)[None].expand(B, -1)
+        keys_values = []
+        for layer in self.msa_layers:
+            cached = cache.layers[layer.self_attn.layer_idx]
+            keys_values.append((cached.keys, cached.values))
+        states = self.stream_states(main_hidden, keys_values, key_mask, position_ids)
+        return self.lm_head(states.to(self.lm_head.weight.dtype))
+
+    def streams_from_hidden(self, main_hidden: torch.Tensor, position_ids: torch.LongTensor | None = None) -> torch.Tensor:
+        """Training path: from the (cached) main-stream states entering layer N - N_s ``(B, T, H)`` run the top
+        N_s layers on the main stream (frozen, for its keys/values) and on the streams; returns the final-normed
+        streams ``(B, T, gamma, H)``. Causal; right padding is harmless (labels mask it)."""
+        B, T, _ = main_hidden.shape
+        if position_ids is None:
+            position_ids = torch.arange(T, device=main_hidden.device)[None].expand(B, -1)
+        key_mask = causal_key_mask(B, T, main_hidden.dtype, main_hidden.device)
+        streams = self.streams.init_streams(main_hidden)
+        cos, sin = self.model.rotary_emb(streams, position_ids)
+        adapters = self.streams.adapters
+        main = main_hidden
+        for i, layer in enumerate(self.msa_layers):
+            with torch.no_grad():  # lossless: the base is frozen and the main stream never sees the streams
+                main, keys, values = main_stream_layer(layer, main, key_mask[:, None], cos, sin)
+            streams = msa_stream_layer(layer, adapters[i] if adapters is not None else None, streams, keys, values, key_mask, cos, sin)
+        return self.model.norm(streams)
+
+    # ------------------------------------------------------------------ drafting
+    def get_self_drafter(self) -> "SpeculativeStreamingDrafter":
+        """The per-call drafter `generate` uses when no ``assistant_model`` is given."""
+        self._check_attached()
+        return SpeculativeStreamingDrafter(self)
+
+
+def load_base_model(name_or_path: str | None) -> PreTrainedModel:
+    """The base model a checkpoint names (``"reference"`` and the SmolLM2-135M-Instruct id load the cached
+    reference model)."""
+    from ...bench.reference import is_reference, resolve_model
+
+    if name_or_path is None:
+        raise ValueError("the checkpoint names no base model: pass base_model=")
+    if name_or_path == REFERENCE_HUB_ID or is_reference(name_or_path):
+        name_or_path = "reference"
+    model, _ = resolve_model(name_or_path)
+    return model
+
+
+class SpeculativeStreamingDrafter(TreeDrafter):
+    """Sec. 3.1.2: the streams at the last accepted node fill the next tree; depth d holds stream d's top-k
+    (greedy) or draws from stream d's distribution (sampling, verified by exact tree rejection sampling), so
+    the tokens of stream n are the parents of those of stream n + 1.
+
+    The streams at a node need the main stream entering layer N - N_s there (``stream_inputs`` of the forward)
+    and the main stream's keys/values at the positions up to it, which after the engine has kept the accepted
+    path are exactly the target's cache: the streams are evaluated from the cache, read only.
+    """
+
+    def __init__(self, model: LlamaForSpeculativeStreaming, draft_sampling: str = "without_replacement"):
+        self.model = model
+        self.max_depth = model.config.num_streams
+        self.default_tree = model.config.tree
+        self.vocab_size = model.config.vocab_size
+        self.draft_sampling = draft_sampling
+        self.logits: torch.Tensor | None = None
+
+    def _streams_at(self, target_outputs, node: int) -> None:
+        h = target_outputs.stream_inputs[:, node : node + 1] if node >= 0 else target_outputs.stream_inputs[:, node:]
+        self.logits = self.model.stream_logits(h[:, -1:], target_outputs.past_key_values)[0, 0].float()  # (gamma, V)
+
+    def begin(self, prompt_ids, target_outputs) -> None:
+        self._streams_at(target_outputs, -1)
+
+    def advance(self, sequence, draft, result, target_outputs) -> None:
+        self._streams_at(target_outputs, result.path[-1])
+
+    @torch.no_grad()
+    def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
+        logits = self.logits
+        device = sequence.device
+        scheme = options.scheme(self.draft_sampling)
+        depths = tree.depths.tolist()
+        if scheme == "deterministic":
+            width = max(tree.ranks[1:]) + 1
+            top = torch.topk(logits[: tree.depth], min(width, logits.shape[-1]), dim=-1).indices
+            idx = torch.tensor(depths[1:], device=top.device) - 1
+            rank = torch.tensor(tree.ranks[1:], device=top.device)
+            tokens = torch.cat([sequence[0, -1:].to(top.device), top[idx, rank]]).to(device)
+            return DraftTree.from_spec(tree, tokens, sampling=scheme)
+        n = tree.num_nodes + 1
+        tokens = torch.empty(n, dtype=torch.long, device=device)
+        tokens[0] = sequence[0, -1]
+        probs = torch.zeros(n, logits.shape[-1], device=device)
+        for node, kids in enumerate(tree.children):
+            if kids:
+                chosen, q = fill_children(logits[depths[node]], len(kids), scheme, options)
+                tokens[list(kids)] = chosen.to(device)
+                probs[node] = q.to(device)
+        return DraftTree.from_spec(tree, tokens, draft_probs=probs, sampling=scheme)
+
+    def end(self) -> None:
+        self.logits = None

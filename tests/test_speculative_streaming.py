@@ -1,0 +1,403 @@
+"""Speculative Streaming (LlamaForSpeculativeStreaming): lossless main stream, untouched KV cache, the MSA
+attention pattern of Eqs. 1-2, drafting through the tree engine, training loss, save/load, sampling."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoConfig, AutoModel, DynamicCache
+
+import hf_speculative as hfs
+from hf_speculative.drafters.streaming import LlamaForSpeculativeStreaming, SpeculativeStreamingConfig
+from hf_speculative.drafters.streaming.modeling_speculative_streaming import (
+    causal_key_mask,
+    main_stream_layer,
+    msa_stream_layer,
+)
+from hf_speculative.drafters.streaming.training_speculative_streaming import (
+    IGNORE_INDEX,
+    StreamCollator,
+    StreamSegmentDataset,
+    stream_labels,
+    stream_losses,
+    streaming_loss,
+    train_speculative_streaming,
+)
+from hf_speculative.training.trainer import HiddenStates
+
+from conftest import tiny_model
+
+
+def _randomize(ss, scale: float = 0.3, seed: int = 0):
+    """Random NON-ZERO stream parameters (the init has zero LoRA B matrices)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in ss.streams.parameters():
+            p.copy_(scale * torch.randn(p.shape, generator=g))
+    return ss
+
+
+def _ss(arch="llama", seed=0, num_streams=3, num_msa_layers=2, **kw):
+    base = tiny_model(arch, seed=seed, **kw)
+    return base, _randomize(LlamaForSpeculativeStreaming.from_base_model(base, num_streams=num_streams, num_msa_layers=num_msa_layers))
+
+
+# --------------------------------------------------------------------------- construction
+
+
+def test_wraps_the_base_without_copying_and_counts_extra_parameters(arch):
+    base, ss = _ss(arch)
+    assert ss.model is base.model and ss.lm_head is base.get_output_embeddings()
+    names = [n for n, _ in ss.named_parameters()]
+    assert names and all(n.startswith("streams.") for n in names)  # base weights are not ours (not saved, not trained)
+    c = ss.config
+    H, r = c.hidden_size, c.adapter_rank
+    d = c.hidden_size // c.num_attention_heads
+    q, kv, m = c.num_attention_heads * d, c.num_key_value_heads * d, c.intermediate_size
+    per_layer = r * ((H + q) + 2 * (H + kv) + (q + H) + 2 * (H + m) + (m + H))
+    assert ss.num_stream_parameters() == c.num_streams * H + c.num_msa_layers * per_layer
+    assert isinstance(ss.config, SpeculativeStreamingConfig) and ss.config.base_architecture == arch
+    assert hfs.is_enabled(ss) and isinstance(ss, hfs.SpeculativeGenerationMixin)
+
+
+def test_main_stream_is_the_base_model_and_the_cache_stays_the_base_models(arch):
+    base, ss = _ss(arch)
+    ids = torch.randint(0, 96, (1, 11), generator=torch.Generator().manual_seed(1))
+    c_base, c_ss = DynamicCache(config=base.config), DynamicCache(config=base.config)
+    with torch.no_grad():
+        ref = base(ids, past_key_values=c_base, use_cache=True)
+        out = ss(ids, past_key_values=c_ss, use_cache=True, output_streams=True)
+        assert torch.equal(out.logits, ref.logits)
+        # the streams (and the drafter's evaluation from the cache) never write keys/values
+        ss.stream_logits(out.stream_inputs[:, -1:], c_ss)
+    assert c_ss.get_seq_length() == c_base.get_seq_length() == 11
+    for a, b in zip(c_base.layers, c_ss.layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    assert out.stream_logits.shape == (1, 11, ss.config.num_streams, 96)
+
+
+def test_training_path_main_stream_matches_the_base_layers(arch):
+    """`main_stream_layer` (training from cached states) computes what the base decoder layers compute."""
+    base, ss = _ss(arch, num_msa_layers=3)
+    ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        hs = base(ids, output_hidden_states=True).hidden_states
+        first = ss.config.first_msa_layer
+        h = hs[first]
+        pos = torch.arange(9)[None].expand(2, -1)
+        cos, sin = ss.model.rotary_emb(h, pos)
+        mask = causal_key_mask(2, 9, h.dtype, h.device)[:, None]
+        for i, layer in enumerate(ss.msa_layers):
+            h, _, _ = main_stream_layer(layer, h, mask, cos, sin)
+            if first + i + 1 < ss.config.num_hidden_layers:
+                torch.testing.assert_close(h, hs[first + i + 1], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ss.model.norm(h), hs[-1], rtol=1e-5, atol=1e-5)
+        # the streams of the training path equal those of the model's forward
+        out = ss(ids, output_streams=True)
+        torch.testing.assert_close(ss.lm_head(ss.streams_from_hidden(out.stream_inputs)), out.stream_logits, rtol=1e-4, atol=1e-4)
+
+
+# --------------------------------------------------------------------------- attention pattern (Eqs. 1-2)
+
+
+def _naive_msa(layer, adapters, streams, keys, values, cos, sin):
+    """Eq. 2 written out per (t, j): q from stream j at t; keys/values = main[0..t] ++ streams[t, 0..j]."""
+    attn = layer.self_attn
+    B, T, G, H = streams.shape
+    d, rep = keys.shape[-1], attn.num_key_value_groups
+
+    def proj(name, mod, x):
+        return mod(x) + adapters[name](x)
+
+    x = layer.input_layernorm(streams)
+    q = proj("q_proj", attn.q_proj, x).view(B, T, G, -1, d)
+    k = proj("k_proj", attn.k_proj, x).view(B, T, G, -1, d)
+    v = proj("v_proj", attn.v_proj, x).view(B, T, G, -1, d)
+    rot = lambda y, t: y * cos[:, t, None, :] + torch.cat([-y[..., d // 2 :], y[..., : d // 2]], -1) * sin[:, t, None, :]
+    out = torch.zeros(B, T, G, q.shape[3], d)
+    for t in range(T):
+        for j in range(G):
+            qj = rot(q[:, t, j], t)  # (B, heads, d)
+            kk = torch.cat([keys[:, :, : t + 1], rot(k[:, t, : j + 1], t).transpose(1, 2)], dim=2)  # (B, kv, t+1+j+1, d)
+            vv = torch.cat([values[:, :, : t + 1], v[:, t, : j + 1].transpose(1, 2)], dim=2)
+            kk, vv = kk.repeat_interleave(rep, 1), vv.repeat_interleave(rep, 1)
+            w = torch.softmax((qj[:, :, None, :] * kk).sum(-1) * attn.scaling, dim=-1)  # (B, heads, keys)
+            out[:, t, j] = (w[..., None] * vv).sum(2)
+    s = streams + proj("o_proj", attn.o_proj, out.reshape(B, T, G, -1))
+    x = layer.post_attention_layernorm(s)
+    gate, up = proj("gate_proj", layer.mlp.gate_proj, x), proj("up_proj", layer.mlp.up_proj, x)
+    return s + proj("down_proj", layer.mlp.down_proj, layer.mlp.act_fn(gate) * up)
+
+
+def test_msa_layer_matches_eq2_written_out_per_stream_and_position():
+    base, ss = _ss("llama", num_streams=3, num_msa_layers=1)
+    layer, adapters = ss.msa_layers[0], ss.streams.adapters[0]
+    T = 5
+    ids = torch.randint(0, 96, (1, T), generator=torch.Generator().manual_seed(3))
+    cache = DynamicCache(config=base.config)
+    with torch.no_grad():
+        out = ss(ids, past_key_values=cache, use_cache=True)
+        streams = ss.streams.init_streams(out.stream_inputs)
+        cos, sin = ss.model.rotary_emb(streams, torch.arange(T)[None])
+        kc = cache.layers[layer.self_attn.layer_idx]
+        fast = msa_stream_layer(layer, adapters, streams, kc.keys, kc.values, causal_key_mask(1, T, streams.dtype, "cpu"), cos, sin)
+        slow = _naive_msa(layer, adapters, streams, kc.keys, kc.values, cos, sin)
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+
+
+def test_stream_visibility_by_perturbation():
+    """Stream j at t sees main tokens <= t and streams <= j at t; nothing later, no other position's streams."""
+    base, ss = _ss("llama", num_streams=3, num_msa_layers=2)
+    T = 8
+    ids = torch.randint(0, 96, (1, T), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref = ss(ids, output_streams=True).stream_logits[0]  # (T, G, V)
+        # a later main token changes no stream at earlier positions, but does change the streams at its own
+        ids2 = ids.clone()
+        ids2[0, 5] = (ids2[0, 5] + 1) % 96
+        pert = ss(ids2, output_streams=True).stream_logits[0]
+        assert torch.equal(pert[:5], ref[:5]) and not torch.allclose(pert[5], ref[5])
+        # perturbing P_2 (stream index 1) leaves stream 1 unchanged and changes streams 2 and 3
+        ss.streams.stream_embeddings.weight[1] += 1.0
+        pert = ss(ids, output_streams=True).stream_logits[0]
+        ss.streams.stream_embeddings.weight[1] -= 1.0
+        torch.testing.assert_close(pert[:, 0], ref[:, 0], rtol=0, atol=1e-6)
+        assert not torch.allclose(pert[:, 1], ref[:, 1]) and not torch.allclose(pert[:, 2], ref[:, 2])
+        # a stream sees no other position's streams: each position alone, from a cache of its prefix, is the same
+        for t in range(T):
+            cache = DynamicCache(config=base.config)
+            out = ss(ids[:, : t + 1], past_key_values=cache, use_cache=True)
+            alone = ss.stream_logits(out.stream_inputs[:, -1:], cache)[0, 0]
+            torch.testing.assert_close(alone, ref[t], rtol=1e-4, atol=1e-5)
+        # lossless (Eq. 1 without streams): the main stream is blind to the streams
+        assert torch.equal(ss(ids).logits, base(ids).logits)
+
+
+def test_tree_mask_rows_are_used_for_the_streams():
+    """In a tree forward each node's streams see the cached prefix and the node's ancestors only."""
+    base, ss = _ss("qwen2")
+    prefix = torch.randint(0, 96, (1, 6), generator=torch.Generator().manual_seed(5))
+    spec = hfs.TreeSpec.cartesian([2, 2])
+    tokens = torch.randint(0, 96, (spec.num_nodes + 1,), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        cache = DynamicCache(config=base.config)
+        ss(prefix[:, :-1], past_key_values=cache, use_cache=True)
+        tokens[0] = prefix[0, -1]
+        from hf_speculative.trees import tree_attention_mask
+
+        mask = tree_attention_mask(spec.ancestors, 5, torch.float32, "cpu")
+        pos = (5 + spec.depths)[None]
+        out = ss(tokens[None], attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, output_streams=True)
+        draft = hfs.DraftTree.from_spec(spec, tokens)
+        for node in range(len(tokens)):
+            path = draft.path_to(node)
+            seq = torch.cat([prefix[:, :-1], tokens[path][None]], dim=1)
+            alone = ss(seq, output_streams=True).stream_logits[0, -1]
+            torch.testing.assert_close(out.stream_logits[0, node], alone, rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- drafting through generate()
+
+
+@pytest.mark.parametrize("num_msa_layers, num_streams", [(1, 2), (2, 3), (4, 3)])
+def test_lossless_greedy_equality_with_random_streams(arch, num_msa_layers, num_streams):
+    base, ss = _ss(arch, seed=7, num_streams=num_streams, num_msa_layers=num_msa_layers)
+    for seed, (length, new) in enumerate([(3, 17), (12, 30)]):
+        ids = torch.randint(0, 96, (1, length), generator=torch.Generator().manual_seed(seed))
+        ref = base.generate(ids, max_new_tokens=new, do_sample=False)
+        out = ss.generate(ids, max_new_tokens=new, do_sample=False, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, ref)
+        # the cache left behind is the base model's cache of the committed sequence (minus the last token)
+        cache = DynamicCache(config=base.config)
+        with torch.no_grad():
+            base(out.sequences[:, :-1], past_key_values=cache, use_cache=True)
+        assert out.past_key_values.get_seq_length() == cache.get_seq_length()
+        for a, b in zip(out.past_key_values.layers, cache.layers):
+            torch.testing.assert_close(a.keys, b.keys, rtol=1e-4, atol=1e-5)
+    tree = hfs.TreeSpec.chain(num_streams)  # a chain override works too
+    ref = base.generate(ids, max_new_tokens=20, do_sample=False)
+    assert torch.equal(ss.generate(ids, max_new_tokens=20, do_sample=False, speculative_tree=tree), ref)
+
+
+def test_drafter_fills_the_tree_from_the_streams_at_the_last_accepted_node():
+    """Depth d of each step's tree holds stream d's ranked tokens at the last accepted node of the previous
+    step, as computed by a full forward over the committed sequence (the fused form of the paper)."""
+    base, ss = _ss("llama", seed=8, num_streams=2)
+    spec = hfs.TreeSpec.cartesian([3, 2])
+    drafts = []
+    original = hfs.drafters.streaming.SpeculativeStreamingDrafter.propose
+
+    def spy(self, sequence, tree, options):
+        d = original(self, sequence, tree, options)
+        drafts.append((sequence.clone(), d))
+        return d
+
+    hfs.drafters.streaming.SpeculativeStreamingDrafter.propose = spy
+    try:
+        ids = torch.randint(0, 96, (1, 5), generator=torch.Generator().manual_seed(9))
+        ss.generate(ids, max_new_tokens=12, do_sample=False, speculative_tree=spec)
+    finally:
+        hfs.drafters.streaming.SpeculativeStreamingDrafter.propose = original
+    assert len(drafts) >= 2
+    for sequence, draft in drafts:
+        with torch.no_grad():
+            streams = ss(sequence[:, :-1], output_streams=True).stream_logits[0, -1]  # the node before the root
+        top = torch.topk(streams, 3, dim=-1).indices
+        for node, path in enumerate(spec.paths, start=1):
+            assert int(draft.tokens[node]) == int(top[len(path) - 1, path[-1]])
+        assert int(draft.tokens[0]) == int(sequence[0, -1])
+
+
+def test_trained_streams_are_accepted():
+    """A few training steps on the model's own greedy text make the streams predict it (tau > 1.3)."""
+    base, ss = _ss("llama", seed=10, num_streams=2, num_msa_layers=2)
+    with torch.no_grad():
+        for p in ss.streams.parameters():
+            p.mul_(0.1)
+    ids = torch.randint(0, 96, (1, 4), generator=torch.Generator().manual_seed(11))
+    text = base.generate(ids, max_new_tokens=60, do_sample=False)[0]
+    with torch.no_grad():
+        h = ss(text[None]).stream_inputs[0].half()
+    labels = text.clone()
+    labels[:4] = IGNORE_INDEX
+    states = HiddenStates(h, text, labels, torch.tensor([0, len(text)]), ["a"])
+    train_speculative_streaming(ss, states, output_dir="/tmp/ss_test_trainer", max_steps=60, learning_rate=2e-2, batch_size=1, progress=False)
+    out = ss.generate(ids, max_new_tokens=60, do_sample=False, return_dict_in_generate=True, speculative_tree=hfs.TreeSpec.chain(2))
+    assert torch.equal(out.sequences[0], text)
+    assert out.speculative_stats.mean_accepted_length > 1.3
+
+
+# --------------------------------------------------------------------------- training loss
+
+
+def test_stream_labels_by_hand():
+    labels = torch.tensor([IGNORE_INDEX, IGNORE_INDEX, 5, 6, 7, 8])
+    got = stream_labels(labels, 2)
+    # stream j at t predicts the token t + 1 + j
+    want = torch.tensor([[5, 6], [6, 7], [7, 8], [8, -100], [-100, -100], [-100, -100]])
+    assert torch.equal(got, want)
+
+
+def test_training_loss_on_a_hand_computed_case():
+    head = torch.nn.Linear(2, 3, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
+    # one sequence of 2 positions, 2 streams; states (T=2, G=2, H=2)
+    states = torch.tensor([[[1.0, 0.0], [0.0, 2.0]], [[0.0, 0.0], [3.0, 1.0]]])
+    targets = torch.tensor([[0, 2], [IGNORE_INDEX, 1]])
+
+    def ce(h, y):  # -log softmax(W h)[y], by hand
+        z = [h[0], h[1], h[0] + h[1]]
+        return -(z[y] - math.log(sum(math.exp(v) for v in z)))
+
+    s1 = ce([1.0, 0.0], 0)  # stream 1: only position 0 is valid
+    s2 = (ce([0.0, 2.0], 2) + ce([3.0, 1.0], 1)) / 2
+    per = stream_losses(head, states, targets)
+    torch.testing.assert_close(per, torch.tensor([s1, s2]))
+    torch.testing.assert_close(streaming_loss(per, [1.0, 0.5]), torch.tensor(s1 + 0.5 * s2))
+    torch.testing.assert_close(streaming_loss(per, [1.0, 0.5], main_loss=torch.tensor(2.0), alpha_0=0.1), torch.tensor(s1 + 0.5 * s2 + 0.2))
+
+
+def test_trainer_loss_equals_the_stream_loss_of_the_model():
+    base, ss = _ss("mistral", num_streams=2)
+    text = torch.randint(0, 96, (20,), generator=torch.Generator().manual_seed(12))
+    labels = text.clone()
+    labels[:3] = IGNORE_INDEX
+    with torch.no_grad():
+        out = ss(text[None], output_streams=True)
+    states = HiddenStates(out.stream_inputs[0], text, labels, torch.tensor([0, 20]), ["a"])
+    data = StreamSegmentDataset(states, 2, segment_length=8)
+    assert [item[0].shape[0] for item in data.items] == [8, 8, 4]
+    batch = StreamCollator()([data[0], data[1], data[2]])
+    from hf_speculative.drafters.streaming.training_speculative_streaming import SpeculativeStreamingTrainer
+
+    loss = SpeculativeStreamingTrainer.compute_loss(type("T", (), {"stream_weights": None, "record_parts": lambda *a: None})(), ss, batch)
+    # the same from the full-sequence forward (segments keep true positions but only see their own segment,
+    # so compare on the first segment, which sees the whole prefix)
+    tg = stream_labels(labels, 2)
+    assert torch.equal(batch["targets"][0], tg[:8])
+    with torch.no_grad():
+        logits = ss.lm_head(ss.streams_from_hidden(batch["hidden"], batch["position_ids"]))  # (3, 8, 2, V)
+    torch.testing.assert_close(logits[0], out.stream_logits[0, :8], rtol=1e-4, atol=1e-4)
+    want = sum(
+        F.cross_entropy(logits[..., j, :][batch["targets"][..., j] != IGNORE_INDEX], batch["targets"][..., j][batch["targets"][..., j] != IGNORE_INDEX])
+        for j in range(2)
+    )
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- hub
+
+
+def test_save_load_round_trip(tmp_path):
+    base, ss = _ss("llama", num_streams=2, num_msa_layers=2)
+    ss.config.base_model_name_or_path = "some/base"
+    ss.save_pretrained(tmp_path)
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "model.safetensors"))
+    assert set(saved) == {n for n, _ in ss.named_parameters()}  # streams only, no base weights
+    assert AutoConfig.from_pretrained(tmp_path).model_type == "speculative_streaming"
+    for loaded in (
+        LlamaForSpeculativeStreaming.from_pretrained(tmp_path, base_model=base),
+        AutoModel.from_pretrained(tmp_path, base_model=base),
+    ):
+        assert type(loaded).__name__ == "LlamaForSpeculativeStreaming" and loaded.model is base.model
+        assert loaded.config.base_model_name_or_path == "some/base" and loaded.config.stream_tree == ss.config.stream_tree
+        for (n1, p1), (n2, p2) in zip(ss.named_parameters(), loaded.named_parameters()):
+            assert n1 == n2 and torch.equal(p1, p2)
+        ids = torch.tensor([[3, 1, 4, 1, 5]])
+        a = ss.generate(ids, max_new_tokens=10, do_sample=False, return_dict_in_generate=True)
+        b = loaded.generate(ids, max_new_tokens=10, do_sample=False, return_dict_in_generate=True)
+        assert torch.equal(a.sequences, b.sequences)
+        assert a.speculative_stats.accepted_lengths == b.speculative_stats.accepted_lengths
+
+
+def test_bad_input_is_refused():
+    base = tiny_model("llama")
+    with pytest.raises(ValueError, match="mode"):
+        SpeculativeStreamingConfig(mode="fast")
+    with pytest.raises(ValueError, match="num_msa_layers"):
+        LlamaForSpeculativeStreaming.from_base_model(base, num_msa_layers=9)
+    ss = LlamaForSpeculativeStreaming.from_base_model(base, num_streams=2)
+    with pytest.raises(ValueError, match="deep"):
+        ss.generate(torch.tensor([[1, 2]]), max_new_tokens=4, speculative_tree=hfs.TreeSpec.chain(3))
+    other = tiny_model("llama", num_layers=3)
+    with pytest.raises(ValueError, match="layers"):
+        ss.attach_base_model(other)
+
+
+# --------------------------------------------------------------------------- sampling [3.1.6]
+
+
+def test_sampling_is_exact_in_lossless_mode():
+    """Chi-square goodness of fit of sampled continuations against the target's exact distribution."""
+    from test_sampling import ALPHA, NEW, SETTINGS, VOCAB, _exact_generate, _sample_counts, chi_square_pvalue
+
+    target = tiny_model("llama", seed=21, vocab_size=VOCAB, num_layers=2)
+    ss = _randomize(LlamaForSpeculativeStreaming.from_base_model(target, num_streams=2, num_msa_layers=1), 0.5, seed=3)
+    kw = SETTINGS["temperature-0.7-top-k-4"]
+    prompt = torch.tensor([[1, 5, 2]])
+    exact = _exact_generate(target, prompt, **kw)
+    tree = hfs.TreeSpec.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0]])
+    torch.manual_seed(2025)
+    n = 2000
+    gen = dict(do_sample=True, max_new_tokens=NEW, top_k=kw["top_k"], temperature=kw["temperature"], speculative_tree=tree)
+    counts = _sample_counts(lambda: ss.generate(prompt, **gen), n)
+    assert chi_square_pvalue(counts, exact, n) > ALPHA
+    # the streams' proposal really differs from the target's distribution two tokens ahead
+    with torch.no_grad():
+        out = ss(prompt, output_streams=True)
+        q = torch.softmax(out.stream_logits[0, -1, 0], -1)
+        p = torch.softmax(target(torch.cat([prompt, out.logits[:, -1:].argmax(-1)], 1)).logits[0, -1], -1)
+    assert 0.5 * (p - q).abs().sum() > 0.2
+
+
+def test_cli_registers_train_streaming():
+    from hf_speculative.cli import build_parser
+
+    args = build_parser().parse_args(["train", "streaming", "--data", "x.jsonl", "--out", "o", "--num-streams", "2"])
+    assert args.num_streams == 2 and args.num_msa_layers == 4
