@@ -401,3 +401,18 @@ def test_cli_registers_train_streaming():
 
     args = build_parser().parse_args(["train", "streaming", "--data", "x.jsonl", "--out", "o", "--num-streams", "2"])
     assert args.num_streams == 2 and args.num_msa_layers == 4
+
+
+def test_streams_as_an_assistant_of_the_base_model():
+    """``base.generate(assistant_model=ss)`` (how the bench runs a drafter folder) drafts the same trees as
+    ``ss.generate``: the streams read the base's hidden states entering layer N - N_s."""
+    base, ss = _ss("qwen2", seed=13)
+    hfs.enable(base)
+    with torch.no_grad():
+        out = ss(torch.tensor([[4, 8, 15]]), output_hidden_states=True)
+    assert torch.equal(out.hidden_states[ss.config.first_msa_layer], out.stream_inputs)
+    ids = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    a = ss.generate(ids, max_new_tokens=25, do_sample=False, return_dict_in_generate=True)
+    b = base.generate(ids, max_new_tokens=25, do_sample=False, return_dict_in_generate=True, assistant_model=ss)
+    assert torch.equal(a.sequences, b.sequences)
+    assert a.speculative_stats.accepted_lengths == b.speculative_stats.accepted_lengths

@@ -44,9 +44,16 @@ def cmd_train_streaming(args, setup_torch) -> int:
     train_states = extract_stream_inputs(model, tokenizer, train_records, layer, max_length=args.max_length)
     hold_states = extract_stream_inputs(model, tokenizer, held_out, layer, max_length=args.max_length) if held_out else None
     print(f"states entering layer {layer}: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
+    if args.extract_only:
+        return 0
     callbacks = []
     if hold_states is not None and args.curve_points:
-        callbacks.append(StreamCurveCallback(ss, hold_states, args.calibrate_nodes or 16, args.curve_points, args.batch_size * args.segment_length))
+        curve_states = hold_states.select(range(min(len(hold_states), args.curve_conversations)))
+        callbacks.append(StreamCurveCallback(ss, curve_states, args.calibrate_nodes or 16, args.curve_points, args.batch_size * args.segment_length))
+    if args.time_budget:
+        from .training_speculative_streaming import TimeBudgetCallback
+
+        callbacks.append(TimeBudgetCallback(args.time_budget))
     t0 = time.perf_counter()
     trainer = train_speculative_streaming(
         ss, train_states, output_dir=str(Path(args.out) / "trainer_state"), num_epochs=args.epochs, learning_rate=args.lr,
@@ -71,6 +78,8 @@ def cmd_train_streaming(args, setup_torch) -> int:
         "train_answer_tokens": train_states.num_train_tokens,
         "epochs": args.epochs,
         "max_steps": args.max_steps,
+        "steps_done": trainer.state.global_step,
+        "time_budget_s": args.time_budget,
         "learning_rate": args.lr,
         "batch_size": args.batch_size,
         "segment_length": args.segment_length,
@@ -113,5 +122,8 @@ def add_streaming_parsers(sub, methods, add_common, setup_torch) -> None:
     p.add_argument("--limit", type=int, default=None, help="use the first N conversations")
     p.add_argument("--holdout", type=float, default=0.1)
     p.add_argument("--calibrate-nodes", type=int, default=16, help="node budget of the calibrated tree (0: keep the default)")
-    p.add_argument("--curve-points", type=int, default=0)
+    p.add_argument("--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training")
+    p.add_argument("--curve-conversations", type=int, default=10, help="held-out conversations used for the curve points")
+    p.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds")
+    p.add_argument("--extract-only", action="store_true", help="only compute (and cache) the states entering the MSA layers")
     p.set_defaults(func=lambda a: cmd_train_streaming(a, setup_torch))

@@ -414,6 +414,13 @@ class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM)
         return self.model.norm(streams)
 
     # ------------------------------------------------------------------ drafting
+    def get_tree_drafter(self, target: PreTrainedModel) -> "SpeculativeStreamingDrafter":
+        """``base.generate(assistant_model=ss)``: the streams attach to ``target``, which must be the base model
+        they were trained for (the streams read its hidden states entering layer N - N_s and its cache)."""
+        if target is not self.base:
+            self.attach_base_model(target)
+        return SpeculativeStreamingDrafter(self)
+
     def get_self_drafter(self) -> "SpeculativeStreamingDrafter":
         """The per-call drafter `generate` uses when no ``assistant_model`` is given."""
         self._check_attached()
@@ -443,6 +450,8 @@ class SpeculativeStreamingDrafter(TreeDrafter):
     path are exactly the target's cache: the streams are evaluated from the cache, read only.
     """
 
+    needs_target_hidden_states = True
+
     def __init__(self, model: LlamaForSpeculativeStreaming, draft_sampling: str = "without_replacement"):
         self.model = model
         self.max_depth = model.config.num_streams
@@ -452,8 +461,15 @@ class SpeculativeStreamingDrafter(TreeDrafter):
         self.logits: torch.Tensor | None = None
 
     def _streams_at(self, target_outputs, node: int) -> None:
-        h = target_outputs.stream_inputs[:, node : node + 1] if node >= 0 else target_outputs.stream_inputs[:, node:]
-        self.logits = self.model.stream_logits(h[:, -1:], target_outputs.past_key_values)[0, 0].float()  # (gamma, V)
+        hidden = getattr(target_outputs, "hidden_states", None)
+        if hidden:  # hidden_states[i] is the input of decoder layer i: any forward of the base model will do
+            inputs = hidden[self.model.config.first_msa_layer]
+        else:
+            inputs = getattr(target_outputs, "stream_inputs", None)
+            if inputs is None:
+                raise ValueError("Speculative Streaming needs the target's hidden states (output_hidden_states=True)")
+        h = inputs[:, node:][:, :1]
+        self.logits = self.model.stream_logits(h, target_outputs.past_key_values)[0, 0].float()  # (gamma, V)
 
     def begin(self, prompt_ids, target_outputs) -> None:
         self._streams_at(target_outputs, -1)

@@ -38,6 +38,7 @@ __all__ = [
     "SpeculativeStreamingTrainer",
     "StreamCurveCallback",
     "stream_accuracies",
+    "TimeBudgetCallback",
     "train_speculative_streaming",
 ]
 
@@ -263,6 +264,24 @@ class StreamCurveCallback(TrainerCallback):
         marks = {max(1, round(state.max_steps * (i + 1) / self.num_points)) for i in range(self.num_points)}
         if state.global_step in marks:
             self._record(state.global_step)
+
+
+class TimeBudgetCallback(TrainerCallback):
+    """Stops training once ``seconds`` have passed (CPU budgets)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        import time
+
+        self.start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        import time
+
+        if time.perf_counter() - self.start > self.seconds:
+            control.should_training_stop = True
 
 
 def train_speculative_streaming(
