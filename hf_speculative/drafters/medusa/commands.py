@@ -155,7 +155,7 @@ def cmd_train_medusa2(args, setup_torch) -> int:
         joint, train_set, output_dir=str(Path(args.out) / "trainer_state"), num_epochs=args.epochs, max_steps=args.max_steps,
         learning_rate=args.lr, heads_lr_ratio=args.heads_lr_ratio, batch_size=args.batch_size,
         gradient_accumulation_steps=args.grad_accum, lambda0=args.lambda0, lambda0_warmup=args.lambda0_warmup,
-        lambda0_kind=args.lambda0_schedule, lm_loss=args.lm_loss, max_head_positions=args.head_positions, pad_token_id=tokenizer.pad_token_id or 0, seed=args.seed,
+        lambda0_kind=args.lambda0_schedule, lm_loss=args.lm_loss, max_head_positions=args.head_positions, time_budget_s=args.time_budget, pad_token_id=tokenizer.pad_token_id or 0, seed=args.seed,
     )  # fmt: skip
     train_s = time.perf_counter() - t0
     history = trainer.state.log_history
@@ -178,6 +178,9 @@ def cmd_train_medusa2(args, setup_torch) -> int:
         "data": str(args.data),
         "conversations": len(train_records),
         "held_out_conversations": len(held_out),
+        "holdout": args.holdout,
+        "seed": args.seed,
+        "limit": args.limit,
         "train_answer_tokens": train_set.num_answer_tokens,
         "optimizer_steps": steps,
         "conversations_seen": steps * args.batch_size * args.grad_accum,
@@ -191,6 +194,7 @@ def cmd_train_medusa2(args, setup_torch) -> int:
         "lambda0_schedule": {"kind": args.lambda0_schedule, "warmup": args.lambda0_warmup},
         "lm_loss": args.lm_loss,
         "max_head_positions": args.head_positions,
+        "time_budget_s": args.time_budget,
         "init_heads": args.init_heads,
         "batch_size": args.batch_size,
         "gradient_accumulation_steps": args.grad_accum,
@@ -265,6 +269,7 @@ def add_medusa_parsers(sub, methods, add_common, setup_torch) -> None:
     m2.add_argument("--lm-loss", default="kl", choices=["ce", "kl", "ce+kl"], help="kl: self-distillation KL(p_original || p)")
     m2.add_argument("--max-steps", type=int, default=-1, help="stop after N optimizer steps (conversations drawn at random)")
     m2.add_argument("--grad-accum", type=int, default=1)
+    m2.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds (CPU budget)")
     m2.add_argument("--head-positions", type=int, default=None, help="L_Medusa on at most N random positions per batch (CPU cost)")
     p.set_defaults(func=lambda a: cmd_train_medusa(a, setup_torch))
 

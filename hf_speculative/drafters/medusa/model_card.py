@@ -212,7 +212,9 @@ def _medusa2_training_text(cfg) -> str:
         f"- data: `{t.get('data')}` ({t.get('conversations')} training conversations, {t.get('train_answer_tokens')} answer tokens, "
         f"{t.get('held_out_conversations')} held out); {t.get('optimizer_steps')} optimizer steps x {t.get('batch_size')} x "
         f"{t.get('gradient_accumulation_steps')} conversations (max {t.get('max_length')} tokens each) = {t.get('conversations_seen')} "
-        f"conversations seen, {t.get('train_seconds')} s on CPU",
+        f"conversations seen, {t.get('train_seconds')} s on CPU"
+        + (f" (time budget {t['time_budget_s']} s)" if t.get("time_budget_s") else "")
+        + (f"; L_Medusa on at most {t['max_head_positions']} random positions per step" if t.get("max_head_positions") else ""),
     ]
     if "held_out_lm_loss_base" in t:
         lines.append(f"- held-out answer LM loss (CE per token): base {t['held_out_lm_loss_base']}, base + adapter {t['held_out_lm_loss_adapted']}")

@@ -318,6 +318,22 @@ def add_lora(model, r: int = 8, alpha: int = 16, dropout: float = 0.0, target_mo
     return get_peft_model(model, config)
 
 
+class TimeBudgetCallback(__import__("transformers").TrainerCallback):
+    """Stops training once ``seconds`` of wall time have passed (a CPU budget); the steps done are in the state."""
+
+    def __init__(self, seconds: float):
+        import time
+
+        self.seconds, self.clock, self.start = seconds, time.perf_counter, None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = self.clock()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.clock() - self.start > self.seconds:
+            control.should_training_stop = True
+
+
 def train_medusa2(
     model: Medusa2Model,
     dataset: Dataset,
@@ -339,6 +355,7 @@ def train_medusa2(
     seed: int = 0,
     progress: bool = True,
     callbacks: list | None = None,
+    time_budget_s: float | None = None,
 ) -> Medusa2Trainer:
     """Jointly train the LoRA backbone and the heads of ``model`` on ``dataset`` (`Medusa2Dataset`)."""
     from transformers import TrainingArguments
@@ -362,6 +379,7 @@ def train_medusa2(
         disable_tqdm=not progress,
         seed=seed,
     )
+    callbacks = list(callbacks or []) + ([TimeBudgetCallback(time_budget_s)] if time_budget_s else [])
     model.train()
     trainer = Medusa2Trainer(
         model=model, args=args, train_dataset=dataset, data_collator=Medusa2Collator(pad_token_id), callbacks=callbacks,
