@@ -165,6 +165,16 @@ def msa_stream_layer(layer: nn.Module, adapters, streams, keys, values, key_mask
     return streams + _project(mlp.down_proj, adapters, "down_proj", mlp.act_fn(gate) * up)
 
 
+def _apply_head(lm_head: nn.Module, states: torch.Tensor) -> torch.Tensor:
+    """``lm_head(states)``; for a few rows as ``(W @ x^T)^T``, which on CPU BLAS is up to ~2.5x faster than
+    ``linear`` for 2-8 rows of a large vocabulary (measured: 12 ms vs 33 ms for 3 rows x 49152 x 576)."""
+    x = states.to(lm_head.weight.dtype)
+    rows = x.reshape(-1, x.shape[-1])
+    if type(lm_head) is nn.Linear and lm_head.bias is None and 1 < rows.shape[0] <= 16 and not torch.is_grad_enabled():
+        return (lm_head.weight @ rows.T).T.reshape(*x.shape[:-1], -1)
+    return lm_head(x)
+
+
 def main_stream_layer(layer: nn.Module, hidden, key_mask, cos, sin):
     """The base decoder layer on the main stream alone (no cache), also returning its keys and values.
 
@@ -393,7 +403,7 @@ class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM)
             cached = cache.layers[layer.self_attn.layer_idx]
             keys_values.append((cached.keys, cached.values))
         states = self.stream_states(main_hidden, keys_values, key_mask, position_ids)
-        return self.lm_head(states.to(self.lm_head.weight.dtype))
+        return _apply_head(self.lm_head, states)
 
     def streams_from_hidden(self, main_hidden: torch.Tensor, position_ids: torch.LongTensor | None = None) -> torch.Tensor:
         """Training path: from the (cached) main-stream states entering layer N - N_s ``(B, T, H)`` run the top
