@@ -46,15 +46,12 @@ def cmd_train_parallel_drafter(args, setup_torch) -> int:
             drafter, hold_states, num_nodes=args.calibrate_nodes or 12, num_points=args.curve_points,
             save_dir=args.curve_checkpoints, tokens_per_step=args.batch_size * args.groups_per_sequence,
         ))  # fmt: skip
-    if args.time_budget:
-        from .training_parallel_drafter import TimeBudgetCallback
-
-        callbacks.append(TimeBudgetCallback(args.time_budget))
     t0 = time.perf_counter()
     trainer = train_parallel_drafter(
         drafter, train_states, output_dir=str(Path(args.out) / "trainer_state"), num_epochs=args.epochs,
         learning_rate=args.lr, batch_size=args.batch_size, groups_per_sequence=args.groups_per_sequence,
         distill_weight=args.distill_weight, max_steps=args.max_steps, seed=args.seed, callbacks=callbacks,
+        time_budget=args.time_budget,
     )  # fmt: skip
     train_s = time.perf_counter() - t0
     if hold_states is not None and args.calibrate_nodes:
@@ -111,7 +108,7 @@ def add_parallel_drafter_parser(sub, methods, add_common, setup_torch) -> None:
     p.add_argument("--target-hidden-states", action="store_true", help="ParallelSpec 4.3: fuse the target's hidden state with each token")
     p.add_argument("--epochs", type=float, default=2.0)
     p.add_argument("--max-steps", type=int, default=-1, help="stop after this many steps (overrides --epochs)")
-    p.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds")
+    p.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds (learning rate annealed over the budget)")
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--batch-size", type=int, default=4, help="sequences per step")
     p.add_argument("--groups-per-sequence", type=int, default=64, help="parallel groups (anchors) drawn per sequence per step")

@@ -242,6 +242,11 @@ class ParallelDrafterTrainer(DrafterTrainer):
         super().__init__(*args, **kwargs)
         self.decay, self.distill_weight = decay, distill_weight
 
+    def log(self, logs: dict[str, float], *args, **kwargs) -> None:
+        if "learning_rate" in logs and self.optimizer is not None:  # the rate in use (a TimeBudgetCallback may set it)
+            logs["learning_rate"] = self.optimizer.param_groups[0]["lr"]
+        super().log(logs, *args, **kwargs)
+
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
         use_h = model.config.use_target_hidden_states
         outputs = model(
@@ -347,12 +352,34 @@ class ParallelCurveCallback(TrainerCallback):
 
 
 class TimeBudgetCallback(TrainerCallback):
-    """Stops training once ``seconds`` have passed (a shared CPU's time slot); the step count is recorded."""
+    """Stops training once ``seconds`` have passed (a shared CPU's time slot). With ``anneal`` the learning rate
+    follows a cosine over the budget: ``lr = base * warmup * 0.5 (1 + cos(pi f))`` with ``f`` the larger of the
+    elapsed share of the time budget and of ``max_steps`` (so a run cut by time still ends with a small rate);
+    use it with ``lr_scheduler_type="constant"``."""
 
-    def __init__(self, seconds: float):
+    def __init__(self, seconds: float, anneal: bool = True, warmup_steps: int = 5):
         import time
 
-        self.seconds, self.start = seconds, time.perf_counter()
+        self.seconds, self.anneal, self.warmup_steps = seconds, anneal, warmup_steps
+        self.start = time.perf_counter()
+        self.base: list[float] | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        import time
+
+        self.start = time.perf_counter()
+
+    def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
+        import time
+
+        if not self.anneal or optimizer is None:
+            return
+        if self.base is None:
+            self.base = [g["lr"] for g in optimizer.param_groups]
+        frac = min(1.0, max((time.perf_counter() - self.start) / self.seconds, state.global_step / max(state.max_steps, 1)))
+        factor = min(1.0, (state.global_step + 1) / self.warmup_steps) * 0.5 * (1 + math.cos(math.pi * frac))
+        for group, base in zip(optimizer.param_groups, self.base):
+            group["lr"] = base * factor
 
     def on_step_end(self, args, state, control, **kwargs):
         import time
@@ -378,8 +405,10 @@ def train_parallel_drafter(
     seed: int = 0,
     progress: bool = True,
     callbacks: list | None = None,
+    time_budget: float | None = None,
 ):
-    """Train ``drafter`` (a `ParallelDrafter` attached to its target) on cached target states; returns the Trainer."""
+    """Train ``drafter`` (a `ParallelDrafter` attached to its target) on cached target states; returns the Trainer.
+    ``time_budget`` (seconds): stop then, with the learning rate annealed over the budget (`TimeBudgetCallback`)."""
     from transformers import TrainingArguments
 
     with_hidden = drafter.config.use_target_hidden_states or distill_weight > 0
@@ -394,7 +423,7 @@ def train_parallel_drafter(
         learning_rate=learning_rate,
         weight_decay=weight_decay,
         warmup_steps=max(1, int(warmup_ratio * steps)),
-        lr_scheduler_type="cosine",
+        lr_scheduler_type="constant" if time_budget else "cosine",
         logging_steps=logging_steps,
         save_strategy="no",
         report_to="none",
@@ -404,6 +433,9 @@ def train_parallel_drafter(
         disable_tqdm=not progress,
         seed=seed,
     )
+    callbacks = list(callbacks or [])
+    if time_budget:
+        callbacks.append(TimeBudgetCallback(time_budget, warmup_steps=max(1, int(warmup_ratio * steps))))
     drafter.train()
     trainer = ParallelDrafterTrainer(
         model=drafter, args=args, train_dataset=dataset, data_collator=collator, callbacks=callbacks,
