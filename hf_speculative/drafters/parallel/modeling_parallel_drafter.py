@@ -227,6 +227,13 @@ def _base_modules(model) -> tuple[nn.Module, nn.Module]:
     return emb, lm_head
 
 
+def _final_hidden_state(outputs) -> torch.Tensor:
+    """The target's final (post-norm) hidden states: the last element of ``outputs.hidden_states``."""
+    if getattr(outputs, "hidden_states", None) is None:
+        raise ValueError("this ParallelDrafter needs the target's hidden states (output_hidden_states=True)")
+    return outputs.hidden_states[-1]
+
+
 class ParallelTreeDrafter(TreeDrafter):
     """One drafter forward per step over ``[uncached committed tokens, MASK_1 .. MASK_k]`` fills the tree.
 
@@ -253,17 +260,13 @@ class ParallelTreeDrafter(TreeDrafter):
     def begin(self, prompt_ids, target_outputs) -> None:
         self.cache = DynamicCache(config=self.drafter.decoder.config)
         if self.needs_target_hidden_states:
-            from ..medusa.modeling_medusa import final_hidden_state
-
-            h = final_hidden_state(target_outputs)[0]
+            h = _final_hidden_state(target_outputs)[0]
             missing = prompt_ids.shape[1] - h.shape[0]  # positions prefilled before this call carry no state: zeros
             self.target_hidden = torch.cat([h.new_zeros(missing, h.shape[-1]), h]) if missing > 0 else h
 
     def advance(self, sequence, draft, result, target_outputs) -> None:
         if self.needs_target_hidden_states:
-            from ..medusa.modeling_medusa import final_hidden_state
-
-            h = final_hidden_state(target_outputs)[0, list(result.path)]
+            h = _final_hidden_state(target_outputs)[0, list(result.path)]
             self.target_hidden = torch.cat([self.target_hidden, h])[: sequence.shape[1] - 1]
 
     @torch.no_grad()
