@@ -74,7 +74,7 @@ def _training_text(cfg) -> str:
     curve = t.get("learning_curve")
     if curve:
         lines.append("- learning curve (held-out stream top-1 accuracy, expected tau of the calibrated tree):\n")
-        lines.append("| training tokens seen | stream top-1 (held out) | expected tau |\n|---:|---|---:|")
+        lines.append("| segment positions seen (prompt + answer) | stream top-1 (held out) | expected tau |\n|---:|---|---:|")
         for pt in curve:
             lines.append(f"| {pt['train_tokens']} | {pt['stream_top1']} | {pt['expected_tau_calibrated']} |")
         lines.append("")
