@@ -181,6 +181,7 @@ def cmd_train_medusa2(args, setup_torch) -> int:
         "holdout": args.holdout,
         "seed": args.seed,
         "limit": args.limit,
+        "train_conversations_used": len(train_set),
         "train_answer_tokens": train_set.num_answer_tokens,
         "optimizer_steps": steps,
         "conversations_seen": steps * args.batch_size * args.grad_accum,

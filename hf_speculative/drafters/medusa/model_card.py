@@ -209,7 +209,9 @@ def _medusa2_training_text(cfg) -> str:
         f"- learning rates: LoRA {t.get('learning_rate_lora')}, heads {t.get('learning_rate_heads')} (separate optimizer parameter groups)",
         f"- lambda_0 = {t.get('lambda0')}, schedule `{sched.get('kind')}` rising over warm-up {sched.get('warmup')} (share of steps if < 1); "
         f"heads initialised from {('`' + t['init_heads'] + '` (Medusa-1 stage)') if t.get('init_heads') else 'zero-init W1 (no Medusa-1 stage)'}",
-        f"- data: `{t.get('data')}` ({t.get('conversations')} training conversations, {t.get('train_answer_tokens')} answer tokens, "
+        f"- data: `{t.get('data')}` ({t.get('conversations')} training conversations"
+        + (f", {t['train_conversations_used']} with answer tokens within {t.get('max_length')} tokens" if t.get("train_conversations_used") else "")
+        + f", {t.get('train_answer_tokens')} answer tokens, "
         f"{t.get('held_out_conversations')} held out); {t.get('optimizer_steps')} optimizer steps x {t.get('batch_size')} x "
         f"{t.get('gradient_accumulation_steps')} conversations (max {t.get('max_length')} tokens each) = {t.get('conversations_seen')} "
         f"conversations seen, {t.get('train_seconds')} s on CPU"

@@ -61,6 +61,17 @@ __all__ = [
 
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 ADAPTER_SUBFOLDER = "adapter"
+ADAPTER_README = """---
+base_model: {base}
+library_name: peft
+tags:
+- lora
+- medusa-2
+- hf_speculative
+---
+
+LoRA adapter of a Medusa-2 model (trained jointly with the Medusa heads in the parent folder); see ../README.md.
+"""
 
 
 def lambda0_schedule(step: int, total_steps: int, lambda0: float = 0.2, warmup: float = 0.0, kind: str = "sine") -> float:
@@ -395,7 +406,12 @@ def save_medusa2(model: Medusa2Model, folder) -> Path:
     """The heads (config.json + model.safetensors) and the LoRA adapter (``adapter/``, PEFT format) in one folder;
     the heads' config records that their base is the base model + this adapter (``base_adapter``)."""
     folder = Path(folder)
+    base_name = model.heads.config.base_model_name_or_path
+    if base_name:  # the Hub id rather than a local cache path
+        for cfg in model.backbone.peft_config.values():
+            cfg.base_model_name_or_path = base_name
     model.backbone.save_pretrained(folder / ADAPTER_SUBFOLDER)
+    (folder / ADAPTER_SUBFOLDER / "README.md").write_text(ADAPTER_README.format(base=base_name or "the base model"), encoding="utf-8")
     model.heads.config.base_adapter = ADAPTER_SUBFOLDER
     model.heads.save_pretrained(folder)
     return folder
