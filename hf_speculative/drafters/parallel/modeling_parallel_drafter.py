@@ -270,9 +270,11 @@ class ParallelTreeDrafter(TreeDrafter):
             self.target_hidden = torch.cat([self.target_hidden, h])[: sequence.shape[1] - 1]
 
     @torch.no_grad()
-    def draft_logits(self, sequence: torch.LongTensor) -> torch.Tensor:
-        """One drafter forward: ``(k + 1, V)`` logits for the tokens after the root; the cache then holds
-        the committed tokens only (the mask tokens' entries are dropped)."""
+    def draft_logits(self, sequence: torch.LongTensor, num_depths: int | None = None) -> torch.Tensor:
+        """One drafter forward: ``(num_depths, V)`` logits (default ``k + 1``) for the tokens after the root; only
+        those rows go through the 49K-token ``lm_head``. The cache then holds the committed tokens only (the
+        mask tokens' entries are dropped)."""
+        num_depths = self.k + 1 if num_depths is None else num_depths
         drafter = self.drafter
         device = drafter.mask_embeddings.weight.device
         committed = sequence.shape[1]
@@ -286,7 +288,8 @@ class ParallelTreeDrafter(TreeDrafter):
             if cached == 0:
                 prev = torch.cat([prev.new_zeros(1, prev.shape[-1]), prev])
             hidden = torch.cat([prev, prev.new_zeros(self.k, prev.shape[-1])])[None]
-        rows = torch.arange(ids.shape[0] - self.k - 1, ids.shape[0], device=device)[None]
+        start = ids.shape[0] - self.k - 1
+        rows = torch.arange(start, start + num_depths, device=device)[None]
         out = drafter(ids[None], position_ids=positions[None], target_hidden_states=hidden,
                       past_key_values=self.cache, use_cache=True, logits_rows=rows)  # fmt: skip
         self._keep_committed(committed)
@@ -299,7 +302,7 @@ class ParallelTreeDrafter(TreeDrafter):
 
     @torch.no_grad()
     def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
-        logits = self.draft_logits(sequence)  # (k + 1, V): depth d + 1 <- row d
+        logits = self.draft_logits(sequence, tree.depth)  # (depth, V): depth d + 1 <- row d
         device = sequence.device
         scheme = options.scheme(self.draft_sampling)
         depths = tree.depths.tolist()
