@@ -21,7 +21,7 @@ import torch
 from ..trees import DraftTree, TreeSpec
 from ..verify import AcceptanceResult
 
-__all__ = ["DraftingOptions", "TreeDrafter", "fill_children"]
+__all__ = ["DraftingOptions", "TreeDrafter", "fill_children", "vocab_logits"]
 
 
 @dataclass
@@ -83,3 +83,18 @@ def fill_children(
     u = torch.rand(q.shape, generator=options.generator, device=q.device).clamp_(1e-20, 1.0)
     gumbel = torch.log(q) - torch.log(-torch.log(u))
     return torch.topk(gumbel, k).indices, q
+
+
+def vocab_logits(states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.linear(states, weight)`` for drafting: a few rows through a large, bias-free vocabulary projection.
+
+    Drafters project a handful of rows per step (K Medusa heads, k+1 ParallelSpec positions, gamma
+    streams). CPU BLAS runs ``linear`` with 2-16 rows against a 49k x 576 weight about 2x slower than
+    ``(W @ x^T)^T`` (measured on this project's 2-core machine: 48 ms against 25 ms for 5 rows), so
+    without autograd the transposed product is used; otherwise (training, one row, many rows) ``linear``.
+    """
+    x = states.to(weight.dtype)
+    rows = x.reshape(-1, x.shape[-1])
+    if 1 < rows.shape[0] <= 16 and not torch.is_grad_enabled():
+        return (weight @ rows.T).T.reshape(*x.shape[:-1], weight.shape[0])
+    return torch.nn.functional.linear(x, weight)

@@ -22,7 +22,7 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from ...trees import DraftTree, TreeSpec
-from ..base import DraftingOptions, TreeDrafter, fill_children
+from ..base import DraftingOptions, TreeDrafter, fill_children, vocab_logits
 from .configuration_medusa import MedusaConfig
 
 __all__ = ["MedusaResBlock", "MedusaHead", "MedusaHeadsModel", "MedusaOutput", "MedusaDrafter", "final_hidden_state"]
@@ -165,7 +165,7 @@ class MedusaHeadsModel(MedusaPreTrainedModel):
                     "MedusaHeadsModel.from_pretrained(folder, base_model=model) or heads.attach_base_model(model)"
                 )
             weight = self.base_lm_head.weight
-            return F.linear(states.to(weight.dtype), weight)  # one matmul for all heads
+            return vocab_logits(states, weight)  # one matmul for all heads
         return torch.stack([self.heads[k].lm_head(states[..., k, :]) for k in range(states.shape[-2])], dim=-2)
 
     def forward(self, hidden_states: torch.Tensor, labels: torch.LongTensor | None = None, **kwargs) -> MedusaOutput:

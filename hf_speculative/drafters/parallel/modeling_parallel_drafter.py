@@ -20,14 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModel, DynamicCache, PreTrainedModel
 from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from ...trees import DraftTree, TreeSpec
-from ..base import DraftingOptions, TreeDrafter, fill_children
+from ..base import DraftingOptions, TreeDrafter, fill_children, vocab_logits
 from .configuration_parallel_drafter import ParallelDrafterConfig
 
 __all__ = ["ParallelDrafter", "ParallelDrafterOutput", "ParallelTreeDrafter"]
@@ -183,7 +182,7 @@ class ParallelDrafter(ParallelDrafterPreTrainedModel):
         """Logits through the target's shared ``lm_head``."""
         self._require_base()
         weight = self.base_lm_head.weight.detach()  # shared and frozen: no gradient for the 49K-row table
-        return F.linear(hidden_states.to(weight.dtype), weight)
+        return vocab_logits(hidden_states, weight)
 
     def forward(
         self,
