@@ -8,6 +8,8 @@
 from .decoding import SpeculativeGenerateOutput, SpeculativeStats
 from .drafters import CausalLMDrafter, DraftingOptions, PromptLookupDrafter, TreeDrafter, layer_cut_draft
 from .drafters.medusa import MedusaConfig, MedusaHeadsModel
+from .drafters.streaming import LlamaForSpeculativeStreaming, SpeculativeStreamingConfig
+from .drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from .generation import SpeculativeGenerationMixin, enable, is_enabled
 from .trees import DraftTree, TreeSpec
 from .verify import AcceptanceResult, accept_greedy, accept_sampling, accept_typical
@@ -27,6 +29,10 @@ __all__ = [
     "PromptLookupDrafter",
     "MedusaConfig",
     "MedusaHeadsModel",
+    "SpeculativeStreamingConfig",
+    "LlamaForSpeculativeStreaming",
+    "ParallelDrafterConfig",
+    "ParallelDrafter",
     "SpeculativeStats",
     "SpeculativeGenerateOutput",
     "AcceptanceResult",
@@ -41,6 +47,10 @@ def _register_auto_classes() -> None:
 
     AutoConfig.register(MedusaConfig.model_type, MedusaConfig, exist_ok=True)
     AutoModel.register(MedusaConfig, MedusaHeadsModel, exist_ok=True)
+    AutoConfig.register(SpeculativeStreamingConfig.model_type, SpeculativeStreamingConfig, exist_ok=True)
+    AutoModel.register(SpeculativeStreamingConfig, LlamaForSpeculativeStreaming, exist_ok=True)
+    AutoConfig.register(ParallelDrafterConfig.model_type, ParallelDrafterConfig, exist_ok=True)
+    AutoModel.register(ParallelDrafterConfig, ParallelDrafter, exist_ok=True)
 
 
 _register_auto_classes()

@@ -116,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .drafters.medusa.commands import add_medusa_parsers
 
     add_medusa_parsers(sub, methods, _add_common, _setup_torch)  # train medusa, calibrate-tree
+    from .drafters.parallel.commands import add_parallel_drafter_parser
+    from .drafters.streaming.commands import add_streaming_parsers
+
+    add_streaming_parsers(sub, methods, _add_common, _setup_torch)  # train streaming
+    add_parallel_drafter_parser(sub, methods, _add_common, _setup_torch)  # train parallel-drafter
     return parser
 
 
