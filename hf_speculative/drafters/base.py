@@ -21,7 +21,7 @@ import torch
 from ..trees import DraftTree, TreeSpec
 from ..verify import AcceptanceResult
 
-__all__ = ["DraftingOptions", "TreeDrafter", "fill_children", "vocab_logits"]
+__all__ = ["DraftingOptions", "TreeDrafter", "fill_children", "tree_from_depth_logits", "vocab_logits"]
 
 
 @dataclass
@@ -83,6 +83,37 @@ def fill_children(
     u = torch.rand(q.shape, generator=options.generator, device=q.device).clamp_(1e-20, 1.0)
     gumbel = torch.log(q) - torch.log(-torch.log(u))
     return torch.topk(gumbel, k).indices, q
+
+
+def tree_from_depth_logits(
+    logits: torch.Tensor, sequence: torch.LongTensor, tree: TreeSpec, scheme: str, options: DraftingOptions
+) -> DraftTree:
+    """Fill a static tree from one distribution per depth (row d drafts depth d + 1), whatever the parent.
+
+    The drafting rule of Medusa heads, ParallelSpec's mask positions and Speculative Streaming's streams.
+    ``"deterministic"``: the node of depth d and rank i gets row d - 1's i-th most likely token (Medusa's
+    Cartesian / sparse trees). Sampling: every inner node's children are drawn from its depth's q by
+    `fill_children`, and q is kept per node for exact tree rejection sampling.
+    """
+    device = sequence.device
+    depths = tree.depths.tolist()
+    if scheme == "deterministic":
+        width = max(tree.ranks[1:]) + 1
+        top = torch.topk(logits[: tree.depth], min(width, logits.shape[-1]), dim=-1).indices  # (depth, width)
+        idx = torch.tensor(depths[1:], device=top.device) - 1
+        rank = torch.tensor(tree.ranks[1:], device=top.device)
+        tokens = torch.cat([sequence[0, -1:].to(top.device), top[idx, rank]]).to(device)
+        return DraftTree.from_spec(tree, tokens, sampling=scheme)
+    n = tree.num_nodes + 1
+    tokens = torch.empty(n, dtype=torch.long, device=device)
+    tokens[0] = sequence[0, -1]
+    probs = torch.zeros(n, logits.shape[-1], device=device)
+    for node, kids in enumerate(tree.children):
+        if kids:
+            chosen, q = fill_children(logits[depths[node]], len(kids), scheme, options)
+            tokens[list(kids)] = chosen.to(device)
+            probs[node] = q.to(device)
+    return DraftTree.from_spec(tree, tokens, draft_probs=probs, sampling=scheme)
 
 
 def vocab_logits(states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

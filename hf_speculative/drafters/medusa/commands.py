@@ -45,8 +45,6 @@ def cmd_train_medusa(args, setup_torch) -> int:
         return cmd_train_medusa2(args, setup_torch)
     args.batch_size = args.batch_size or 64
     setup_torch(args)
-    import torch
-
     from ...training.trainer import extract_hidden_states
     from .model_card import write_model_card
     from .modeling_medusa import MedusaHeadsModel

@@ -22,7 +22,7 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from ...trees import DraftTree, TreeSpec
-from ..base import DraftingOptions, TreeDrafter, fill_children, vocab_logits
+from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits, vocab_logits
 from .configuration_medusa import MedusaConfig
 
 __all__ = ["MedusaResBlock", "MedusaHead", "MedusaHeadsModel", "MedusaOutput", "MedusaDrafter", "final_hidden_state"]
@@ -226,26 +226,7 @@ class MedusaDrafter(TreeDrafter):
         # only the heads the tree reaches: each head's vocabulary projection costs about as much as the target's
         # own lm_head, a large share of a small model's decoding step (SmolLM2-135M: 4 heads ~ 0.8 target forwards)
         logits = self.heads.project(self.heads.head_states(self.hidden, num_heads=tree.depth)).float()  # (depth, V)
-        device = sequence.device
-        n = tree.num_nodes + 1
-        scheme = options.scheme(self.draft_sampling)
-        depths = tree.depths.tolist()
-        if scheme == "deterministic":
-            width = max(tree.ranks[1:]) + 1
-            top = torch.topk(logits[: tree.depth], min(width, logits.shape[-1]), dim=-1).indices  # (depth, width)
-            idx = torch.tensor(depths[1:], device=top.device) - 1
-            rank = torch.tensor(tree.ranks[1:], device=top.device)
-            tokens = torch.cat([sequence[0, -1:].to(top.device), top[idx, rank]]).to(device)
-            return DraftTree.from_spec(tree, tokens, sampling=scheme)
-        tokens = torch.empty(n, dtype=torch.long, device=device)
-        tokens[0] = sequence[0, -1]
-        probs = torch.zeros(n, logits.shape[-1], device=device)
-        for node, kids in enumerate(tree.children):
-            if kids:
-                chosen, q = fill_children(logits[depths[node]], len(kids), scheme, options)
-                tokens[list(kids)] = chosen.to(device)
-                probs[node] = q.to(device)
-        return DraftTree.from_spec(tree, tokens, draft_probs=probs, sampling=scheme)
+        return tree_from_depth_logits(logits, sequence, tree, options.scheme(self.draft_sampling), options)
 
     def end(self) -> None:
         self.hidden = None

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+from ...training.callbacks import TimeBudgetCallback
 from ...training.trainer import DrafterTrainer
 from .training_medusa import IGNORE_INDEX, MEDUSA_DECAY, medusa_head_losses
 
@@ -329,22 +330,6 @@ def add_lora(model, r: int = 8, alpha: int = 16, dropout: float = 0.0, target_mo
     return get_peft_model(model, config)
 
 
-class TimeBudgetCallback(__import__("transformers").TrainerCallback):
-    """Stops training once ``seconds`` of wall time have passed (a CPU budget); the steps done are in the state."""
-
-    def __init__(self, seconds: float):
-        import time
-
-        self.seconds, self.clock, self.start = seconds, time.perf_counter, None
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.start = self.clock()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.clock() - self.start > self.seconds:
-            control.should_training_stop = True
-
-
 def train_medusa2(
     model: Medusa2Model,
     dataset: Dataset,
@@ -390,7 +375,7 @@ def train_medusa2(
         disable_tqdm=not progress,
         seed=seed,
     )
-    callbacks = list(callbacks or []) + ([TimeBudgetCallback(time_budget_s)] if time_budget_s else [])
+    callbacks = list(callbacks or []) + ([TimeBudgetCallback(time_budget_s, anneal=False)] if time_budget_s else [])
     model.train()
     trainer = Medusa2Trainer(
         model=model, args=args, train_dataset=dataset, data_collator=Medusa2Collator(pad_token_id), callbacks=callbacks,

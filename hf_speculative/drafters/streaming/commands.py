@@ -53,7 +53,7 @@ def cmd_train_streaming(args, setup_torch) -> int:
     if args.time_budget:
         from .training_speculative_streaming import TimeBudgetCallback
 
-        callbacks.append(TimeBudgetCallback(args.time_budget))
+        callbacks.append(TimeBudgetCallback(args.time_budget, anneal=False))
     t0 = time.perf_counter()
     trainer = train_speculative_streaming(
         ss, train_states, output_dir=str(Path(args.out) / "trainer_state"), num_epochs=args.epochs, learning_rate=args.lr,

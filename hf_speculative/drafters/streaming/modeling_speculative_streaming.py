@@ -36,7 +36,7 @@ from transformers.models.llama.modeling_llama import LlamaPreTrainedModel, rotat
 
 from ...generation import SpeculativeGenerationMixin
 from ...trees import DraftTree, TreeSpec
-from ..base import DraftingOptions, TreeDrafter, fill_children, vocab_logits
+from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits, vocab_logits
 from .configuration_speculative_streaming import SpeculativeStreamingConfig
 
 __all__ = [
@@ -481,26 +481,7 @@ class SpeculativeStreamingDrafter(TreeDrafter):
     @torch.no_grad()
     def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
         logits = self.logits
-        device = sequence.device
-        scheme = options.scheme(self.draft_sampling)
-        depths = tree.depths.tolist()
-        if scheme == "deterministic":
-            width = max(tree.ranks[1:]) + 1
-            top = torch.topk(logits[: tree.depth], min(width, logits.shape[-1]), dim=-1).indices
-            idx = torch.tensor(depths[1:], device=top.device) - 1
-            rank = torch.tensor(tree.ranks[1:], device=top.device)
-            tokens = torch.cat([sequence[0, -1:].to(top.device), top[idx, rank]]).to(device)
-            return DraftTree.from_spec(tree, tokens, sampling=scheme)
-        n = tree.num_nodes + 1
-        tokens = torch.empty(n, dtype=torch.long, device=device)
-        tokens[0] = sequence[0, -1]
-        probs = torch.zeros(n, logits.shape[-1], device=device)
-        for node, kids in enumerate(tree.children):
-            if kids:
-                chosen, q = fill_children(logits[depths[node]], len(kids), scheme, options)
-                tokens[list(kids)] = chosen.to(device)
-                probs[node] = q.to(device)
-        return DraftTree.from_spec(tree, tokens, draft_probs=probs, sampling=scheme)
+        return tree_from_depth_logits(logits, sequence, tree, options.scheme(self.draft_sampling), options)
 
     def end(self) -> None:
         self.logits = None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 from transformers import TrainerCallback
 
+from ...training.callbacks import TimeBudgetCallback
 from ...training.trainer import DrafterTrainer, HiddenStates, _cache_root, _model_key, _record_key
 
 __all__ = [
@@ -264,24 +264,6 @@ class StreamCurveCallback(TrainerCallback):
         marks = {max(1, round(state.max_steps * (i + 1) / self.num_points)) for i in range(self.num_points)}
         if state.global_step in marks:
             self._record(state.global_step)
-
-
-class TimeBudgetCallback(TrainerCallback):
-    """Stops training once ``seconds`` have passed (CPU budgets)."""
-
-    def __init__(self, seconds: float):
-        self.seconds = seconds
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        import time
-
-        self.start = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        import time
-
-        if time.perf_counter() - self.start > self.seconds:
-            control.should_training_stop = True
 
 
 def train_speculative_streaming(
