@@ -3,7 +3,6 @@
 import pytest
 import torch
 from transformers import (
-    DynamicCache,
     LogitsProcessor,
     LogitsProcessorList,
     StaticCache,

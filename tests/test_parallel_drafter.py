@@ -8,7 +8,6 @@ import random
 
 import pytest
 import torch
-import torch.nn.functional as F
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModel
 

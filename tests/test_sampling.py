@@ -10,7 +10,6 @@ acceptance rule shifts probability mass by far more than this test's resolution,
 from __future__ import annotations
 
 import itertools
-import random
 
 import pytest
 import torch

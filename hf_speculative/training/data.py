@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ast
 import csv
-import io
 import json
 import zipfile
 from dataclasses import asdict, dataclass, field

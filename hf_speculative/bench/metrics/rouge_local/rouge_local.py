@@ -5,7 +5,7 @@ Load it with ``evaluate.load("<this folder>")`` or ``hf_speculative.bench.metric
 
 import datasets
 import evaluate
-from rouge_score import rouge_scorer, scoring
+from rouge_score import rouge_scorer
 
 _CITATION = """\
 @inproceedings{lin-2004-rouge,
