@@ -1,11 +1,12 @@
 """Demo: SmolLM2-135M-Instruct answers chat prompts with and without tree speculative decoding.
 
-    python examples/demo.py [--prompts 6] [--max-new-tokens 128] [--heads model_cards/medusa-smollm2-135m-instruct]
+    python examples/demo.py [--prompts 6] [--max-new-tokens 128] [--threads 2] [--drafter medusa]
 
-The drafter is the trained reference Medusa heads committed in `model_cards/` (the embedded default a
-user would otherwise download from the Hub). For each prompt the demo runs plain greedy `generate()`
-and `generate(assistant_model=heads)` in this process, checks the two outputs are identical, and prints
-tokens/s, tau (tokens per target forward) and the speedup.
+``--drafter``: ``medusa`` (the trained reference Medusa heads committed in `model_cards/`, the embedded
+default a user would otherwise download from the Hub), ``prompt-lookup`` (the model-free n-gram tree
+drafter), or a drafter folder (any hf_speculative drafter or small causal LM). For each prompt the demo
+runs plain greedy `generate()` and `generate(assistant_model=drafter)` in this process, checks the two
+outputs are identical, and prints tokens/s, tau (tokens per target forward) and the speedup.
 """
 
 from __future__ import annotations
@@ -35,12 +36,27 @@ FALLBACK_PROMPTS = [
 ]
 
 
+def _drafter(args, model):
+    if args.drafter == "prompt-lookup":
+        return hfs.PromptLookupDrafter(), "n-gram tree drafter (prompt lookup, no draft model, 16-node budget)"
+    if args.drafter != "medusa":
+        from hf_speculative.bench.harness import load_drafter
+
+        return load_drafter(args.drafter, model), f"drafter from {args.drafter}"
+    try:
+        heads = hfs.MedusaHeadsModel.from_pretrained(args.heads, base_model=model)
+        return heads, f"Medusa heads from {args.heads} ({heads.config.num_heads} heads, tree of {heads.tree.num_nodes} nodes)"
+    except OSError as err:  # no such folder and no Hub access
+        return hfs.PromptLookupDrafter(), f"no trained heads ({err.__class__.__name__}): the n-gram tree drafter"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--heads", default=str(HEADS), help="a Medusa heads folder (or Hub id)")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--drafter", default="medusa", help="medusa | prompt-lookup | a drafter folder")
+    parser.add_argument("--heads", default=str(HEADS), help="the Medusa heads folder (or Hub id) for --drafter medusa")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (trees verify cheaper with 2 on this CPU)")
     parser.add_argument("--show", type=int, default=2, help="print this many answers")
     args = parser.parse_args()
     if args.threads:
@@ -48,12 +64,7 @@ def main() -> None:
 
     model, tokenizer = load_reference_model()
     hfs.enable(model)
-    try:
-        drafter = hfs.MedusaHeadsModel.from_pretrained(args.heads, base_model=model)
-        what = f"Medusa heads from {args.heads} ({drafter.config.num_heads} heads, tree of {drafter.tree.num_nodes} nodes)"
-    except OSError as err:  # no such folder and no Hub access
-        drafter = hfs.layer_cut_draft(model, num_layers=8)
-        what = f"no trained heads ({err.__class__.__name__}): self-speculative layer-cut draft (first 8 layers), expect little gain"
+    drafter, what = _drafter(args, model)
 
     if MT_BENCH.exists():
         questions = [json.loads(line)["turns"][0] for line in open(MT_BENCH)]
