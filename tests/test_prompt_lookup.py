@@ -72,7 +72,7 @@ def test_greedy_equals_plain_generate(arch):
     accepted = []
     for case in range(12):
         prompt = _repetitive_prompt(rng)
-        drafter = hfs.PromptLookupDrafter(max_ngram_size=rng.randint(1, 3), max_candidates=rng.randint(1, 6))
+        drafter = hfs.PromptLookupDrafter(max_ngram_size=rng.randint(1, 3), min_ngram_size=1, max_candidates=rng.randint(1, 6))
         kwargs = {"do_sample": False, "max_new_tokens": rng.randint(1, 40)}
         if case % 4 == 3:  # an EOS the model really emits: plain generation stops there, and so must we
             free = target.generate(prompt, **kwargs)[0, prompt.shape[1] :].tolist()

@@ -90,7 +90,8 @@ class PromptLookupDrafter(TreeDrafter):
 
     Args:
         max_ngram_size: longest suffix n-gram looked up (transformers' ``max_matching_ngram_size``).
-        min_ngram_size: shortest one; 1 matches single tokens (many weak candidates).
+        min_ngram_size: shortest one (default 2: single-token matches give many weak candidates, and on
+            a CPU a tree of them costs more than it gains: 6 MT-Bench prompts, 0.99x with 1, 1.02x with 2).
         max_candidates: earlier occurrences considered per step.
         default_tree: the node / depth budget when a call gives no ``speculative_tree``.
     """
@@ -98,7 +99,7 @@ class PromptLookupDrafter(TreeDrafter):
     def __init__(
         self,
         max_ngram_size: int = 3,
-        min_ngram_size: int = 1,
+        min_ngram_size: int = 2,
         max_candidates: int = 8,
         default_tree: TreeSpec | None = None,
     ):
