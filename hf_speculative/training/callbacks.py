@@ -7,7 +7,25 @@ import time
 
 from transformers import TrainerCallback
 
-__all__ = ["TimeBudgetCallback"]
+__all__ = ["LearningCurveCallback", "TimeBudgetCallback"]
+
+
+class LearningCurveCallback(TrainerCallback):
+    """Calls ``self._record(step)`` at the start and at ``self.num_points`` evenly spaced steps of training
+    (a drafter's held-out accuracy / expected tau against training seen); subclasses implement `_record`."""
+
+    num_points: int = 4
+
+    def _record(self, step: int) -> None:
+        raise NotImplementedError
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._record(0)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        marks = {max(1, round(state.max_steps * (i + 1) / self.num_points)) for i in range(self.num_points)}
+        if state.global_step in marks:
+            self._record(state.global_step)
 
 
 class TimeBudgetCallback(TrainerCallback):

@@ -15,8 +15,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
-from transformers import TrainerCallback
 
+from ...training.callbacks import LearningCurveCallback
 from ...training.trainer import DrafterTrainer
 
 __all__ = [
@@ -124,7 +124,7 @@ class MedusaTrainer(DrafterTrainer):
         return (loss, outputs) if return_outputs else loss
 
 
-class MedusaCurveCallback(TrainerCallback):
+class MedusaCurveCallback(LearningCurveCallback):
     """Records the learning curve: at ``num_points`` evenly spaced steps, the heads' held-out top-i accuracies
     and the expected acceptance length of the tree calibrated for ``num_nodes`` (and optionally saves the
     heads' weights there, to measure real tau against training tokens afterwards)."""
@@ -157,13 +157,6 @@ class MedusaCurveCallback(TrainerCallback):
         self.curve.append(point)
         self.heads.train(was_training)
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        self._record(0)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        marks = {max(1, round(state.max_steps * (i + 1) / self.num_points)) for i in range(self.num_points)}
-        if state.global_step in marks:
-            self._record(state.global_step)
 
 
 def train_medusa(

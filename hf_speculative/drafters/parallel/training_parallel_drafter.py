@@ -32,9 +32,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
-from transformers import TrainerCallback
 
-from ...training.callbacks import TimeBudgetCallback
+from ...training.callbacks import LearningCurveCallback, TimeBudgetCallback
 from ...training.trainer import DrafterTrainer
 from .configuration_parallel_drafter import MASK_LOSS_DECAY
 
@@ -313,7 +312,7 @@ def calibrate_tree(drafter, states, num_nodes: int = 12, top: int = 10):
     return tree
 
 
-class ParallelCurveCallback(TrainerCallback):
+class ParallelCurveCallback(LearningCurveCallback):
     """At ``num_points`` evenly spaced steps: held-out per-depth top-1 accuracy and the expected tau of the tree
     calibrated for ``num_nodes`` (optionally saving the drafter there to measure real tau later)."""
 
@@ -343,13 +342,6 @@ class ParallelCurveCallback(TrainerCallback):
             point["checkpoint"] = str(path)
         self.curve.append(point)
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        self._record(0)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        marks = {max(1, round(state.max_steps * (i + 1) / self.num_points)) for i in range(self.num_points)}
-        if state.global_step in marks:
-            self._record(state.global_step)
 
 
 def train_parallel_drafter(

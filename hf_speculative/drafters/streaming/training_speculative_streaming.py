@@ -22,9 +22,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
-from transformers import TrainerCallback
 
-from ...training.callbacks import TimeBudgetCallback
+from ...training.callbacks import LearningCurveCallback, TimeBudgetCallback
 from ...training.trainer import DrafterTrainer, HiddenStates, _cache_root, _model_key, _record_key
 
 __all__ = [
@@ -232,7 +231,7 @@ def stream_accuracies(model, states: HiddenStates, top: int = 10, segment_length
     return (hits / counts.clamp_min(1)[:, None]).tolist()
 
 
-class StreamCurveCallback(TrainerCallback):
+class StreamCurveCallback(LearningCurveCallback):
     """The learning curve: held-out stream accuracies and the expected tau of the calibrated tree at
     ``num_points`` evenly spaced steps (plus step 0)."""
 
@@ -257,13 +256,6 @@ class StreamCurveCallback(TrainerCallback):
         })
         self.model.train(was)
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        self._record(0)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        marks = {max(1, round(state.max_steps * (i + 1) / self.num_points)) for i in range(self.num_points)}
-        if state.global_step in marks:
-            self._record(state.global_step)
 
 
 def train_speculative_streaming(
