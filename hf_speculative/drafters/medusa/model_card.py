@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..card_text import curve_and_command_lines
+
 __all__ = [
     "MODEL_CARD_TEMPLATE",
     "MEDUSA2_MODEL_CARD_TEMPLATE",
@@ -75,15 +77,9 @@ def _training_text(cfg) -> str:
         f"- {t.get('epochs')} epochs, learning rate {t.get('learning_rate')}, batch {t.get('batch_size')} positions, "
         f"{t.get('train_seconds')} s on CPU, mean training loss {t.get('final_loss')} (`sum_k 0.8^k CE_k`)",
     ]
-    curve = t.get("learning_curve")
-    if curve:
-        lines.append("- learning curve (held-out head top-1 accuracy, expected tau of the calibrated tree):\n")
-        lines.append("| training positions seen (the data repeat after one epoch) | head top-1 (held out) | expected tau |\n|---:|---|---:|")
-        for pt in curve:
-            lines.append(f"| {pt['train_positions']} | {pt['head_top1']} | {pt['expected_tau_calibrated']} |")
-        lines.append("")
-    if t.get("command"):
-        lines.append(f"- command:\n\n```bash\n{t['command']}\n```")
+    lines += curve_and_command_lines(
+        t, "held-out head top-1 accuracy, expected tau of the calibrated tree", "training positions seen (the data repeat after one epoch) | head top-1 (held out) | expected tau", "train_positions", "head_top1"
+    )
     return "\n".join(lines)
 
 

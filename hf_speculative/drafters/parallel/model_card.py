@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..card_text import curve_and_command_lines
+
 __all__ = ["MODEL_CARD_TEMPLATE", "render_model_card", "write_model_card"]
 
 MODEL_CARD_TEMPLATE = """---
@@ -71,15 +73,9 @@ def _training_text(cfg) -> str:
         f"({t.get('train_groups_seen')} groups seen), learning rate {t.get('learning_rate')}, {t.get('train_seconds')} s on CPU, "
         f"last logged loss {t.get('last_logged_loss')}",
     ]
-    curve = t.get("learning_curve")
-    if curve:
-        lines.append("- learning curve (held-out top-1 accuracy per depth, expected tau of the calibrated tree):\n")
-        lines.append("| parallel groups seen | top-1 per depth (held out) | expected tau |\n|---:|---|---:|")
-        for pt in curve:
-            lines.append(f"| {pt['train_groups']} | {pt['depth_top1']} | {pt['expected_tau_calibrated']} |")
-        lines.append("")
-    if t.get("command"):
-        lines.append(f"- command:\n\n```bash\n{t['command']}\n```")
+    lines += curve_and_command_lines(
+        t, "held-out top-1 accuracy per depth, expected tau of the calibrated tree", "parallel groups seen | top-1 per depth (held out) | expected tau", "train_groups", "depth_top1"
+    )
     return "\n".join(lines)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..card_text import curve_and_command_lines
+
 __all__ = ["MODEL_CARD_TEMPLATE", "render_model_card", "write_model_card"]
 
 MODEL_CARD_TEMPLATE = """---
@@ -71,15 +73,9 @@ def _training_text(cfg) -> str:
         f"batch {t.get('batch_size')} segments of {t.get('segment_length')} tokens, {t.get('train_seconds')} s on CPU, "
         f"mean training loss {t.get('final_loss')}",
     ]
-    curve = t.get("learning_curve")
-    if curve:
-        lines.append("- learning curve (held-out stream top-1 accuracy, expected tau of the calibrated tree):\n")
-        lines.append("| segment positions seen (prompt + answer) | stream top-1 (held out) | expected tau |\n|---:|---|---:|")
-        for pt in curve:
-            lines.append(f"| {pt['train_tokens']} | {pt['stream_top1']} | {pt['expected_tau_calibrated']} |")
-        lines.append("")
-    if t.get("command"):
-        lines.append(f"- command:\n\n```bash\n{t['command']}\n```")
+    lines += curve_and_command_lines(
+        t, "held-out stream top-1 accuracy, expected tau of the calibrated tree", "segment positions seen (prompt + answer) | stream top-1 (held out) | expected tau", "train_tokens", "stream_top1"
+    )
     return "\n".join(lines)
 
 
