@@ -36,13 +36,14 @@ def check_tree_cache(cache) -> None:
             raise ValueError(f"tree speculative decoding cannot compact cache layers of type {type(layer).__name__}")
 
 
-def keep_path(cache: Cache, past_length: int, keep: Sequence[int]) -> None:
-    """Keep the tree nodes at offsets ``keep`` (ascending, relative to ``past_length``) and drop the rest."""
+def keep_path(cache: Cache, past_length: int, keep: Sequence[int], num_layers: int | None = None) -> None:
+    """Keep the tree nodes at offsets ``keep`` (ascending, relative to ``past_length``) and drop the rest,
+    in every layer or only in the first ``num_layers`` (a pruned forward whose lower layers saw more nodes)."""
     keep = list(keep)
     contiguous = keep == list(range(len(keep)))
     index = None if contiguous else torch.tensor(keep, dtype=torch.long)
     new_length = past_length + len(keep)
-    for layer in cache.layers:
+    for layer in cache.layers[:num_layers]:
         if not layer.is_initialized:
             continue
         if index is not None:

@@ -241,7 +241,9 @@ def tree_speculative_decoding(
             mask = tree_attention_mask(draft.ancestors, past_length, model.dtype, device, past_visible)
             position_ids = (past_length - num_hidden + draft.depths.to(device))[None]
         with _Timer(stats.timings, "target"):
-            outputs = model(
+            outputs, draft = drafter.verify(
+                model,
+                draft,
                 input_ids=tokens[None],
                 attention_mask=mask,
                 position_ids=position_ids,
@@ -251,6 +253,7 @@ def tree_speculative_decoding(
                 logits_to_keep=1 if lazy_head is not None else 0,
             )
         with _Timer(stats.timings, "engine"):
+            tokens = draft.tokens.to(device)  # the verified draft (a drafter may have pruned it)
             logits = NodeLogits(outputs, lazy_head)
 
             def node_scores(node: int) -> torch.Tensor:

@@ -215,6 +215,18 @@ class DraftTree:
             return self._spec.depths
         return self.ancestors.sum(-1) - 1
 
+    def select(self, keep: Sequence[int]) -> "DraftTree":
+        """The draft restricted to nodes ``keep`` (ascending, closed under ancestors: node 0 and every kept
+        node's parent included), renumbered in that order."""
+        keep = list(keep)
+        new_index = {old: new for new, old in enumerate(keep)}
+        if not keep or keep[0] != 0 or any(self.parents[k] not in new_index for k in keep[1:]):
+            raise ValueError("select() needs ascending node indices that include the root and every kept node's parent")
+        index = torch.tensor(keep, dtype=torch.long, device=self.tokens.device)
+        probs = None if self.draft_probs is None else self.draft_probs[index.to(self.draft_probs.device)]
+        parents = tuple([-1] + [new_index[self.parents[k]] for k in keep[1:]])
+        return DraftTree(tokens=self.tokens[index], parents=parents, draft_probs=probs, sampling=self.sampling)
+
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root to ``node``, both included."""
         path = []

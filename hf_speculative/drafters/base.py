@@ -4,6 +4,8 @@ A `TreeDrafter` holds one `generate()` call's drafting state. The engine calls, 
 
 1. ``begin(prompt_ids, target_outputs)`` after the target's prefill forward;
 2. per step ``propose(sequence, tree, options) -> DraftTree``: the draft whose root is ``sequence[0, -1]``;
+   then ``verify(target, draft, **forward_kwargs)`` runs the target's verification forward (the plain
+   forward unless the drafter prunes the tree inside it);
 3. per step ``advance(sequence, draft, result, target_outputs)`` once the accepted tokens are committed,
    with the verification forward's outputs (its hidden states when ``needs_target_hidden_states``).
 
@@ -57,6 +59,13 @@ class TreeDrafter(ABC):
     @abstractmethod
     def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
         """This step's draft for the committed ``sequence`` (shape ``(1, L)``; the root is its last token)."""
+
+    def verify(self, target, draft: DraftTree, **forward_kwargs) -> tuple[object, DraftTree]:
+        """The target's verification forward over ``draft`` (``forward_kwargs``: the tree's ``input_ids``,
+        attention mask, position ids, cache); returns the outputs and the draft they verified. A drafter may
+        verify a pruned draft here (Speculative Streaming's parallel tree pruning, Sec. 3.1.3), returning
+        its outputs over the kept nodes only (cache included) and the pruned `DraftTree`."""
+        return target(**forward_kwargs), draft
 
     def advance(self, sequence: torch.LongTensor, draft: DraftTree, result: AcceptanceResult, target_outputs) -> None:
         """Bring the drafter's state in step with the committed ``sequence`` after a verification."""

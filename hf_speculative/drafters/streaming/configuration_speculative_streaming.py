@@ -40,11 +40,11 @@ class SpeculativeStreamingConfig(LlamaConfig):
         adapter_alpha (`float`, defaults to 16.0): LoRA scaling numerator (scale = alpha / rank).
         stream_design (`str`, defaults to `"embeddings"`): ``"embeddings"`` (identifier embeddings P_j,
             Sec. 3.1.1) or ``"value_rotation"`` (Appendix C.3, not implemented).
-        pruning_layer (`int`, *optional*): layer l of the early exit used by parallel tree pruning (Sec. 3.1.3);
-            None disables pruning (not implemented yet).
+        pruning_layer (`int`, *optional*): parallel tree pruning (Sec. 3.1.3): the early exit reads the state
+            after this many decoder layers (1 .. N - N_s: before the MSA layers); None: no pruning head.
         pruning_rank (`int`, defaults to 8): theta, rank of the early-exit adapter used by pruning.
-        pruning_threshold (`float`, defaults to 0.0): prune nodes whose estimated transition probability is
-            below this threshold.
+        pruning_threshold (`float`, defaults to 0.0): prune nodes (and their subtrees) whose estimated transition
+            probability from their parent is below this threshold; 0 turns pruning off. Greedy drafts only.
         tree_top_k (`int` or `list[int]`, defaults to 2): top-k per stream of the default Cartesian tree.
         stream_tree (`list[list[int]]`, *optional*): the static draft tree as Medusa-style paths (overrides
             ``tree_top_k``; its depth must be at most ``num_streams``).
@@ -99,8 +99,17 @@ class SpeculativeStreamingConfig(LlamaConfig):
         super().__init__(**kwargs)
         if self.num_msa_layers > self.num_hidden_layers:
             raise ValueError(f"num_msa_layers={num_msa_layers} exceeds the {self.num_hidden_layers} layers of the model")
+        self.validate_pruning()
         if self.tree.depth > num_streams:
             raise ValueError(f"stream_tree is {self.tree.depth} deep but there are only {num_streams} streams")
+
+    def validate_pruning(self) -> None:
+        if self.pruning_layer is not None and not 1 <= self.pruning_layer <= self.first_msa_layer:
+            raise ValueError(
+                f"pruning_layer={self.pruning_layer} must be in 1..{self.first_msa_layer} (the early exit comes before the MSA layers)"
+            )
+        if self.pruning_threshold > 0 and self.pruning_layer is None:
+            raise ValueError("pruning_threshold > 0 needs a pruning_layer (the early exit that estimates transition probabilities)")
 
     @property
     def tree(self) -> TreeSpec:

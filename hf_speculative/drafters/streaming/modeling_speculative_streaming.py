@@ -95,6 +95,9 @@ class SpeculativeStreams(nn.Module):
                 nn.ModuleDict({name: StreamAdapter(*shapes[name], r, a) for name in ADAPTED_PROJECTIONS})
                 for _ in range(config.num_msa_layers)
             )
+        self.pruning = None
+        if config.pruning_layer is not None:  # Sec. 3.1.3: the early exit's rank-theta adapter
+            self.pruning = StreamAdapter(config.hidden_size, config.hidden_size, config.pruning_rank, config.pruning_rank)
 
     def init_streams(self, main_hidden: torch.Tensor) -> torch.Tensor:
         """``(..., H)`` main-stream states entering layer N - N_s -> ``(..., gamma, H)`` streams f_eta(M_t) + P_j."""
@@ -283,6 +286,24 @@ class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM)
         self.streams.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
         self.config._attn_implementation = model.config._attn_implementation
         self.generation_config = model.generation_config
+
+    def add_pruning_head(self, layer: int, rank: int = 8, threshold: float = 0.0) -> None:
+        """Give these streams parallel tree pruning (Sec. 3.1.3): an early exit after ``layer`` decoder layers
+        through a fresh rank-``rank`` adapter (zero update: the plain early exit until trained, see
+        `pruning.train_pruning_head`), pruning nodes below ``threshold``."""
+        previous = self.config.pruning_layer, self.config.pruning_rank, self.config.pruning_threshold
+        self.config.pruning_layer, self.config.pruning_rank, self.config.pruning_threshold = layer, rank, threshold
+        try:
+            self.config.validate_pruning()
+        except ValueError:
+            self.config.pruning_layer, self.config.pruning_rank, self.config.pruning_threshold = previous
+            raise
+        weight = self.streams.stream_embeddings.weight
+        adapter = StreamAdapter(self.config.hidden_size, self.config.hidden_size, rank, rank).to(weight.device, weight.dtype)
+        with torch.no_grad():
+            adapter.lora_A.normal_(0.0, 1.0 / math.sqrt(adapter.lora_A.shape[1]))
+            adapter.lora_B.zero_()
+        self.streams.pruning = adapter
 
     def get_input_embeddings(self):
         return None if self.model is None else self.model.embed_tokens
@@ -477,6 +498,16 @@ class SpeculativeStreamingDrafter(TreeDrafter):
 
     def advance(self, sequence, draft, result, target_outputs) -> None:
         self._streams_at(target_outputs, result.path[-1])
+
+    def verify(self, target, draft: DraftTree, **forward_kwargs):
+        """Parallel tree pruning (Sec. 3.1.3) inside the verification forward when the streams have a pruning
+        head, a positive ``pruning_threshold`` and the draft is greedy (see `pruning`); else the plain forward."""
+        config = self.model.config
+        if self.model.streams.pruning is None or config.pruning_threshold <= 0 or draft.sampling != "deterministic":
+            return super().verify(target, draft, **forward_kwargs)
+        from .pruning import pruned_verify_forward
+
+        return pruned_verify_forward(self.model, draft, config.pruning_threshold, **forward_kwargs)
 
     @torch.no_grad()
     def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:

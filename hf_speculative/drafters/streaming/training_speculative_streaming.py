@@ -44,13 +44,14 @@ __all__ = [
 IGNORE_INDEX = -100
 
 
-def stream_labels(labels: torch.LongTensor, num_streams: int) -> torch.LongTensor:
+def stream_labels(labels: torch.LongTensor, num_streams: int, first_shift: int = 2) -> torch.LongTensor:
     """``(..., T)`` token labels (the token itself on answer tokens, ``-100`` elsewhere) -> ``(..., T, gamma)``
-    stream targets: ``[t, j-1] = labels[t + 1 + j]`` for stream j = 1..gamma, ``-100`` past the end."""
+    stream targets: ``[t, j-1] = labels[t + 1 + j]`` for stream j = 1..gamma, ``-100`` past the end
+    (``first_shift=1``, one stream: next-token targets, as for the pruning early exit)."""
     T = labels.shape[-1]
     out = torch.full((*labels.shape, num_streams), IGNORE_INDEX, dtype=torch.long, device=labels.device)
     for j in range(1, num_streams + 1):
-        shift = 1 + j
+        shift = first_shift - 1 + j
         if shift < T:
             out[..., : T - shift, j - 1] = labels[..., shift:]
     return out
@@ -149,12 +150,14 @@ class StreamSegmentDataset(Dataset):
     ``targets (T, gamma)`` (computed on the whole conversation, so a segment's last positions keep their
     targets), ``position_ids (T,)``. Segments without any stream target are dropped."""
 
-    def __init__(self, states: HiddenStates, num_streams: int, segment_length: int = 256, max_tokens: int | None = None):
+    def __init__(
+        self, states: HiddenStates, num_streams: int, segment_length: int = 256, max_tokens: int | None = None, first_shift: int = 2
+    ):
         self.items = []
         total = 0
         for i in range(len(states)):
             s, e = int(states.offsets[i]), int(states.offsets[i + 1])
-            targets = stream_labels(states.labels[s:e], num_streams)
+            targets = stream_labels(states.labels[s:e], num_streams, first_shift)
             for a in range(0, e - s, segment_length):
                 b = min(a + segment_length, e - s)
                 tg = targets[a:b]

@@ -1,0 +1,202 @@
+"""Parallel tree pruning (Speculative Streaming, Sec. 3.1.3): drop unlikely tree nodes halfway through the
+verification forward.
+
+The tree draft enters the target's forward whole. After ``pruning_layer`` (l) decoder layers, an early exit
+(the base's final norm and ``lm_head`` on the layer-l state plus a rank-theta adapter) gives every inner node
+a cheap estimate of the next-token distribution, so every node gets an estimated transition probability
+``p_l(token | parent)``. Nodes below ``pruning_threshold`` are pruned together with their subtrees, and
+layers l..N-1 (the MSA layers among them) run on the kept nodes only. The layers below l have already
+cached keys/values for every node; they are compacted to the kept nodes before the upper layers run, so at
+the end of the forward every layer caches exactly the kept nodes (the paper's lazy backtracking, done before
+the step's acceptance instead of after it).
+
+Pruning only removes candidates; every kept node is still verified by the full model with exactly its
+ancestors visible, so greedy output is unchanged. Removing sampled candidates by a rule on their tokens would
+bias tree rejection sampling, so pruning applies to greedy drafts only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from ...cache import keep_path
+from ...training.callbacks import TimeBudgetCallback
+from ...training.trainer import DrafterTrainer, HiddenStates
+from ...trees import DraftTree
+from ..base import vocab_logits
+from .training_speculative_streaming import IGNORE_INDEX, StreamCollator, StreamSegmentDataset, stream_losses
+
+__all__ = [
+    "early_exit_states",
+    "transition_probabilities",
+    "prune_tree",
+    "pruned_verify_forward",
+    "PruningHeadTrainer",
+    "early_exit_accuracy",
+    "train_pruning_head",
+]
+
+
+def early_exit_states(ss, hidden: torch.Tensor) -> torch.Tensor:
+    """Final-normed early-exit states of layer-l states ``(..., H)``: ``norm(h + adapter_theta(h))``."""
+    adapter = ss.streams.pruning
+    h = hidden.to(ss.lm_head.weight.dtype)
+    return ss.model.norm(h + adapter(h))
+
+
+def transition_probabilities(ss, hidden: torch.Tensor, draft: DraftTree) -> torch.Tensor:
+    """``(n,)`` estimated ``p_l(token_i | parent_i)`` of every node from the layer-l states ``(n, H)`` of the
+    tree nodes (1 at the root); the vocabulary projection runs on the inner nodes only."""
+    n = len(draft)
+    probs = torch.ones(n, device=hidden.device)
+    if n == 1:
+        return probs
+    inner = sorted(set(draft.parents[1:]))
+    row = {node: i for i, node in enumerate(inner)}
+    logits = vocab_logits(early_exit_states(ss, hidden[inner]), ss.lm_head.weight).float()
+    log_probs = torch.log_softmax(logits, dim=-1)
+    rows = torch.tensor([row[p] for p in draft.parents[1:]], device=hidden.device)
+    probs[1:] = log_probs[rows, draft.tokens[1:].to(hidden.device)].exp()
+    return probs
+
+
+def prune_tree(draft: DraftTree, probs: torch.Tensor, threshold: float) -> list[int]:
+    """Ascending indices of the nodes kept: the root, and every node whose parent is kept and whose
+    transition probability ``probs[i]`` is at least ``threshold`` (a pruned node takes its subtree along)."""
+    kept = [0]
+    alive = [True] + [False] * (len(draft) - 1)
+    for node in range(1, len(draft)):
+        parent = draft.parents[node]
+        if parent >= node:
+            raise ValueError("prune_tree needs every parent listed before its children")
+        if alive[parent] and float(probs[node]) >= threshold:
+            alive[node] = True
+            kept.append(node)
+    return kept
+
+
+@torch.no_grad()
+def pruned_verify_forward(
+    ss,
+    draft: DraftTree,
+    threshold: float,
+    input_ids: torch.LongTensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.LongTensor,
+    past_key_values,
+    use_cache: bool = True,
+    output_hidden_states: bool = False,
+    logits_to_keep: int = 0,
+) -> tuple[CausalLMOutputWithPast, DraftTree]:
+    """The base model's verification forward over ``draft`` with parallel tree pruning after layer l.
+
+    ``attention_mask`` is the tree's additive 4D mask ``(1, 1, n, past + n)``. Returns the outputs over the
+    kept nodes (``hidden_states``: the input of every decoder layer and the final-normed state, as the base
+    model's) and the pruned draft they belong to.
+    """
+    decoder, cache = ss.model, past_key_values
+    layers = decoder.layers[: ss.config.num_hidden_layers]
+    split = ss.config.pruning_layer
+    past = cache.get_seq_length()
+    hidden = decoder.embed_tokens(input_ids)
+    cos, sin = decoder.rotary_emb(hidden, position_ids)
+    inputs: list[torch.Tensor] = []
+
+    def run(block, hidden, mask, positions, rotary):
+        for layer in block:
+            inputs.append(hidden)
+            hidden = layer(hidden, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True, position_embeddings=rotary)
+        return hidden
+
+    hidden = run(layers[:split], hidden, attention_mask, position_ids, (cos, sin))
+    keep = prune_tree(draft, transition_probabilities(ss, hidden[0], draft), threshold)
+    if len(keep) < len(draft):
+        keep_path(cache, past, keep, num_layers=split)
+        index = torch.tensor(keep, device=hidden.device)
+        columns = torch.cat([torch.arange(past, device=hidden.device), past + index])
+        attention_mask = attention_mask[:, :, index][..., columns]
+        position_ids, cos, sin, hidden = position_ids[:, index], cos[:, index], sin[:, index], hidden[:, index]
+        inputs[:] = [h[:, index] for h in inputs]
+        draft = draft.select(keep)
+    hidden = decoder.norm(run(layers[split:], hidden, attention_mask, position_ids, (cos, sin)))
+    logits = ss.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+    states = (*inputs, hidden) if output_hidden_states else None
+    return CausalLMOutputWithPast(logits=logits, past_key_values=cache if use_cache else None, hidden_states=states), draft
+
+
+# ---------------------------------------------------------------------------------------------- training
+class PruningHeadTrainer(DrafterTrainer):
+    """Trains the early-exit adapter alone with next-token CE on cached layer-l states (Sec. 3.1.3)."""
+
+    def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
+        states = early_exit_states(model, inputs["hidden"])
+        loss = stream_losses(model.lm_head, states[..., None, :], inputs["targets"])[0]
+        return (loss, states) if return_outputs else loss
+
+
+def _next_token_segments(states: HiddenStates, segment_length: int, max_tokens: int | None = None) -> StreamSegmentDataset:
+    return StreamSegmentDataset(states, 1, segment_length, max_tokens, first_shift=1)
+
+
+@torch.no_grad()
+def early_exit_accuracy(ss, states: HiddenStates, segment_length: int = 256) -> float:
+    """Share of held-out answer positions where the early exit's top-1 token is the next token."""
+    hits = total = 0
+    for h, targets, _ in _next_token_segments(states, segment_length).items:
+        valid = targets[:, 0] != IGNORE_INDEX
+        if bool(valid.any()):
+            logits = F.linear(early_exit_states(ss, h[valid]), ss.lm_head.weight)
+            hits += int((logits.argmax(-1) == targets[valid, 0]).sum())
+            total += int(valid.sum())
+    return hits / max(total, 1)
+
+
+def train_pruning_head(
+    ss,
+    train_states: HiddenStates,
+    output_dir: str,
+    learning_rate: float = 1e-3,
+    batch_size: int = 4,
+    segment_length: int = 256,
+    num_epochs: float = 1.0,
+    max_steps: int = -1,
+    time_budget: float | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    callbacks: Sequence | None = None,
+):
+    """Train ``ss.streams.pruning`` (the rank-theta early-exit adapter) on the base's states entering layer l
+    (`extract_stream_inputs(model, tokenizer, records, layer=l)`); every other parameter stays frozen."""
+    from transformers import TrainingArguments
+
+    if ss.streams.pruning is None:
+        raise ValueError("the model has no pruning adapter: set config.pruning_layer (LlamaForSpeculativeStreaming.add_pruning_head)")
+    dataset = _next_token_segments(train_states, segment_length)
+    steps = max_steps if max_steps > 0 else max(1, math.ceil(len(dataset) / batch_size * num_epochs))
+    args = TrainingArguments(
+        output_dir=output_dir, num_train_epochs=num_epochs, max_steps=max_steps, per_device_train_batch_size=batch_size,
+        learning_rate=learning_rate, warmup_steps=max(1, int(0.05 * steps)), lr_scheduler_type="cosine", logging_steps=10,
+        save_strategy="no", report_to="none", use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
+        remove_unused_columns=False, disable_tqdm=not progress, seed=seed,
+    )  # fmt: skip
+    trainable = {id(p) for p in ss.streams.pruning.parameters()}
+    frozen = [p for p in ss.parameters() if p.requires_grad and id(p) not in trainable]
+    for p in frozen:
+        p.requires_grad_(False)
+    callbacks = list(callbacks or [])
+    if time_budget:
+        callbacks.append(TimeBudgetCallback(time_budget, anneal=False))
+    ss.train()
+    try:
+        trainer = PruningHeadTrainer(model=ss, args=args, train_dataset=dataset, data_collator=StreamCollator(), callbacks=callbacks)
+        trainer.train()
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+        ss.eval()
+    return trainer

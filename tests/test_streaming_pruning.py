@@ -1,0 +1,170 @@
+"""Parallel tree pruning of Speculative Streaming (Sec. 3.1.3): exactly the subtrees below the threshold go,
+the kept nodes and the cache are what an unpruned forward over the kept tree gives, greedy stays exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+import hf_speculative as hfs
+from hf_speculative.drafters.streaming import LlamaForSpeculativeStreaming
+from hf_speculative.drafters.streaming.pruning import (
+    early_exit_accuracy,
+    prune_tree,
+    pruned_verify_forward,
+    train_pruning_head,
+    transition_probabilities,
+)
+from hf_speculative.drafters.streaming.training_speculative_streaming import IGNORE_INDEX
+from hf_speculative.trees import DraftTree, tree_attention_mask
+from hf_speculative.training.trainer import HiddenStates
+
+from conftest import tiny_model
+
+
+def _pruned_ss(arch="llama", seed=0, layer=2, threshold=0.0, num_streams=3):
+    base = tiny_model(arch, seed=seed, num_layers=4)
+    ss = LlamaForSpeculativeStreaming.from_base_model(base, num_streams=num_streams, num_msa_layers=2)
+    ss.add_pruning_head(layer, rank=4, threshold=threshold)
+    g = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():  # random NON-ZERO streams and early-exit adapter
+        for p in ss.streams.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    return base, ss
+
+
+def _subtree_rule(draft: DraftTree, probs, threshold) -> list[int]:
+    """Independent statement of the rule: a node stays iff it and all its ancestors reach the threshold."""
+    return [i for i in range(len(draft)) if all(float(probs[a]) >= threshold for a in draft.path_to(i))]
+
+
+def test_prune_tree_by_hand():
+    #        0
+    #      1   2
+    #     3 4   5
+    #     6
+    draft = DraftTree(tokens=torch.arange(7), parents=(-1, 0, 0, 1, 1, 2, 3))
+    probs = torch.tensor([1.0, 0.5, 0.05, 0.2, 0.09, 0.9, 0.3])
+    assert prune_tree(draft, probs, 0.1) == [0, 1, 3, 6]  # 2 goes with its child 5 (0.9); 4 is below
+    assert prune_tree(draft, probs, 0.0) == list(range(7))
+    assert prune_tree(draft, probs, 0.6) == [0]
+    kept = draft.select([0, 1, 3, 6])
+    assert kept.parents == (-1, 0, 1, 2) and kept.tokens.tolist() == [0, 1, 3, 6]
+    with pytest.raises(ValueError):
+        draft.select([0, 3])  # 3's parent 1 is missing
+
+
+def test_pruned_forward_removes_exactly_the_subtrees_below_the_threshold(arch):
+    base, ss = _pruned_ss(arch, seed=3, layer=2)
+    prefix = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(4))
+    spec = hfs.TreeSpec.cartesian([3, 2, 2])
+    tokens = torch.randint(0, 96, (len(spec.parents),), generator=torch.Generator().manual_seed(5))
+    draft = DraftTree.from_spec(spec, tokens)
+    past = prefix.shape[1]
+    mask = tree_attention_mask(draft.ancestors, past, base.dtype, "cpu")
+    positions = (past + draft.depths)[None]
+
+    def prefilled():
+        cache = DynamicCache(config=base.config)
+        with torch.no_grad():
+            base(prefix, past_key_values=cache, use_cache=True)
+        return cache
+
+    with torch.no_grad():  # the unpruned forward: transition probabilities from the state after layer 2
+        full = base(tokens[None], attention_mask=mask, position_ids=positions, past_key_values=prefilled(), use_cache=True, output_hidden_states=True)
+        layer_state = full.hidden_states[2][0]
+        inner_logits = base.lm_head(ss.model.norm(layer_state + ss.streams.pruning(layer_state)))
+        probs = torch.ones(len(draft))
+        for i in range(1, len(draft)):
+            probs[i] = torch.softmax(inner_logits[draft.parents[i]], -1)[tokens[i]]
+    torch.testing.assert_close(transition_probabilities(ss, layer_state, draft), probs)
+    threshold = float(probs[1:].median())
+    expected = _subtree_rule(draft, probs, threshold)
+    assert 1 < len(expected) < len(draft)
+
+    cache = prefilled()
+    out, kept = pruned_verify_forward(
+        ss, draft, threshold, input_ids=tokens[None], attention_mask=mask, position_ids=positions, past_key_values=cache,
+        output_hidden_states=True,
+    )  # fmt: skip
+    assert kept.tokens.tolist() == tokens[expected].tolist()
+    assert kept.parents == draft.select(expected).parents
+    index = torch.tensor(expected)
+    torch.testing.assert_close(out.logits[0], full.logits[0, index], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out.hidden_states[ss.config.first_msa_layer][0], full.hidden_states[ss.config.first_msa_layer][0, index])
+    # every layer caches the prefix plus exactly the kept nodes, as an unpruned forward over the kept tree would
+    reference = prefilled()
+    with torch.no_grad():
+        base(
+            kept.tokens[None], attention_mask=tree_attention_mask(kept.ancestors, past, base.dtype, "cpu"),
+            position_ids=(past + kept.depths)[None], past_key_values=reference, use_cache=True,
+        )  # fmt: skip
+    for a, b in zip(cache.layers, reference.layers):
+        assert a.keys.shape[-2] == past + len(expected)
+        torch.testing.assert_close(a.keys, b.keys, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(a.values, b.values, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("layer", [1, 2])
+def test_greedy_equality_with_pruning(arch, layer):
+    base, ss = _pruned_ss(arch, seed=7, layer=layer, threshold=0.012)  # vocab 96: about uniform
+    sizes = []
+    for seed, (length, new) in enumerate([(3, 20), (10, 30)]):
+        ids = torch.randint(0, 96, (1, length), generator=torch.Generator().manual_seed(seed))
+        ref = base.generate(ids, max_new_tokens=new, do_sample=False)
+        out = ss.generate(ids, max_new_tokens=new, do_sample=False, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, ref)
+        sizes += out.speculative_stats.tree_sizes
+        # as the assistant of its base model too
+        assert torch.equal(hfs.enable(base).generate(ids, assistant_model=ss, max_new_tokens=new, do_sample=False), ref)
+    full = len(ss.config.tree.parents)
+    assert min(sizes) < full  # the trees were pruned
+
+
+def test_no_pruning_when_sampling_or_threshold_zero():
+    base, ss = _pruned_ss("llama", seed=9, layer=2, threshold=1.0)  # greedy: every node but the root goes
+    ids = torch.randint(0, 96, (1, 6), generator=torch.Generator().manual_seed(1))
+    full = len(ss.config.tree.parents)
+    greedy = ss.generate(ids, max_new_tokens=8, do_sample=False, return_dict_in_generate=True).speculative_stats
+    assert set(greedy.tree_sizes) == {1} and greedy.mean_accepted_length == 1.0
+    sampled = ss.generate(ids, max_new_tokens=8, do_sample=True, return_dict_in_generate=True).speculative_stats
+    assert set(sampled.tree_sizes) == {full}  # pruning would bias tree rejection sampling: it is off
+    ss.config.pruning_threshold = 0.0
+    off = ss.generate(ids, max_new_tokens=8, do_sample=False, return_dict_in_generate=True).speculative_stats
+    assert set(off.tree_sizes) == {full}
+
+
+def test_pruning_config_is_checked_and_saved(tmp_path):
+    base, ss = _pruned_ss("llama", seed=11, layer=2, threshold=0.05)
+    with pytest.raises(ValueError, match="pruning_layer"):
+        ss.add_pruning_head(3)  # layer 3 is an MSA layer of this 4-layer model
+    with pytest.raises(ValueError, match="pruning_layer"):
+        type(ss.config)(num_hidden_layers=4, num_msa_layers=2, pruning_threshold=0.1)
+    ss.save_pretrained(tmp_path)
+    loaded = LlamaForSpeculativeStreaming.from_pretrained(tmp_path, base_model=base)
+    assert loaded.config.pruning_layer == 2 and loaded.config.pruning_threshold == 0.05
+    for (name, a), (_, b) in zip(ss.streams.state_dict().items(), loaded.streams.state_dict().items()):
+        assert torch.equal(a, b), name
+    ids = torch.randint(0, 96, (1, 5), generator=torch.Generator().manual_seed(2))
+    assert torch.equal(loaded.generate(ids, max_new_tokens=10, do_sample=False), ss.generate(ids, max_new_tokens=10, do_sample=False))
+
+
+def test_training_the_early_exit_raises_its_accuracy():
+    base, ss = _pruned_ss("llama", seed=12, layer=2)
+    with torch.no_grad():
+        ss.streams.pruning.lora_B.zero_()
+    ids = torch.randint(0, 96, (1, 4), generator=torch.Generator().manual_seed(13))
+    text = base.generate(ids, max_new_tokens=60, do_sample=False)[0]
+    with torch.no_grad():
+        h = base(text[None], output_hidden_states=True).hidden_states[2][0].half()
+    labels = text.clone()
+    labels[:4] = IGNORE_INDEX
+    states = HiddenStates(h, text, labels, torch.tensor([0, len(text)]), ["a"])
+    streams_before = [p.clone() for n, p in ss.streams.named_parameters() if not n.startswith("pruning.")]
+    before = early_exit_accuracy(ss, states)
+    train_pruning_head(ss, states, output_dir="/tmp/ss_pruning_test", max_steps=40, learning_rate=3e-2, batch_size=1, progress=False)
+    assert early_exit_accuracy(ss, states) > max(before, 0.5)
+    streams_after = [p for n, p in ss.streams.named_parameters() if not n.startswith("pruning.")]
+    assert all(torch.equal(a, b) for a, b in zip(streams_before, streams_after))  # only the early exit trained
+    assert all(p.requires_grad for p in ss.streams.parameters())
