@@ -11,7 +11,7 @@ LOCK="flock /tmp/hfs-heavy.lock nice -n 5"
 for K in ${KS:-2 3 4 5 6}; do
   $LOCK hf-speculative train parallel-drafter --model reference --threads 2 --data "$DATA" --out outputs/parallel_k$K \
     --num-mask-tokens "$K" --target-hidden-states --batch-size 4 --groups-per-sequence 64 --lr 1e-3 \
-    --distill-weight 0.5 --max-steps "$STEPS" --time-budget 240 --holdout 0.1 --calibrate-nodes 12 \
+    --distill-weight 0.5 --max-steps "$STEPS" --time-budget "${BUDGET:-420}" --holdout 0.1 --calibrate-nodes 12 \
     > outputs/parallel_k$K.log 2>&1
 done
 python - <<'PY'

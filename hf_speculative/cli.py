@@ -117,9 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_medusa_parsers(sub, methods, _add_common, _setup_torch)  # train medusa, calibrate-tree
     from .drafters.parallel.commands import add_parallel_drafter_parser
-    from .drafters.streaming.commands import add_streaming_parsers
+    from .drafters.streaming.commands import add_streaming_parsers, add_streaming_pruning_parser
 
     add_streaming_parsers(sub, methods, _add_common, _setup_torch)  # train streaming
+    add_streaming_pruning_parser(methods, _add_common, _setup_torch)  # train streaming-pruning
     add_parallel_drafter_parser(sub, methods, _add_common, _setup_torch)  # train parallel-drafter
     return parser
 

@@ -127,3 +127,71 @@ def add_streaming_parsers(sub, methods, add_common, setup_torch) -> None:
     p.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds")
     p.add_argument("--extract-only", action="store_true", help="only compute (and cache) the states entering the MSA layers")
     p.set_defaults(func=lambda a: cmd_train_streaming(a, setup_torch))
+
+
+def cmd_train_streaming_pruning(args, setup_torch) -> int:
+    """Add a trained parallel-tree-pruning head (Sec. 3.1.3) to trained streams: the base's states entering layer
+    l cached once, the rank-theta early-exit adapter trained with next-token CE, held-out top-1 reported."""
+    setup_torch(args)
+    from ..medusa.commands import _load, split_records
+    from .model_card import write_model_card
+    from .modeling_speculative_streaming import LlamaForSpeculativeStreaming
+    from .pruning import early_exit_accuracy, train_pruning_head
+    from .training_speculative_streaming import extract_stream_inputs
+
+    model, tokenizer, records = _load(args)
+    ss = LlamaForSpeculativeStreaming.from_pretrained(args.streams, base_model=model)
+    ss.add_pruning_head(args.pruning_layer, rank=args.pruning_rank, threshold=args.threshold)
+    train_records, held_out = split_records(records, args.holdout, args.seed)
+    layer = args.pruning_layer
+    train_states = extract_stream_inputs(model, tokenizer, train_records, layer, max_length=args.max_length)
+    hold_states = extract_stream_inputs(model, tokenizer, held_out, layer, max_length=args.max_length) if held_out else None
+    before = early_exit_accuracy(ss, hold_states) if hold_states is not None else None
+    t0 = time.perf_counter()
+    trainer = train_pruning_head(
+        ss, train_states, output_dir=str(Path(args.out) / "trainer_state"), learning_rate=args.lr, batch_size=args.batch_size,
+        segment_length=args.segment_length, num_epochs=args.epochs, max_steps=args.max_steps, time_budget=args.time_budget,
+        seed=args.seed,
+    )  # fmt: skip
+    after = early_exit_accuracy(ss, hold_states) if hold_states is not None else None
+    ss.config.pruning = {
+        "method": "parallel tree pruning (Sec. 3.1.3): early exit after layer l, rank-theta adapter, next-token CE",
+        "data": str(args.data),
+        "train_answer_tokens": train_states.num_train_tokens,
+        "steps_done": trainer.state.global_step,
+        "train_seconds": round(time.perf_counter() - t0, 1),
+        "held_out_top1_before": None if before is None else round(before, 4),
+        "held_out_top1_after": None if after is None else round(after, 4),
+        "adapter_parameters": sum(p.numel() for p in ss.streams.pruning.parameters()),
+        "command": "hf-speculative " + " ".join(shlex.quote(a) for a in args.argv) if getattr(args, "argv", None) else None,
+    }
+    out = Path(args.out)
+    ss.save_pretrained(out)
+    write_model_card(ss, out)
+    import shutil
+
+    shutil.rmtree(out / "trainer_state", ignore_errors=True)
+    print(json.dumps(ss.config.pruning, indent=1))
+    return 0
+
+
+def add_streaming_pruning_parser(methods, add_common, setup_torch) -> None:
+    """Register ``train streaming-pruning`` on ``methods`` (the ``train`` sub-parsers)."""
+    p = methods.add_parser("streaming-pruning", help="add a parallel-tree-pruning early exit (Sec. 3.1.3) to trained streams")
+    add_common(p)
+    p.add_argument("--streams", required=True, help="trained Speculative Streaming folder")
+    p.add_argument("--data", required=True, help="training conversations (chat jsonl, ShareGPT, ...)")
+    p.add_argument("--out", required=True, help="output folder (the streams plus the pruning head)")
+    p.add_argument("--pruning-layer", type=int, required=True, help="l: the early exit reads the state after l layers")
+    p.add_argument("--pruning-rank", type=int, default=8, help="theta")
+    p.add_argument("--threshold", type=float, default=0.01, help="pruning threshold on the estimated transition probability")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--max-steps", type=int, default=-1)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-size", type=int, default=4, help="segments per step")
+    p.add_argument("--segment-length", type=int, default=256)
+    p.add_argument("--max-length", type=int, default=1024, help="tokens per conversation")
+    p.add_argument("--limit", type=int, default=None, help="use the first N conversations")
+    p.add_argument("--holdout", type=float, default=0.1)
+    p.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds")
+    p.set_defaults(func=lambda a: cmd_train_streaming_pruning(a, setup_torch))
