@@ -45,7 +45,7 @@ model's tokens and sampling is exact (tree rejection sampling with the stream di
 ## Tree
 
 {tree_text}
-
+{pruning_text}
 ## Training
 
 {training_text}
@@ -98,6 +98,28 @@ def _tree_text(cfg) -> str:
     return text
 
 
+def _pruning_text(cfg) -> str:
+    """The parallel tree pruning section (Sec. 3.1.3), when the folder has a pruning head."""
+    if getattr(cfg, "pruning_layer", None) is None:
+        return ""
+    p = getattr(cfg, "pruning", None) or {}
+    lines = [
+        "\n## Parallel tree pruning\n",
+        f"An early exit after layer {cfg.pruning_layer} (the base's norm and `lm_head` plus a rank-{cfg.pruning_rank} adapter) "
+        f"estimates each tree node's transition probability from its parent inside the verification forward; nodes below "
+        f"{cfg.pruning_threshold} are dropped with their subtrees before the upper layers (greedy drafts only; output unchanged).",
+    ]
+    if p:
+        lines.append(
+            f"\nTrained with next-token CE on `{p.get('data')}` ({p.get('train_answer_tokens')} answer tokens, {p.get('steps_done')} steps, "
+            f"{p.get('train_seconds')} s on CPU): held-out top-1 of the early exit {p.get('held_out_top1_before')} before, "
+            f"{p.get('held_out_top1_after')} after."
+        )
+        if p.get("command"):
+            lines.append(f"\n```bash\n{p['command']}\n```")
+    return "\n".join(lines) + "\n"
+
+
 def _results_text(cfg, results) -> str:
     results = results or getattr(cfg, "results", None)
     if not results:
@@ -121,6 +143,7 @@ def render_model_card(ss, results=None) -> str:
         share=f"{100 * params / base_params:.3f}%" if base_params else "?",
         base_params=f"{base_params:,}" if base_params else "?",
         tree_text=_tree_text(cfg),
+        pruning_text=_pruning_text(cfg),
         training_text=_training_text(cfg),
         results_text=_results_text(cfg, results),
     )
