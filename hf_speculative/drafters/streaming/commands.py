@@ -88,7 +88,7 @@ def cmd_train_streaming(args, setup_torch) -> int:
         "stream_parameters": ss.num_stream_parameters(),
         "base_parameters": base_params,
         "extra_parameter_share": round(ss.num_stream_parameters() / base_params, 6),
-        "learning_curve": callbacks[0].curve if callbacks else None,
+        "learning_curve": next((c.curve for c in callbacks if hasattr(c, "curve")), None),
         "command": "hf-speculative " + " ".join(shlex.quote(a) for a in args.argv) if getattr(args, "argv", None) else None,
     }
     out = Path(args.out)
