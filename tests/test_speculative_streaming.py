@@ -670,3 +670,29 @@ def test_shared_save_load_round_trip(tmp_path):
         got = loaded.generate(ids, max_new_tokens=10, do_sample=False, return_dict_in_generate=True)
         assert torch.equal(got.sequences, want.sequences)
         assert got.speculative_stats.accepted_lengths == want.speculative_stats.accepted_lengths
+
+
+def test_cli_trains_shared_mode(tmp_path):
+    """``hf-speculative train streaming --mode shared`` on a tiny chat model: LoRA + streams saved, reloadable."""
+    import json
+
+    from conftest import tiny_chat_model
+    from hf_speculative.cli import main
+
+    model, tok = tiny_chat_model(4)
+    model.save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    data = tmp_path / "chat.jsonl"
+    with open(data, "w") as f:
+        for i in range(8):
+            msgs = [{"role": "user", "content": f"count {i}"}, {"role": "assistant", "content": "one two three four five six"}]
+            f.write(json.dumps({"id": str(i), "messages": msgs}) + "\n")
+    out = tmp_path / "out"
+    argv = ["train", "streaming", "--mode", "shared", "--model", str(tmp_path / "base"), "--data", str(data), "--out", str(out)]
+    assert main(argv + ["--max-steps", "3", "--num-msa-layers", "2", "--lora-rank", "4", "--holdout", "0.25", "--threads", "1"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["mode"] == "shared" and config["training"]["steps_done"] == 3 and config["training"]["lora_parameters"] > 0
+    assert (out / "lora" / "adapter_model.safetensors").is_file()
+    ss = LlamaForSpeculativeStreaming.from_pretrained(out)  # loads the recorded base and the adapter
+    ids = torch.tensor([[1, 2, 3]])
+    assert torch.equal(ss.generate(ids, max_new_tokens=6, do_sample=False), ss.generate_autoregressive(ids, max_new_tokens=6, do_sample=False))
