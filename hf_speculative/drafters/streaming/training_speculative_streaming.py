@@ -243,12 +243,15 @@ class StreamCollator:
 def stream_rows(model, batch: dict) -> torch.Tensor:
     """The final-normed states ``(B, T, columns, H)`` that ``batch["targets"]`` score. Lossless: the gamma streams
     from the cached states entering layer N - N_s. Shared: the joint forward over ``input_ids``; column 0 is the
-    main stream (its next-token CE is the alpha_0 term), then the streams."""
+    main stream (its next-token CE is the alpha_0 term), then the streams. A plain causal LM gives column 0 only
+    (next-token fine-tuning, the baseline shared mode is compared with)."""
     if "input_ids" in batch:
         out = model(
             input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False, output_hidden_states=True, logits_to_keep=1
         )
-        return torch.cat([out.hidden_states[-1][:, :, None], out.stream_states], dim=2)
+        streams = getattr(out, "stream_states", None)
+        main = out.hidden_states[-1][:, :, None]
+        return main if streams is None else torch.cat([main, streams], dim=2)
     return model.streams_from_hidden(batch["hidden"].to(model.dtype), batch["position_ids"])
 
 
@@ -350,11 +353,14 @@ def train_speculative_streaming(
 ):
     """Train ``model`` (a `LlamaForSpeculativeStreaming` attached to its base); returns the Trainer. Lossless: the
     streams, on cached states entering layer N - N_s (`extract_stream_inputs`). Shared: the streams and the
-    base's LoRA adapters, with the joint forward on tokens (`tokenize_records`), alpha_0 = 1, alpha_j = 0.1."""
+    base's LoRA adapters, with the joint forward on tokens (`tokenize_records`), alpha_0 = 1, alpha_j = 0.1.
+    ``model`` may also be a plain causal LM with trainable (e.g. PEFT LoRA) weights: then only the next-token
+    term trains (alpha_0 = 1, no streams), with the same data, segments, optimizer and schedule."""
     from transformers import TrainingArguments
 
-    shared = model.config.mode == "shared"
-    dataset = StreamSegmentDataset(train_states, model.config.num_streams, segment_length, max_tokens, shared=shared)
+    shared = getattr(model.config, "mode", "shared") == "shared"
+    num_streams = getattr(model.config, "num_streams", 0)
+    dataset = StreamSegmentDataset(train_states, num_streams, segment_length, max_tokens, shared=shared)
     steps = max_steps if max_steps > 0 else max(1, math.ceil(len(dataset) / batch_size * num_epochs))
     args = TrainingArguments(
         output_dir=output_dir,
@@ -375,7 +381,11 @@ def train_speculative_streaming(
     )
     model.train()
     # shared mode: the optimizer also holds the base's LoRA weights (not submodules of ``model``)
-    optimizers = (torch.optim.AdamW(model.trainable_parameters(), lr=learning_rate, weight_decay=0.0), None) if shared else (None, None)
+    if hasattr(model, "trainable_parameters"):
+        params = model.trainable_parameters()
+    else:
+        params = [p for p in model.parameters() if p.requires_grad]
+    optimizers = (torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0), None) if shared else (None, None)
     trainer = SpeculativeStreamingTrainer(
         model=model, args=args, train_dataset=dataset, data_collator=StreamCollator(), callbacks=callbacks,
         stream_weights=stream_weights, optimizers=optimizers,
