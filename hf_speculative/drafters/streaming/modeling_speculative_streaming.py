@@ -426,12 +426,12 @@ class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM)
         **kwargs,
     ) -> SpeculativeStreamingOutput:
         """Lossless: the base model's forward (the main stream, unchanged), plus ``stream_inputs`` and, with
-        ``output_streams=True``, the streams of every position (``stream_logits``). Shared: `joint_forward`."""
+        ``output_streams=True``, the streams of every position (``stream_logits``). Shared: `_joint_forward`."""
         self._check_attached()
         if self.config.mode == "shared":
-            return self.joint_forward(
-                input_ids, attention_mask, position_ids, past_key_values, inputs_embeds, labels, use_cache,
-                logits_to_keep, output_streams, output_hidden_states=kwargs.get("output_hidden_states"),
+            return self._joint_forward(
+                input_ids, inputs_embeds, attention_mask, position_ids, past_key_values, use_cache, logits_to_keep,
+                output_streams, bool(kwargs.get("output_hidden_states")), labels,
             )  # fmt: skip
         captured = {}
 
@@ -469,20 +469,11 @@ class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM)
             stream_logits=stream_logits,
         )
 
-    def joint_forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        past_key_values=None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
-        output_streams: bool = False,
-        output_hidden_states: bool | None = None,
-    ) -> SpeculativeStreamingOutput:
-        """Shared mode (Sec. 3.1.1, Eqs. 1-2): the base layers below N - N_s as usual, then main and streams
+    def _joint_forward(
+        self, input_ids, inputs_embeds, attention_mask, position_ids, past_key_values, use_cache, logits_to_keep,
+        output_streams: bool, output_hidden_states: bool, labels,
+    ) -> SpeculativeStreamingOutput:  # fmt: skip
+        """`forward` in shared mode (Sec. 3.1.1, Eqs. 1-2): the base layers below N - N_s as usual, then main and streams
         jointly through the MSA layers (`msa_layer` with one main row); the cache gets the main row's keys and
         values only. Works for the prefill, a tree-verification forward (4D additive tree mask and per-node
         ``position_ids``) and training (no cache). Returns the main logits (which depend on the streams) and
