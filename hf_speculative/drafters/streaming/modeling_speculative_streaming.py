@@ -242,8 +242,9 @@ class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM)
 
     Build with ``from_base_model(model, num_streams=3, num_msa_layers=4)`` (Llama, Mistral or Qwen2 layer
     layouts; the base's modules are shared, not copied), or ``from_pretrained(folder, base_model=model)``. The
-    checkpoint holds only the config and the streams' parameters and names its base model; the base's modules
-    are not submodules of this model (not saved, not moved by ``.to()``, not trained).
+    checkpoint holds the config and the streams' parameters (shared mode: plus the base's LoRA adapter in
+    ``lora/``) and names its base model; the base's modules are not submodules of this model (not saved, not
+    moved by ``.to()``; in shared mode only their LoRA weights train, see `trainable_parameters`).
     """
 
     config_class = SpeculativeStreamingConfig

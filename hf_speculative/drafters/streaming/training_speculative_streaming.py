@@ -267,6 +267,13 @@ class SpeculativeStreamingTrainer(DrafterTrainer):
         self.stream_weights = stream_weights
         self.alpha_0 = alpha_0
 
+    def _clip_grad_norm(self, model):
+        """Clip (and report) the gradient norm over everything that trains: in shared mode the base's LoRA
+        weights too, which are not parameters of ``model`` (the `Trainer` would clip only the streams)."""
+        if not hasattr(model, "trainable_parameters"):
+            return super()._clip_grad_norm(model)
+        return torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), self.args.max_grad_norm)
+
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
         states = stream_rows(model, inputs)
         per_column = stream_losses(model.lm_head, states, inputs["targets"])
