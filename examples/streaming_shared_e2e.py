@@ -52,7 +52,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--test-mrs", type=int, default=40)
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=1e-3, help="both arms (2e-3 before the LoRA gradient clipping fix collapsed (b))")
     p.add_argument("--lora-rank", type=int, default=8)
     p.add_argument("--lora-alpha", type=float, default=16.0)
     p.add_argument("--num-streams", type=int, default=3)
