@@ -3,6 +3,7 @@ attention pattern of Eqs. 1-2, drafting through the tree engine, training loss, 
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -416,3 +417,278 @@ def test_streams_as_an_assistant_of_the_base_model():
     b = base.generate(ids, max_new_tokens=25, do_sample=False, return_dict_in_generate=True, assistant_model=ss)
     assert torch.equal(a.sequences, b.sequences)
     assert a.speculative_stats.accepted_lengths == b.speculative_stats.accepted_lengths
+
+
+# --------------------------------------------------------------------------- shared mode [3.1.1 Eq. 1, 3.1.4]
+
+
+def _shared(arch="llama", seed=0, num_streams=3, num_msa_layers=2, scale=0.3, **kw):
+    """A shared-mode model on a tiny base with random NON-ZERO streams and LoRA weights (PEFT inits B = 0)."""
+    base = tiny_model(arch, seed=seed, **kw)
+    ss = LlamaForSpeculativeStreaming.from_base_model(base, num_streams=num_streams, num_msa_layers=num_msa_layers, mode="shared", lora_rank=4)
+    g = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        for p in ss.trainable_parameters():
+            p.copy_(scale * torch.randn(p.shape, generator=g))
+    return base, ss
+
+
+def test_shared_mode_injects_lora_and_trains_streams_and_lora():
+    base, ss = _shared("llama")
+    lora = [n for n, p in base.named_parameters() if p.requires_grad]
+    assert lora and all("lora_" in n for n in lora)
+    assert len(ss.trainable_parameters()) == len(list(ss.streams.parameters())) + len(lora)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9]])
+    with torch.no_grad():
+        out = ss(ids, output_streams=True)
+    assert out.stream_states.shape == (1, 6, 3, 32) and out.stream_logits.shape == (1, 6, 3, 96)
+    torch.testing.assert_close(out.stream_logits, ss.lm_head(out.stream_states))
+    # the cache holds the main stream's keys/values only, one per position
+    cache = DynamicCache(config=base.config)
+    with torch.no_grad():
+        ss(ids, past_key_values=cache, use_cache=True)
+    assert cache.get_seq_length() == 6 and all(layer.keys.shape[2] == 6 for layer in cache.layers)
+    with pytest.raises(ValueError, match="drafts and verifies for itself"):
+        hfs.enable(base).generate(ids, assistant_model=ss, max_new_tokens=3)
+
+
+def test_shared_main_row_matches_eq1_written_out():
+    """Eq. 1 by hand: the main row at t attends to main keys <= t and to ALL gamma streams at t (no stream
+    adapters on the main row); the stream rows are Eq. 2 (`_naive_msa`) with the main keys of this layer."""
+    from hf_speculative.drafters.streaming.modeling_speculative_streaming import msa_layer
+
+    base, ss = _shared("llama", num_streams=3, num_msa_layers=1, scale=0.1)
+    layer, adapters = ss.msa_layers[0], ss.streams.adapters[0]
+    attn = layer.self_attn
+    T, G, H = 5, 3, 32
+    g = torch.Generator().manual_seed(3)
+    main, streams = torch.randn(1, T, H, generator=g), torch.randn(1, T, G, H, generator=g)
+    pos = torch.arange(T)[None]
+    cos, sin = ss.model.rotary_emb(main, pos)
+    d, rep = attn.head_dim, attn.num_key_value_groups
+    rot = lambda y, t: y * cos[:, t, None, :] + torch.cat([-y[..., d // 2 :], y[..., : d // 2]], -1) * sin[:, t, None, :]
+    with torch.no_grad():
+        rows = torch.cat([main[:, :, None], streams], dim=2)
+        fast = msa_layer(layer, adapters, rows, lambda k, v: (k, v), causal_key_mask(1, T, main.dtype, "cpu"), cos, sin, num_main=1)
+        x = layer.input_layernorm(main)
+        keys = torch.stack([rot(attn.k_proj(x).view(1, T, -1, d)[:, t], t) for t in range(T)], 2)  # (1, kv, T, d)
+        values = attn.v_proj(x).view(1, T, -1, d).transpose(1, 2)
+        xs = layer.input_layernorm(streams)
+        ks = (attn.k_proj(xs) + adapters["k_proj"](xs)).view(1, T, G, -1, d)
+        vs = (attn.v_proj(xs) + adapters["v_proj"](xs)).view(1, T, G, -1, d)
+        q = attn.q_proj(x).view(1, T, -1, d)
+        out = torch.zeros(1, T, q.shape[2], d)
+        for t in range(T):
+            kk = torch.cat([keys[:, :, : t + 1], rot(ks[:, t], t).transpose(1, 2)], 2).repeat_interleave(rep, 1)
+            vv = torch.cat([values[:, :, : t + 1], vs[:, t].transpose(1, 2)], 2).repeat_interleave(rep, 1)
+            w = torch.softmax((rot(q[:, t], t)[:, :, None, :] * kk).sum(-1) * attn.scaling, -1)
+            out[:, t] = (w[..., None] * vv).sum(2)
+        m = main + attn.o_proj(out.reshape(1, T, -1))
+        m = m + layer.mlp(layer.post_attention_layernorm(m))
+        slow_streams = _naive_msa(layer, adapters, streams, keys, values, cos, sin)
+    torch.testing.assert_close(fast[:, :, 0], m, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast[:, :, 1:], slow_streams, rtol=1e-5, atol=1e-5)
+
+
+def test_shared_main_stream_sees_its_own_streams_only(arch):
+    """Perturbing the streams at position s changes the main stream at s (Eq. 1) and, with one MSA layer, at no
+    other position; with two MSA layers positions before s are untouched (causal). Lossless: never."""
+    from hf_speculative.drafters.streaming.modeling_speculative_streaming import SpeculativeStreams
+
+    ids = torch.randint(0, 96, (1, 8), generator=torch.Generator().manual_seed(4))
+    s = 5
+    original = SpeculativeStreams.init_streams
+
+    def perturbed(self, main_hidden):
+        out = original(self, main_hidden).clone()
+        out[:, s] += 1.0
+        return out
+
+    for n_s, mode in [(1, "shared"), (2, "shared"), (1, "lossless")]:
+        _, ss = _shared(arch, num_msa_layers=n_s) if mode == "shared" else _ss(arch, num_msa_layers=n_s)
+        with torch.no_grad():
+            ref = ss(ids).logits[0]
+            SpeculativeStreams.init_streams = perturbed
+            try:
+                pert = ss(ids).logits[0]
+            finally:
+                SpeculativeStreams.init_streams = original
+        if mode == "lossless":
+            assert torch.equal(pert, ref)
+            continue
+        assert not torch.allclose(pert[s], ref[s])
+        assert torch.equal(pert[:s], ref[:s])
+        if n_s == 1:
+            assert torch.equal(pert[s + 1 :], ref[s + 1 :])
+
+
+def test_shared_tree_forward_matches_path_forwards():
+    """A tree-verification forward (4D tree mask, per-node positions) gives each node the main logits, stream
+    states and cache entries of a plain forward over its path."""
+    base, ss = _shared("qwen2")
+    prefix = torch.randint(0, 96, (1, 6), generator=torch.Generator().manual_seed(5))
+    spec = hfs.TreeSpec.cartesian([2, 2])
+    tokens = torch.randint(0, 96, (spec.num_nodes + 1,), generator=torch.Generator().manual_seed(6))
+    tokens[0] = prefix[0, -1]
+    from hf_speculative.trees import tree_attention_mask
+
+    with torch.no_grad():
+        cache = DynamicCache(config=base.config)
+        ss(prefix[:, :-1], past_key_values=cache, use_cache=True)
+        mask = tree_attention_mask(spec.ancestors, 5, torch.float32, "cpu")
+        out = ss(tokens[None], attention_mask=mask, position_ids=(5 + spec.depths)[None], past_key_values=cache, use_cache=True)
+        draft = hfs.DraftTree.from_spec(spec, tokens)
+        for node in range(len(tokens)):
+            seq = torch.cat([prefix[:, :-1], tokens[draft.path_to(node)][None]], dim=1)
+            alone = ss(seq)
+            torch.testing.assert_close(out.logits[0, node], alone.logits[0, -1], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(out.stream_states[0, node], alone.stream_states[0, -1], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_msa_layers, num_streams", [(1, 2), (2, 3), (4, 3)])
+def test_shared_greedy_equals_its_own_autoregressive_decoding(arch, num_msa_layers, num_streams):
+    """Shared mode is a changed model: speculative greedy output equals the same model's plain greedy decoding
+    (`generate_autoregressive`: transformers' loop over the same joint forward), token for token."""
+    _, ss = _shared(arch, seed=7, num_streams=num_streams, num_msa_layers=num_msa_layers)
+    prompts = [torch.randint(0, 96, (1, n), generator=torch.Generator().manual_seed(n)) for n in (3, 12)]
+    for ids, new, tree in itertools.product(prompts, (17, 30), (None, hfs.TreeSpec.chain(num_streams))):
+        want = ss.generate_autoregressive(ids, max_new_tokens=new, do_sample=False)
+        got = ss.generate(ids, max_new_tokens=new, do_sample=False, speculative_tree=tree, return_dict_in_generate=True)
+        assert torch.equal(got.sequences, want), (ids, new, tree)
+    # the cache left behind is the joint forward's (main-stream only) cache of the committed sequence
+    expected = DynamicCache(config=ss.base.config)
+    with torch.no_grad():
+        ss(got.sequences[:, :-1], past_key_values=expected, use_cache=True)
+    assert got.past_key_values.get_seq_length() == expected.get_seq_length() == got.sequences.shape[1] - 1
+    for mine, theirs in zip(got.past_key_values.layers, expected.layers):
+        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-3, atol=3e-4)  # float noise of other shapes
+        torch.testing.assert_close(mine.values, theirs.values, rtol=1e-3, atol=3e-4)
+
+
+def test_shared_drafter_takes_the_streams_of_the_verification_forward():
+    """Depth d of each tree holds stream d's top tokens at the last accepted node, as the joint forward over the
+    committed sequence computes them."""
+    _, ss = _shared("llama", seed=8, num_streams=2)
+    spec = hfs.TreeSpec.cartesian([3, 2])
+    drafts = []
+
+    class Recording(hfs.drafters.streaming.SpeculativeStreamingDrafter):
+        def propose(self, sequence, tree, options):
+            drafts.append((sequence.clone(), super().propose(sequence, tree, options)))
+            return drafts[-1][1]
+
+    ss.get_self_drafter = lambda: Recording(ss)
+    ss.generate(torch.tensor([[5, 7, 11, 2, 9]]), max_new_tokens=12, do_sample=False, speculative_tree=spec)
+    assert len(drafts) >= 2
+    for sequence, draft in drafts:
+        with torch.no_grad():
+            top = torch.topk(ss(sequence[:, :-1], output_streams=True).stream_logits[0, -1], 3, dim=-1).indices
+        for node, path in enumerate(spec.paths, start=1):
+            assert int(draft.tokens[node]) == int(top[len(path) - 1, path[-1]])
+
+
+def _token_batch(ss, text, prompt_len):
+    from hf_speculative.training.trainer import HiddenStates as States
+
+    labels = text.clone()
+    labels[:prompt_len] = IGNORE_INDEX
+    states = States(torch.empty(0), text, labels, torch.tensor([0, len(text)]), ["a"])
+    data = StreamSegmentDataset(states, ss.config.num_streams, segment_length=256, shared=True)
+    return states, StreamCollator()([data[0]])
+
+
+def test_shared_training_loss_on_a_hand_computed_case():
+    """L = 1 * CE(main_t, y_t+1) + sum_j 0.1 * CE(stream_tj, y_t+1+j) over answer tokens, against the model's
+    own logits computed independently (plain forward, per-position cross entropies)."""
+    from hf_speculative.drafters.streaming.training_speculative_streaming import SpeculativeStreamingTrainer
+
+    _, ss = _shared("mistral", num_streams=2)
+    text = torch.randint(0, 96, (12,), generator=torch.Generator().manual_seed(12))
+    _, batch = _token_batch(ss, text, prompt_len=4)
+    no = torch.full((3,), IGNORE_INDEX)
+    assert torch.equal(batch["targets"][0, :, 0], torch.cat([no, text[4:], no[:1]]))  # next token, answer tokens 4..11
+    fake = type("T", (), {"stream_weights": None, "alpha_0": 1.0, "record_parts": lambda *a: None})()
+    loss = SpeculativeStreamingTrainer.compute_loss(fake, ss, batch)
+    with torch.no_grad():
+        out = ss(text[None], output_streams=True)
+    main = F.log_softmax(out.logits[0], -1)
+    streams = F.log_softmax(out.stream_logits[0], -1)
+    ce_main = -sum(main[t, text[t + 1]] for t in range(3, 11)) / 8  # targets text[4..11]
+    ce = [-sum(streams[t, j - 1, text[t + 1 + j]] for t in range(3 - j, 11 - j)) / 8 for j in (1, 2)]
+    torch.testing.assert_close(loss, ce_main + 0.1 * (ce[0] + ce[1]), rtol=1e-5, atol=1e-5)
+
+
+def test_shared_training_lowers_the_loss_and_keeps_greedy_equality():
+    """A few steps of shared-mode training (streams + LoRA through the Trainer) lower the loss on the model's
+    own text (main and streams); speculative greedy output still equals the trained model's own autoregressive
+    decoding, with drafted tokens accepted."""
+    from hf_speculative.drafters.streaming.training_speculative_streaming import SpeculativeStreamingTrainer
+
+    _, ss = _shared("llama", seed=10, num_streams=2, scale=0.03)
+    ids = torch.randint(0, 96, (1, 4), generator=torch.Generator().manual_seed(11))
+    text = ss.generate_autoregressive(ids, max_new_tokens=40, do_sample=False)[0]
+    states, batch = _token_batch(ss, text, prompt_len=4)
+    fake = type("T", (), {"stream_weights": None, "alpha_0": 1.0, "record_parts": lambda *a: None})()
+    with torch.no_grad():
+        before = float(SpeculativeStreamingTrainer.compute_loss(fake, ss, batch))
+    lora_before = [p.clone() for p in ss.base.parameters() if p.requires_grad]
+    trainer = train_speculative_streaming(ss, states, output_dir="/tmp/ss_shared_test_trainer", max_steps=30, learning_rate=1e-2, batch_size=1, progress=False)
+    assert trainer.state.global_step == 30
+    with torch.no_grad():
+        after = float(SpeculativeStreamingTrainer.compute_loss(fake, ss, batch))
+    assert after < 0.7 * before
+    assert any(not torch.equal(a, b) for a, b in zip(lora_before, [p for p in ss.base.parameters() if p.requires_grad]))
+    ref = ss.generate_autoregressive(ids, max_new_tokens=40, do_sample=False)
+    out = ss.generate(ids, max_new_tokens=40, do_sample=False, return_dict_in_generate=True, speculative_tree=hfs.TreeSpec.chain(2))
+    assert torch.equal(out.sequences, ref)
+    assert max(out.speculative_stats.accepted_lengths) > 1  # drafted tokens were accepted (cache compaction ran)
+
+
+def test_shared_save_load_round_trip(tmp_path):
+    """The folder holds config + streams (model.safetensors) + the LoRA adapter (PEFT adapter files); loading it
+    onto a fresh copy of the base restores the same model."""
+    _, ss = _shared("llama", seed=14, num_streams=2)
+    ss.save_pretrained(tmp_path)
+    from safetensors.torch import load_file
+
+    assert set(load_file(str(tmp_path / "model.safetensors"))) == {n for n, _ in ss.named_parameters()}
+    lora = load_file(str(tmp_path / "lora" / "adapter_model.safetensors"))
+    assert lora and all("lora_" in k for k in lora) and (tmp_path / "lora" / "adapter_config.json").is_file()
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    want = ss.generate(ids, max_new_tokens=10, do_sample=False, return_dict_in_generate=True)
+    for loader in (LlamaForSpeculativeStreaming.from_pretrained, AutoModel.from_pretrained):
+        loaded = loader(tmp_path, base_model=tiny_model("llama", seed=14))
+        assert loaded.config.mode == "shared"
+        for a, b in zip(ss.trainable_parameters(), loaded.trainable_parameters()):
+            assert torch.equal(a, b)
+        with torch.no_grad():
+            assert torch.equal(loaded(ids).logits, ss(ids).logits)
+        got = loaded.generate(ids, max_new_tokens=10, do_sample=False, return_dict_in_generate=True)
+        assert torch.equal(got.sequences, want.sequences)
+        assert got.speculative_stats.accepted_lengths == want.speculative_stats.accepted_lengths
+
+
+def test_cli_trains_shared_mode(tmp_path):
+    """``hf-speculative train streaming --mode shared`` on a tiny chat model: LoRA + streams saved, reloadable."""
+    import json
+
+    from conftest import tiny_chat_model
+    from hf_speculative.cli import main
+
+    model, tok = tiny_chat_model(4)
+    model.save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    data = tmp_path / "chat.jsonl"
+    with open(data, "w") as f:
+        for i in range(8):
+            msgs = [{"role": "user", "content": f"count {i}"}, {"role": "assistant", "content": "one two three four five six"}]
+            f.write(json.dumps({"id": str(i), "messages": msgs}) + "\n")
+    out = tmp_path / "out"
+    argv = ["train", "streaming", "--mode", "shared", "--model", str(tmp_path / "base"), "--data", str(data), "--out", str(out)]
+    assert main(argv + ["--max-steps", "3", "--num-msa-layers", "2", "--lora-rank", "4", "--holdout", "0.25", "--threads", "1"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["mode"] == "shared" and config["training"]["steps_done"] == 3 and config["training"]["lora_parameters"] > 0
+    assert (out / "lora" / "adapter_model.safetensors").is_file()
+    ss = LlamaForSpeculativeStreaming.from_pretrained(out)  # loads the recorded base and the adapter
+    ids = torch.tensor([[1, 2, 3]])
+    assert torch.equal(ss.generate(ids, max_new_tokens=6, do_sample=False), ss.generate_autoregressive(ids, max_new_tokens=6, do_sample=False))

@@ -1,8 +1,12 @@
-"""``hf-speculative train streaming``: Speculative Streaming streams (lossless mode) on the states entering the
-MSA layers, computed once and cached, then a calibrated tree and a model card.
+"""``hf-speculative train streaming``: Speculative Streaming, then a calibrated tree (and, lossless, a model card).
+
+Lossless mode (default): the streams alone, on the states entering the MSA layers, computed once and cached.
+Shared mode (``--mode shared``): the streams and LoRA adapters on the base (PEFT), with the joint forward
+through the whole model on token segments, alpha_0 = 1, alpha_j = 0.1 (Sec. 3.1.4, H.1).
 
     hf-speculative train streaming --model reference --data examples/data/sharegpt_smollm2_distill.jsonl \\
         --out model_cards/speculative-streaming-smollm2-135m-instruct --num-streams 3 --num-msa-layers 4
+    hf-speculative train streaming --mode shared --lora-rank 8 --model reference --data ... --out ...
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ def cmd_train_streaming(args, setup_torch) -> int:
         StreamCurveCallback,
         extract_stream_inputs,
         stream_accuracies,
+        tokenize_records,
         train_speculative_streaming,
     )
 
@@ -34,16 +39,25 @@ def cmd_train_streaming(args, setup_torch) -> int:
     train_records, held_out = split_records(records, args.holdout, args.seed)
     print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
     ss = LlamaForSpeculativeStreaming.from_base_model(
-        model, num_streams=args.num_streams, num_msa_layers=args.num_msa_layers, mode="lossless",
+        model, num_streams=args.num_streams, num_msa_layers=args.num_msa_layers, mode=args.mode,
         adapter_rank=args.adapter_rank, stream_init_rank=args.stream_init_rank, tree_top_k=args.top_k,
+        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
     )  # fmt: skip
     if args.model in ("reference", "smollm2", "smollm2-135m-instruct"):
         ss.config.base_model_name_or_path = REFERENCE_HUB_ID
     layer = ss.config.first_msa_layer
+    shared = args.mode == "shared"
     t0 = time.perf_counter()
-    train_states = extract_stream_inputs(model, tokenizer, train_records, layer, max_length=args.max_length)
-    hold_states = extract_stream_inputs(model, tokenizer, held_out, layer, max_length=args.max_length) if held_out else None
-    print(f"states entering layer {layer}: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
+
+    def prepare(recs):  # shared: the joint forward runs the whole (LoRA-adapted) model every step, only tokens
+        if shared:
+            return tokenize_records(tokenizer, recs, max_length=args.max_length)
+        return extract_stream_inputs(model, tokenizer, recs, layer, max_length=args.max_length)
+
+    train_states = prepare(train_records)
+    hold_states = prepare(held_out) if held_out else None
+    what = "tokens" if shared else f"states entering layer {layer}"
+    print(f"{what}: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
     if args.extract_only:
         return 0
     callbacks = []
@@ -71,7 +85,10 @@ def cmd_train_streaming(args, setup_torch) -> int:
         ss.config.calibration = calibration
     base_params = sum(p.numel() for p in model.parameters())
     ss.config.training = {
-        "method": "speculative streaming, lossless mode (frozen base, alpha_0 = 0)",
+        "method": (
+            f"speculative streaming, shared mode (LoRA rank {args.lora_rank} on the base, alpha_0 = 1, alpha_j = 0.1)"
+            if shared else "speculative streaming, lossless mode (frozen base, alpha_0 = 0)"
+        ),
         "data": str(args.data),
         "conversations": len(train_records),
         "held_out_conversations": len(held_out),
@@ -86,6 +103,7 @@ def cmd_train_streaming(args, setup_torch) -> int:
         "train_seconds": round(train_s, 1),
         "final_loss": round(float(trainer.state.log_history[-1].get("train_loss", float("nan"))), 4),
         "stream_parameters": ss.num_stream_parameters(),
+        "lora_parameters": sum(p.numel() for p in ss.trainable_parameters()) - ss.num_stream_parameters() if shared else 0,
         "base_parameters": base_params,
         "extra_parameter_share": round(ss.num_stream_parameters() / base_params, 6),
         "learning_curve": next((c.curve for c in callbacks if hasattr(c, "curve")), None),
@@ -93,7 +111,10 @@ def cmd_train_streaming(args, setup_torch) -> int:
     }
     out = Path(args.out)
     ss.save_pretrained(out)
-    write_model_card(ss, out)
+    if shared:
+        print("shared mode: config, streams and lora/ saved; the model card template describes lossless mode, none written", file=sys.stderr)
+    else:
+        write_model_card(ss, out)
     import shutil
 
     shutil.rmtree(out / "trainer_state", ignore_errors=True)
@@ -103,8 +124,13 @@ def cmd_train_streaming(args, setup_torch) -> int:
 
 def add_streaming_parsers(sub, methods, add_common, setup_torch) -> None:
     """Register ``train streaming`` on ``methods`` (the ``train`` sub-parsers)."""
-    p = methods.add_parser("streaming", help="Speculative Streaming streams, lossless mode (frozen base, MSA-layer inputs cached)")
+    p = methods.add_parser(
+        "streaming", help="Speculative Streaming: lossless (frozen base, MSA-layer inputs cached) or shared (LoRA base + streams, joint forward)"
+    )
     add_common(p)
+    p.add_argument("--mode", choices=("lossless", "shared"), default="lossless", help="lossless: streams only; shared: Eq. 1 + LoRA on the base")
+    p.add_argument("--lora-rank", type=int, default=8, help="shared mode: rank of the PEFT LoRA adapters on the base")
+    p.add_argument("--lora-alpha", type=float, default=16.0, help="shared mode: LoRA alpha")
     p.add_argument("--data", required=True, help="training conversations (chat jsonl, ShareGPT, ...)")
     p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
     p.add_argument("--num-streams", type=int, default=3, help="gamma")
@@ -125,7 +151,7 @@ def add_streaming_parsers(sub, methods, add_common, setup_torch) -> None:
     p.add_argument("--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training")
     p.add_argument("--curve-conversations", type=int, default=10, help="held-out conversations used for the curve points")
     p.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds")
-    p.add_argument("--extract-only", action="store_true", help="only compute (and cache) the states entering the MSA layers")
+    p.add_argument("--extract-only", action="store_true", help="only compute (and cache) the states entering the MSA layers (lossless)")
     p.set_defaults(func=lambda a: cmd_train_streaming(a, setup_torch))
 
 

@@ -9,6 +9,8 @@ from ...trees import TreeSpec
 
 __all__ = ["SpeculativeStreamingConfig", "default_stream_tree"]
 
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
 
 def default_stream_tree(num_streams: int, top_k: int | list[int] = 2) -> list[list[int]]:
     """Sec. 3.1.2: the top-k tokens of stream n are the parents of the top-k tokens of stream n+1 (a
@@ -31,8 +33,9 @@ class SpeculativeStreamingConfig(LlamaConfig):
         mode (`str`, defaults to `"lossless"`):
             ``"lossless"``: the base model is frozen and the main stream never sees the streams, so it
             computes exactly what the base model computes (the streams are trained alone, alpha_0 = 0).
-            ``"shared"``: the main stream also attends to its own streams (Eq. 1) and the base is fine-tuned
-            (alpha_0 = 1, alpha_j = 0.1). Only ``"lossless"`` is implemented for now.
+            ``"shared"``: in the MSA layers the main stream also attends to its own streams at t (Eq. 1), so
+            main and streams run jointly in every forward, and the base is fine-tuned with LoRA through PEFT
+            (alpha_0 = 1, alpha_j = 0.1, Sec. 3.1.4 / H.1). The cache still holds main-stream keys/values only.
         stream_init_rank (`int`, defaults to 0): eta, the rank of the stream-init adapter f_eta; 0 makes f the
             identity (the streams start as copies of the main stream plus their identifier embedding).
         adapter_rank (`int`, defaults to 8): rank of the LoRA-style adapters on the MSA layers' q/k/v/o
@@ -45,6 +48,10 @@ class SpeculativeStreamingConfig(LlamaConfig):
         pruning_rank (`int`, defaults to 8): theta, rank of the early-exit adapter used by pruning.
         pruning_threshold (`float`, defaults to 0.0): prune nodes (and their subtrees) whose estimated transition
             probability from their parent is below this threshold; 0 turns pruning off. Greedy drafts only.
+        lora_rank (`int`, defaults to 8): shared mode: rank of the PEFT LoRA adapters injected into the base.
+        lora_alpha (`float`, defaults to 16.0): shared mode: LoRA scaling numerator (scale = alpha / rank).
+        lora_target_modules (`list[str]`, *optional*): shared mode: the base's projections that get LoRA
+            (default: q/k/v/o and gate/up/down of every layer).
         tree_top_k (`int` or `list[int]`, defaults to 2): top-k per stream of the default Cartesian tree.
         stream_tree (`list[list[int]]`, *optional*): the static draft tree as Medusa-style paths (overrides
             ``tree_top_k``; its depth must be at most ``num_streams``).
@@ -66,6 +73,9 @@ class SpeculativeStreamingConfig(LlamaConfig):
         pruning_layer: int | None = None,
         pruning_rank: int = 8,
         pruning_threshold: float = 0.0,
+        lora_rank: int = 8,
+        lora_alpha: float = 16.0,
+        lora_target_modules: list[str] | None = None,
         tree_top_k: int | list[int] = 2,
         stream_tree: list[list[int]] | None = None,
         base_model_name_or_path: str | None = None,
@@ -90,6 +100,9 @@ class SpeculativeStreamingConfig(LlamaConfig):
         self.pruning_layer = pruning_layer
         self.pruning_rank = pruning_rank
         self.pruning_threshold = pruning_threshold
+        self.lora_rank = lora_rank
+        self.lora_alpha = lora_alpha
+        self.lora_target_modules = list(lora_target_modules) if lora_target_modules is not None else list(LORA_TARGET_MODULES)
         self.tree_top_k = tree_top_k
         self.stream_tree = stream_tree if stream_tree is not None else default_stream_tree(num_streams, tree_top_k)
         self.base_model_name_or_path = base_model_name_or_path
@@ -108,6 +121,8 @@ class SpeculativeStreamingConfig(LlamaConfig):
             raise ValueError(
                 f"pruning_layer={self.pruning_layer} must be in 1..{self.first_msa_layer} (the early exit comes before the MSA layers)"
             )
+        if self.pruning_layer is not None and self.mode != "lossless":
+            raise ValueError("parallel tree pruning is implemented for mode='lossless' only")
         if self.pruning_threshold > 0 and self.pruning_layer is None:
             raise ValueError("pruning_threshold > 0 needs a pruning_layer (the early exit that estimates transition probabilities)")
 

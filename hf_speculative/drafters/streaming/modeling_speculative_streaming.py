@@ -8,12 +8,18 @@ at positions ``<= t`` (the KV cache) and to the streams ``<= j`` at t; the strea
 After the last layer the final norm and the base ``lm_head`` give stream j's logits for the token at
 ``t + 1 + j`` (the main stream predicts ``t + 1``).
 
-Lossless mode (the only mode implemented): the base is frozen and the main stream never attends to the
-streams, so the main stream *is* the base model's forward, bit for bit, and the cache holds exactly the base
-model's keys/values. The streams only read them, which is also why they can be evaluated after the
-verification forward for the one node that needs them (the last accepted node, whose main-stream keys and
-values are exactly the compacted cache): computing them for every tree node inside the forward (the paper's
-fused GPU layout, `forward(output_streams=True)`) gives the same numbers for that node.
+Lossless mode: the base is frozen and the main stream never attends to the streams, so the main stream *is*
+the base model's forward, bit for bit, and the cache holds exactly the base model's keys/values. The streams
+only read them, which is also why they can be evaluated after the verification forward for the one node that
+needs them (the last accepted node, whose main-stream keys and values are exactly the compacted cache):
+computing them for every tree node inside the forward (the paper's fused GPU layout,
+`forward(output_streams=True)`) gives the same numbers for that node.
+
+Shared mode: in the MSA layers the main stream at t also attends to its own gamma streams at t (Eq. 1), so the
+main stream depends on the streams and every forward (prefill, tree verification, training) runs main and
+streams jointly (`msa_layer` with a main row); the cache still holds main-stream keys/values only. The base is
+fine-tuned with LoRA injected through PEFT (alpha_0 = 1, alpha_j = 0.1). The verification forward computes
+every node's streams, and the drafter takes them at the last accepted node.
 
 The MSA layers reuse the base layers' own projections, norms and MLPs (shared modules, no copy); the
 trainable parameters are the stream embeddings, the optional stream-init adapter and LoRA-style low-rank
@@ -28,16 +34,17 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import LlamaForCausalLM, PreTrainedModel
+from transformers import GenerationMixin, LlamaForCausalLM, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import DynamicCache
+from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaPreTrainedModel, rotate_half
 
 from ...generation import SpeculativeGenerationMixin
 from ...trees import DraftTree, TreeSpec
 from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits, vocab_logits
-from .configuration_speculative_streaming import SpeculativeStreamingConfig
+from .configuration_speculative_streaming import LORA_TARGET_MODULES, SpeculativeStreamingConfig
 
 __all__ = [
     "StreamAdapter",
@@ -47,8 +54,10 @@ __all__ = [
     "SpeculativeStreamingDrafter",
 ]
 
-ADAPTED_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ADAPTED_PROJECTIONS = LORA_TARGET_MODULES
 REFERENCE_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+LORA_SUBFOLDER = "lora"  # not the folder's root: transformers would take a root adapter_config.json for its own
+LORA_WEIGHTS_NAME = "adapter_model.safetensors"
 
 
 class StreamAdapter(nn.Module):
@@ -109,63 +118,85 @@ class SpeculativeStreams(nn.Module):
 
 @dataclass
 class SpeculativeStreamingOutput(CausalLMOutputWithPast):
-    """`CausalLMOutputWithPast` (the main stream: exactly the base model's outputs) plus
+    """`CausalLMOutputWithPast` (the main stream: in lossless mode exactly the base model's outputs) plus
 
     ``stream_inputs`` ``(B, T, H)``: the main stream entering layer N - N_s (where the streams start);
-    ``stream_logits`` ``(B, T, gamma, V)``: with ``output_streams=True``, stream j's logits for ``t + 1 + j``.
+    ``stream_logits`` ``(B, T, gamma, V)``: with ``output_streams=True``, stream j's logits for ``t + 1 + j``;
+    ``stream_states`` ``(B, T, gamma, H)``: shared mode, the final-normed streams of every position (the joint
+    forward computes them anyway; the drafter projects only the last accepted node's).
     """
 
     stream_inputs: torch.Tensor | None = None
     stream_logits: torch.Tensor | None = None
+    stream_states: torch.Tensor | None = None
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + rotate_half(x) * sin
 
 
-def _project(linear: nn.Linear, adapters, name: str, x: torch.Tensor) -> torch.Tensor:
+def _project(linear: nn.Linear, adapters, name: str, x: torch.Tensor, num_main: int = 0) -> torch.Tensor:
+    """``linear(x)`` plus the stream adapter ``name`` on the stream rows (dim -2 from ``num_main`` on; the first
+    ``num_main`` rows are main-stream rows, which only the base's own projection sees)."""
     out = linear(x)
-    if adapters is not None:
-        out = out + adapters[name](x)
-    return out
+    if adapters is None:
+        return out
+    if not num_main:
+        return out + adapters[name](x)
+    streams = out[..., num_main:, :] + adapters[name](x[..., num_main:, :])
+    return torch.cat([out[..., :num_main, :], streams], dim=-2)
 
 
-def msa_stream_layer(layer: nn.Module, adapters, streams, keys, values, key_mask, cos, sin) -> torch.Tensor:
-    """One MSA layer for the stream rows (Eq. 2), with the decoder layer's own modules.
+def msa_layer(layer: nn.Module, adapters, rows, main_kv, key_mask, cos, sin, num_main: int = 0) -> torch.Tensor:
+    """One MSA layer (Sec. 3.1.1) over the rows of every position t, with the decoder layer's own modules.
 
-    ``streams`` ``(B, T, G, H)``; ``keys``/``values`` ``(B, kv_heads, L, d)``: the main stream's (rotary applied,
-    as cached); ``key_mask`` ``(B, T, L)`` additive (which main positions position t may see: its causal or
-    tree-ancestor row) or None (all); ``cos``/``sin`` ``(B, T, d)``: rotary at each position t. Stream j at t
-    attends to those main keys and to the streams ``<= j`` at t. Returns the streams after the layer.
+    ``rows`` ``(B, T, R, H)``: ``num_main`` main-stream rows (0: lossless, the streams alone; 1: shared mode)
+    followed by the gamma stream rows. ``main_kv``: the main stream's ``(keys, values)`` ``(B, kv_heads, L, d)``
+    (rotary applied, as cached), or a function ``(k, v) -> (keys, values)`` that stores the main row's new
+    keys/values ``(B, kv_heads, T, d)`` (in the cache: the streams write nothing) and returns all of them.
+    ``key_mask`` ``(B, T, L)`` additive (the main positions position t may see: its causal or tree-ancestor
+    row) or None (all); ``cos``/``sin`` ``(B, T, d)``: rotary at each position t.
+
+    Every row at t attends to those main keys and to the streams at t: the main row to all gamma of them
+    (Eq. 1), stream j to the streams ``<= j`` (Eq. 2). Returns the rows after the layer.
     """
     attn = layer.self_attn
     if hasattr(attn, "q_norm") or getattr(attn, "sliding_window", None):
         raise NotImplementedError("MSA layers support the Llama / Mistral / Qwen2 attention layout (no q/k norm, no sliding window)")
-    B, T, G, _ = streams.shape
-    kv_heads, d = keys.shape[1], keys.shape[-1]
-    rep = attn.num_key_value_groups
-    x = layer.input_layernorm(streams)
-    q = _project(attn.q_proj, adapters, "q_proj", x).view(B, T, G, kv_heads, rep, d)
-    k = _project(attn.k_proj, adapters, "k_proj", x).view(B, T, G, kv_heads, d)
-    v = _project(attn.v_proj, adapters, "v_proj", x).view(B, T, G, kv_heads, d)
+    B, T, R, _ = rows.shape
+    G = R - num_main
+    rep, d = attn.num_key_value_groups, attn.head_dim
+    x = layer.input_layernorm(rows)
+    q = _project(attn.q_proj, adapters, "q_proj", x, num_main).view(B, T, R, -1, rep, d)
+    k = _project(attn.k_proj, adapters, "k_proj", x, num_main).view(B, T, R, -1, d)
+    v = _project(attn.v_proj, adapters, "v_proj", x, num_main).view(B, T, R, -1, d)
     q = _rope(q, cos[:, :, None, None, None, :], sin[:, :, None, None, None, :])
     k = _rope(k, cos[:, :, None, None, :], sin[:, :, None, None, :])
-    scores_main = torch.einsum("btgkrd,bksd->bkrtgs", q, keys.to(q.dtype)) * attn.scaling  # (B, kv, rep, T, G, L)
+    keys, values = main_kv(k[:, :, 0].transpose(1, 2), v[:, :, 0].transpose(1, 2)) if callable(main_kv) else main_kv
+    k_streams, v_streams = (k[:, :, num_main:], v[:, :, num_main:]) if num_main else (k, v)
+    scores_main = torch.einsum("btgkrd,bksd->bkrtgs", q, keys.to(q.dtype)) * attn.scaling  # (B, kv, rep, T, R, L)
     if key_mask is not None:
         scores_main = scores_main + key_mask[:, None, None, :, None, :].to(scores_main.dtype)
-    scores_self = torch.einsum("btgkrd,bthkd->bkrtgh", q, k) * attn.scaling  # (B, kv, rep, T, G, G)
-    later = torch.ones(G, G, dtype=torch.bool, device=q.device).triu(1)  # stream j sees streams <= j
+    scores_self = torch.einsum("btgkrd,bthkd->bkrtgh", q, k_streams) * attn.scaling  # (B, kv, rep, T, R, G)
+    later = torch.ones(R, G, dtype=torch.bool, device=q.device).triu(1 - num_main)  # stream j sees streams <= j
+    later[:num_main] = False  # the main row sees every stream at t (Eq. 1)
     scores_self = scores_self.masked_fill(later, torch.finfo(scores_self.dtype).min)
     L = scores_main.shape[-1]
     weights = torch.softmax(torch.cat([scores_main, scores_self], dim=-1), dim=-1, dtype=torch.float32).to(q.dtype)
     out = torch.einsum("bkrtgs,bksd->btgkrd", weights[..., :L], values.to(q.dtype))
-    out = out + torch.einsum("bkrtgh,bthkd->btgkrd", weights[..., L:], v)
-    streams = streams + _project(attn.o_proj, adapters, "o_proj", out.reshape(B, T, G, -1))
-    x = layer.post_attention_layernorm(streams)
+    out = out + torch.einsum("bkrtgh,bthkd->btgkrd", weights[..., L:], v_streams)
+    rows = rows + _project(attn.o_proj, adapters, "o_proj", out.reshape(B, T, R, -1), num_main)
+    x = layer.post_attention_layernorm(rows)
     mlp = layer.mlp
-    gate = _project(mlp.gate_proj, adapters, "gate_proj", x)
-    up = _project(mlp.up_proj, adapters, "up_proj", x)
-    return streams + _project(mlp.down_proj, adapters, "down_proj", mlp.act_fn(gate) * up)
+    gate = _project(mlp.gate_proj, adapters, "gate_proj", x, num_main)
+    up = _project(mlp.up_proj, adapters, "up_proj", x, num_main)
+    return rows + _project(mlp.down_proj, adapters, "down_proj", mlp.act_fn(gate) * up, num_main)
+
+
+def msa_stream_layer(layer: nn.Module, adapters, streams, keys, values, key_mask, cos, sin) -> torch.Tensor:
+    """`msa_layer` for the stream rows alone (Eq. 2; lossless mode): ``streams`` ``(B, T, G, H)`` read the main
+    stream's cached ``keys``/``values`` ``(B, kv_heads, L, d)``. Returns the streams after the layer."""
+    return msa_layer(layer, adapters, streams, (keys, values), key_mask, cos, sin)
 
 
 def main_stream_layer(layer: nn.Module, hidden, key_mask, cos, sin):
@@ -198,13 +229,25 @@ def causal_key_mask(batch: int, length: int, dtype: torch.dtype, device, past_le
     return mask[None].expand(batch, -1, -1)
 
 
+def stream_key_mask(attention_mask: torch.Tensor | None, batch: int, length: int, past_length: int, dtype, device) -> torch.Tensor:
+    """The ``(B, T, L)`` additive rows of main positions each new position sees: a 4D (tree) mask's rows, or
+    causal plus a 2D padding mask over past + new tokens."""
+    if attention_mask is not None and attention_mask.dim() == 4:
+        return attention_mask[:, 0].to(dtype)
+    key_mask = causal_key_mask(batch, length, dtype, device, past_length)
+    if attention_mask is not None:
+        key_mask = key_mask.masked_fill(~attention_mask[:, None, :].bool(), torch.finfo(dtype).min)
+    return key_mask
+
+
 class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM):
     """An MSA-patched `LlamaForCausalLM` that drafts for itself: ``ss.generate(input_ids, max_new_tokens=...)``.
 
     Build with ``from_base_model(model, num_streams=3, num_msa_layers=4)`` (Llama, Mistral or Qwen2 layer
     layouts; the base's modules are shared, not copied), or ``from_pretrained(folder, base_model=model)``. The
-    checkpoint holds only the config and the streams' parameters and names its base model; the base's modules
-    are not submodules of this model (not saved, not moved by ``.to()``, not trained).
+    checkpoint holds the config and the streams' parameters (shared mode: plus the base's LoRA adapter in
+    ``lora/``) and names its base model; the base's modules are not submodules of this model (not saved, not
+    moved by ``.to()``; in shared mode only their LoRA weights train, see `trainable_parameters`).
     """
 
     config_class = SpeculativeStreamingConfig
@@ -261,12 +304,13 @@ class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM)
         if base_model is None:
             base_model = load_base_model(ss.config.base_model_name_or_path)
         ss.attach_base_model(base_model)
+        if ss.config.mode == "shared":
+            ss._load_lora(pretrained_model_name_or_path, **kwargs)
         return ss.eval()
 
     def attach_base_model(self, model: PreTrainedModel) -> None:
-        """Use ``model``'s decoder and ``lm_head`` (frozen, shared) as this model's main stream."""
-        if self.config.mode != "lossless":
-            raise NotImplementedError("only mode='lossless' is implemented (shared mode needs a joint main/stream forward)")
+        """Use ``model``'s decoder and ``lm_head`` (frozen, shared) as this model's main stream. Shared mode also
+        injects LoRA adapters into ``model`` in place (PEFT), unless it already has them: they are trainable."""
         decoder = getattr(model, "model", None)
         layers = getattr(decoder, "layers", None)
         if layers is None or not hasattr(decoder, "rotary_emb") or not hasattr(decoder, "norm"):
@@ -280,6 +324,8 @@ class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM)
             )
         for p in model.parameters():
             p.requires_grad_(False)
+        if self.config.mode == "shared":
+            self._inject_lora(model)
         self.__dict__["base"] = model
         self.__dict__["model"] = decoder
         self.__dict__["lm_head"] = lm_head
@@ -304,6 +350,60 @@ class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM)
             adapter.lora_A.normal_(0.0, 1.0 / math.sqrt(adapter.lora_A.shape[1]))
             adapter.lora_B.zero_()
         self.streams.pruning = adapter
+
+    def lora_config(self):
+        """Shared mode: the PEFT `LoraConfig` of the base's adapters (Sec. 3.1.4, H.1: the base is fine-tuned)."""
+        from peft import LoraConfig
+
+        c = self.config
+        return LoraConfig(r=c.lora_rank, lora_alpha=c.lora_alpha, lora_dropout=0.0, target_modules=list(c.lora_target_modules))
+
+    def _inject_lora(self, model: PreTrainedModel) -> None:
+        from peft import inject_adapter_in_model
+
+        if not any("lora_" in name for name, _ in model.named_parameters()):
+            inject_adapter_in_model(self.lora_config(), model)
+        for name, p in model.named_parameters():
+            p.requires_grad_("lora_" in name)
+
+    def lora_state_dict(self) -> dict[str, torch.Tensor]:
+        """Shared mode: the base's LoRA weights, PEFT-named (``get_peft_model_state_dict``)."""
+        from peft import get_peft_model_state_dict
+
+        return get_peft_model_state_dict(self.base)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """What training updates: the streams, plus in shared mode the base's LoRA adapters."""
+        params = [p for p in self.streams.parameters() if p.requires_grad]
+        if self.config.mode == "shared":
+            params += [p for p in self.base.parameters() if p.requires_grad]
+        return params
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Config + streams (``model.safetensors``); shared mode adds the base's LoRA adapter as a PEFT adapter
+        folder ``lora/`` (``adapter_config.json`` + ``adapter_model.safetensors``; ``PeftModel.from_pretrained(base,
+        folder, subfolder="lora")`` loads it too)."""
+        out = super().save_pretrained(save_directory, *args, **kwargs)
+        if self.config.mode == "shared":
+            from pathlib import Path
+
+            from safetensors.torch import save_file
+
+            folder = Path(save_directory) / LORA_SUBFOLDER
+            self.lora_config().save_pretrained(folder)
+            weights = {k: v.detach().contiguous() for k, v in self.lora_state_dict().items()}
+            save_file(weights, str(folder / LORA_WEIGHTS_NAME), metadata={"format": "pt"})
+        return out
+
+    def _load_lora(self, folder, **kwargs) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+        from transformers.utils import cached_file
+
+        path = cached_file(folder, LORA_WEIGHTS_NAME, subfolder=LORA_SUBFOLDER, **{k: v for k, v in kwargs.items() if k in ("revision", "token", "cache_dir")})
+        result = set_peft_model_state_dict(self.base, load_file(path))
+        if getattr(result, "unexpected_keys", None):
+            raise ValueError(f"{LORA_WEIGHTS_NAME} holds weights the base has no LoRA layer for: {result.unexpected_keys[:5]}")
 
     def get_input_embeddings(self):
         return None if self.model is None else self.model.embed_tokens
@@ -347,9 +447,14 @@ class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM)
         output_streams: bool = False,
         **kwargs,
     ) -> SpeculativeStreamingOutput:
-        """The base model's forward (the main stream, unchanged), plus ``stream_inputs`` and, with
-        ``output_streams=True``, the streams of every position (``stream_logits``)."""
+        """Lossless: the base model's forward (the main stream, unchanged), plus ``stream_inputs`` and, with
+        ``output_streams=True``, the streams of every position (``stream_logits``). Shared: `_joint_forward`."""
         self._check_attached()
+        if self.config.mode == "shared":
+            return self._joint_forward(
+                input_ids, inputs_embeds, attention_mask, position_ids, past_key_values, use_cache, logits_to_keep,
+                output_streams, bool(kwargs.get("output_hidden_states")), labels,
+            )  # fmt: skip
         captured = {}
 
         def capture(module, args, kw):
@@ -374,12 +479,7 @@ class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM)
             B, T = h.shape[:2]
             if position_ids is None:
                 position_ids = torch.arange(past_length, past_length + T, device=h.device)[None].expand(B, -1)
-            if attention_mask is not None and attention_mask.dim() == 4:
-                key_mask = attention_mask[:, 0].to(h.dtype)
-            else:
-                key_mask = causal_key_mask(B, T, h.dtype, h.device, past_length)
-                if attention_mask is not None:  # 2D padding mask over past + new tokens
-                    key_mask = key_mask.masked_fill(~attention_mask[:, None, :].bool(), torch.finfo(h.dtype).min)
+            key_mask = stream_key_mask(attention_mask, B, T, past_length, h.dtype, h.device)
             stream_logits = self.stream_logits(h, past_key_values, key_mask, position_ids)
         return SpeculativeStreamingOutput(
             loss=out.loss,
@@ -389,6 +489,60 @@ class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM)
             attentions=out.attentions,
             stream_inputs=captured.get("h"),
             stream_logits=stream_logits,
+        )
+
+    def _joint_forward(
+        self, input_ids, inputs_embeds, attention_mask, position_ids, past_key_values, use_cache, logits_to_keep,
+        output_streams: bool, output_hidden_states: bool, labels,
+    ) -> SpeculativeStreamingOutput:  # fmt: skip
+        """`forward` in shared mode (Sec. 3.1.1, Eqs. 1-2): the base layers below N - N_s as usual, then main and streams
+        jointly through the MSA layers (`msa_layer` with one main row); the cache gets the main row's keys and
+        values only. Works for the prefill, a tree-verification forward (4D additive tree mask and per-node
+        ``position_ids``) and training (no cache). Returns the main logits (which depend on the streams) and
+        ``stream_states`` of every position (``stream_logits`` too with ``output_streams=True``)."""
+        decoder = self.model
+        h = decoder.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        B, T = h.shape[:2]
+        cache = past_key_values
+        if cache is None and use_cache:
+            cache = DynamicCache(config=self.base.config)
+        past_length = cache.get_seq_length() if cache is not None else 0
+        if position_ids is None:
+            position_ids = (torch.arange(T, device=h.device) + past_length)[None].expand(B, -1)
+        mask = create_causal_mask(
+            config=self.base.config, inputs_embeds=h, attention_mask=attention_mask, past_key_values=cache, position_ids=position_ids
+        )
+        cos, sin = decoder.rotary_emb(h, position_ids)
+        hidden = [h]
+        first = self.config.first_msa_layer
+        for layer in decoder.layers[:first]:
+            h = layer(
+                h, attention_mask=mask, position_embeddings=(cos, sin), position_ids=position_ids,
+                past_key_values=cache, use_cache=cache is not None,
+            )  # fmt: skip
+            hidden.append(h)
+        stream_inputs = h
+        key_mask = stream_key_mask(attention_mask, B, T, past_length, h.dtype, h.device)
+        rows = torch.cat([h[:, :, None], self.streams.init_streams(h).to(h.dtype)], dim=2)  # (B, T, 1 + gamma, H)
+        adapters = self.streams.adapters
+        for i, layer in enumerate(self.msa_layers):
+            store = _cache_writer(cache, layer.self_attn.layer_idx)
+            rows = msa_layer(layer, adapters[i] if adapters is not None else None, rows, store, key_mask, cos, sin, num_main=1)
+            hidden.append(rows[:, :, 0])
+        rows = decoder.norm(rows)
+        main, streams = rows[:, :, 0], rows[:, :, 1:]
+        hidden[-1] = main  # as transformers does: the last hidden state is the normed one
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(main[:, keep])
+        loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size) if labels is not None else None
+        return SpeculativeStreamingOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=cache if use_cache else None,
+            hidden_states=tuple(hidden) if output_hidden_states else None,
+            stream_inputs=stream_inputs,
+            stream_logits=self.stream_head(streams) if output_streams else None,
+            stream_states=streams,
         )
 
     def stream_states(self, main_hidden, keys_values, key_mask, position_ids) -> torch.Tensor:
@@ -413,9 +567,18 @@ class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM)
         for layer in self.msa_layers:
             cached = cache.layers[layer.self_attn.layer_idx]
             keys_values.append((cached.keys, cached.values))
-        states = self.stream_states(main_hidden, keys_values, key_mask, position_ids)
+        return self.stream_head(self.stream_states(main_hidden, keys_values, key_mask, position_ids))
+
+    def stream_head(self, states: torch.Tensor) -> torch.Tensor:
+        """The base ``lm_head`` on final-normed stream states ``(..., H)`` (a few rows: `vocab_logits`)."""
         head = self.lm_head
         return vocab_logits(states, head.weight) if type(head) is nn.Linear and head.bias is None else head(states)
+
+    def generate_autoregressive(self, input_ids: torch.LongTensor, **kwargs):
+        """Plain transformers decoding (`GenerationMixin.generate`, one token per forward, no drafting) with this
+        model's own forward: in shared mode the joint forward. ``ss.generate`` must match its greedy output
+        token for token, and it is the baseline of shared mode's speedup."""
+        return GenerationMixin.generate(self, input_ids, **kwargs)
 
     def streams_from_hidden(self, main_hidden: torch.Tensor, position_ids: torch.LongTensor | None = None) -> torch.Tensor:
         """Training path: from the (cached) main-stream states entering layer N - N_s ``(B, T, H)`` run the top
@@ -439,6 +602,11 @@ class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM)
     def get_tree_drafter(self, target: PreTrainedModel) -> "SpeculativeStreamingDrafter":
         """``base.generate(assistant_model=ss)``: the streams attach to ``target``, which must be the base model
         they were trained for (the streams read its hidden states entering layer N - N_s and its cache)."""
+        if self.config.mode == "shared":
+            raise ValueError(
+                "a shared-mode Speculative Streaming model drafts and verifies for itself (its main stream attends to "
+                "the streams, Eq. 1): call ss.generate(input_ids, ...) instead of base.generate(assistant_model=ss)"
+            )
         if target is not self.base:
             self.attach_base_model(target)
         return SpeculativeStreamingDrafter(self)
@@ -447,6 +615,13 @@ class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM)
         """The per-call drafter `generate` uses when no ``assistant_model`` is given."""
         self._check_attached()
         return SpeculativeStreamingDrafter(self)
+
+
+def _cache_writer(cache, layer_idx: int):
+    """``(k, v) -> (keys, values)``: append the main stream's new keys/values to ``cache`` (or none: training)."""
+    if cache is None:
+        return lambda k, v: (k, v)
+    return lambda k, v: cache.update(k, v, layer_idx)
 
 
 def load_base_model(name_or_path: str | None) -> PreTrainedModel:
@@ -467,9 +642,11 @@ class SpeculativeStreamingDrafter(TreeDrafter):
     (greedy) or draws from stream d's distribution (sampling, verified by exact tree rejection sampling), so
     the tokens of stream n are the parents of those of stream n + 1.
 
-    The streams at a node need the main stream entering layer N - N_s there (``stream_inputs`` of the forward)
-    and the main stream's keys/values at the positions up to it, which after the engine has kept the accepted
-    path are exactly the target's cache: the streams are evaluated from the cache, read only.
+    Lossless: the streams at a node need the main stream entering layer N - N_s there (``stream_inputs`` of the
+    forward) and the main stream's keys/values at the positions up to it, which after the engine has kept the
+    accepted path are exactly the target's cache: the streams are evaluated from the cache, read only.
+    Shared: the (joint) verification forward computed every node's streams (``stream_states``); the drafter
+    projects those of the last accepted node.
     """
 
     needs_target_hidden_states = True
@@ -483,6 +660,10 @@ class SpeculativeStreamingDrafter(TreeDrafter):
         self.logits: torch.Tensor | None = None
 
     def _streams_at(self, target_outputs, node: int) -> None:
+        states = getattr(target_outputs, "stream_states", None)
+        if states is not None:  # shared mode: the streams come from the verification forward itself
+            self.logits = self.model.stream_head(states[0, node]).float()  # (gamma, V)
+            return
         hidden = getattr(target_outputs, "hidden_states", None)
         if hidden:  # hidden_states[i] is the input of decoder layer i: any forward of the base model will do
             inputs = hidden[self.model.config.first_msa_layer]

@@ -140,7 +140,7 @@ class PruningHeadTrainer(DrafterTrainer):
 
 
 def _next_token_segments(states: HiddenStates, segment_length: int, max_tokens: int | None = None) -> StreamSegmentDataset:
-    return StreamSegmentDataset(states, 1, segment_length, max_tokens, first_shift=1)
+    return StreamSegmentDataset(states, 0, segment_length, max_tokens, main=True)
 
 
 @torch.no_grad()

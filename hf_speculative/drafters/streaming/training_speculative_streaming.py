@@ -1,4 +1,4 @@
-"""Speculative Streaming training in lossless mode (Sec. 3.1.4, Appendix D, H.1): loss, labels, data, `Trainer`.
+"""Speculative Streaming training (Sec. 3.1.4, Appendix D, H.1): loss, labels, data, `Trainer`.
 
 Loss (Sec. 3.1.4): ``L = alpha_0 * CE(main_t, y_{t+1}) + sum_{j=1..gamma} alpha_j * CE(stream_tj, y_{t+1+j})``,
 where ``main_t`` are the main stream's logits at position t (they predict the next token ``y_{t+1}``) and
@@ -11,6 +11,11 @@ changes: it is computed once over the data and cached in fp16 (`extract_stream_i
 `hf_speculative.training.trainer.extract_hidden_states`), and each training step runs only the top N_s
 layers (main stream without gradients for its keys/values, plus the streams). Long conversations are cut
 into segments of ``segment_length`` tokens (segment attention, Appendix D), each keeping its true positions.
+
+Shared mode: alpha_0 = 1 and alpha_j = 0.1 (H.1); the base is fine-tuned with LoRA (PEFT) and the main stream
+attends to the streams, so nothing can be cached: each step runs the joint forward of the whole model over
+token segments (`tokenize_records`), and the main stream's next-token CE is column 0 of the same per-column
+loss (`stream_rows`: main then streams; `stream_labels(..., main=True)`: next token then the stream targets).
 """
 
 from __future__ import annotations
@@ -28,10 +33,13 @@ from ...training.trainer import DrafterTrainer, HiddenStates, _cache_root, _mode
 
 __all__ = [
     "IGNORE_INDEX",
+    "SHARED_STREAM_WEIGHT",
     "stream_labels",
+    "stream_rows",
     "stream_losses",
     "streaming_loss",
     "extract_stream_inputs",
+    "tokenize_records",
     "StreamSegmentDataset",
     "StreamCollator",
     "SpeculativeStreamingTrainer",
@@ -42,18 +50,20 @@ __all__ = [
 ]
 
 IGNORE_INDEX = -100
+SHARED_STREAM_WEIGHT = 0.1  # alpha_j of shared mode (H.1); alpha_0 = 1
 
 
-def stream_labels(labels: torch.LongTensor, num_streams: int, first_shift: int = 2) -> torch.LongTensor:
+def stream_labels(labels: torch.LongTensor, num_streams: int, main: bool = False) -> torch.LongTensor:
     """``(..., T)`` token labels (the token itself on answer tokens, ``-100`` elsewhere) -> ``(..., T, gamma)``
-    stream targets: ``[t, j-1] = labels[t + 1 + j]`` for stream j = 1..gamma, ``-100`` past the end
-    (``first_shift=1``, one stream: next-token targets, as for the pruning early exit)."""
+    stream targets: ``[t, j-1] = labels[t + 1 + j]`` for stream j = 1..gamma, ``-100`` past the end. With
+    ``main`` (shared mode) column 0 is the main stream's next token ``labels[t + 1]`` (``(..., T, 1 + gamma)``)."""
     T = labels.shape[-1]
-    out = torch.full((*labels.shape, num_streams), IGNORE_INDEX, dtype=torch.long, device=labels.device)
-    for j in range(1, num_streams + 1):
-        shift = first_shift - 1 + j
+    first = 0 if main else 1
+    out = torch.full((*labels.shape, num_streams + 1 - first), IGNORE_INDEX, dtype=torch.long, device=labels.device)
+    for j in range(first, num_streams + 1):
+        shift = 1 + j
         if shift < T:
-            out[..., : T - shift, j - 1] = labels[..., shift:]
+            out[..., : T - shift, j - first] = labels[..., shift:]
     return out
 
 
@@ -87,13 +97,40 @@ class _StopForward(Exception):
     pass
 
 
+def _encode(tokenizer, record, max_length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(input_ids, labels)`` of a record's conversation with its last answer; None when nothing to learn."""
+    from ...training.data import tokenize_conversation
+
+    msgs = record.conversation(num_turns=len(record.answers)) + [{"role": "assistant", "content": record.answers[-1]}]
+    enc = tokenize_conversation(tokenizer, msgs, max_length=max_length)
+    x, y = torch.tensor(enc["input_ids"]), torch.tensor(enc["labels"])
+    if len(x) < 3 or bool((y == IGNORE_INDEX).all()):
+        return None
+    return x, y
+
+
+def tokenize_records(tokenizer, records, max_length: int = 1024) -> HiddenStates:
+    """Shared mode's training data: the tokens and labels of each record with an answer, as a `HiddenStates`
+    with an empty ``hidden`` (the joint forward runs the whole model; nothing is cached)."""
+    xs, ys, offsets, ids = [], [], [0], []
+    for r in records:
+        encoded = _encode(tokenizer, r, max_length) if r.answers else None
+        if encoded is None:
+            continue
+        xs.append(encoded[0])
+        ys.append(encoded[1])
+        offsets.append(offsets[-1] + len(encoded[0]))
+        ids.append(r.id)
+    if not ids:
+        raise ValueError("no conversation with an assistant answer")
+    return HiddenStates(torch.empty(0), torch.cat(xs), torch.cat(ys), torch.tensor(offsets), ids)
+
+
 @torch.no_grad()
 def extract_stream_inputs(model, tokenizer, records, layer: int, max_length: int = 1024, cache: bool = True, progress: bool = True) -> HiddenStates:
     """The frozen base's hidden states entering decoder layer ``layer`` (= N - N_s) over ``records``, cached in
     fp16 per conversation under ``$HF_SPECULATIVE_CACHE/stream_inputs/``. The forward stops at that layer."""
     from safetensors.torch import load_file, save_file
-
-    from ...training.data import tokenize_conversation
 
     folder = _cache_root() / "stream_inputs" / f"{_model_key(model, max_length)}-layer{layer}"
     if cache:
@@ -121,11 +158,10 @@ def extract_stream_inputs(model, tokenizer, records, layer: int, max_length: int
                 t = load_file(str(path))
                 h, x, y = t["hidden"], t["input_ids"], t["labels"]
             else:
-                msgs = r.conversation(num_turns=len(r.answers)) + [{"role": "assistant", "content": r.answers[-1]}]
-                enc = tokenize_conversation(tokenizer, msgs, max_length=max_length)
-                x, y = torch.tensor(enc["input_ids"]), torch.tensor(enc["labels"])
-                if len(x) < 3 or bool((y == IGNORE_INDEX).all()):
+                encoded = _encode(tokenizer, r, max_length)
+                if encoded is None:
                     continue
+                x, y = encoded
                 try:
                     decoder(input_ids=x[None].to(model.device), use_cache=False)
                 except _StopForward:
@@ -146,24 +182,36 @@ def extract_stream_inputs(model, tokenizer, records, layer: int, max_length: int
 
 
 class StreamSegmentDataset(Dataset):
-    """Segments of at most ``segment_length`` positions of each conversation: ``hidden (T, H)`` (fp16),
-    ``targets (T, gamma)`` (computed on the whole conversation, so a segment's last positions keep their
-    targets), ``position_ids (T,)``. Segments without any stream target are dropped."""
+    """Segments of at most ``segment_length`` positions of each conversation: ``hidden (T, H)`` (fp16; with
+    ``shared``: ``input_ids (T,)``, the joint forward runs the whole model), ``targets (T, gamma)`` (with
+    ``shared``: ``(T, 1 + gamma)``, column 0 the next token; computed on the whole conversation, so a segment's
+    last positions keep their targets), ``position_ids (T,)``. Segments without any target are dropped.
+    ``main`` (default: ``shared``) adds the next-token column 0 (``num_streams=0, main=True``: next-token
+    targets alone on hidden states, as for the pruning early exit)."""
 
     def __init__(
-        self, states: HiddenStates, num_streams: int, segment_length: int = 256, max_tokens: int | None = None, first_shift: int = 2
+        self,
+        states: HiddenStates,
+        num_streams: int,
+        segment_length: int = 256,
+        max_tokens: int | None = None,
+        shared: bool = False,
+        main: bool | None = None,
     ):
+        self.key = "input_ids" if shared else "hidden"
+        inputs = states.input_ids if shared else states.hidden
+        main = shared if main is None else main
         self.items = []
         total = 0
         for i in range(len(states)):
             s, e = int(states.offsets[i]), int(states.offsets[i + 1])
-            targets = stream_labels(states.labels[s:e], num_streams, first_shift)
+            targets = stream_labels(states.labels[s:e], num_streams, main=main)
             for a in range(0, e - s, segment_length):
                 b = min(a + segment_length, e - s)
                 tg = targets[a:b]
                 if not bool((tg != IGNORE_INDEX).any()):
                     continue
-                self.items.append((states.hidden[s + a : s + b], tg, torch.arange(a, b)))
+                self.items.append((inputs[s + a : s + b], tg, torch.arange(a, b)))
                 total += b - a
                 if max_tokens is not None and total >= max_tokens:
                     return
@@ -172,58 +220,100 @@ class StreamSegmentDataset(Dataset):
         return len(self.items)
 
     def __getitem__(self, i: int) -> dict:
-        h, t, p = self.items[i]
-        return {"hidden": h, "targets": t, "position_ids": p}
+        x, t, p = self.items[i]
+        return {self.key: x, "targets": t, "position_ids": p}
 
 
 @dataclass
 class StreamCollator:
-    """Right-pads segments: ``hidden (B, T, H)`` float32, ``targets (B, T, gamma)`` (-100 on padding),
-    ``position_ids (B, T)``. Right padding cannot leak into earlier positions under the causal mask."""
+    """Right-pads segments: ``hidden (B, T, H)`` float32 (or ``input_ids (B, T)``, padded with 0),
+    ``targets (B, T, columns)`` (-100 on padding), ``position_ids (B, T)``. Right padding cannot leak into
+    earlier positions under the causal mask."""
 
     dtype: torch.dtype = torch.float32
 
     def __call__(self, features: Sequence[dict]) -> dict:
-        T = max(f["hidden"].shape[0] for f in features)
-        B, H, G = len(features), features[0]["hidden"].shape[-1], features[0]["targets"].shape[-1]
-        hidden = torch.zeros(B, T, H, dtype=self.dtype)
+        key = "hidden" if "hidden" in features[0] else "input_ids"
+        T = max(f[key].shape[0] for f in features)
+        B, G = len(features), features[0]["targets"].shape[-1]
+        first = features[0][key]
+        inputs = torch.zeros(B, T, *first.shape[1:], dtype=self.dtype if key == "hidden" else first.dtype)
         targets = torch.full((B, T, G), IGNORE_INDEX, dtype=torch.long)
         positions = torch.zeros(B, T, dtype=torch.long)
         for b, f in enumerate(features):
-            n = f["hidden"].shape[0]
-            hidden[b, :n] = f["hidden"].to(self.dtype)
+            n = f[key].shape[0]
+            inputs[b, :n] = f[key].to(inputs.dtype)
             targets[b, :n] = f["targets"]
             positions[b, :n] = f["position_ids"]
             positions[b, n:] = f["position_ids"][-1] + 1 + torch.arange(T - n)
-        return {"hidden": hidden, "targets": targets, "position_ids": positions}
+        return {key: inputs, "targets": targets, "position_ids": positions}
+
+
+def stream_rows(model, batch: dict) -> torch.Tensor:
+    """The final-normed states ``(B, T, columns, H)`` that ``batch["targets"]`` score. Lossless: the gamma streams
+    from the cached states entering layer N - N_s. Shared: the joint forward over ``input_ids``; column 0 is the
+    main stream (its next-token CE is the alpha_0 term), then the streams. A plain causal LM gives column 0 only
+    (next-token fine-tuning, the baseline shared mode is compared with)."""
+    if "input_ids" in batch:
+        out = model(
+            input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False, output_hidden_states=True, logits_to_keep=1
+        )
+        streams = getattr(out, "stream_states", None)
+        main = out.hidden_states[-1][:, :, None]
+        return main if streams is None else torch.cat([main, streams], dim=2)
+    return model.streams_from_hidden(batch["hidden"].to(model.dtype), batch["position_ids"])
 
 
 class SpeculativeStreamingTrainer(DrafterTrainer):
-    """Lossless mode: only the streams' parameters train; the loss is `streaming_loss` with alpha_0 = 0."""
+    """The loss is `streaming_loss`. Lossless mode: only the streams train, alpha_0 = 0, alpha_j = 1 by default.
+    Shared mode (batches of ``input_ids``): the streams and the base's LoRA adapters train, alpha_0 = 1 and
+    alpha_j = 0.1 by default (H.1)."""
 
-    def __init__(self, *args, stream_weights: Sequence[float] | None = None, **kwargs):
+    alpha_0: float = 1.0
+
+    def __init__(self, *args, stream_weights: Sequence[float] | None = None, alpha_0: float = 1.0, **kwargs):
         super().__init__(*args, **kwargs)
         self.stream_weights = stream_weights
+        self.alpha_0 = alpha_0
+
+    def _clip_grad_norm(self, model):
+        """Clip (and report) the gradient norm over everything that trains: in shared mode the base's LoRA
+        weights too, which are not parameters of ``model`` (the `Trainer` would clip only the streams)."""
+        if not hasattr(model, "trainable_parameters"):
+            return super()._clip_grad_norm(model)
+        return torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), self.args.max_grad_norm)
 
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
-        states = model.streams_from_hidden(inputs["hidden"].to(model.dtype), inputs["position_ids"])
-        per_stream = stream_losses(model.lm_head, states, inputs["targets"])
-        weights = self.stream_weights or [1.0] * per_stream.shape[0]
-        loss = streaming_loss(per_stream, weights)
-        self.record_parts({f"loss_stream{j + 1}": v.detach() for j, v in enumerate(per_stream)})
+        states = stream_rows(model, inputs)
+        per_column = stream_losses(model.lm_head, states, inputs["targets"])
+        parts = {}
+        if "input_ids" in inputs:  # shared mode: column 0 is the main stream
+            main_loss, per_stream = per_column[0], per_column[1:]
+            weights = self.stream_weights or [SHARED_STREAM_WEIGHT] * per_stream.shape[0]
+            loss = streaming_loss(per_stream, weights, main_loss=main_loss, alpha_0=self.alpha_0)
+            parts["loss_main"] = main_loss.detach()
+        else:
+            per_stream = per_column
+            loss = streaming_loss(per_stream, self.stream_weights or [1.0] * per_stream.shape[0])
+        parts.update({f"loss_stream{j + 1}": v.detach() for j, v in enumerate(per_stream)})
+        self.record_parts(parts)
         return (loss, states) if return_outputs else loss
 
 
 @torch.no_grad()
 def stream_accuracies(model, states: HiddenStates, top: int = 10, segment_length: int = 256) -> list[list[float]]:
-    """``acc[j][i]``: share of held-out positions where stream j+1's i-th ranked token is its target."""
+    """``acc[j][i]``: share of held-out positions where stream j+1's i-th ranked token is its target (shared mode:
+    ``states`` from `tokenize_records`, the joint forward)."""
     G = model.config.num_streams
-    data = StreamSegmentDataset(states, G, segment_length)
+    shared = model.config.mode == "shared"
+    data = StreamSegmentDataset(states, G, segment_length, shared=shared)
     hits = torch.zeros(G, top, dtype=torch.float64)
     counts = torch.zeros(G, dtype=torch.float64)
-    for item in data.items:
-        h, tg, pos = item
-        out = model.streams_from_hidden(h[None].to(model.dtype), pos[None])[0]  # (T, G, H)
+    collate = StreamCollator(model.dtype)
+    for i in range(len(data)):
+        batch = collate([data[i]])
+        out = stream_rows(model, batch)[0, :, int(shared) :]  # (T, G, H): the streams
+        tg = batch["targets"][0, :, int(shared) :]
         valid = tg != IGNORE_INDEX
         for j in range(G):
             rows = valid[:, j]
@@ -277,11 +367,16 @@ def train_speculative_streaming(
     progress: bool = True,
     callbacks: list | None = None,
 ):
-    """Train the streams of ``model`` (a `LlamaForSpeculativeStreaming` attached to its frozen base) on cached
-    states entering layer N - N_s; returns the Trainer."""
+    """Train ``model`` (a `LlamaForSpeculativeStreaming` attached to its base); returns the Trainer. Lossless: the
+    streams, on cached states entering layer N - N_s (`extract_stream_inputs`). Shared: the streams and the
+    base's LoRA adapters, with the joint forward on tokens (`tokenize_records`), alpha_0 = 1, alpha_j = 0.1.
+    ``model`` may also be a plain causal LM with trainable (e.g. PEFT LoRA) weights: then only the next-token
+    term trains (alpha_0 = 1, no streams), with the same data, segments, optimizer and schedule."""
     from transformers import TrainingArguments
 
-    dataset = StreamSegmentDataset(train_states, model.config.num_streams, segment_length, max_tokens)
+    shared = getattr(model.config, "mode", "shared") == "shared"
+    num_streams = getattr(model.config, "num_streams", 0)
+    dataset = StreamSegmentDataset(train_states, num_streams, segment_length, max_tokens, shared=shared)
     steps = max_steps if max_steps > 0 else max(1, math.ceil(len(dataset) / batch_size * num_epochs))
     args = TrainingArguments(
         output_dir=output_dir,
@@ -301,9 +396,16 @@ def train_speculative_streaming(
         seed=seed,
     )
     model.train()
+    # shared mode: the optimizer also holds the base's LoRA weights (not submodules of ``model``)
+    if hasattr(model, "trainable_parameters"):
+        params = model.trainable_parameters()
+    else:
+        params = [p for p in model.parameters() if p.requires_grad]
+    optimizers = (torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0), None) if shared else (None, None)
     trainer = SpeculativeStreamingTrainer(
-        model=model, args=args, train_dataset=dataset, data_collator=StreamCollator(), callbacks=callbacks, stream_weights=stream_weights
-    )
+        model=model, args=args, train_dataset=dataset, data_collator=StreamCollator(), callbacks=callbacks,
+        stream_weights=stream_weights, optimizers=optimizers,
+    )  # fmt: skip
     trainer.train()
     model.eval()
     return trainer
