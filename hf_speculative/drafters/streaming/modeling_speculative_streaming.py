@@ -93,6 +93,8 @@ class SpeculativeStreams(nn.Module):
 
     def __init__(self, config: SpeculativeStreamingConfig):
         super().__init__()
+        if config.stream_design != "embeddings":
+            raise NotImplementedError(f"stream_design={config.stream_design!r} (Appendix C.3) is not implemented; use 'embeddings'")
         self.stream_embeddings = StreamEmbeddings(config.num_streams, config.hidden_size)
         eta = config.stream_init_rank
         self.stream_init = StreamAdapter(config.hidden_size, config.hidden_size, eta, eta) if eta > 0 else None
