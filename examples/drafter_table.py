@@ -24,31 +24,37 @@ from transformers import AutoModel
 
 import hf_speculative as hfs
 from hf_speculative.bench import load_reference_model
+from hf_speculative.bench.prompts import first_per_category
 from hf_speculative.training.data import encode_chat, load_questions
 
 DESCRIBE = ("num_mask_tokens", "num_heads", "num_streams", "num_msa_layers", "pruning_layer")
 
 
-def _prompts(path: str, per_category: int, tokenizer) -> list[torch.Tensor]:
-    seen: dict = {}
-    records = [r for r in load_questions(path) if seen.setdefault(r.category, []).append(r) or len(seen[r.category]) <= per_category]
-    return [torch.tensor([encode_chat(tokenizer, r.messages)]) for r in records]
+def add_prompt_arguments(p: argparse.ArgumentParser) -> None:
+    """The prompt / decoding / output arguments of this script and `parallel_tau_curve.py`."""
+    p.add_argument("--prompts", default="/work/shared/data/mt_bench/question.jsonl")
+    p.add_argument("--per-category", type=int, default=1)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default=None)
+
+
+def reference_and_prompts(args) -> tuple[object, list[torch.Tensor]]:
+    """The enabled reference model and the chat-templated prompts (first ``per_category`` of each category)."""
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_reference_model()
+    hfs.enable(model)
+    records = first_per_category(load_questions(args.prompts), args.per_category)
+    return model, [torch.tensor([encode_chat(tokenizer, r.messages)]) for r in records]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("folders", nargs="+", help="drafter folders")
     p.add_argument("--pruning-thresholds", default=None, help="comma list: one row per threshold for folders with a pruning head")
-    p.add_argument("--prompts", default="/work/shared/data/mt_bench/question.jsonl")
-    p.add_argument("--per-category", type=int, default=1)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default=None)
+    add_prompt_arguments(p)
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    model, tokenizer = load_reference_model()
-    hfs.enable(model)
-    prompts = _prompts(args.prompts, args.per_category, tokenizer)
+    model, prompts = reference_and_prompts(args)
 
     runs = []  # (label, drafter, pruning threshold or None)
     for folder in args.folders:

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..card_text import finish_folder
+
 __all__ = ["add_medusa_parsers", "split_records", "cmd_train_medusa", "cmd_train_medusa2", "cmd_calibrate_tree"]
 
 
@@ -108,13 +110,7 @@ def cmd_train_medusa(args, setup_torch) -> int:
         "command": _command_line(),
     }
     out = Path(args.out)
-    heads.save_pretrained(out)
-    write_model_card(heads, out)
-    import shutil
-
-    shutil.rmtree(out / "trainer_state", ignore_errors=True)
-    print(json.dumps(heads.config.training, indent=1))
-    return 0
+    return finish_folder(out, heads.save_pretrained, lambda o: write_model_card(heads, o), heads.config.training)
 
 
 def _command_line() -> str | None:
@@ -204,13 +200,8 @@ def cmd_train_medusa2(args, setup_torch) -> int:
         "command": _command_line(),
     }
     out = Path(args.out)
-    save_medusa2(joint, out)
-    write_medusa2_model_card(heads, out)
-    import shutil
-
-    shutil.rmtree(out / "trainer_state", ignore_errors=True)
-    print(json.dumps({k: v for k, v in heads.config.training.items() if k != "log"}, indent=1))
-    return 0
+    report = {k: v for k, v in heads.config.training.items() if k != "log"}
+    return finish_folder(out, lambda o: save_medusa2(joint, o), lambda o: write_medusa2_model_card(heads, o), report)
 
 
 def cmd_calibrate_tree(args, setup_torch) -> int:

@@ -7,11 +7,12 @@ target's cached final hidden states, a calibrated tree and a model card.
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 import time
 from pathlib import Path
+
+from ..card_text import finish_folder
 
 __all__ = ["add_parallel_drafter_parser", "cmd_train_parallel_drafter"]
 
@@ -87,13 +88,7 @@ def cmd_train_parallel_drafter(args, setup_torch) -> int:
         import torch
 
         drafter.to({"bfloat16": torch.bfloat16, "float16": torch.float16}[args.save_dtype])
-    drafter.save_pretrained(out)
-    write_model_card(drafter, out)
-    import shutil
-
-    shutil.rmtree(out / "trainer_state", ignore_errors=True)
-    print(json.dumps(drafter.config.training, indent=1))
-    return 0
+    return finish_folder(out, drafter.save_pretrained, lambda o: write_model_card(drafter, o), drafter.config.training)
 
 
 def add_parallel_drafter_parser(sub, methods, add_common, setup_torch) -> None:

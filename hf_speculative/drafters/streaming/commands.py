@@ -11,11 +11,12 @@ through the whole model on token segments, alpha_0 = 1, alpha_j = 0.1 (Sec. 3.1.
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 import time
 from pathlib import Path
+
+from ..card_text import finish_folder
 
 __all__ = ["add_streaming_parsers", "cmd_train_streaming"]
 
@@ -110,16 +111,22 @@ def cmd_train_streaming(args, setup_torch) -> int:
         "command": "hf-speculative " + " ".join(shlex.quote(a) for a in args.argv) if getattr(args, "argv", None) else None,
     }
     out = Path(args.out)
-    ss.save_pretrained(out)
     if shared:
         print("shared mode: config, streams and lora/ saved; the model card template describes lossless mode, none written", file=sys.stderr)
-    else:
-        write_model_card(ss, out)
-    import shutil
+    report = {"training": ss.config.training, "calibration": getattr(ss.config, "calibration", None)}
+    return finish_folder(out, ss.save_pretrained, None if shared else (lambda o: write_model_card(ss, o)), report)
 
-    shutil.rmtree(out / "trainer_state", ignore_errors=True)
-    print(json.dumps({"training": ss.config.training, "calibration": getattr(ss.config, "calibration", None)}, indent=1))
-    return 0
+
+def _add_segment_training_args(p, lr: float, batch_size: int) -> None:
+    """The training arguments both streaming commands share (segments of conversations, one held-out split)."""
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--max-steps", type=int, default=-1)
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--batch-size", type=int, default=batch_size, help="segments per step")
+    p.add_argument("--segment-length", type=int, default=256)
+    p.add_argument("--max-length", type=int, default=1024, help="tokens per conversation")
+    p.add_argument("--limit", type=int, default=None, help="use the first N conversations")
+    p.add_argument("--holdout", type=float, default=0.1)
 
 
 def add_streaming_parsers(sub, methods, add_common, setup_torch) -> None:
@@ -138,15 +145,8 @@ def add_streaming_parsers(sub, methods, add_common, setup_torch) -> None:
     p.add_argument("--adapter-rank", type=int, default=8, help="rank of the stream-row adapters on the MSA layers")
     p.add_argument("--stream-init-rank", type=int, default=0, help="eta (0: identity stream init)")
     p.add_argument("--top-k", type=int, default=2, help="top-k per stream of the default (uncalibrated) tree")
-    p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--max-steps", type=int, default=-1)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--batch-size", type=int, default=2, help="segments per step")
-    p.add_argument("--segment-length", type=int, default=256)
-    p.add_argument("--max-length", type=int, default=1024, help="tokens per conversation")
+    _add_segment_training_args(p, lr=2e-3, batch_size=2)
     p.add_argument("--max-train-tokens", type=int, default=None)
-    p.add_argument("--limit", type=int, default=None, help="use the first N conversations")
-    p.add_argument("--holdout", type=float, default=0.1)
     p.add_argument("--calibrate-nodes", type=int, default=16, help="node budget of the calibrated tree (0: keep the default)")
     p.add_argument("--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training")
     p.add_argument("--curve-conversations", type=int, default=10, help="held-out conversations used for the curve points")
@@ -191,14 +191,7 @@ def cmd_train_streaming_pruning(args, setup_torch) -> int:
         "adapter_parameters": sum(p.numel() for p in ss.streams.pruning.parameters()),
         "command": "hf-speculative " + " ".join(shlex.quote(a) for a in args.argv) if getattr(args, "argv", None) else None,
     }
-    out = Path(args.out)
-    ss.save_pretrained(out)
-    write_model_card(ss, out)
-    import shutil
-
-    shutil.rmtree(out / "trainer_state", ignore_errors=True)
-    print(json.dumps(ss.config.pruning, indent=1))
-    return 0
+    return finish_folder(args.out, ss.save_pretrained, lambda o: write_model_card(ss, o), ss.config.pruning)
 
 
 def add_streaming_pruning_parser(methods, add_common, setup_torch) -> None:
@@ -211,13 +204,6 @@ def add_streaming_pruning_parser(methods, add_common, setup_torch) -> None:
     p.add_argument("--pruning-layer", type=int, required=True, help="l: the early exit reads the state after l layers")
     p.add_argument("--pruning-rank", type=int, default=8, help="theta")
     p.add_argument("--threshold", type=float, default=0.01, help="pruning threshold on the estimated transition probability")
-    p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--max-steps", type=int, default=-1)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--batch-size", type=int, default=4, help="segments per step")
-    p.add_argument("--segment-length", type=int, default=256)
-    p.add_argument("--max-length", type=int, default=1024, help="tokens per conversation")
-    p.add_argument("--limit", type=int, default=None, help="use the first N conversations")
-    p.add_argument("--holdout", type=float, default=0.1)
+    _add_segment_training_args(p, lr=1e-3, batch_size=4)
     p.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds")
     p.set_defaults(func=lambda a: cmd_train_streaming_pruning(a, setup_torch))
