@@ -31,7 +31,7 @@ DESCRIBE = ("num_mask_tokens", "num_heads", "num_streams", "num_msa_layers", "pr
 
 
 def add_prompt_arguments(p: argparse.ArgumentParser) -> None:
-    """The prompt / decoding / output arguments of this script and `parallel_tau_curve.py`."""
+    """The prompt / decoding / output arguments of this script and `tau_curve.py`."""
     p.add_argument("--prompts", default="/work/shared/data/mt_bench/question.jsonl")
     p.add_argument("--per-category", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=128)

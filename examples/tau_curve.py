@@ -1,9 +1,11 @@
-"""tau against training data for the ParallelSpec drafter: greedy generation with each checkpoint of a run
-(``hf-speculative train parallel-drafter --curve-points N --curve-checkpoints DIR``), all with one tree (the
-drafters of the k ablation, each with its own tree and timings: ``examples/drafter_table.py``).
+"""tau against training data for any drafter: greedy generation with each checkpoint of a training run (Medusa
+``--curve-checkpoints``, ParallelDrafter ``--curve-checkpoints``), all with one tree taken from the final folder,
+next to the held-out expectation its learning curve recorded (the k ablation, each drafter with its own tree and
+timings: ``examples/drafter_table.py``).
 
-    python examples/parallel_tau_curve.py --checkpoints outputs/parallel_curve \\
+    python examples/tau_curve.py --checkpoints outputs/parallel_curve \
         --tree-from model_cards/parallel-drafter-smollm2-135m-instruct --out outputs/parallel_tau_curve.json
+    python examples/tau_curve.py --checkpoints outputs/medusa_curve --tree-from model_cards/medusa-smollm2-135m-instruct
 
 Prompts: the first ``--per-category`` MT-Bench first turns of every category (tau only, no timing).
 """
@@ -20,7 +22,7 @@ from transformers import AutoModel
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--checkpoints", required=True, help="folder of step* checkpoints")
-    p.add_argument("--tree-from", required=True, help="drafter folder whose tree (parallel_choices) every checkpoint uses")
+    p.add_argument("--tree-from", required=True, help="drafter folder whose tree every checkpoint uses (and whose learning curve gives the expectations)")
     add_prompt_arguments(p)
     args = p.parse_args()
     model, prompts = reference_and_prompts(args)
@@ -30,8 +32,9 @@ def main():
     points = {pt["step"]: pt for pt in (training.get("learning_curve") or [])}
     for ckpt in sorted(Path(args.checkpoints).glob("step*"), key=lambda d: int(re.sub(r"\D", "", d.name))):
         step = int(re.sub(r"\D", "", ckpt.name))
-        runs.append((ckpt, tree, {"step": step, "train_groups": points.get(step, {}).get("train_groups"),
-                                  "expected_tau": points.get(step, {}).get("expected_tau_calibrated")}))  # fmt: skip
+        point = points.get(step, {})  # training seen (train_groups / train_positions / ...) and the expectation
+        runs.append((ckpt, tree, {"step": step, **{k: v for k, v in point.items() if k.startswith("train_")},
+                                  "expected_tau": point.get("expected_tau_calibrated")}))  # fmt: skip
     rows = []
     for folder, tree, row in runs:
         drafter = AutoModel.from_pretrained(folder)
