@@ -34,6 +34,12 @@ class HiddenStates:
 
     ``hidden`` ``(N, H)`` (fp16 on disk), ``input_ids`` and ``labels`` ``(N,)`` (``labels`` is ``-100`` outside
     assistant turns), sequence ``i`` spanning ``offsets[i]:offsets[i + 1]``; ``ids`` the record ids.
+
+    Target-labelled data (``hf_speculative.training.labelling``) adds the teacher: ``topk_ids`` and
+    ``topk_logprobs`` ``(N, k)``, row t being the target's next-token distribution after tokens ``..t`` (it
+    predicts token t + 1, as ``logits[t]`` does), and ``layers``: other layers' states ``(N, H)`` keyed by their
+    index in ``output_hidden_states`` (0 = embeddings, ``num_hidden_layers`` = the post-norm final state, which
+    is ``hidden``).
     """
 
     hidden: torch.Tensor
@@ -41,26 +47,40 @@ class HiddenStates:
     labels: torch.Tensor
     offsets: torch.Tensor
     ids: list[str]
+    topk_ids: torch.Tensor | None = None
+    topk_logprobs: torch.Tensor | None = None
+    layers: dict[int, torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def select(self, indices: Sequence[int]) -> "HiddenStates":
         """The sequences ``indices`` (e.g. a held-out split)."""
-        parts_h, parts_x, parts_y, offsets = [], [], [], [0]
+        spans, offsets = [], [0]
         for i in indices:
             s, e = int(self.offsets[i]), int(self.offsets[i + 1])
-            parts_h.append(self.hidden[s:e])
-            parts_x.append(self.input_ids[s:e])
-            parts_y.append(self.labels[s:e])
+            spans.append((s, e))
             offsets.append(offsets[-1] + e - s)
+
+        def take(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None or t.numel() == 0:
+                return t
+            return torch.cat([t[s:e] for s, e in spans]) if spans else t[:0]
+
         return HiddenStates(
-            torch.cat(parts_h) if parts_h else self.hidden[:0],
-            torch.cat(parts_x) if parts_x else self.input_ids[:0],
-            torch.cat(parts_y) if parts_y else self.labels[:0],
+            take(self.hidden),
+            take(self.input_ids),
+            take(self.labels),
             torch.tensor(offsets),
             [self.ids[i] for i in indices],
+            take(self.topk_ids),
+            take(self.topk_logprobs),
+            None if self.layers is None else {k: take(v) for k, v in self.layers.items()},
         )
+
+    @property
+    def has_teacher(self) -> bool:
+        return self.topk_ids is not None and self.topk_logprobs is not None
 
     @property
     def num_train_tokens(self) -> int:
