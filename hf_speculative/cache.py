@@ -41,13 +41,17 @@ def keep_path(cache: Cache, past_length: int, keep: Sequence[int], num_layers: i
     in every layer or only in the first ``num_layers`` (a pruned forward whose lower layers saw more nodes)."""
     keep = list(keep)
     contiguous = keep == list(range(len(keep)))
-    index = None if contiguous else torch.tensor(keep, dtype=torch.long)
+    index = None if contiguous else torch.tensor(keep, dtype=torch.long) + past_length
+    on_device: dict[torch.device, torch.Tensor] = {}  # the index copied once per device, not once per layer
     new_length = past_length + len(keep)
     for layer in cache.layers[:num_layers]:
         if not layer.is_initialized:
             continue
         if index is not None:
-            idx = index.to(layer.keys.device) + past_length
+            device = layer.keys.device
+            if device not in on_device:
+                on_device[device] = index.to(device)
+            idx = on_device[device]
             layer.keys[..., past_length:new_length, :] = layer.keys.index_select(-2, idx)
             layer.values[..., past_length:new_length, :] = layer.values.index_select(-2, idx)
         layer.keys = layer.keys[..., :new_length, :]

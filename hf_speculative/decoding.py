@@ -14,8 +14,8 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .cache import check_tree_cache, crop_to, keep_path
-from .drafters.base import DraftingOptions, TreeDrafter
-from .trees import DraftTree, TreeSpec, tree_attention_mask
+from .drafters.base import DraftingOptions, TreeDrafter, vocab_logits
+from .trees import DraftTree, TreeMaskBuffer, TreeSpec
 from .verify import AcceptanceResult, accept_greedy, accept_sampling, accept_typical
 
 __all__ = ["SpeculativeStats", "SpeculativeGenerateOutput", "tree_speculative_decoding", "check_tree_attention"]
@@ -69,14 +69,27 @@ def check_tree_attention(model) -> None:
 
 
 class _Timer:
-    def __init__(self, timings: dict, key: str):
+    """Adds a block's wall time to ``timings[key]``; synchronizes CUDA first so GPU splits are real."""
+
+    def __init__(self, timings: dict, key: str, device: torch.device | None = None):
         self.timings, self.key = timings, key
+        self.sync = device is not None and device.type == "cuda"
 
     def __enter__(self):
+        if self.sync:
+            torch.cuda.synchronize()
         self.start = time.perf_counter()
 
     def __exit__(self, *exc):
+        if self.sync:
+            torch.cuda.synchronize()
         self.timings[self.key] += time.perf_counter() - self.start
+
+
+#: rows the LM head computes together when a node's logits are first needed: on CPU BLAS a single-row
+#: product with SmolLM2's 49K x 576 head is a slow matrix-vector product (7.9 ms on this project's 2-core
+#: machine) while 2-4 rows cost 2.9-3.8 ms in all, so the likely next rows come almost for free.
+PREFETCH_ROWS = 4
 
 
 class NodeLogits:
@@ -86,25 +99,45 @@ class NodeLogits:
     head over a large vocabulary for every node is a large share of a tree forward's compute. When the
     model's logits are plain ``lm_head(final hidden state)`` (checked once on the prefill: models with
     logit scaling or soft-capping fail the check), the forward keeps a single logit row and the head is
-    applied lazily per visited node. Otherwise all logits come from the forward.
+    applied lazily: a visited node's row is computed together with its rank-0 descendants (the path the walk
+    most likely takes next, up to `PREFETCH_ROWS` rows) in one product. Otherwise all logits come from the
+    forward.
     """
 
-    def __init__(self, outputs, head: torch.nn.Module | None):
+    def __init__(self, outputs, head: torch.nn.Module | None, draft: DraftTree | None = None):
         self.head = head
         self.seconds = 0.0  # time spent in the LM head here: the target's work, not the engine's
         if head is None:
-            self.full = outputs.logits[0].float()
+            self.full = outputs.logits[0]
+            return
+        self.hidden = outputs.hidden_states[-1][0]
+        self.rows: dict[int, torch.Tensor] = {}
+        children = draft.children if draft is not None else ((),) * self.hidden.shape[0]
+        self.first_child = [kids[0] if kids else -1 for kids in children]
+
+    def _compute(self, node: int) -> None:
+        nodes = [node]
+        while len(nodes) < PREFETCH_ROWS and self.first_child[nodes[-1]] >= 0:
+            nodes.append(self.first_child[nodes[-1]])
+        nodes = [i for i in nodes if i not in self.rows]
+        start = time.perf_counter()
+        states = self.hidden[nodes if len(nodes) > 1 else nodes * 2]  # never a single-row product (see above)
+        weight = getattr(self.head, "weight", None)
+        if isinstance(self.head, torch.nn.Linear) and weight is not None:
+            logits = vocab_logits(states, weight)
+            if self.head.bias is not None:
+                logits = logits + self.head.bias
         else:
-            self.hidden = outputs.hidden_states[-1][0]
-            self.rows: dict[int, torch.Tensor] = {}
+            logits = self.head(states)
+        for i, node_i in enumerate(nodes):
+            self.rows[node_i] = logits[i].float()
+        self.seconds += time.perf_counter() - start
 
     def __getitem__(self, node: int) -> torch.Tensor:
         if self.head is None:
-            return self.full[node]
-        if node not in self.rows:  # one row at a time: for a few rows this beats a small batched matmul on CPU
-            start = time.perf_counter()
-            self.rows[node] = self.head(self.hidden[node : node + 1]).float()[0]
-            self.seconds += time.perf_counter() - start
+            return self.full[node].float()
+        if node not in self.rows:
+            self._compute(node)
         return self.rows[node]
 
     @staticmethod
@@ -119,6 +152,37 @@ class NodeLogits:
         return head if torch.allclose(recomputed, reference, rtol=1e-4, atol=1e-4) else None
 
 
+class _Committer:
+    """Appends accepted tokens to the sequence as plain decoding would, one stopping check per token.
+
+    The tokens are appended with one concatenation; the stopping criteria then see each prefix in turn (views
+    of the grown sequence), so a stop inside the accepted path truncates exactly where generate would stop.
+    """
+
+    def __init__(self, input_ids: torch.LongTensor, stopping_criteria, streamer, keep_scores: bool, keep_logits: bool):
+        self.input_ids = input_ids
+        self.stopping_criteria, self.streamer = stopping_criteria, streamer
+        self.keep_scores, self.keep_logits = keep_scores, keep_logits
+        self.scores: list[torch.Tensor] = []
+        self.logits: list[torch.Tensor] = []
+
+    def __call__(self, tokens: list[int], token_scores, token_logits) -> tuple[int, bool]:
+        length = self.input_ids.shape[1]
+        grown = torch.cat([self.input_ids, self.input_ids.new_tensor([tokens])], dim=-1)
+        for i in range(len(tokens)):
+            if self.keep_scores:
+                self.scores.append(token_scores[i][None])
+            if self.keep_logits:
+                self.logits.append(token_logits[i][None])
+            if self.streamer is not None:
+                self.streamer.put(grown[:, length + i].cpu())
+            if bool(self.stopping_criteria(grown[:, : length + i + 1], None)[0]):
+                self.input_ids = grown[:, : length + i + 1]
+                return i + 1, True
+        self.input_ids = grown
+        return len(tokens), False
+
+
 def _acceptance(drafter: TreeDrafter, acceptance: str | None, do_sample: bool, generator):
     mode = acceptance if acceptance is not None else drafter.acceptance
     if mode not in (None, "exact", "typical"):
@@ -130,6 +194,39 @@ def _acceptance(drafter: TreeDrafter, acceptance: str | None, do_sample: bool, g
             tree, scores, drafter.posterior_threshold, drafter.posterior_alpha, True, generator
         )
     return lambda tree, scores: accept_sampling(tree, scores, generator)
+
+
+def _check_call(model, input_ids, drafter: TreeDrafter, tree, synced_gpus: bool) -> TreeSpec:
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"tree speculative decoding supports batch size 1 for now, got {input_ids.shape[0]} sequences "
+            "(num_return_sequences > 1 counts too); generate them one at a time"
+        )
+    if synced_gpus:
+        raise ValueError("tree speculative decoding does not support synced_gpus (ZeRO-3/FSDP) generation")
+    check_tree_attention(model)
+    tree = tree if tree is not None else drafter.default_tree
+    if not isinstance(tree, TreeSpec):
+        raise TypeError(f"speculative_tree must be a hf_speculative.TreeSpec, got {type(tree).__name__}")
+    if drafter.max_depth is not None and tree.depth > drafter.max_depth:
+        raise ValueError(
+            f"the tree is {tree.depth} deep but {type(drafter).__name__} can fill at most {drafter.max_depth} levels"
+        )
+    return tree
+
+
+def _node_scores(logits: NodeLogits, draft: DraftTree, tokens: torch.Tensor, input_ids, logits_processor):
+    """``node_scores(i)``: the processed scores after node i (what `verify` reads). With no logits processor
+    (plain greedy) the raw logits are the scores and no prefix is built."""
+    if not logits_processor:
+        return lambda node: logits[node]
+
+    def node_scores(node: int) -> torch.Tensor:
+        path = draft.path_to(node)[1:]
+        prefix = torch.cat([input_ids, tokens[path][None]], dim=-1) if path else input_ids
+        return logits_processor(prefix, logits[node][None])[0]
+
+    return node_scores
 
 
 @torch.no_grad()
@@ -147,59 +244,38 @@ def tree_speculative_decoding(
     acceptance: str | None = None,
     **model_kwargs,
 ):
-    """Tree speculative decoding of one sequence; called by `generate` after its usual preparation."""
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"tree speculative decoding supports batch size 1 for now, got {input_ids.shape[0]} sequences "
-            "(num_return_sequences > 1 counts too); generate them one at a time"
-        )
-    if synced_gpus:
-        raise ValueError("tree speculative decoding does not support synced_gpus (ZeRO-3/FSDP) generation")
-    check_tree_attention(model)
-    tree = tree if tree is not None else drafter.default_tree
-    if not isinstance(tree, TreeSpec):
-        raise TypeError(f"speculative_tree must be a hf_speculative.TreeSpec, got {type(tree).__name__}")
-    if drafter.max_depth is not None and tree.depth > drafter.max_depth:
-        raise ValueError(
-            f"the tree is {tree.depth} deep but {type(drafter).__name__} can fill at most {drafter.max_depth} levels"
-        )
+    """Tree speculative decoding of one sequence; called by `generate` after its usual preparation.
+
+    Each step: the drafter proposes a tree (`propose`), one target forward verifies it (`verify`), the
+    acceptance rule walks it (`accept`), the accepted tokens are committed with the stopping checks plain
+    decoding makes, the cache keeps the accepted path only (`keep_path`), and the drafter catches up
+    (`advance`).
+    """
+    tree = _check_call(model, input_ids, drafter, tree, synced_gpus)
     cache = model_kwargs.get("past_key_values")
     check_tree_cache(cache)
-
+    device = input_ids.device
     do_sample = bool(generation_config.do_sample)
     generator = None
     options = DraftingOptions(do_sample, float(generation_config.temperature or 1.0), generator)
     accept = _acceptance(drafter, acceptance, do_sample, generator)
     want_hidden = drafter.needs_target_hidden_states
     return_dict = generation_config.return_dict_in_generate
-    keep_scores = return_dict and generation_config.output_scores
-    keep_logits = return_dict and generation_config.output_logits
-    scores_out, logits_out = [], []
+    commit = _Committer(
+        input_ids, stopping_criteria, streamer,
+        keep_scores=bool(return_dict and generation_config.output_scores),
+        keep_logits=bool(return_dict and generation_config.output_logits),
+    )  # fmt: skip
     stats = SpeculativeStats()
-    device = input_ids.device
 
     # Padding (batch 1 with a left-padded prompt): hidden prefix columns and shifted positions.
     attention_mask = model_kwargs.get("attention_mask")
-    past_visible = None
+    hidden_prefix = None
     num_hidden = 0
     if attention_mask is not None and not bool(attention_mask.all()):
-        past_visible = attention_mask[0].bool()
-        num_hidden = int((~past_visible).sum())
-
-    def commit(tokens: list[int], token_scores: list[torch.Tensor], token_logits: list[torch.Tensor]) -> tuple[int, bool]:
-        """Append tokens one at a time, as plain decoding would, stopping where generate would stop."""
-        nonlocal input_ids
-        for i, token in enumerate(tokens):
-            input_ids = torch.cat([input_ids, input_ids.new_tensor([[token]])], dim=-1)
-            if keep_scores:
-                scores_out.append(token_scores[i][None])
-            if keep_logits:
-                logits_out.append(token_logits[i][None])
-            if streamer is not None:
-                streamer.put(input_ids[:, -1].cpu())
-            if bool(stopping_criteria(input_ids, None)[0]):
-                return i + 1, True
-        return len(tokens), False
+        hidden_prefix = attention_mask[0].bool()
+        num_hidden = int((~hidden_prefix).sum())
+    masks = TreeMaskBuffer(model.dtype, device, hidden_prefix)
 
     # Prefill: one target forward over the prompt commits the first new token, exactly as plain generate.
     past_length = cache.get_seq_length()
@@ -208,7 +284,7 @@ def tree_speculative_decoding(
         prefill_kwargs["attention_mask"] = attention_mask
     if model_kwargs.get("position_ids") is not None:
         prefill_kwargs["position_ids"] = model_kwargs["position_ids"][:, past_length:]
-    with _Timer(stats.timings, "target"):
+    with _Timer(stats.timings, "target", device):
         outputs = model(
             input_ids=input_ids[:, past_length:],
             past_key_values=cache,
@@ -224,27 +300,26 @@ def tree_speculative_decoding(
         first = int(torch.multinomial(torch.softmax(scores, -1), 1, generator=generator))
     else:
         first = int(torch.argmax(scores, -1))
-    with _Timer(stats.timings, "draft"):
+    with _Timer(stats.timings, "draft", device):
         drafter.begin(input_ids, outputs)
     _, stop = commit([first], [scores[0]], [raw[0]])
     stats.accepted_lengths.append(1)
 
     while not stop:
-        length = input_ids.shape[1]
-        past_length = length - 1  # the root (last committed token) is not cached yet
-        with _Timer(stats.timings, "draft"):
-            draft: DraftTree = drafter.propose(input_ids, tree, options)
-        with _Timer(stats.timings, "engine"):
-            tokens = draft.tokens.to(device)
-            if past_visible is not None:
-                past_visible = torch.cat([past_visible, past_visible.new_ones(past_length - past_visible.shape[0])])
-            mask = tree_attention_mask(draft.ancestors, past_length, model.dtype, device, past_visible)
+        sequence = commit.input_ids
+        past_length = sequence.shape[1] - 1  # the root (last committed token) is not cached yet
+        # 1. draft
+        with _Timer(stats.timings, "draft", device):
+            draft: DraftTree = drafter.propose(sequence, tree, options)
+        # 2. verify: one target forward over the whole tree
+        with _Timer(stats.timings, "engine", device):
+            mask = masks(draft.ancestors, past_length)
             position_ids = (past_length - num_hidden + draft.depths.to(device))[None]
-        with _Timer(stats.timings, "target"):
+        with _Timer(stats.timings, "target", device):
             outputs, draft = drafter.verify(
                 model,
                 draft,
-                input_ids=tokens[None],
+                input_ids=draft.tokens.to(device)[None],
                 attention_mask=mask,
                 position_ids=position_ids,
                 past_key_values=cache,
@@ -252,38 +327,35 @@ def tree_speculative_decoding(
                 output_hidden_states=want_hidden or lazy_head is not None,
                 logits_to_keep=1 if lazy_head is not None else 0,
             )
-        with _Timer(stats.timings, "engine"):
+        with _Timer(stats.timings, "engine", device):
             tokens = draft.tokens.to(device)  # the verified draft (a drafter may have pruned it)
-            logits = NodeLogits(outputs, lazy_head)
-
-            def node_scores(node: int) -> torch.Tensor:
-                path = draft.path_to(node)[1:]
-                prefix = torch.cat([input_ids, tokens[path][None]], dim=-1) if path else input_ids
-                return logits_processor(prefix, logits[node][None])[0]
-
-            result: AcceptanceResult = accept(draft, node_scores)
-            stats.timings["engine"] -= logits.seconds
-            stats.timings["target"] += logits.seconds
+            logits = NodeLogits(outputs, lazy_head, draft)
+            # 3. accept: the longest valid path and the bonus token
+            result: AcceptanceResult = accept(draft, _node_scores(logits, draft, tokens, sequence, logits_processor))
+            # 4. compact the cache to the accepted path
             keep_path(cache, past_length, result.path)
-            path_logits = [logits[i] for i in result.path]
-            committed, stop = commit(result.tokens, result.scores, path_logits)
+            # 5. commit tokens, stopping where plain decoding would
+            committed, stop = commit(result.tokens, result.scores, [logits[i] for i in result.path])
             stats.accepted_lengths.append(committed)
             stats.tree_sizes.append(len(draft))
             if stop:
-                crop_to(cache, input_ids.shape[1] - 1)
+                crop_to(cache, commit.input_ids.shape[1] - 1)
+        stats.timings["engine"] -= logits.seconds
+        stats.timings["target"] += logits.seconds
+        # 6. the drafter catches up with the committed sequence
         if not stop:
-            with _Timer(stats.timings, "draft"):
-                drafter.advance(input_ids, draft, result, outputs)
+            with _Timer(stats.timings, "draft", device):
+                drafter.advance(commit.input_ids, draft, result, outputs)
 
     drafter.end()
     if streamer is not None:
         streamer.end()
     if return_dict:
         return SpeculativeGenerateOutput(
-            sequences=input_ids,
-            scores=tuple(scores_out) if keep_scores else None,
-            logits=tuple(logits_out) if keep_logits else None,
+            sequences=commit.input_ids,
+            scores=tuple(commit.scores) if commit.keep_scores else None,
+            logits=tuple(commit.logits) if commit.keep_logits else None,
             past_key_values=cache if generation_config.use_cache else None,
             speculative_stats=stats,
         )
-    return input_ids
+    return commit.input_ids

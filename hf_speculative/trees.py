@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-__all__ = ["TreeSpec", "DraftTree", "additive_mask", "tree_attention_mask"]
+__all__ = ["TreeSpec", "DraftTree", "additive_mask", "tree_attention_mask", "TreeMaskBuffer"]
 
 
 def _ancestor_matrix(parents: Sequence[int]) -> torch.Tensor:
@@ -265,3 +265,45 @@ def tree_attention_mask(
         visible[:, :past_length] = past_visible.to(device=device, dtype=torch.bool)
     visible[:, past_length:] = ancestors.to(device)
     return additive_mask(visible, dtype)
+
+
+class TreeMaskBuffer:
+    """The additive tree masks of one decoding call, written into one buffer instead of rebuilt per step.
+
+    Equal to `tree_attention_mask` at every step. The buffer ``(1, 1, rows, capacity)`` grows geometrically;
+    columns of the committed prefix stay 0 (visible) except the hidden padding columns, which are set once;
+    each step clears the previous tree's columns and writes the tree block (``0`` where a node sees an
+    ancestor or itself), cached per tree shape. The returned mask is a view of the buffer.
+    """
+
+    def __init__(self, dtype: torch.dtype, device: torch.device | str, hidden_prefix: torch.Tensor | None = None):
+        self.dtype, self.device = dtype, torch.device(device)
+        self.hidden_prefix = None if hidden_prefix is None else hidden_prefix.to(self.device, torch.bool)
+        self.buffer = torch.zeros(1, 1, 0, 0, dtype=dtype, device=self.device)
+        self.blocks: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.last: tuple[int, int] | None = None  # (past_length, n) of the previous step's tree block
+
+    def _block(self, ancestors: torch.Tensor) -> torch.Tensor:
+        key = id(ancestors)
+        hit = self.blocks.get(key)
+        if hit is None or hit[0] is not ancestors:  # keep the tensor alive so its id stays unique
+            hit = (ancestors, additive_mask(ancestors.to(self.device), self.dtype)[0, 0])
+            self.blocks[key] = hit
+        return hit[1]
+
+    def __call__(self, ancestors: torch.Tensor, past_length: int) -> torch.Tensor:
+        n = ancestors.shape[0]
+        rows, capacity = self.buffer.shape[-2:]
+        if n > rows or past_length + n > capacity:
+            rows, capacity = max(n, rows), max(past_length + n, 2 * capacity, 64)
+            self.buffer = torch.zeros(1, 1, rows, capacity, dtype=self.dtype, device=self.device)
+            if self.hidden_prefix is not None:
+                self.buffer[..., : self.hidden_prefix.shape[0]].masked_fill_(~self.hidden_prefix, torch.finfo(self.dtype).min)
+            self.last = None
+        buf = self.buffer[0, 0]
+        if self.last is not None:  # the previous tree's columns now belong to the (visible) prefix or the new tree
+            start, width = self.last
+            buf[:, start : start + width] = 0
+        buf[:n, past_length : past_length + n] = self._block(ancestors)
+        self.last = (past_length, n)
+        return self.buffer[:, :, :n, : past_length + n]

@@ -64,13 +64,8 @@ def accept_greedy(tree: DraftTree, node_scores: NodeScores) -> AcceptanceResult:
         node = child
 
 
-def _proposal(tree: DraftTree, node: int, child: int, removed: list[int], vocab: int, device) -> torch.Tensor:
-    """q_i for the next sibling, following `DraftTree.sampling`."""
-    token = int(tree.tokens[child])
-    if tree.sampling == "deterministic":
-        q = torch.zeros(vocab, device=device)
-        q[token] = 1.0
-        return q
+def _proposal(tree: DraftTree, node: int, removed: list[int], device) -> torch.Tensor:
+    """q_i for the next sibling of a sampled draft, following `DraftTree.sampling` (not ``deterministic``)."""
     if tree.draft_probs is None:
         raise ValueError(f"a DraftTree sampled {tree.sampling} needs draft_probs for lossless sampling")
     q = tree.draft_probs[node].to(device=device, dtype=torch.float32)
@@ -85,8 +80,13 @@ def _proposal(tree: DraftTree, node: int, child: int, removed: list[int], vocab:
 def accept_sampling(
     tree: DraftTree, node_scores: NodeScores, generator: torch.Generator | None = None
 ) -> AcceptanceResult:
-    """Lossless tree rejection sampling: the committed tokens follow the target's own distribution."""
+    """Lossless tree rejection sampling: the committed tokens follow the target's own distribution.
+
+    For ``deterministic`` candidates ``q_i = onehot(x_i)``: x_i is accepted with probability ``p_i(x_i)`` and
+    the residual is p_i without x_i, renormalized (computed in place, no one-hot tensor per node).
+    """
     tokens = tree.tokens.tolist()
+    deterministic = tree.sampling == "deterministic"
     node, path, out, scores = 0, [0], [], []
     while True:
         s = node_scores(node)
@@ -94,16 +94,26 @@ def accept_sampling(
         accepted, removed = None, []
         for child in tree.children[node]:
             x = tokens[child]
-            q = _proposal(tree, node, child, removed, p.shape[-1], p.device)
-            qx, px = float(q[x]), float(p[x])
             u = float(torch.rand((), generator=generator, device="cpu"))
-            if qx > 0 and u * qx < px:
-                accepted = child
-                break
-            residual = torch.clamp(p - q, min=0.0)
-            total = residual.sum()
-            if total > 0:  # total == 0 would need p == q, where the child is always accepted
-                p = residual / total
+            if deterministic:
+                px = float(p[x])
+                if u < px:
+                    accepted = child
+                    break
+                if px < 1.0:  # px == 1 would always accept
+                    p = p.clone()
+                    p[x] = 0.0
+                    p = p / (1.0 - px)
+            else:
+                q = _proposal(tree, node, removed, p.device)
+                qx, px = float(q[x]), float(p[x])
+                if qx > 0 and u * qx < px:
+                    accepted = child
+                    break
+                residual = torch.clamp(p - q, min=0.0)
+                total = residual.sum()
+                if total > 0:  # total == 0 would need p == q, where the child is always accepted
+                    p = residual / total
             removed.append(x)
         scores.append(s)
         if accepted is None:

@@ -75,18 +75,19 @@ class TreeDrafter(ABC):
 
 
 def fill_children(
-    logits: torch.Tensor, num_children: int, scheme: str, options: DraftingOptions
+    logits: torch.Tensor, num_children: int, scheme: str, options: DraftingOptions, probs: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Ranked candidates for one parent from the drafter's logits ``(vocab,)``.
 
     ``scheme`` is a `DraftTree.sampling` value. ``"deterministic"``: the top-k tokens. Sampling: ``q = softmax(logits / T)`` and k draws,
     without replacement by the Gumbel-top-k trick (the i-th is a draw from q without the first i-1) or
-    with replacement. Returns the tokens and q (None when deterministic).
+    with replacement. ``probs``: q when the caller already has it (several parents drawing from one row).
+    Returns the tokens and q (None when deterministic).
     """
     k = min(num_children, logits.shape[-1])
     if scheme == "deterministic":
         return torch.topk(logits, k).indices, None
-    q = torch.softmax(logits.float() / max(options.temperature, 1e-5), dim=-1)
+    q = probs if probs is not None else torch.softmax(logits.float() / max(options.temperature, 1e-5), dim=-1)
     if scheme == "with_replacement":
         return torch.multinomial(q, num_children, replacement=True, generator=options.generator), q
     u = torch.rand(q.shape, generator=options.generator, device=q.device).clamp_(1e-20, 1.0)
@@ -117,9 +118,10 @@ def tree_from_depth_logits(
     tokens = torch.empty(n, dtype=torch.long, device=device)
     tokens[0] = sequence[0, -1]
     probs = torch.zeros(n, logits.shape[-1], device=device)
+    per_depth = torch.softmax(logits[: tree.depth].float() / max(options.temperature, 1e-5), dim=-1)  # q once per depth
     for node, kids in enumerate(tree.children):
         if kids:
-            chosen, q = fill_children(logits[depths[node]], len(kids), scheme, options)
+            chosen, q = fill_children(logits[depths[node]], len(kids), scheme, options, probs=per_depth[depths[node]])
             tokens[list(kids)] = chosen.to(device)
             probs[node] = q.to(device)
     return DraftTree.from_spec(tree, tokens, draft_probs=probs, sampling=scheme)
