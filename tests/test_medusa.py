@@ -326,6 +326,7 @@ def test_typical_acceptance_only_when_enabled_in_the_config(monkeypatch):
     assert calls == []  # a per-call override wins
 
 
+@pytest.mark.slow
 def test_sampling_with_heads_matches_the_target_distribution():
     """Chi-square goodness of fit of sampled continuations against the target's exact distribution."""
     from test_sampling import ALPHA, NEW, SETTINGS, VOCAB, _exact_generate, _sample_counts, chi_square_pvalue

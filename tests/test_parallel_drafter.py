@@ -152,6 +152,7 @@ def test_mask_tokens_never_stay_in_the_drafter_cache(hidden):
         torch.testing.assert_close(target_hidden[: L - 1], h[: L - 1], **FP32_LAYERS)
 
 
+@pytest.mark.slow
 def test_sampling_with_the_drafter_matches_the_target_distribution():
     target = hfs.enable(tiny_model("llama", seed=21, vocab_size=VOCAB, num_layers=2))
     drafter = _perturb(hfs.ParallelDrafter.from_base_model(target, num_mask_tokens=2), scale=0.3)

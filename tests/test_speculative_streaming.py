@@ -374,6 +374,7 @@ def test_bad_input_is_refused():
 # --------------------------------------------------------------------------- sampling [3.1.6]
 
 
+@pytest.mark.slow
 def test_sampling_is_exact_in_lossless_mode():
     """Chi-square goodness of fit of sampled continuations against the target's exact distribution."""
     from test_sampling import ALPHA, NEW, SETTINGS, VOCAB, _exact_generate, _sample_counts, chi_square_pvalue
