@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import random
+import socket
 
 import pytest
 import torch
@@ -97,3 +98,14 @@ def tiny_chat_model(num_layers: int):
 
     tok = tiny_chat_tokenizer()
     return tiny_llama(tokenizer=tok, num_layers=num_layers), tok
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """No network and offline mode off: the Hub endpoint is a local port that nobody listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")

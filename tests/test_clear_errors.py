@@ -28,17 +28,6 @@ def no_hub(monkeypatch):
     monkeypatch.setattr(hub, "hub_reachable", lambda *a, **k: pytest.fail("a path-like name reached the Hub lookup"))
 
 
-@pytest.fixture
-def closed_port_endpoint(monkeypatch):
-    """No network: the Hub endpoint is a local port nobody listens on, and offline mode is off."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
-
-
 @pytest.mark.parametrize(
     "name, is_path",
     [
@@ -81,7 +70,7 @@ def test_relative_folders_resolve_against_the_current_directory(tmp_path, monkey
     assert type(load_drafter("../heads", model)).__name__ == "MedusaHeadsModel"
 
 
-def test_hub_probe_answers_from_a_closed_and_an_open_port(closed_port_endpoint, monkeypatch):
+def test_hub_probe_answers_from_a_closed_and_an_open_port(no_network, monkeypatch):
     start = time.perf_counter()
     assert hub.hub_reachable(timeout=2.0) is False
     assert time.perf_counter() - start < 3.0
@@ -93,7 +82,7 @@ def test_hub_probe_answers_from_a_closed_and_an_open_port(closed_port_endpoint, 
 
 
 @pytest.mark.parametrize("loader", ["medusa", "bench --drafter", "bench --model"])
-def test_a_hub_name_without_network_fails_in_seconds(loader, closed_port_endpoint):
+def test_a_hub_name_without_network_fails_in_seconds(loader, no_network):
     start = time.perf_counter()
     with pytest.raises(OSError, match="cannot be reached") as err:
         DRAFTER_LOADERS[loader]("someone-xyz/not-a-real-drafter")

@@ -3,6 +3,7 @@
 import configparser
 import fnmatch
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,11 @@ def test_dataset_rows_go_through_the_file_loaders():
     assert dialog[0].category == "greeting" and dialog[0].reference == "They greet."
     with pytest.raises(ValueError, match="no prompt column"):
         records_from_dataset([{"foo": 1}])
+
+
+def test_a_dataset_id_without_network_fails_in_seconds(no_network):
+    pytest.importorskip("datasets")
+    start = time.perf_counter()
+    with pytest.raises(OSError, match="cannot be reached"):
+        load_prompts("someone-xyz/no-such-prompts:test")
+    assert time.perf_counter() - start < 5.0

@@ -101,7 +101,7 @@ def load_prompts(name_or_path: str | os.PathLike | None = None, limit: int | Non
     path = Path(name).expanduser()
     if path.is_file():
         return load_records(path, limit=limit, **kwargs)
-    if not path.exists() and (looks_like_path(name) or path.suffix in _FILE_SUFFIXES):
+    if not path.exists() and (looks_like_path(name.partition(":")[0]) or path.suffix in _FILE_SUFFIXES):
         raise FileNotFoundError(
             f"prompt file {name!r} does not exist (looked for {path.absolute()}); built-in sets: "
             f"{', '.join([*PROMPT_SETS, 'heldout'])}"
@@ -127,8 +127,8 @@ def _load_dataset(name: str):
         loaded = datasets.load_from_disk(str(Path(name).expanduser()))
         return _pick_split(loaded, None) if isinstance(loaded, datasets.DatasetDict) else loaded
     repo, _, split = name.partition(":")
-    resolve_name_or_path(repo, what="prompt data set", repo_type="dataset")  # fails fast without a network
-    return _pick_split(datasets.load_dataset(repo), split or None)
+    source = resolve_name_or_path(repo, what="prompt data set", repo_type="dataset")  # fast failure without a network
+    return _pick_split(datasets.load_dataset(source), split or None)
 
 
 def records_from_dataset(dataset, name: str = "dataset") -> list[Record]:
