@@ -31,6 +31,7 @@ import transformers  # noqa: E402
 import hf_speculative as hfs  # noqa: E402
 from hf_speculative.bench import describe_prompts, load_prompts, load_reference_model, prepare_prompts  # noqa: E402
 from hf_speculative.bench.reference import reference_cache_path  # noqa: E402
+from hf_speculative.hub import resolve_name_or_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADS = ROOT / "model_cards" / "medusa-smollm2-135m-instruct"
@@ -76,7 +77,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
 
-    records = spread(load_prompts(args.prompts), args.limit)  # a wrong name or path fails here, before the model loads
+    # a wrong prompt set or drafter folder fails here, before the model loads
+    records = spread(load_prompts(args.prompts), args.limit)
+    if args.drafter not in ("prompt-lookup", "medusa"):
+        args.drafter = resolve_name_or_path(args.drafter, what="drafter")
     first = not (reference_cache_path() / "model.safetensors").is_file()
     say("loading SmolLM2-135M-Instruct" + (" (first run: converting the GGUF file once, about a minute)" if first else "") + " ...")
     model, tokenizer = load_reference_model()
