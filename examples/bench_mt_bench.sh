@@ -9,7 +9,7 @@
 # threads that wait for a busy core make every matmul slower).
 set -euo pipefail
 THREADS=${THREADS:-1}
-PROMPTS=${PROMPTS:-${HF_SPECULATIVE_DATA:-/work/shared/data}/mt_bench/question.jsonl}
+PROMPTS=${PROMPTS:-mt_bench}  # a built-in prompt set (hf_speculative/bench/data) or a prompt file
 METHODS=${METHODS:-plain,hf-assisted,hf-prompt-lookup,tree-layercut}
 
 hf-speculative bench \

@@ -24,15 +24,15 @@ from transformers import AutoModel
 
 import hf_speculative as hfs
 from hf_speculative.bench import load_reference_model
-from hf_speculative.bench.prompts import first_per_category
-from hf_speculative.training.data import encode_chat, load_questions
+from hf_speculative.bench.prompts import first_per_category, load_prompts
+from hf_speculative.training.data import encode_chat
 
 DESCRIBE = ("num_mask_tokens", "num_heads", "num_streams", "num_msa_layers", "pruning_layer")
 
 
 def add_prompt_arguments(p: argparse.ArgumentParser) -> None:
     """The prompt / decoding / output arguments of this script and `tau_curve.py`."""
-    p.add_argument("--prompts", default="/work/shared/data/mt_bench/question.jsonl")
+    p.add_argument("--prompts", default="mt_bench", help="built-in prompt set or prompt file (default mt_bench)")
     p.add_argument("--per-category", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
@@ -44,7 +44,7 @@ def reference_and_prompts(args) -> tuple[object, list[torch.Tensor]]:
     torch.set_num_threads(args.threads)
     model, tokenizer = load_reference_model()
     hfs.enable(model)
-    records = first_per_category(load_questions(args.prompts), args.per_category)
+    records = first_per_category(load_prompts(args.prompts), args.per_category)
     return model, [torch.tensor([encode_chat(tokenizer, r.messages)]) for r in records]
 
 

@@ -23,9 +23,7 @@ import torch
 import transformers
 
 import hf_speculative as hfs
-from hf_speculative.bench import load_reference_model
-
-MT_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "mt_bench" / "question.jsonl"
+from hf_speculative.bench import load_prompts, load_reference_model
 
 
 def parse_layers(text: str) -> dict:
@@ -48,7 +46,7 @@ class ForwardCounter:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=10, help="MT-Bench first turns to use")
-    parser.add_argument("--prompt-file", default=str(MT_BENCH))
+    parser.add_argument("--prompt-file", default="mt_bench", help="built-in prompt set or prompt file (default mt_bench)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--draft-layers", default="first8", help="'firstN' or a comma list of layer indices")
     parser.add_argument("--chain", type=int, default=4, help="chain length (ours and transformers' assisted)")
@@ -69,7 +67,7 @@ def main() -> None:
     chain = hfs.TreeSpec.chain(args.chain)
     tree = hfs.TreeSpec.cartesian([int(b) for b in args.tree.split(",")])
 
-    questions = [json.loads(line) for line in open(args.prompt_file)][: args.prompts]
+    questions = [{"turns": r.turns} for r in load_prompts(args.prompt_file, limit=args.prompts)]
     prompts = []
     for q in questions:
         ids = tokenizer.apply_chat_template(

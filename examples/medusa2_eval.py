@@ -27,7 +27,8 @@ import hf_speculative as hfs
 from hf_speculative.bench import load_reference_model
 from hf_speculative.drafters.medusa.commands import split_records
 from hf_speculative.drafters.medusa.training_medusa2 import Medusa2Dataset, load_medusa2
-from hf_speculative.training.data import encode_chat, load_questions, load_records
+from hf_speculative.bench.prompts import load_prompts
+from hf_speculative.training.data import encode_chat, load_records
 
 
 def _generate(model, ids, heads=None, max_new_tokens=128):
@@ -47,7 +48,7 @@ def _generate(model, ids, heads=None, max_new_tokens=128):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--medusa2", required=True, help="folder written by 'hf-speculative train medusa --medusa2'")
-    p.add_argument("--prompts", default="/work/shared/data/mt_bench/question.jsonl")
+    p.add_argument("--prompts", default="mt_bench", help="built-in prompt set or prompt file (default mt_bench)")
     p.add_argument("--per-category", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
@@ -70,7 +71,7 @@ def main():
     training = heads.config.training or {}
 
     seen: dict = {}
-    questions = [r for r in load_questions(args.prompts) if seen.setdefault(r.category, []).append(r) or len(seen[r.category]) <= args.per_category]
+    questions = [r for r in load_prompts(args.prompts) if seen.setdefault(r.category, []).append(r) or len(seen[r.category]) <= args.per_category]
     from hf_speculative.bench.metrics import load_metric
 
     rouge = load_metric("rouge")

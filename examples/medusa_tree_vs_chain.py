@@ -1,12 +1,12 @@
 """Tree vs chain with the same drafter (the reference Medusa heads): tau on 8 MT-Bench first turns (one per
 category), 128 new tokens, greedy.   python examples/medusa_tree_vs_chain.py
 """
-import json, torch, hf_speculative as hfs
-from hf_speculative.bench import load_reference_model
+import torch, hf_speculative as hfs
+from hf_speculative.bench import load_prompts, load_reference_model
 torch.set_num_threads(1)
 model, tok = load_reference_model(); hfs.enable(model)
 heads = hfs.MedusaHeadsModel.from_pretrained("model_cards/medusa-smollm2-135m-instruct", base_model=model)
-qs = [json.loads(l) for l in open("/work/shared/data/mt_bench/question.jsonl")]
+qs = [{"turns": r.turns} for r in load_prompts("mt_bench")]
 qs = [qs[i] for i in range(0, 80, 10)]
 res = {}
 for name, tree in [("chain4", hfs.TreeSpec.chain(4)), ("calibrated28", None), ("cartesian[4,2,2]", hfs.TreeSpec.cartesian([4,2,2]))]:

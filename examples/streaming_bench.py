@@ -21,7 +21,7 @@ import torch
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--streams", required=True, help="a LlamaForSpeculativeStreaming folder")
-    p.add_argument("--prompts", default="../shared/data/mt_bench/question.jsonl")
+    p.add_argument("--prompts", default="mt_bench", help="built-in prompt set or prompt file (default mt_bench)")
     p.add_argument("--limit", type=int, default=4)
     p.add_argument("--offset", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -34,12 +34,12 @@ def main() -> None:
     import hf_speculative as hfs
     from hf_speculative.bench import load_reference_model
     from hf_speculative.bench.harness import parse_tree
-    from hf_speculative.training import load_questions
+    from hf_speculative.bench.prompts import load_prompts
 
     model, tok = load_reference_model()
     ss = hfs.LlamaForSpeculativeStreaming.from_pretrained(args.streams, base_model=model)
     tree = parse_tree(args.tree)
-    questions = load_questions(args.prompts)[args.offset : args.offset + args.limit]
+    questions = load_prompts(args.prompts)[args.offset : args.offset + args.limit]
     common = dict(max_new_tokens=args.max_new_tokens, do_sample=False, eos_token_id=model.generation_config.eos_token_id,
                   pad_token_id=tok.pad_token_id or tok.eos_token_id)  # fmt: skip
     rows = []

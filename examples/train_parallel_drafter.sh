@@ -19,6 +19,6 @@ $LOCK hf-speculative train parallel-drafter --model reference --threads 2 --data
   --curve-points 4 --curve-checkpoints outputs/parallel_curve
 
 # 2) benchmark: plain generate vs the drafter, greedy, MT-Bench first turns, 128 new tokens
-$LOCK hf-speculative bench --model reference --threads 2 --prompts ../shared/data/mt_bench/question.jsonl \
+$LOCK hf-speculative bench --model reference --threads 2 --prompts mt_bench \
   --per-category "${PER_CATEGORY:-2}" --max-new-tokens 128 --methods plain,parallel-drafter \
   --drafter parallel-drafter="$OUT" --output outputs/parallel_bench.json --plot outputs/parallel_bench.png

@@ -57,6 +57,7 @@ class SpeculativeGenerationMixin:
             value = kwargs.get(name, getattr(generation_config, name, None) if generation_config is not None else None)
             if value is not None and value > 1:
                 raise ValueError(f"tree speculative decoding does not support {name}={value} (it decodes one sequence)")
+        _check_not_empty(inputs if inputs is not None else kwargs.get("input_ids"))
         check_tree_attention(self)
         drafter = resolve_drafter(self, assistant_model)
         decoding = functools.partial(
@@ -70,6 +71,20 @@ class SpeculativeGenerationMixin:
             inputs, generation_config, logits_processor, stopping_criteria, prefix_allowed_tokens_fn,
             synced_gpus, None, streamer, custom_generate=decoding, **kwargs,
         )  # fmt: skip
+
+
+def _check_not_empty(input_ids) -> None:
+    """An empty prompt or batch has no last token to draft from: say so before transformers fails on a reshape."""
+    shape = getattr(input_ids, "shape", None)
+    if shape is None or len(shape) == 0:
+        return
+    if shape[0] == 0:
+        raise ValueError(f"input_ids is an empty batch (shape {tuple(shape)}); give at least one prompt")
+    if len(shape) > 1 and shape[-1] == 0:
+        raise ValueError(
+            f"input_ids has no tokens (shape {tuple(shape)}); tree speculative decoding needs a prompt of at "
+            "least one token (e.g. the BOS token, or the chat template's prefix)"
+        )
 
 
 def is_enabled(model) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import random
+import socket
 
 import pytest
 import torch
@@ -20,6 +21,11 @@ import hf_speculative as hfs
 
 # Tiny models: one intra-op thread is fastest, and avoids OpenMP spin contention with other processes.
 torch.set_num_threads(1)
+
+# Tolerance for float32 tensors that two computation orders reach through a model's layers (tree forward against
+# per-branch forwards, batched against one by one, fused against naive kernels): the last bits depend on the CPU's
+# BLAS kernels and thread count, so a bound tuned on one machine fails on another. Token ids stay exact.
+FP32_LAYERS = dict(rtol=1e-4, atol=1e-4)
 
 ARCHITECTURES = {
     "llama": (LlamaConfig, LlamaForCausalLM, {}),
@@ -92,3 +98,14 @@ def tiny_chat_model(num_layers: int):
 
     tok = tiny_chat_tokenizer()
     return tiny_llama(tokenizer=tok, num_layers=num_layers), tok
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """No network and offline mode off: the Hub endpoint is a local port that nobody listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")

@@ -6,7 +6,7 @@ import zipfile
 
 import pytest
 
-from hf_speculative.bench.prompts import PROMPT_SETS, prepare_prompts, resolve_prompt_path
+from hf_speculative.bench.prompts import prepare_prompts
 from hf_speculative.bench.tiny import tiny_chat_tokenizer
 from hf_speculative.training.data import (
     Record,
@@ -152,13 +152,6 @@ def test_unknown_formats(tmp_path):
         load_records(bad)
     with pytest.raises(ValueError, match="unsupported"):
         load_records(tmp_path / "x.txt")
-
-
-def test_prompt_set_names(monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_SPECULATIVE_DATA", str(tmp_path))
-    assert resolve_prompt_path(None) == tmp_path / PROMPT_SETS["mt_bench"]
-    assert resolve_prompt_path("gsm8k") == tmp_path / "eagle_prompts/gsm8k.jsonl"
-    assert str(resolve_prompt_path("some/file.jsonl")) == "some/file.jsonl"
 
 
 def test_chat_formatting():

@@ -13,7 +13,7 @@ from transformers.generation.streamers import BaseStreamer
 
 import hf_speculative as hfs
 
-from conftest import noisy_copy, tiny_model
+from conftest import FP32_LAYERS, noisy_copy, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +103,9 @@ def test_return_dict_scores_logits_and_cache(pair):
     assert torch.equal(out.sequences, plain.sequences)
     assert len(out.scores) == len(plain.scores) == 10
     for mine, ref in zip(out.scores, plain.scores):
-        torch.testing.assert_close(mine, ref, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(mine, ref, **FP32_LAYERS)
     for mine, ref in zip(out.logits, plain.logits):
-        torch.testing.assert_close(mine, ref, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(mine, ref, **FP32_LAYERS)
     stats = out.speculative_stats
     assert sum(stats.accepted_lengths) == 10 and stats.accepted_lengths[0] == 1
     assert stats.mean_accepted_length == pytest.approx(10 / len(stats.accepted_lengths))

@@ -38,6 +38,7 @@ def _tree(rng):
     return None  # the drafter's default tree
 
 
+@pytest.mark.slow
 def test_greedy_equals_plain_generate(arch):
     target = tiny_model(arch, seed=7)
     drafts = _drafts(target, arch)

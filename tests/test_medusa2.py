@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_model
+from conftest import FP32_LAYERS, tiny_model
 
 import hf_speculative as hfs
 from hf_speculative.drafters.medusa import MedusaHeadsModel
@@ -120,15 +120,15 @@ def test_combined_loss_matches_hand_computation():
         ce, kl = ce / n, kl / n
         medusa = sum(0.8**k * head_sum[k] / head_n[k] for k in range(3))
     assert kl > 1e-3  # the random adapter really changed the model
-    assert float(res.lm) == pytest.approx(ce, rel=1e-5)
-    assert float(res.kl) == pytest.approx(kl, rel=1e-4, abs=1e-6)
-    assert float(res.medusa) == pytest.approx(medusa, rel=1e-5)
-    assert float(res.loss) == pytest.approx(ce + kl + lam * medusa, rel=1e-5)
+    assert float(res.lm) == pytest.approx(ce, rel=1e-4)
+    assert float(res.kl) == pytest.approx(kl, rel=1e-4, abs=1e-5)
+    assert float(res.medusa) == pytest.approx(medusa, rel=1e-4)
+    assert float(res.loss) == pytest.approx(ce + kl + lam * medusa, rel=1e-4)
     with torch.no_grad():
         only_kl = medusa2_loss(model, ids, labels, mask, lambda0=lam, lm_loss="kl")
         only_ce = medusa2_loss(model, ids, labels, mask, lambda0=0.0, lm_loss="ce")
     assert only_kl.lm is None and float(only_kl.loss) == pytest.approx(kl + lam * medusa, rel=1e-4)
-    assert only_ce.kl is None and float(only_ce.loss) == pytest.approx(ce, rel=1e-5)
+    assert only_ce.kl is None and float(only_ce.loss) == pytest.approx(ce, rel=1e-4)
 
 
 def test_kl_is_zero_at_init_and_adapter_disabled_gives_base_logits():
@@ -146,8 +146,8 @@ def test_kl_is_zero_at_init_and_adapter_disabled_gives_base_logits():
         adapted = model.backbone(input_ids=ids).logits
         with model.backbone.disable_adapter():
             disabled = model.backbone(input_ids=ids).logits
-        assert torch.allclose(model.original_logits(ids), ref_logits, atol=1e-5)
-    assert torch.allclose(disabled, ref_logits, atol=1e-5)
+        assert torch.allclose(model.original_logits(ids), ref_logits, **FP32_LAYERS)
+    assert torch.allclose(disabled, ref_logits, **FP32_LAYERS)
     assert not torch.allclose(adapted, ref_logits, atol=1e-2)
 
 
@@ -258,5 +258,5 @@ def test_held_out_lm_loss_with_and_without_the_adapter():
                 if ex["labels"][t + 1] != -100:
                     total += -float(F.log_softmax(logits[t], -1)[ex["labels"][t + 1]])
                     n += 1
-    assert base == pytest.approx(total / n, rel=1e-5)
+    assert base == pytest.approx(total / n, rel=1e-4)
     assert adapted != pytest.approx(base, rel=1e-3)

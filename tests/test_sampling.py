@@ -93,11 +93,13 @@ def _synthetic_pvalue(scheme: str, n: int, claimed: str | None = None) -> float:
     return chi_square_pvalue(counts, _exact_synthetic(), n)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["without_replacement", "with_replacement", "deterministic"])
 def test_tree_rejection_sampling_is_exact(scheme):
     assert _synthetic_pvalue(scheme, 12000) > ALPHA
 
 
+@pytest.mark.slow
 def test_negative_control_top_k_siblings_are_not_iid_samples():
     """Top-k siblings verified as if they were i.i.d. draws of q (the classic mistake) must fail the test."""
     assert _synthetic_pvalue("deterministic", 6000, claimed="with_replacement") < ALPHA
@@ -159,6 +161,7 @@ def _sample_counts(generate, n):
     return counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "setting, draft_sampling, tree",
     [
@@ -186,6 +189,7 @@ def test_generate_sampling_matches_target_distribution(sampling_models, setting,
     assert 0.5 * (p - q).abs().sum() > 0.2
 
 
+@pytest.mark.slow
 def test_reference_distribution_matches_plain_sampling(sampling_models):
     """Validates the exact-distribution computation itself against transformers' plain sampling."""
     target, _ = sampling_models

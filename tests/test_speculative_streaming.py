@@ -29,7 +29,7 @@ from hf_speculative.drafters.streaming.training_speculative_streaming import (
 )
 from hf_speculative.training.trainer import HiddenStates
 
-from conftest import tiny_model
+from conftest import FP32_LAYERS, tiny_model
 
 
 def _randomize(ss, scale: float = 0.3, seed: int = 0):
@@ -94,11 +94,11 @@ def test_training_path_main_stream_matches_the_base_layers(arch):
         for i, layer in enumerate(ss.msa_layers):
             h, _, _ = main_stream_layer(layer, h, mask, cos, sin)
             if first + i + 1 < ss.config.num_hidden_layers:
-                torch.testing.assert_close(h, hs[first + i + 1], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(ss.model.norm(h), hs[-1], rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(h, hs[first + i + 1], **FP32_LAYERS)
+        torch.testing.assert_close(ss.model.norm(h), hs[-1], **FP32_LAYERS)
         # the streams of the training path equal those of the model's forward
         out = ss(ids, output_streams=True)
-        torch.testing.assert_close(ss.lm_head(ss.streams_from_hidden(out.stream_inputs)), out.stream_logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(ss.lm_head(ss.streams_from_hidden(out.stream_inputs)), out.stream_logits, **FP32_LAYERS)
 
 
 # --------------------------------------------------------------------------- attention pattern (Eqs. 1-2)
@@ -146,7 +146,7 @@ def test_msa_layer_matches_eq2_written_out_per_stream_and_position():
         kc = cache.layers[layer.self_attn.layer_idx]
         fast = msa_stream_layer(layer, adapters, streams, kc.keys, kc.values, causal_key_mask(1, T, streams.dtype, "cpu"), cos, sin)
         slow = _naive_msa(layer, adapters, streams, kc.keys, kc.values, cos, sin)
-    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast, slow, **FP32_LAYERS)
 
 
 def test_stream_visibility_by_perturbation():
@@ -165,14 +165,14 @@ def test_stream_visibility_by_perturbation():
         ss.streams.stream_embeddings.weight[1] += 1.0
         pert = ss(ids, output_streams=True).stream_logits[0]
         ss.streams.stream_embeddings.weight[1] -= 1.0
-        torch.testing.assert_close(pert[:, 0], ref[:, 0], rtol=0, atol=1e-6)
+        torch.testing.assert_close(pert[:, 0], ref[:, 0], **FP32_LAYERS)
         assert not torch.allclose(pert[:, 1], ref[:, 1]) and not torch.allclose(pert[:, 2], ref[:, 2])
         # a stream sees no other position's streams: each position alone, from a cache of its prefix, is the same
         for t in range(T):
             cache = DynamicCache(config=base.config)
             out = ss(ids[:, : t + 1], past_key_values=cache, use_cache=True)
             alone = ss.stream_logits(out.stream_inputs[:, -1:], cache)[0, 0]
-            torch.testing.assert_close(alone, ref[t], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(alone, ref[t], **FP32_LAYERS)
         # lossless (Eq. 1 without streams): the main stream is blind to the streams
         assert torch.equal(ss(ids).logits, base(ids).logits)
 
@@ -197,7 +197,7 @@ def test_tree_mask_rows_are_used_for_the_streams():
             path = draft.path_to(node)
             seq = torch.cat([prefix[:, :-1], tokens[path][None]], dim=1)
             alone = ss(seq, output_streams=True).stream_logits[0, -1]
-            torch.testing.assert_close(out.stream_logits[0, node], alone, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(out.stream_logits[0, node], alone, **FP32_LAYERS)
 
 
 # --------------------------------------------------------------------------- drafting through generate()
@@ -217,7 +217,7 @@ def test_lossless_greedy_equality_with_random_streams(arch, num_msa_layers, num_
             base(out.sequences[:, :-1], past_key_values=cache, use_cache=True)
         assert out.past_key_values.get_seq_length() == cache.get_seq_length()
         for a, b in zip(out.past_key_values.layers, cache.layers):
-            torch.testing.assert_close(a.keys, b.keys, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(a.keys, b.keys, **FP32_LAYERS)
     tree = hfs.TreeSpec.chain(num_streams)  # a chain override works too
     ref = base.generate(ids, max_new_tokens=20, do_sample=False)
     assert torch.equal(ss.generate(ids, max_new_tokens=20, do_sample=False, speculative_tree=tree), ref)
@@ -322,12 +322,12 @@ def test_trainer_loss_equals_the_stream_loss_of_the_model():
     assert torch.equal(batch["targets"][0], tg[:8])
     with torch.no_grad():
         logits = ss.lm_head(ss.streams_from_hidden(batch["hidden"], batch["position_ids"]))  # (3, 8, 2, V)
-    torch.testing.assert_close(logits[0], out.stream_logits[0, :8], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(logits[0], out.stream_logits[0, :8], **FP32_LAYERS)
     want = sum(
         F.cross_entropy(logits[..., j, :][batch["targets"][..., j] != IGNORE_INDEX], batch["targets"][..., j][batch["targets"][..., j] != IGNORE_INDEX])
         for j in range(2)
     )
-    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(loss, want, **FP32_LAYERS)
 
 
 # --------------------------------------------------------------------------- hub
@@ -374,6 +374,7 @@ def test_bad_input_is_refused():
 # --------------------------------------------------------------------------- sampling [3.1.6]
 
 
+@pytest.mark.slow
 def test_sampling_is_exact_in_lossless_mode():
     """Chi-square goodness of fit of sampled continuations against the target's exact distribution."""
     from test_sampling import ALPHA, NEW, SETTINGS, VOCAB, _exact_generate, _sample_counts, chi_square_pvalue
@@ -486,8 +487,8 @@ def test_shared_main_row_matches_eq1_written_out():
         m = main + attn.o_proj(out.reshape(1, T, -1))
         m = m + layer.mlp(layer.post_attention_layernorm(m))
         slow_streams = _naive_msa(layer, adapters, streams, keys, values, cos, sin)
-    torch.testing.assert_close(fast[:, :, 0], m, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(fast[:, :, 1:], slow_streams, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast[:, :, 0], m, **FP32_LAYERS)
+    torch.testing.assert_close(fast[:, :, 1:], slow_streams, **FP32_LAYERS)
 
 
 def test_shared_main_stream_sees_its_own_streams_only(arch):
@@ -541,8 +542,8 @@ def test_shared_tree_forward_matches_path_forwards():
         for node in range(len(tokens)):
             seq = torch.cat([prefix[:, :-1], tokens[draft.path_to(node)][None]], dim=1)
             alone = ss(seq)
-            torch.testing.assert_close(out.logits[0, node], alone.logits[0, -1], rtol=1e-4, atol=1e-5)
-            torch.testing.assert_close(out.stream_states[0, node], alone.stream_states[0, -1], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(out.logits[0, node], alone.logits[0, -1], **FP32_LAYERS)
+            torch.testing.assert_close(out.stream_states[0, node], alone.stream_states[0, -1], **FP32_LAYERS)
 
 
 @pytest.mark.parametrize("num_msa_layers, num_streams", [(1, 2), (2, 3), (4, 3)])
@@ -615,7 +616,7 @@ def test_shared_training_loss_on_a_hand_computed_case():
     streams = F.log_softmax(out.stream_logits[0], -1)
     ce_main = -sum(main[t, text[t + 1]] for t in range(3, 11)) / 8  # targets text[4..11]
     ce = [-sum(streams[t, j - 1, text[t + 1 + j]] for t in range(3 - j, 11 - j)) / 8 for j in (1, 2)]
-    torch.testing.assert_close(loss, ce_main + 0.1 * (ce[0] + ce[1]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(loss, ce_main + 0.1 * (ce[0] + ce[1]), **FP32_LAYERS)
 
 
 def test_shared_training_lowers_the_loss_and_keeps_greedy_equality():

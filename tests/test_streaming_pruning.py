@@ -20,7 +20,7 @@ from hf_speculative.drafters.streaming.training_speculative_streaming import IGN
 from hf_speculative.trees import DraftTree, tree_attention_mask
 from hf_speculative.training.trainer import HiddenStates
 
-from conftest import tiny_model
+from conftest import FP32_LAYERS, tiny_model
 
 
 def _pruned_ss(arch="llama", seed=0, layer=2, threshold=0.0, num_streams=3):
@@ -78,7 +78,7 @@ def test_pruned_forward_removes_exactly_the_subtrees_below_the_threshold(arch):
         probs = torch.ones(len(draft))
         for i in range(1, len(draft)):
             probs[i] = torch.softmax(inner_logits[draft.parents[i]], -1)[tokens[i]]
-    torch.testing.assert_close(transition_probabilities(ss, layer_state, draft), probs)
+    torch.testing.assert_close(transition_probabilities(ss, layer_state, draft), probs, **FP32_LAYERS)
     threshold = float(probs[1:].median())
     expected = _subtree_rule(draft, probs, threshold)
     assert 1 < len(expected) < len(draft)
@@ -91,8 +91,8 @@ def test_pruned_forward_removes_exactly_the_subtrees_below_the_threshold(arch):
     assert kept.tokens.tolist() == tokens[expected].tolist()
     assert kept.parents == draft.select(expected).parents
     index = torch.tensor(expected)
-    torch.testing.assert_close(out.logits[0], full.logits[0, index], rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(out.hidden_states[ss.config.first_msa_layer][0], full.hidden_states[ss.config.first_msa_layer][0, index])
+    torch.testing.assert_close(out.logits[0], full.logits[0, index], **FP32_LAYERS)
+    torch.testing.assert_close(out.hidden_states[ss.config.first_msa_layer][0], full.hidden_states[ss.config.first_msa_layer][0, index], **FP32_LAYERS)
     # every layer caches the prefix plus exactly the kept nodes, as an unpruned forward over the kept tree would
     reference = prefilled()
     with torch.no_grad():
@@ -102,8 +102,8 @@ def test_pruned_forward_removes_exactly_the_subtrees_below_the_threshold(arch):
         )  # fmt: skip
     for a, b in zip(cache.layers, reference.layers):
         assert a.keys.shape[-2] == past + len(expected)
-        torch.testing.assert_close(a.keys, b.keys, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(a.values, b.values, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(a.keys, b.keys, **FP32_LAYERS)
+        torch.testing.assert_close(a.values, b.values, **FP32_LAYERS)
 
 
 @pytest.mark.parametrize("layer", [1, 2])

@@ -10,7 +10,7 @@ import hf_speculative as hfs
 from hf_speculative.cache import keep_path
 from hf_speculative.trees import tree_attention_mask
 
-from conftest import random_tree, tiny_model
+from conftest import FP32_LAYERS, random_tree, tiny_model
 
 
 def _tree_forward(model, prompt, tree_tokens, spec):
@@ -48,7 +48,7 @@ def test_tree_logits_equal_per_branch_logits(arch, attn):
             path = draft.path_to(node)[1:]
             seq = torch.cat([prompt, tokens[path][None]], dim=-1)
             ref = model(input_ids=seq).logits[0, -1]
-            torch.testing.assert_close(logits[node], ref, atol=2e-5, rtol=1e-4)
+            torch.testing.assert_close(logits[node], ref, **FP32_LAYERS)
 
 
 def test_cache_after_compaction_equals_rerun(arch):
@@ -64,8 +64,8 @@ def test_cache_after_compaction_equals_rerun(arch):
         model(input_ids=torch.cat([prompt[:, :-1], tokens[path][None]], dim=-1), past_key_values=rerun, use_cache=True)
         assert cache.get_seq_length() == rerun.get_seq_length() == past + len(path)
         for mine, ref in zip(cache.layers, rerun.layers):
-            torch.testing.assert_close(mine.keys, ref.keys, atol=2e-5, rtol=1e-4)
-            torch.testing.assert_close(mine.values, ref.values, atol=2e-5, rtol=1e-4)
+            torch.testing.assert_close(mine.keys, ref.keys, **FP32_LAYERS)
+            torch.testing.assert_close(mine.values, ref.values, **FP32_LAYERS)
 
 
 def test_lazy_logits_only_when_logits_are_the_plain_lm_head():

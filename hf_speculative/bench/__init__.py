@@ -2,7 +2,7 @@
 
 from .harness import METHODS, BenchMethod, BenchOptions, parse_tree, register_method, run_benchmark
 from .projection import measure_step_latency, projected_speedup
-from .prompts import load_prompts, prepare_prompts, resolve_prompt_path
+from .prompts import PROMPT_SETS, describe_prompts, load_prompts, prepare_prompts
 from .reference import load_reference_model, resolve_model
 from .report import Measurement, category_table, markdown_table, plot_results, summarize
 
@@ -11,7 +11,8 @@ __all__ = [
     "resolve_model",
     "load_prompts",
     "prepare_prompts",
-    "resolve_prompt_path",
+    "describe_prompts",
+    "PROMPT_SETS",
     "METHODS",
     "BenchMethod",
     "BenchOptions",

@@ -325,6 +325,9 @@ def load_drafter(path: str, target=None):
     import hf_speculative  # noqa: F401  (registers the drafters' Auto classes)
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
+    from ..hub import resolve_name_or_path
+
+    path = resolve_name_or_path(path, what="drafter")  # a missing folder fails here, with no Hub lookup
     config = AutoConfig.from_pretrained(path)
     archs = getattr(config, "architectures", None) or []
     if any(a.endswith("ForCausalLM") for a in archs):
@@ -341,7 +344,9 @@ def drafter_method_name(path: str) -> str:
 
     import hf_speculative  # noqa: F401
 
-    return AutoConfig.from_pretrained(path).model_type.replace("_", "-")
+    from ..hub import resolve_name_or_path
+
+    return AutoConfig.from_pretrained(resolve_name_or_path(path, what="drafter")).model_type.replace("_", "-")
 
 
 def make_drafter_method(name: str, path: str) -> type[BenchMethod]:
@@ -556,14 +561,18 @@ def _assemble(measurements, n_done, partial, *, model, greedy, max_new_tokens, t
 
 def cmd_bench(args, setup_torch: Callable) -> int:
     setup_torch(args)
-    from .prompts import first_per_category, load_prompts, resolve_prompt_path
+    from ..hub import resolve_name_or_path
+    from .prompts import describe_prompts, first_per_category, load_prompts
     from .reference import resolve_model
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    # bad input fails here, before the model loads: a missing drafter folder or prompt file, an unreachable Hub
     drafters = {}
     for spec in args.drafter or []:
         name, _, path = spec.rpartition("=")
+        path = resolve_name_or_path(path, what="drafter")
         drafters[name or drafter_method_name(path)] = path
+    records = load_prompts(args.prompts)
     options = BenchOptions(
         draft_layers=args.draft_layers,
         tree=args.tree,
@@ -577,7 +586,6 @@ def cmd_bench(args, setup_torch: Callable) -> int:
     )
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     model, tokenizer = resolve_model(args.model, dtype=dtype, device=args.device)
-    records = load_prompts(args.prompts)
     if args.per_category:
         records = first_per_category(records, args.per_category)
     if args.limit is not None:
@@ -586,7 +594,7 @@ def cmd_bench(args, setup_torch: Callable) -> int:
         model, tokenizer, records, methods, options,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, repeats=args.repeats,
         seed=args.seed, device=args.device, save_text=args.save_text,
-        extra_setting={"model": str(args.model), "prompts": str(resolve_prompt_path(args.prompts)),
+        extra_setting={"model": str(args.model), "prompts": describe_prompts(args.prompts),
                        "command": "hf-speculative " + " ".join(getattr(args, "argv", None) or sys.argv[1:])},
         checkpoint=(lambda partial: write_json(partial, args.output)) if args.output else None,
     )  # fmt: skip
@@ -603,7 +611,7 @@ def cmd_bench(args, setup_torch: Callable) -> int:
     if args.output:
         print(f"wrote {write_json(result, args.output)}")
     if args.plot:
-        title = f"{args.model} on {Path(str(resolve_prompt_path(args.prompts))).name}, {len(records)} prompts, {args.max_new_tokens} new tokens"
+        title = f"{args.model} on {describe_prompts(args.prompts)}, {len(records)} prompts, {args.max_new_tokens} new tokens"
         print(f"wrote {plot_results(result['methods'], args.plot, title=title)}")
     return 0
 
@@ -625,8 +633,8 @@ def add_bench_parser(sub, add_common: Callable, setup_torch: Callable) -> None:
                    help="hf-assisted assistant_confidence_threshold (-1: transformers default 0.4)")  # fmt: skip
     p.add_argument("--prompt-lookup-tokens", type=int, default=3)
     p.add_argument("--max-matching-ngram", type=int, default=2)
-    p.add_argument("--prompts", default="mt_bench", help="prompt file, or a name: " + ", ".join(
-        ["mt_bench", "gsm8k", "humaneval", "sharegpt", "alpaca", "dialogsum", "e2e_nlg", "wikisql"]))  # fmt: skip
+    p.add_argument("--prompts", default="mt_bench", help="a built-in set (mt_bench, the default; alpaca, dialogsum, "
+                   "e2e_nlg, wikisql, heldout = those four; gsm8k, humaneval), a prompt file, or a datasets id NAME[:SPLIT]")  # fmt: skip
     p.add_argument("--limit", type=int, default=None, help="first N prompts")
     p.add_argument("--per-category", type=int, default=None, help="first N prompts of each category")
     p.add_argument("--max-new-tokens", type=int, default=128)

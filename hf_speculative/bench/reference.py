@@ -141,11 +141,16 @@ def resolve_model(
     """Load ``(model, tokenizer)`` from ``"reference"``, a local folder or a Hub id.
 
     ``"reference"`` (or ``None``) gives :func:`load_reference_model`.  Anything else goes through
-    ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``.
+    ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``, after
+    :func:`hf_speculative.hub.resolve_name_or_path` (a folder that does not exist fails at once).
     """
     if is_reference(name_or_path):
         return load_reference_model(dtype=dtype, attn_implementation=attn_implementation, device=device)
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..hub import resolve_name_or_path
+
+    name_or_path = resolve_name_or_path(name_or_path, what="model")  # a missing folder fails here, with no Hub lookup
 
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, attn_implementation=attn_implementation)

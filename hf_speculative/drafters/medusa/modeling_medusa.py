@@ -21,6 +21,7 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.utils import ModelOutput
 
+from ...hub import resolve_name_or_path
 from ...trees import DraftTree, TreeSpec
 from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits, vocab_logits
 from .configuration_medusa import MedusaConfig
@@ -125,9 +126,13 @@ class MedusaHeadsModel(MedusaPreTrainedModel):
         return heads.eval()
 
     @classmethod
-    def from_pretrained(cls, *args, base_model: PreTrainedModel | None = None, **kwargs) -> "MedusaHeadsModel":
-        """`PreTrainedModel.from_pretrained`, plus ``base_model=`` to attach the shared ``lm_head`` at once."""
-        heads = super().from_pretrained(*args, **kwargs)
+    def from_pretrained(
+        cls, pretrained_model_name_or_path, *args, base_model: PreTrainedModel | None = None, **kwargs
+    ) -> "MedusaHeadsModel":
+        """`PreTrainedModel.from_pretrained`, plus ``base_model=`` to attach the shared ``lm_head`` at once. A folder
+        that does not exist raises `FileNotFoundError` at once (`hf_speculative.hub.resolve_name_or_path`)."""
+        path = resolve_name_or_path(pretrained_model_name_or_path, what="Medusa heads")
+        heads = super().from_pretrained(path, *args, **kwargs)
         if base_model is not None:
             heads.attach_base_model(base_model)
         return heads

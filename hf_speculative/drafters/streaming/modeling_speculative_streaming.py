@@ -42,6 +42,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaPreTrainedModel, rotate_half
 
 from ...generation import SpeculativeGenerationMixin
+from ...hub import resolve_name_or_path
 from ...trees import DraftTree, TreeSpec
 from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits, vocab_logits
 from .configuration_speculative_streaming import LORA_TARGET_MODULES, SpeculativeStreamingConfig
@@ -301,7 +302,9 @@ class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM)
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, base_model: PreTrainedModel | None = None, **kwargs):
         """Load the streams; attach them to ``base_model``, or else load the base named in the config
-        (``"reference"`` / the SmolLM2-135M-Instruct Hub id: `hf_speculative.bench.load_reference_model`)."""
+        (``"reference"`` / the SmolLM2-135M-Instruct Hub id: `hf_speculative.bench.load_reference_model`). A folder
+        that does not exist raises `FileNotFoundError` at once (`hf_speculative.hub.resolve_name_or_path`)."""
+        pretrained_model_name_or_path = resolve_name_or_path(pretrained_model_name_or_path, what="Speculative Streaming model")
         ss = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         if base_model is None:
             base_model = load_base_model(ss.config.base_model_name_or_path)

@@ -1,0 +1,121 @@
+"""Local folders and Hub names: tell them apart before loading, and fail fast with a message that says why.
+
+``from_pretrained`` treats any name that is not an existing folder as a Hub repo id. A typo in a folder
+(``model_cards/medusa-smolm2``) then costs half a minute of Hub retries and ends in "couldn't connect",
+and without a network a real Hub id does the same. :func:`resolve_name_or_path` runs before every load of
+ours (drafters' ``from_pretrained``, the bench's ``--model`` and ``--drafter``, ``--prompts``):
+
+- an existing path, absolute or relative to the current directory, comes back as an absolute path;
+- a name that can only be a path (``./x``, ``../x``, ``/x``, ``~/x``, two or more separators, a first
+  component that is a local folder, characters a Hub id cannot have) raises ``FileNotFoundError``
+  naming the folder, with no Hub lookup;
+- a Hub id is returned unchanged when offline mode is on (``HF_HUB_OFFLINE=1``: the cache answers at
+  once) or the Hub answers a TCP connect within a few seconds; otherwise the cached snapshot is
+  returned if there is one, else ``OSError`` says the Hub cannot be reached.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+__all__ = ["looks_like_path", "resolve_name_or_path", "hub_offline", "hub_reachable"]
+
+# owner/name or name: letters, digits, "-", "_", "."; at most one "/" (huggingface_hub's repo id rule)
+_REPO_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[\w.-]+$")
+_TRUE = {"1", "on", "yes", "true"}
+
+
+def looks_like_path(name: str | os.PathLike) -> bool:
+    """True when ``name`` can only mean a local path, never a Hub repo id."""
+    text = os.fspath(name)
+    if isinstance(name, Path) or text.startswith(("./", "../", "/", "~", ".\\", "..\\")) or text in (".", ".."):
+        return True
+    if os.sep != "/" and os.sep in text:
+        return True
+    if text.count("/") > 1 or not _REPO_ID.match(text) or text.endswith(("/", "..")) or "--" in text:
+        return True
+    first = text.split("/", 1)[0]
+    return "/" in text and Path(first).is_dir()  # "model_cards/typo" in the repo root
+
+
+def hub_offline() -> bool:
+    """Offline mode as huggingface_hub and transformers read it (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``)."""
+    return any(os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _endpoint() -> str:
+    from huggingface_hub import constants
+
+    return os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to the Hub endpoint opens within ``timeout`` seconds (name lookup included).
+
+    With a proxy configured the answer is ``True``: the proxy decides, and huggingface_hub talks to it.
+    """
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    url = urlparse(_endpoint())
+    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    if host is None:
+        return False
+    result: list[bool] = []
+
+    def probe():
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            result.append(True)
+        except OSError:
+            result.append(False)
+
+    thread = threading.Thread(target=probe, daemon=True)  # getaddrinfo has no timeout of its own
+    thread.start()
+    thread.join(timeout + 0.5)
+    return bool(result and result[0])
+
+
+def _cached_snapshot(repo_id: str, repo_type: str) -> str | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    for filename in ("config.json", "README.md", "dataset_info.json"):
+        found = try_to_load_from_cache(repo_id, filename, repo_type=repo_type)
+        if isinstance(found, str):
+            return str(Path(found).parent)
+    return None
+
+
+def resolve_name_or_path(name_or_path: str | os.PathLike | None, what: str = "model", repo_type: str = "model") -> str | None:
+    """An absolute local path, or a Hub id that can be loaded now; raise at once otherwise.
+
+    Args:
+        name_or_path: a folder or file (relative paths resolve against the current directory) or a Hub repo id.
+        what: what is being loaded, for the message ("drafter", "model", "prompt data set").
+        repo_type: the Hub repo type of an id ("model" or "dataset").
+
+    Raises:
+        FileNotFoundError: a path-like name that does not exist.
+        OSError: a Hub id while the Hub cannot be reached and nothing of it is cached.
+    """
+    if name_or_path is None:  # from_pretrained(None, config=..., state_dict=...)
+        return None
+    text = os.fspath(name_or_path)
+    path = Path(text).expanduser()
+    if path.exists():
+        return str(path.resolve())
+    if looks_like_path(name_or_path):
+        raise FileNotFoundError(f"{what} folder {text!r} does not exist (looked for {path.absolute()})")
+    if hub_offline() or hub_reachable():
+        return text
+    cached = _cached_snapshot(text, repo_type)
+    if cached is not None:
+        return cached
+    raise OSError(
+        f"{text!r} is not a local folder, and the Hugging Face Hub ({_endpoint()}) cannot be reached to download "
+        f"the {what}: no network. Give a local folder, or set HF_HUB_OFFLINE=1 to use the local cache only."
+    )

@@ -1,0 +1,126 @@
+"""Bad input fails at once with a message that names it: missing folders, an unreachable Hub, empty prompts."""
+
+import socket
+import time
+
+import pytest
+import torch
+
+import hf_speculative as hfs
+from hf_speculative import hub
+from hf_speculative.bench.harness import load_drafter
+from hf_speculative.bench.reference import resolve_model
+
+from conftest import tiny_model
+
+DRAFTER_LOADERS = {
+    "medusa": lambda path: hfs.MedusaHeadsModel.from_pretrained(path),
+    "parallel": lambda path: hfs.ParallelDrafter.from_pretrained(path),
+    "streaming": lambda path: hfs.LlamaForSpeculativeStreaming.from_pretrained(path),
+    "bench --drafter": lambda path: load_drafter(path),
+    "bench --model": lambda path: resolve_model(path),
+}
+
+
+@pytest.fixture
+def no_hub(monkeypatch):
+    """Any Hub lookup fails the test."""
+    monkeypatch.setattr(hub, "hub_reachable", lambda *a, **k: pytest.fail("a path-like name reached the Hub lookup"))
+
+
+@pytest.mark.parametrize(
+    "name, is_path",
+    [
+        ("./x", True), ("../x", True), ("/abs/x", True), ("~/x", True), ("a/b/c", True), ("a b", True), ("a--b/c", True),
+        ("gpt2", False), ("org/model-name.v1", False), ("HuggingFaceTB/SmolLM2-135M-Instruct", False),
+    ],
+)  # fmt: skip
+def test_looks_like_path(name, is_path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert hub.looks_like_path(name) is is_path
+
+
+def test_first_component_that_is_a_local_folder_makes_a_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert not hub.looks_like_path("model_cards/typo")  # could be a Hub id ...
+    (tmp_path / "model_cards").mkdir()
+    assert hub.looks_like_path("model_cards/typo")  # ... but not where model_cards/ is a folder
+
+
+@pytest.mark.parametrize("loader", DRAFTER_LOADERS)
+@pytest.mark.parametrize("name", ["model_cards/typo", "./typo", "../typo", "/no/such/drafter", "~/no-such-drafter-xyz"])
+def test_a_missing_folder_raises_at_once_naming_it(loader, name, tmp_path, monkeypatch, no_hub):
+    (tmp_path / "model_cards").mkdir()
+    monkeypatch.chdir(tmp_path)
+    start = time.perf_counter()
+    with pytest.raises(FileNotFoundError, match="does not exist") as err:
+        DRAFTER_LOADERS[loader](name)
+    assert time.perf_counter() - start < 2.0
+    assert repr(name) in str(err.value)
+
+
+def test_relative_folders_resolve_against_the_current_directory(tmp_path, monkeypatch, no_hub):
+    model = tiny_model()
+    hfs.MedusaHeadsModel.from_base_model(model, num_heads=2).save_pretrained(tmp_path / "heads")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert hub.resolve_name_or_path("../heads") == str(tmp_path / "heads")
+    heads = hfs.MedusaHeadsModel.from_pretrained("../heads", base_model=model)
+    assert heads.config.num_heads == 2
+    assert type(load_drafter("../heads", model)).__name__ == "MedusaHeadsModel"
+
+
+def test_hub_probe_answers_from_a_closed_and_an_open_port(no_network, monkeypatch):
+    start = time.perf_counter()
+    assert hub.hub_reachable(timeout=2.0) is False
+    assert time.perf_counter() - start < 3.0
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+        assert hub.hub_reachable(timeout=2.0) is True
+
+
+@pytest.mark.parametrize("loader", ["medusa", "bench --drafter", "bench --model"])
+def test_a_hub_name_without_network_fails_in_seconds(loader, no_network):
+    start = time.perf_counter()
+    with pytest.raises(OSError, match="cannot be reached") as err:
+        DRAFTER_LOADERS[loader]("someone-xyz/not-a-real-drafter")
+    assert time.perf_counter() - start < 5.0
+    assert "no network" in str(err.value) and "HF_HUB_OFFLINE=1" in str(err.value)
+    assert not isinstance(err.value, FileNotFoundError)
+
+
+def test_offline_mode_leaves_hub_names_to_the_cache(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hub, "hub_reachable", lambda *a, **k: pytest.fail("offline mode needs no probe"))
+    assert hub.resolve_name_or_path("org/model") == "org/model"
+
+
+def test_bench_command_checks_drafters_and_prompts_before_loading_the_model(tmp_path, monkeypatch, no_hub):
+    from hf_speculative import cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("hf_speculative.bench.reference.resolve_model", lambda *a, **k: pytest.fail("model loaded"))
+    with pytest.raises(FileNotFoundError, match="'./missing'"):
+        cli.main(["bench", "--methods", "plain,x", "--drafter", "x=./missing", "--limit", "1"])
+    with pytest.raises(FileNotFoundError, match="typo.jsonl"):
+        cli.main(["bench", "--methods", "plain", "--prompts", "./typo.jsonl", "--limit", "1"])
+
+
+@pytest.mark.parametrize("shape, message", [((1, 0), "no tokens"), ((0, 5), "empty batch"), ((0, 0), "empty batch")])
+def test_empty_prompt_or_batch_raises_value_error(shape, message):
+    model = hfs.enable(tiny_model())
+    ids = torch.zeros(shape, dtype=torch.long)
+    for drafter in (hfs.PromptLookupDrafter(), hfs.MedusaHeadsModel.from_base_model(model, num_heads=2)):
+        with pytest.raises(ValueError, match=message):
+            model.generate(ids, assistant_model=drafter, max_new_tokens=4, do_sample=False)
+        with pytest.raises(ValueError, match=message):
+            model.generate(input_ids=ids, assistant_model=drafter, max_new_tokens=4, do_sample=False)
+
+
+def test_empty_prompt_to_a_self_drafting_model():
+    ss = hfs.LlamaForSpeculativeStreaming.from_base_model(tiny_model(), num_streams=2, num_msa_layers=1)
+    with pytest.raises(ValueError, match="no tokens"):
+        ss.generate(torch.zeros((1, 0), dtype=torch.long), max_new_tokens=4)
+
