@@ -125,9 +125,19 @@ class MedusaHeadsModel(MedusaPreTrainedModel):
         return heads.eval()
 
     @classmethod
-    def from_pretrained(cls, *args, base_model: PreTrainedModel | None = None, **kwargs) -> "MedusaHeadsModel":
-        """`PreTrainedModel.from_pretrained`, plus ``base_model=`` to attach the shared ``lm_head`` at once."""
-        heads = super().from_pretrained(*args, **kwargs)
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, base_model: PreTrainedModel | None = None, **kwargs) -> "MedusaHeadsModel":
+        """`PreTrainedModel.from_pretrained`, plus ``base_model=`` to attach the shared ``lm_head`` at once.
+
+        Also reads a folder in the reference implementation's layout (FasterDecoding/Medusa: ``config.json`` with
+        ``medusa_num_heads`` and ``medusa_lm_head.safetensors`` / ``.pt``; see `fasterdecoding`), as heads that
+        each own their vocabulary projection (``share_lm_head=False``)."""
+        from .fasterdecoding import fasterdecoding_config, load_fasterdecoding_heads
+
+        if fasterdecoding_config(pretrained_model_name_or_path) is not None:
+            dtype = kwargs.get("dtype")
+            heads = load_fasterdecoding_heads(pretrained_model_name_or_path, dtype=dtype if isinstance(dtype, torch.dtype) else None)
+        else:
+            heads = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         if base_model is not None:
             heads.attach_base_model(base_model)
         return heads
