@@ -26,6 +26,7 @@ COMMANDS = [
     "bench",
     "project",
     "calibrate",
+    "export",
 ]
 
 #: ``train <method>`` commands: modules of hf_speculative.commands

@@ -208,7 +208,7 @@ def test_cli_modules_import_no_torch_at_module_level():
     assert heavy == []
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["bench", "--help"], ["train", "medusa", "--help"], ["calibrate-tree", "--help"]])
+@pytest.mark.parametrize("argv", [["--help"], ["bench", "--help"], ["train", "medusa", "--help"], ["export", "--help"]])
 def test_help_is_fast(argv):
     """``hf-speculative [command] --help`` parses without importing torch or transformers: under 2 s."""
     cmd = [sys.executable, "-m", "hf_speculative.cli", *argv]

@@ -13,7 +13,7 @@ hold the same tensors; loading them into L independent blocks computes the same 
 `MedusaHeadsModel` with ``share_lm_head=False`` (every head owns its W2) and the same maths.
 
 A Medusa-2 checkpoint (the base model's weights trained together with the heads, saved as one causal LM with
-``medusa_head.*`` keys) is not a heads folder: `load_fasterdecoding_heads` says what to do instead.
+``medusa_head.*`` keys) is not a heads folder: `read_fasterdecoding_heads` says what to do instead.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["HEADS_FILES", "fasterdecoding_config", "load_fasterdecoding_heads", "fasterdecoding_state_dict"]
+__all__ = ["HEADS_FILES", "fasterdecoding_config", "read_fasterdecoding_heads", "fasterdecoding_state_dict"]
 
 #: the heads' weight files, in the order they are looked for
 HEADS_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -65,11 +65,11 @@ def _medusa2_error(folder: Path, config: dict) -> ValueError:
     )
 
 
-def load_fasterdecoding_heads(path, dtype: torch.dtype | None = None, **config_kwargs):
-    """A `MedusaHeadsModel` (``share_lm_head=False``) from a reference-layout heads folder. Hidden and vocabulary
-    sizes come from the weights; ``config_kwargs`` (e.g. ``medusa_choices``) go to `MedusaConfig`."""
+def read_fasterdecoding_heads(path, **config_kwargs):
+    """``(MedusaConfig, state_dict)`` of a reference-layout heads folder, the state dict in `MedusaHeadsModel`'s key
+    names (``share_lm_head=False``: every head owns its W2). Hidden and vocabulary sizes come from the weights;
+    ``config_kwargs`` (e.g. ``medusa_choices``) go to `MedusaConfig`."""
     from .configuration_medusa import MedusaConfig
-    from .modeling_medusa import MedusaHeadsModel
 
     folder = Path(path)
     config = fasterdecoding_config(folder)
@@ -83,12 +83,11 @@ def load_fasterdecoding_heads(path, dtype: torch.dtype | None = None, **config_k
     if projection is None:
         raise ValueError(f"{folder}: no key '0.{num_layers}.weight' (head 0's vocabulary projection) for medusa_num_layers={num_layers}")
     vocab_size, hidden_size = projection.shape
-    heads = MedusaHeadsModel(MedusaConfig(
+    medusa_config = MedusaConfig(
         base_model_name_or_path=config.get("base_model_name_or_path"), hidden_size=hidden_size, vocab_size=vocab_size,
         num_heads=num_heads, num_layers=num_layers, share_lm_head=False, **config_kwargs,
-    ))  # fmt: skip
-    heads.load_state_dict(fasterdecoding_state_dict(state, num_heads, num_layers, folder))
-    return heads.to(dtype if dtype is not None else projection.dtype).eval()
+    )  # fmt: skip
+    return medusa_config, fasterdecoding_state_dict(state, num_heads, num_layers, folder)
 
 
 def fasterdecoding_state_dict(state: dict[str, torch.Tensor], num_heads: int, num_layers: int, source="") -> dict[str, torch.Tensor]:

@@ -131,11 +131,14 @@ class MedusaHeadsModel(MedusaPreTrainedModel):
         Also reads a folder in the reference implementation's layout (FasterDecoding/Medusa: ``config.json`` with
         ``medusa_num_heads`` and ``medusa_lm_head.safetensors`` / ``.pt``; see `fasterdecoding`), as heads that
         each own their vocabulary projection (``share_lm_head=False``)."""
-        from .fasterdecoding import fasterdecoding_config, load_fasterdecoding_heads
+        from .fasterdecoding import fasterdecoding_config, read_fasterdecoding_heads
 
         if fasterdecoding_config(pretrained_model_name_or_path) is not None:
+            config, state = read_fasterdecoding_heads(pretrained_model_name_or_path)
             dtype = kwargs.get("dtype")
-            heads = load_fasterdecoding_heads(pretrained_model_name_or_path, dtype=dtype if isinstance(dtype, torch.dtype) else None)
+            heads = cls(config)
+            heads.load_state_dict(state)
+            heads = heads.to(dtype if isinstance(dtype, torch.dtype) else next(iter(state.values())).dtype).eval()
         else:
             heads = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         if base_model is not None:
