@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .common import add_model_args, load_model_and_records, setup_torch, split_records
+from .common import add_model_args, is_main_process, load_model_and_records, main_process_first, setup_torch, split_records
 
 
 def add_parser(subparsers) -> None:
@@ -35,11 +35,13 @@ def run(args) -> int:
     heads = MedusaHeadsModel.from_pretrained(args.heads, base_model=model).to(model.device)
     if args.holdout < 1.0:
         _, records = split_records(records, args.holdout, args.seed)
-    states = extract_hidden_states(model, tokenizer, records, max_length=args.max_length)
+    with main_process_first():
+        states = extract_hidden_states(model, tokenizer, records, max_length=args.max_length)
     tree = calibrate_tree(heads, states, num_nodes=args.num_nodes)
     out = Path(args.out or args.heads)
-    heads.save_pretrained(out)
-    if (out / "README.md").exists() or args.out:
-        write_model_card(heads, out)
-    print(json.dumps({"medusa_choices": tree.to_list(), **heads.config.calibration}))
+    if is_main_process():  # calibration is deterministic: every process built the same tree
+        heads.save_pretrained(out)
+        if (out / "README.md").exists() or args.out:
+            write_model_card(heads, out)
+        print(json.dumps({"medusa_choices": tree.to_list(), **heads.config.calibration}))
     return 0

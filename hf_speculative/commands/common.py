@@ -12,6 +12,7 @@ import random
 import shlex
 import shutil
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = [
@@ -24,6 +25,8 @@ __all__ = [
     "finish_folder",
     "command_line",
     "is_main_process",
+    "num_processes",
+    "main_process_first",
     "record_reference_base",
 ]
 
@@ -114,11 +117,33 @@ def command_line(args=None) -> str | None:
     return None
 
 
+def num_processes() -> int:
+    """Processes training together (``WORLD_SIZE`` under ``accelerate launch`` / ``torchrun``; 1 alone)."""
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def is_main_process() -> bool:
     """True in a single process, and in process 0 of ``accelerate launch`` / ``torchrun``."""
     import os
 
     return int(os.environ.get("RANK", "0")) == 0
+
+
+@contextmanager
+def main_process_first():
+    """Under several processes (``accelerate launch``, ``torchrun``) the main process runs the block first and
+    the others after it, so that they read the caches it wrote (hidden states) instead of racing to write them.
+    In a single process, just the block."""
+    if num_processes() > 1:
+        import torch
+        from accelerate import PartialState
+
+        with PartialState(cpu=not torch.cuda.is_available()).main_process_first():  # gloo on CPU, as the Trainer
+            yield
+    else:
+        yield
 
 
 def finish_folder(out, save, write_card, report: dict) -> int:

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import add_model_args, command_line, finish_folder, load_model_and_records, record_reference_base, setup_torch, split_records
+from .common import add_model_args, command_line, finish_folder, load_model_and_records, main_process_first, num_processes, record_reference_base, setup_torch, split_records
 
 
 def add_parser(subparsers) -> None:
@@ -69,8 +69,9 @@ def run(args) -> int:
     train_records, held_out = split_records(records, args.holdout, args.seed)
     print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
     t0 = time.perf_counter()
-    train_states = extract_hidden_states(model, tokenizer, train_records, max_length=args.max_length)
-    hold_states = extract_hidden_states(model, tokenizer, held_out, max_length=args.max_length) if held_out else None
+    with main_process_first():  # several processes: the main one fills the hidden-state cache, the others read it
+        train_states = extract_hidden_states(model, tokenizer, train_records, max_length=args.max_length)
+        hold_states = extract_hidden_states(model, tokenizer, held_out, max_length=args.max_length) if held_out else None
     print(f"hidden states: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
 
     heads = MedusaHeadsModel.from_base_model(
@@ -114,6 +115,7 @@ def run(args) -> int:
         "epochs": args.epochs,
         "learning_rate": args.lr,
         "batch_size": args.batch_size,
+        "processes": num_processes(),  # data-parallel: the batch size is per process
         "max_train_tokens": args.max_train_tokens,
         "train_seconds": round(train_s, 1),
         "final_loss": round(float(trainer.state.log_history[-1].get("train_loss", float("nan"))), 4),
@@ -198,6 +200,7 @@ def run_medusa2(args) -> int:
         "time_budget_s": args.time_budget,
         "init_heads": args.init_heads,
         "batch_size": args.batch_size,
+        "processes": num_processes(),  # data-parallel: the batch size is per process
         "gradient_accumulation_steps": args.grad_accum,
         "train_seconds": round(train_s, 1),
         "final_loss": round(float(history[-1].get("train_loss", float("nan"))), 4),

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import add_model_args, command_line, finish_folder, load_model_and_records, record_reference_base, setup_torch, split_records
+from .common import add_model_args, command_line, finish_folder, load_model_and_records, main_process_first, num_processes, record_reference_base, setup_torch, split_records
 
 
 def add_parser(subparsers) -> None:
@@ -55,8 +55,9 @@ def run(args) -> int:
     train_records, held_out = split_records(records, args.holdout, args.seed)
     print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
     t0 = time.perf_counter()
-    train_states = extract_hidden_states(model, tokenizer, train_records, max_length=args.max_length)
-    hold_states = extract_hidden_states(model, tokenizer, held_out, max_length=args.max_length) if held_out else None
+    with main_process_first():  # several processes: the main one fills the hidden-state cache, the others read it
+        train_states = extract_hidden_states(model, tokenizer, train_records, max_length=args.max_length)
+        hold_states = extract_hidden_states(model, tokenizer, held_out, max_length=args.max_length) if held_out else None
     print(f"target states: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
 
     drafter = ParallelDrafter.from_base_model(
@@ -96,6 +97,7 @@ def run(args) -> int:
         "steps": trainer.state.global_step,
         "learning_rate": args.lr,
         "batch_size": args.batch_size,
+        "processes": num_processes(),  # data-parallel: the batch size is per process
         "groups_per_sequence": args.groups_per_sequence,
         "train_groups_seen": trainer.state.global_step * args.batch_size * args.groups_per_sequence,
         "distill_weight": args.distill_weight,

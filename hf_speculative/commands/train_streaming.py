@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import add_model_args, command_line, finish_folder, load_model_and_records, record_reference_base, setup_torch, split_records
+from .common import add_model_args, command_line, finish_folder, load_model_and_records, main_process_first, num_processes, record_reference_base, setup_torch, split_records
 
 
 def add_parser(subparsers) -> None:
@@ -87,8 +87,9 @@ def run(args) -> int:
             return tokenize_records(tokenizer, recs, max_length=args.max_length)
         return extract_stream_inputs(model, tokenizer, recs, layer, max_length=args.max_length)
 
-    train_states = prepare(train_records)
-    hold_states = prepare(held_out) if held_out else None
+    with main_process_first():  # several processes: the main one fills the state cache, the others read it
+        train_states = prepare(train_records)
+        hold_states = prepare(held_out) if held_out else None
     what = "tokens" if shared else f"states entering layer {layer}"
     print(f"{what}: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
     if args.extract_only:
@@ -132,6 +133,7 @@ def run(args) -> int:
         "time_budget_s": args.time_budget,
         "learning_rate": args.lr,
         "batch_size": args.batch_size,
+        "processes": num_processes(),  # data-parallel: the batch size is per process
         "segment_length": args.segment_length,
         "train_seconds": round(train_s, 1),
         "final_loss": round(float(trainer.state.log_history[-1].get("train_loss", float("nan"))), 4),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .common import add_model_args, command_line, finish_folder, load_model_and_records, setup_torch, split_records
+from .common import add_model_args, command_line, finish_folder, load_model_and_records, main_process_first, setup_torch, split_records
 from .train_streaming import add_segment_training_args
 
 
@@ -39,8 +39,9 @@ def run(args) -> int:
     ss.add_pruning_head(args.pruning_layer, rank=args.pruning_rank, threshold=args.threshold)
     train_records, held_out = split_records(records, args.holdout, args.seed)
     layer = args.pruning_layer
-    train_states = extract_stream_inputs(model, tokenizer, train_records, layer, max_length=args.max_length)
-    hold_states = extract_stream_inputs(model, tokenizer, held_out, layer, max_length=args.max_length) if held_out else None
+    with main_process_first():
+        train_states = extract_stream_inputs(model, tokenizer, train_records, layer, max_length=args.max_length)
+        hold_states = extract_stream_inputs(model, tokenizer, held_out, layer, max_length=args.max_length) if held_out else None
     before = early_exit_accuracy(ss, hold_states) if hold_states is not None else None
     t0 = time.perf_counter()
     trainer = train_pruning_head(
