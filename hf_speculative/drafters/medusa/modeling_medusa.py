@@ -22,6 +22,7 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from ...trees import DraftTree, TreeSpec
+from ..hub import DrafterHubMixin
 from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits, vocab_logits
 from .configuration_medusa import MedusaConfig
 
@@ -71,7 +72,7 @@ class MedusaOutput(ModelOutput):
     logits: torch.Tensor | None = None
 
 
-class MedusaPreTrainedModel(PreTrainedModel):
+class MedusaPreTrainedModel(DrafterHubMixin, PreTrainedModel):
     config_class = MedusaConfig
     base_model_prefix = "medusa"
     main_input_name = "hidden_states"
@@ -191,6 +192,12 @@ class MedusaHeadsModel(MedusaPreTrainedModel):
 
             loss = medusa_loss(logits, labels)
         return MedusaOutput(loss=loss, logits=logits)
+
+    def model_card(self) -> str:
+        from .model_card import render_medusa2_model_card, render_model_card
+
+        medusa2 = str((getattr(self.config, "training", None) or {}).get("method", "")).startswith("medusa-2")
+        return render_medusa2_model_card(self) if medusa2 else render_model_card(self)
 
     # ------------------------------------------------------------------ drafting
     def get_tree_drafter(self, target: PreTrainedModel) -> "MedusaDrafter":

@@ -26,6 +26,7 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from ...trees import DraftTree, TreeSpec
+from ..hub import DrafterHubMixin
 from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits, vocab_logits
 from .configuration_parallel_drafter import ParallelDrafterConfig
 
@@ -42,7 +43,7 @@ class ParallelDrafterOutput(ModelOutput):
     past_key_values: object | None = None
 
 
-class ParallelDrafterPreTrainedModel(PreTrainedModel):
+class ParallelDrafterPreTrainedModel(DrafterHubMixin, PreTrainedModel):
     config_class = ParallelDrafterConfig
     base_model_prefix = "drafter"
     main_input_name = "input_ids"
@@ -212,6 +213,11 @@ class ParallelDrafter(ParallelDrafterPreTrainedModel):
         return ParallelDrafterOutput(logits=self.project(hidden), hidden_states=hidden, past_key_values=out.past_key_values)
 
     # ------------------------------------------------------------------ drafting
+    def model_card(self) -> str:
+        from .model_card import render_model_card
+
+        return render_model_card(self)
+
     def get_tree_drafter(self, target: PreTrainedModel) -> "ParallelTreeDrafter":
         """The per-call drafter the engine uses for ``target.generate(assistant_model=self)``."""
         self.attach_base_model(target)

@@ -43,6 +43,7 @@ from transformers.models.llama.modeling_llama import LlamaPreTrainedModel, rotat
 
 from ...generation import SpeculativeGenerationMixin
 from ...trees import DraftTree, TreeSpec
+from ..hub import DrafterHubMixin
 from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits, vocab_logits
 from .configuration_speculative_streaming import LORA_TARGET_MODULES, SpeculativeStreamingConfig
 
@@ -242,7 +243,7 @@ def stream_key_mask(attention_mask: torch.Tensor | None, batch: int, length: int
     return key_mask
 
 
-class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM):
+class LlamaForSpeculativeStreaming(DrafterHubMixin, SpeculativeGenerationMixin, LlamaForCausalLM):
     """An MSA-patched `LlamaForCausalLM` that drafts for itself: ``ss.generate(input_ids, max_new_tokens=...)``.
 
     Build with ``from_base_model(model, num_streams=3, num_msa_layers=4)`` (Llama, Mistral or Qwen2 layer
@@ -601,6 +602,11 @@ class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM)
         return self.model.norm(streams)
 
     # ------------------------------------------------------------------ drafting
+    def model_card(self) -> str:
+        from .model_card import render_model_card
+
+        return render_model_card(self)
+
     def get_tree_drafter(self, target: PreTrainedModel) -> "SpeculativeStreamingDrafter":
         """``base.generate(assistant_model=ss)``: the streams attach to ``target``, which must be the base model
         they were trained for (the streams read its hidden states entering layer N - N_s and its cache)."""
