@@ -320,8 +320,11 @@ class DrafterMethod(_EngineMethod):
 
 def load_drafter(path: str, target=None):
     """Load a drafter folder: an hf_speculative drafter (registered Auto classes) or a causal LM."""
-    import hf_speculative  # noqa: F401  (registers the drafters' Auto classes)
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    from .. import register_auto_classes
+
+    register_auto_classes()  # the drafters' Auto classes (the hf-speculative command imports the package lazily)
 
     config = AutoConfig.from_pretrained(path)
     archs = getattr(config, "architectures", None) or []
@@ -337,8 +340,9 @@ def load_drafter(path: str, target=None):
 def drafter_method_name(path: str) -> str:
     from transformers import AutoConfig
 
-    import hf_speculative  # noqa: F401
+    from .. import register_auto_classes
 
+    register_auto_classes()
     return AutoConfig.from_pretrained(path).model_type.replace("_", "-")
 
 

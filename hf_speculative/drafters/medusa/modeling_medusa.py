@@ -22,19 +22,11 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from ...trees import DraftTree, TreeSpec
+from ..base import DraftingOptions, TreeDrafter, final_hidden_state, output_embeddings, tree_from_depth_logits, vocab_logits
 from ..hub import DrafterHubMixin
-from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits, vocab_logits
 from .configuration_medusa import MedusaConfig
 
 __all__ = ["MedusaResBlock", "MedusaHead", "MedusaHeadsModel", "MedusaOutput", "MedusaDrafter", "final_hidden_state"]
-
-
-def final_hidden_state(outputs) -> torch.Tensor:
-    """The state the target's ``lm_head`` consumes: in transformers 5 causal LMs the last element of
-    ``outputs.hidden_states`` is the output of the final norm (tested: ``lm_head(h) == logits``)."""
-    if getattr(outputs, "hidden_states", None) is None:
-        raise ValueError("Medusa heads need the target's hidden states (output_hidden_states=True)")
-    return outputs.hidden_states[-1]
 
 
 class MedusaResBlock(nn.Module):
@@ -107,7 +99,7 @@ class MedusaHeadsModel(MedusaPreTrainedModel):
         cls, model: PreTrainedModel, num_heads: int = 4, num_layers: int = 1, share_lm_head: bool = True, **config_kwargs
     ) -> "MedusaHeadsModel":
         """Medusa-1 init for ``model``: W1 = 0 and W2 = the base ``lm_head`` (shared or copied)."""
-        lm_head = _output_embeddings(model)
+        lm_head = output_embeddings(model, "Medusa heads")
         config = MedusaConfig(
             base_model_name_or_path=getattr(model.config, "_name_or_path", None) or getattr(model, "name_or_path", None),
             hidden_size=lm_head.weight.shape[1],
@@ -148,7 +140,7 @@ class MedusaHeadsModel(MedusaPreTrainedModel):
 
     def attach_base_model(self, model: PreTrainedModel) -> None:
         """Check the base model's shapes and, with ``share_lm_head``, use its (frozen) ``lm_head``."""
-        lm_head = _output_embeddings(model)
+        lm_head = output_embeddings(model, "Medusa heads")
         vocab, hidden = lm_head.weight.shape
         if vocab != self.config.vocab_size or hidden != self.config.hidden_size:
             raise ValueError(
@@ -204,13 +196,6 @@ class MedusaHeadsModel(MedusaPreTrainedModel):
         """The per-call drafter the engine uses for ``target.generate(assistant_model=self)``."""
         self.attach_base_model(target)
         return MedusaDrafter(self)
-
-
-def _output_embeddings(model) -> nn.Module:
-    lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if lm_head is None or getattr(lm_head, "weight", None) is None:
-        raise TypeError(f"{type(model).__name__} has no output embeddings (lm_head): Medusa heads need a causal LM")
-    return lm_head
 
 
 class MedusaDrafter(TreeDrafter):
