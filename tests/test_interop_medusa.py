@@ -84,11 +84,39 @@ def test_reloaded_in_our_format_keeps_the_logits(tmp_path):
     torch.testing.assert_close(again(hidden).logits, heads(hidden).logits, rtol=0, atol=0)
 
 
-def test_medusa2_full_model_gets_a_clear_error(tmp_path):
-    model = tiny_model()
-    model.config.medusa_num_heads, model.config.medusa_num_layers = 3, 1  # a Medusa-2 checkpoint: base + heads in one
+@pytest.mark.parametrize("safe", [True, False])
+def test_medusa2_full_model_folder(tmp_path, safe):
+    """The reference's Medusa-2 checkpoint: one causal LM folder (the changed base) whose weights also hold
+    ``medusa_head.{h}.{l}.linear.*`` / ``medusa_head.{h}.{L}.weight``; the heads load, the folder is their target."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_model(seed=4)
+    model.config.medusa_num_heads, model.config.medusa_num_layers = 2, 1
     model.save_pretrained(tmp_path / "m2")
-    with pytest.raises(ValueError, match="Medusa-2 checkpoint.*AutoModelForCausalLM.from_pretrained"):
+    heads_state = write_reference_heads(tmp_path / "heads", model, num_heads=2)
+    weights = load_file(str(tmp_path / "m2" / "model.safetensors"))
+    weights.update({f"medusa_head.{k}": v for k, v in heads_state.items()})
+    (tmp_path / "m2" / "model.safetensors").unlink()
+    if safe:
+        save_file(weights, str(tmp_path / "m2" / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        torch.save(weights, tmp_path / "m2" / "pytorch_model.bin")
+    heads = hfs.MedusaHeadsModel.from_pretrained(tmp_path / "m2")
+    assert heads.config.base_model_name_or_path == str(tmp_path / "m2") and not heads.config.share_lm_head
+    hidden = torch.randn(3, model.config.hidden_size)
+    torch.testing.assert_close(heads(hidden).logits, reference_head_logits(heads_state, hidden, 2, 1), rtol=1e-4, atol=1e-4)
+    target = hfs.enable(AutoModelForCausalLM.from_pretrained(tmp_path / "m2").eval())
+    ids = torch.tensor([[4, 9, 16, 25]])
+    assert torch.equal(target.generate(ids, assistant_model=heads, max_new_tokens=16, do_sample=False),
+                       target.generate(ids, max_new_tokens=16, do_sample=False))  # fmt: skip
+
+
+def test_folder_without_heads_gets_a_clear_error(tmp_path):
+    model = tiny_model()
+    model.config.medusa_num_heads, model.config.medusa_num_layers = 3, 1  # names heads, holds none
+    model.save_pretrained(tmp_path / "m2")
+    with pytest.raises(ValueError, match="holds no Medusa heads.*medusa_lm_head.safetensors"):
         hfs.MedusaHeadsModel.from_pretrained(tmp_path / "m2")
 
 

@@ -12,8 +12,10 @@ The reference builds a head's blocks as ``[ResBlock(H)] * L``, one block repeate
 hold the same tensors; loading them into L independent blocks computes the same function. The heads become a
 `MedusaHeadsModel` with ``share_lm_head=False`` (every head owns its W2) and the same maths.
 
-A Medusa-2 checkpoint (the base model's weights trained together with the heads, saved as one causal LM with
-``medusa_head.*`` keys) is not a heads folder: `read_fasterdecoding_heads` says what to do instead.
+A Medusa-2 checkpoint of the reference implementation is one causal LM folder: the base model's weights, trained
+together with the heads, and the heads under ``medusa_head.{h}...`` in its safetensors files. Its heads load the
+same way; the target to verify them with is that folder's own (changed) model,
+``AutoModelForCausalLM.from_pretrained(folder)``, not the original base.
 """
 
 from __future__ import annotations
@@ -23,11 +25,16 @@ import re
 from pathlib import Path
 
 import torch
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 __all__ = ["HEADS_FILES", "fasterdecoding_config", "read_fasterdecoding_heads", "fasterdecoding_state_dict"]
 
 #: the heads' weight files, in the order they are looked for
 HEADS_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
+#: where a Medusa-2 full model (the reference's ``MedusaModel`` saved whole) keeps its heads
+MEDUSA2_PREFIX = "medusa_head."
 _KEY = re.compile(r"^(\d+)\.(\d+)\.(?:linear\.)?(weight|bias)$")
 
 
@@ -53,15 +60,29 @@ def _read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"{folder} has no {' or '.join(HEADS_FILES)}")
 
 
+def _medusa2_heads(folder: Path) -> dict[str, torch.Tensor]:
+    """The ``medusa_head.*`` tensors of a Medusa-2 full-model folder's weight files (safetensors, or ``.bin`` read
+    with ``weights_only=True``), prefix removed."""
+    from safetensors import safe_open
+
+    state = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            state.update({k[len(MEDUSA2_PREFIX) :]: f.get_tensor(k) for k in f.keys() if k.startswith(MEDUSA2_PREFIX)})
+    if not state:
+        for file in sorted(folder.glob("pytorch_model*.bin")):
+            weights = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+            state.update({k[len(MEDUSA2_PREFIX) :]: v.clone() for k, v in weights.items() if k.startswith(MEDUSA2_PREFIX)})
+    return state
+
+
 def _medusa2_error(folder: Path, config: dict) -> ValueError:
-    base = config.get("base_model_name_or_path") or config.get("_name_or_path") or "its base model"
     return ValueError(
-        f"{folder} is a Medusa-2 checkpoint in the reference layout: the base model's own weights, trained jointly "
-        f"with the heads (model_type {config.get('model_type')!r}, architectures {config.get('architectures')}), with "
-        f"no {' or '.join(HEADS_FILES)}. It is a changed target, not a heads folder: load it as the target with "
-        "AutoModelForCausalLM.from_pretrained(folder), or pass a Medusa-1 heads folder (medusa_lm_head.safetensors/.pt "
-        f"next to a config.json naming medusa_num_heads) trained on {base}. hf_speculative's own Medusa-2 "
-        "checkpoints (hf-speculative train medusa --medusa2) load with load_medusa2."
+        f"{folder} names medusa_num_heads but holds no Medusa heads: no {' or '.join(HEADS_FILES)} and no "
+        f"'{MEDUSA2_PREFIX}*' weights (model_type {config.get('model_type')!r}, architectures {config.get('architectures')}). "
+        "Pass a Medusa-1 heads folder (medusa_lm_head.safetensors/.pt next to a config.json naming medusa_num_heads) or a "
+        "Medusa-2 folder whose weights hold the heads; hf_speculative's own Medusa-2 checkpoints (hf-speculative train "
+        "medusa --medusa2) load with load_medusa2."
     )
 
 
@@ -75,16 +96,23 @@ def read_fasterdecoding_heads(path, **config_kwargs):
     config = fasterdecoding_config(folder)
     if config is None:
         raise ValueError(f"{folder} is not a reference-layout Medusa folder (no config.json with medusa_num_heads)")
-    if not any((folder / name).is_file() for name in HEADS_FILES):
-        raise _medusa2_error(folder, config)
-    state = _read_state_dict(folder)
+    base_model = config.get("base_model_name_or_path")
+    if any((folder / name).is_file() for name in HEADS_FILES):
+        state = _read_state_dict(folder)
+    else:  # Medusa-2: the heads inside the full model's weights; their target is this folder's (changed) model
+        state = _medusa2_heads(folder)
+        if not state:
+            raise _medusa2_error(folder, config)
+        base_model = str(folder)
+        logger.warning(f"{folder} is a Medusa-2 checkpoint: verify its heads with the folder's own model as the target "
+                       "(AutoModelForCausalLM.from_pretrained(folder)), not the original base")  # fmt: skip
     num_heads, num_layers = int(config["medusa_num_heads"]), int(config.get("medusa_num_layers", 1))
     projection = state.get(f"0.{num_layers}.weight")
     if projection is None:
         raise ValueError(f"{folder}: no key '0.{num_layers}.weight' (head 0's vocabulary projection) for medusa_num_layers={num_layers}")
     vocab_size, hidden_size = projection.shape
     medusa_config = MedusaConfig(
-        base_model_name_or_path=config.get("base_model_name_or_path"), hidden_size=hidden_size, vocab_size=vocab_size,
+        base_model_name_or_path=base_model, hidden_size=hidden_size, vocab_size=vocab_size,
         num_heads=num_heads, num_layers=num_layers, share_lm_head=False, **config_kwargs,
     )  # fmt: skip
     return medusa_config, fasterdecoding_state_dict(state, num_heads, num_layers, folder)
