@@ -25,7 +25,7 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative.bench import load_reference_model
-from hf_speculative.drafters.medusa.commands import split_records
+from hf_speculative.commands.common import split_records
 from hf_speculative.drafters.medusa.training_medusa2 import Medusa2Dataset, load_medusa2
 from hf_speculative.bench.prompts import load_prompts
 from hf_speculative.training.data import encode_chat, load_records

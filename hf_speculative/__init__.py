@@ -3,54 +3,84 @@
     import hf_speculative as hfs
     hfs.enable(model)
     out = model.generate(input_ids, assistant_model=drafter, max_new_tokens=128)
+
+``import hf_speculative`` registers the drafters with transformers' Auto classes, so that
+``AutoModel.from_pretrained(folder)`` finds them. The public names below are imported on first use; the one
+exception to the eager registration is the ``hf-speculative`` command itself, whose argument parsing must not
+import torch (its ``main`` registers the drafters once the arguments are parsed).
 """
 
-from .decoding import SpeculativeGenerateOutput, SpeculativeStats
-from .drafters import CausalLMDrafter, DraftingOptions, PromptLookupDrafter, TreeDrafter, layer_cut_draft
-from .drafters.medusa import MedusaConfig, MedusaHeadsModel
-from .drafters.streaming import LlamaForSpeculativeStreaming, SpeculativeStreamingConfig
-from .drafters.parallel import ParallelDrafter, ParallelDrafterConfig
-from .generation import SpeculativeGenerationMixin, enable, is_enabled
-from .trees import DraftTree, TreeSpec
-from .verify import AcceptanceResult, accept_greedy, accept_sampling, accept_typical
+from __future__ import annotations
+
+import importlib
+import os
+import sys
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "enable",
-    "is_enabled",
-    "SpeculativeGenerationMixin",
-    "TreeSpec",
-    "DraftTree",
-    "TreeDrafter",
-    "DraftingOptions",
-    "CausalLMDrafter",
-    "layer_cut_draft",
-    "PromptLookupDrafter",
-    "MedusaConfig",
-    "MedusaHeadsModel",
-    "SpeculativeStreamingConfig",
-    "LlamaForSpeculativeStreaming",
-    "ParallelDrafterConfig",
-    "ParallelDrafter",
-    "SpeculativeStats",
-    "SpeculativeGenerateOutput",
-    "AcceptanceResult",
-    "accept_greedy",
-    "accept_sampling",
-    "accept_typical",
-]
+#: public name -> the submodule that defines it
+_PUBLIC = {
+    "enable": "generation",
+    "is_enabled": "generation",
+    "SpeculativeGenerationMixin": "generation",
+    "TreeSpec": "trees",
+    "DraftTree": "trees",
+    "TreeDrafter": "drafters",
+    "DraftingOptions": "drafters",
+    "CausalLMDrafter": "drafters",
+    "layer_cut_draft": "drafters",
+    "PromptLookupDrafter": "drafters",
+    "MedusaConfig": "drafters.medusa",
+    "MedusaHeadsModel": "drafters.medusa",
+    "SpeculativeStreamingConfig": "drafters.streaming",
+    "LlamaForSpeculativeStreaming": "drafters.streaming",
+    "ParallelDrafterConfig": "drafters.parallel",
+    "ParallelDrafter": "drafters.parallel",
+    "SpeculativeStats": "decoding",
+    "SpeculativeGenerateOutput": "decoding",
+    "AcceptanceResult": "verify",
+    "accept_greedy": "verify",
+    "accept_sampling": "verify",
+    "accept_typical": "verify",
+}
+
+__all__ = [*_PUBLIC, "register_auto_classes"]
 
 
-def _register_auto_classes() -> None:
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC))
+
+
+def register_auto_classes() -> None:
+    """Register every drafter's config and model with ``AutoConfig`` / ``AutoModel`` (idempotent)."""
     from transformers import AutoConfig, AutoModel
 
-    AutoConfig.register(MedusaConfig.model_type, MedusaConfig, exist_ok=True)
-    AutoModel.register(MedusaConfig, MedusaHeadsModel, exist_ok=True)
-    AutoConfig.register(SpeculativeStreamingConfig.model_type, SpeculativeStreamingConfig, exist_ok=True)
-    AutoModel.register(SpeculativeStreamingConfig, LlamaForSpeculativeStreaming, exist_ok=True)
-    AutoConfig.register(ParallelDrafterConfig.model_type, ParallelDrafterConfig, exist_ok=True)
-    AutoModel.register(ParallelDrafterConfig, ParallelDrafter, exist_ok=True)
+    from .drafters.medusa import MedusaConfig, MedusaHeadsModel
+    from .drafters.parallel import ParallelDrafter, ParallelDrafterConfig
+    from .drafters.streaming import LlamaForSpeculativeStreaming, SpeculativeStreamingConfig
+
+    for config, model in ((MedusaConfig, MedusaHeadsModel), (SpeculativeStreamingConfig, LlamaForSpeculativeStreaming),
+                          (ParallelDrafterConfig, ParallelDrafter)):  # fmt: skip
+        AutoConfig.register(config.model_type, config, exist_ok=True)
+        AutoModel.register(config, model, exist_ok=True)
 
 
-_register_auto_classes()
+def _invoked_as_cli() -> bool:
+    """True when this process is the ``hf-speculative`` command (the console script or ``python -m
+    hf_speculative.cli``), read from the interpreter's original arguments."""
+    argv = getattr(sys, "orig_argv", [])
+    if "-m" in argv:
+        return argv[argv.index("-m") + 1 : argv.index("-m") + 2] == ["hf_speculative.cli"]
+    return len(argv) > 1 and os.path.basename(argv[1]).startswith("hf-speculative")
+
+
+if not _invoked_as_cli():
+    register_auto_classes()

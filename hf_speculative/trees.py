@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-__all__ = ["TreeSpec", "DraftTree", "additive_mask", "tree_attention_mask", "TreeMaskBuffer"]
+__all__ = ["TreeSpec", "DraftTree", "additive_mask", "tree_attention_mask", "TreeMaskBuffer", "expected_acceptance_length"]
 
 
 def _ancestor_matrix(parents: Sequence[int]) -> torch.Tensor:
@@ -165,6 +165,21 @@ class TreeSpec:
 
     def __repr__(self) -> str:
         return f"TreeSpec(num_nodes={self.num_nodes}, depth={self.depth})"
+
+
+
+def expected_acceptance_length(tree: TreeSpec, accuracies) -> float:
+    """Expected tokens per step of ``tree`` when depth d's i-th ranked draft is right with probability
+    ``accuracies[d][i]``, independently (Medusa Sec. 2.3.3): 1 (the bonus token) + sum over nodes of the product
+    of the accuracies along the node's path. Every drafter's tree calibration uses it."""
+    total = 1.0
+    for path in tree.paths:
+        p = 1.0
+        for depth, rank in enumerate(path):
+            row = accuracies[depth]
+            p *= row[rank] if rank < len(row) else 0.0
+        total += p
+    return total
 
 
 @dataclass

@@ -364,7 +364,8 @@ def test_cli_registers_train_medusa_and_calibrate_tree():
 
 def test_curve_callback_and_model_card(trained_tiny, tmp_path):
     from hf_speculative.drafters.medusa.model_card import render_model_card
-    from hf_speculative.drafters.medusa.training_medusa import MedusaCurveCallback, train_medusa
+    from hf_speculative.drafters.medusa.training_medusa import train_medusa
+    from hf_speculative.drafters.medusa.tree_calibration import MedusaCurveCallback
 
     model, trained, states = trained_tiny
     heads = hfs.MedusaHeadsModel.from_base_model(model, num_heads=3)

@@ -9,13 +9,8 @@ from transformers import DynamicCache
 
 import hf_speculative as hfs
 from hf_speculative.drafters.streaming import LlamaForSpeculativeStreaming
-from hf_speculative.drafters.streaming.pruning import (
-    early_exit_accuracy,
-    prune_tree,
-    pruned_verify_forward,
-    train_pruning_head,
-    transition_probabilities,
-)
+from hf_speculative.drafters.streaming.pruning import prune_tree, pruned_verify_forward, transition_probabilities
+from hf_speculative.drafters.streaming.training_pruning import early_exit_accuracy, train_pruning_head
 from hf_speculative.drafters.streaming.training_speculative_streaming import IGNORE_INDEX
 from hf_speculative.trees import DraftTree, tree_attention_mask
 from hf_speculative.training.trainer import HiddenStates

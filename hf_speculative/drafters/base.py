@@ -23,7 +23,16 @@ import torch
 from ..trees import DraftTree, TreeSpec
 from ..verify import AcceptanceResult
 
-__all__ = ["DraftingOptions", "TreeDrafter", "fill_children", "tree_from_depth_logits", "vocab_logits"]
+__all__ = [
+    "DraftingOptions",
+    "TreeDrafter",
+    "fill_children",
+    "tree_from_depth_logits",
+    "vocab_logits",
+    "final_hidden_state",
+    "output_embeddings",
+    "input_embeddings",
+]
 
 
 @dataclass
@@ -140,3 +149,27 @@ def vocab_logits(states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if 1 < rows.shape[0] <= 16 and not torch.is_grad_enabled():
         return (weight @ rows.T).T.reshape(*x.shape[:-1], weight.shape[0])
     return torch.nn.functional.linear(x, weight)
+
+
+def final_hidden_state(outputs) -> torch.Tensor:
+    """The state the target's ``lm_head`` consumes: in transformers 5 causal LMs the last element of
+    ``outputs.hidden_states`` is the output of the final norm (tested: ``lm_head(h) == logits``)."""
+    if getattr(outputs, "hidden_states", None) is None:
+        raise ValueError("this drafter needs the target's hidden states (output_hidden_states=True)")
+    return outputs.hidden_states[-1]
+
+
+def output_embeddings(model, needed_by: str = "this drafter") -> torch.nn.Module:
+    """``model``'s ``lm_head``; a `TypeError` naming ``needed_by`` when it has none."""
+    lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if lm_head is None or getattr(lm_head, "weight", None) is None:
+        raise TypeError(f"{type(model).__name__} has no output embeddings (lm_head): {needed_by} needs a causal LM target")
+    return lm_head
+
+
+def input_embeddings(model, needed_by: str = "this drafter") -> torch.nn.Module:
+    """``model``'s token embeddings; a `TypeError` naming ``needed_by`` when it has none."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if emb is None:
+        raise TypeError(f"{type(model).__name__} has no input embeddings: {needed_by} needs a causal LM target")
+    return emb

@@ -100,10 +100,10 @@ class CausalLMDrafter(TreeDrafter):
             logits.update(zip(next_level, out))
             in_cache.extend(next_level)
             level = next_level
-        # 3) the draft cache keeps committed tokens only
-        for layer in self.cache.layers:
-            if layer.is_initialized:
-                layer.keys, layer.values = layer.keys[..., :committed, :], layer.values[..., :committed, :]
+        # 3) the draft cache keeps committed tokens only (transformers 5: a negative count removes that many tokens)
+        drafted = self.cache.get_seq_length() - committed
+        if drafted > 0:
+            self.cache.crop(-drafted)
         return DraftTree.from_spec(tree, tokens, draft_probs=probs, sampling=scheme)
 
     def end(self) -> None:

@@ -35,6 +35,7 @@ _LAZY = {
     "calibrate_tree": "tree_calibration",
     "head_accuracies": "tree_calibration",
     "expected_acceptance_length": "tree_calibration",
+    "MedusaCurveCallback": "tree_calibration",
     "Medusa2Model": "training_medusa2",
     "Medusa2Trainer": "training_medusa2",
     "medusa2_loss": "training_medusa2",

@@ -19,6 +19,7 @@ __all__ = [
 
 MODEL_CARD_TEMPLATE = """---
 library_name: hf_speculative
+pipeline_tag: text-generation
 base_model: {base_model}
 tags:
 - speculative-decoding
@@ -136,6 +137,7 @@ def write_model_card(heads, folder, results=None) -> Path:
 
 MEDUSA2_MODEL_CARD_TEMPLATE = """---
 library_name: hf_speculative
+pipeline_tag: text-generation
 base_model: {base_model}
 tags:
 - speculative-decoding

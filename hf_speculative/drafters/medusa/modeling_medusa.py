@@ -23,18 +23,11 @@ from transformers.utils import ModelOutput
 
 from ...hub import resolve_name_or_path
 from ...trees import DraftTree, TreeSpec
-from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits, vocab_logits
+from ..base import DraftingOptions, TreeDrafter, final_hidden_state, output_embeddings, tree_from_depth_logits, vocab_logits
+from ..hub import DrafterHubMixin
 from .configuration_medusa import MedusaConfig
 
 __all__ = ["MedusaResBlock", "MedusaHead", "MedusaHeadsModel", "MedusaOutput", "MedusaDrafter", "final_hidden_state"]
-
-
-def final_hidden_state(outputs) -> torch.Tensor:
-    """The state the target's ``lm_head`` consumes: in transformers 5 causal LMs the last element of
-    ``outputs.hidden_states`` is the output of the final norm (tested: ``lm_head(h) == logits``)."""
-    if getattr(outputs, "hidden_states", None) is None:
-        raise ValueError("Medusa heads need the target's hidden states (output_hidden_states=True)")
-    return outputs.hidden_states[-1]
 
 
 class MedusaResBlock(nn.Module):
@@ -72,7 +65,7 @@ class MedusaOutput(ModelOutput):
     logits: torch.Tensor | None = None
 
 
-class MedusaPreTrainedModel(PreTrainedModel):
+class MedusaPreTrainedModel(DrafterHubMixin, PreTrainedModel):
     config_class = MedusaConfig
     base_model_prefix = "medusa"
     main_input_name = "hidden_states"
@@ -107,7 +100,7 @@ class MedusaHeadsModel(MedusaPreTrainedModel):
         cls, model: PreTrainedModel, num_heads: int = 4, num_layers: int = 1, share_lm_head: bool = True, **config_kwargs
     ) -> "MedusaHeadsModel":
         """Medusa-1 init for ``model``: W1 = 0 and W2 = the base ``lm_head`` (shared or copied)."""
-        lm_head = _output_embeddings(model)
+        lm_head = output_embeddings(model, "Medusa heads")
         config = MedusaConfig(
             base_model_name_or_path=getattr(model.config, "_name_or_path", None) or getattr(model, "name_or_path", None),
             hidden_size=lm_head.weight.shape[1],
@@ -126,20 +119,31 @@ class MedusaHeadsModel(MedusaPreTrainedModel):
         return heads.eval()
 
     @classmethod
-    def from_pretrained(
-        cls, pretrained_model_name_or_path, *args, base_model: PreTrainedModel | None = None, **kwargs
-    ) -> "MedusaHeadsModel":
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, base_model: PreTrainedModel | None = None, **kwargs) -> "MedusaHeadsModel":
         """`PreTrainedModel.from_pretrained`, plus ``base_model=`` to attach the shared ``lm_head`` at once. A folder
-        that does not exist raises `FileNotFoundError` at once (`hf_speculative.hub.resolve_name_or_path`)."""
+        that does not exist raises `FileNotFoundError` at once (`hf_speculative.hub.resolve_name_or_path`).
+
+        Also reads a folder in the reference implementation's layout (FasterDecoding/Medusa: ``config.json`` with
+        ``medusa_num_heads`` and ``medusa_lm_head.safetensors`` / ``.pt``; see `fasterdecoding`), as heads that
+        each own their vocabulary projection (``share_lm_head=False``)."""
+        from .fasterdecoding import fasterdecoding_config, read_fasterdecoding_heads
+
         path = resolve_name_or_path(pretrained_model_name_or_path, what="Medusa heads")
-        heads = super().from_pretrained(path, *args, **kwargs)
+        if fasterdecoding_config(path) is not None:
+            config, state = read_fasterdecoding_heads(path)
+            dtype = kwargs.get("dtype")
+            heads = cls(config)
+            heads.load_state_dict(state)
+            heads = heads.to(dtype if isinstance(dtype, torch.dtype) else next(iter(state.values())).dtype).eval()
+        else:
+            heads = super().from_pretrained(path, *args, **kwargs)
         if base_model is not None:
             heads.attach_base_model(base_model)
         return heads
 
     def attach_base_model(self, model: PreTrainedModel) -> None:
         """Check the base model's shapes and, with ``share_lm_head``, use its (frozen) ``lm_head``."""
-        lm_head = _output_embeddings(model)
+        lm_head = output_embeddings(model, "Medusa heads")
         vocab, hidden = lm_head.weight.shape
         if vocab != self.config.vocab_size or hidden != self.config.hidden_size:
             raise ValueError(
@@ -184,18 +188,17 @@ class MedusaHeadsModel(MedusaPreTrainedModel):
             loss = medusa_loss(logits, labels)
         return MedusaOutput(loss=loss, logits=logits)
 
+    def model_card(self) -> str:
+        from .model_card import render_medusa2_model_card, render_model_card
+
+        medusa2 = str((getattr(self.config, "training", None) or {}).get("method", "")).startswith("medusa-2")
+        return render_medusa2_model_card(self) if medusa2 else render_model_card(self)
+
     # ------------------------------------------------------------------ drafting
     def get_tree_drafter(self, target: PreTrainedModel) -> "MedusaDrafter":
         """The per-call drafter the engine uses for ``target.generate(assistant_model=self)``."""
         self.attach_base_model(target)
         return MedusaDrafter(self)
-
-
-def _output_embeddings(model) -> nn.Module:
-    lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if lm_head is None or getattr(lm_head, "weight", None) is None:
-        raise TypeError(f"{type(model).__name__} has no output embeddings (lm_head): Medusa heads need a causal LM")
-    return lm_head
 
 
 class MedusaDrafter(TreeDrafter):

@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ...training.callbacks import LearningCurveCallback
 from ...training.trainer import DrafterTrainer
 
 __all__ = [
@@ -27,7 +26,6 @@ __all__ = [
     "MedusaPositionDataset",
     "MedusaCollator",
     "MedusaTrainer",
-    "MedusaCurveCallback",
     "train_medusa",
 ]
 
@@ -122,41 +120,6 @@ class MedusaTrainer(DrafterTrainer):
         loss = (weights * per_head).sum()
         self.record_parts({f"loss_head{k}": v.detach() for k, v in enumerate(per_head)})
         return (loss, outputs) if return_outputs else loss
-
-
-class MedusaCurveCallback(LearningCurveCallback):
-    """Records the learning curve: at ``num_points`` evenly spaced steps, the heads' held-out top-i accuracies
-    and the expected acceptance length of the tree calibrated for ``num_nodes`` (and optionally saves the
-    heads' weights there, to measure real tau against training tokens afterwards)."""
-
-    def __init__(self, heads, held_out, num_nodes: int = 32, num_points: int = 5, save_dir: str | None = None, batch_size: int = 64):
-        self.heads, self.held_out, self.num_nodes = heads, held_out, num_nodes
-        self.num_points, self.save_dir, self.batch_size = num_points, save_dir, batch_size
-        self.curve: list[dict] = []
-
-    def _record(self, step: int) -> None:
-        from ...trees import TreeSpec
-        from .tree_calibration import expected_acceptance_length, head_accuracies
-
-        was_training = self.heads.training
-        self.heads.eval()
-        acc = head_accuracies(self.heads, self.held_out)
-        tree = TreeSpec.optimize(acc, self.num_nodes)
-        point = {
-            "step": step,
-            "train_positions": step * self.batch_size,
-            "head_top1": [round(r[0], 4) for r in acc],
-            "expected_tau_calibrated": round(expected_acceptance_length(tree, acc), 4),
-        }
-        if self.save_dir is not None:
-            from pathlib import Path
-
-            path = Path(self.save_dir) / f"step{step}"
-            self.heads.save_pretrained(path)
-            point["checkpoint"] = str(path)
-        self.curve.append(point)
-        self.heads.train(was_training)
-
 
 
 def train_medusa(

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from ...trees import TreeSpec
+from ...training.callbacks import LearningCurveCallback
+from ...trees import TreeSpec, expected_acceptance_length
 from .training_medusa import IGNORE_INDEX, medusa_labels
 
-__all__ = ["head_accuracies", "expected_acceptance_length", "calibrate_tree"]
+__all__ = ["head_accuracies", "expected_acceptance_length", "calibrate_tree", "MedusaCurveCallback"]
 
 
 @torch.no_grad()
@@ -40,18 +41,6 @@ def head_accuracies(heads, states, top: int = 10, batch_size: int = 512) -> list
     return acc.tolist()
 
 
-def expected_acceptance_length(tree: TreeSpec, accuracies) -> float:
-    """1 (the bonus token) + sum over nodes of the product of accuracies along the node's path."""
-    total = 1.0
-    for path in tree.paths:
-        p = 1.0
-        for depth, rank in enumerate(path):
-            row = accuracies[depth]
-            p *= row[rank] if rank < len(row) else 0.0
-        total += p
-    return total
-
-
 def calibrate_tree(heads, states, num_nodes: int = 32, top: int = 10) -> TreeSpec:
     """Measure the heads' accuracies on ``states``, build the tree for ``num_nodes`` and store it (and the
     table) in ``heads.config`` (``medusa_choices``, ``calibration``)."""
@@ -65,3 +54,36 @@ def calibrate_tree(heads, states, num_nodes: int = 32, top: int = 10) -> TreeSpe
         "expected_acceptance_length": round(expected_acceptance_length(tree, acc), 4),
     }
     return tree
+
+
+class MedusaCurveCallback(LearningCurveCallback):
+    """Records the learning curve: at ``num_points`` evenly spaced steps, the heads' held-out top-i accuracies
+    and the expected acceptance length of the tree calibrated for ``num_nodes`` (and optionally saves the
+    heads' weights there, to measure real tau against training tokens afterwards)."""
+
+    def __init__(self, heads, held_out, num_nodes: int = 32, num_points: int = 5, save_dir: str | None = None, batch_size: int = 64):
+        self.heads, self.held_out, self.num_nodes = heads, held_out, num_nodes
+        self.num_points, self.save_dir, self.batch_size = num_points, save_dir, batch_size
+        self.curve: list[dict] = []
+
+    def _record(self, step: int) -> None:
+        from ...trees import TreeSpec, expected_acceptance_length
+
+        was_training = self.heads.training
+        self.heads.eval()
+        acc = head_accuracies(self.heads, self.held_out)
+        tree = TreeSpec.optimize(acc, self.num_nodes)
+        point = {
+            "step": step,
+            "train_positions": step * self.batch_size,
+            "head_top1": [round(r[0], 4) for r in acc],
+            "expected_tau_calibrated": round(expected_acceptance_length(tree, acc), 4),
+        }
+        if self.save_dir is not None:
+            from pathlib import Path
+
+            path = Path(self.save_dir) / f"step{step}"
+            self.heads.save_pretrained(path)
+            point["checkpoint"] = str(path)
+        self.curve.append(point)
+        self.heads.train(was_training)

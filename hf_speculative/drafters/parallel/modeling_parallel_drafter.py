@@ -27,7 +27,16 @@ from transformers.utils import ModelOutput
 
 from ...hub import resolve_name_or_path
 from ...trees import DraftTree, TreeSpec
-from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits, vocab_logits
+from ..base import (
+    DraftingOptions,
+    TreeDrafter,
+    final_hidden_state,
+    input_embeddings,
+    output_embeddings,
+    tree_from_depth_logits,
+    vocab_logits,
+)
+from ..hub import DrafterHubMixin
 from .configuration_parallel_drafter import ParallelDrafterConfig
 
 __all__ = ["ParallelDrafter", "ParallelDrafterOutput", "ParallelTreeDrafter"]
@@ -43,7 +52,7 @@ class ParallelDrafterOutput(ModelOutput):
     past_key_values: object | None = None
 
 
-class ParallelDrafterPreTrainedModel(PreTrainedModel):
+class ParallelDrafterPreTrainedModel(DrafterHubMixin, PreTrainedModel):
     config_class = ParallelDrafterConfig
     base_model_prefix = "drafter"
     main_input_name = "input_ids"
@@ -96,7 +105,7 @@ class ParallelDrafter(ParallelDrafterPreTrainedModel):
         """A drafter for ``model``: its decoder layers copied from the target's layers ending at ``init_layer``
         (default: the last ``num_layers``), its final norm from the target's, the mask embeddings set to the
         mean token embedding plus small noise."""
-        emb, lm_head = _base_modules(model)
+        emb, lm_head = input_embeddings(model, "a ParallelDrafter"), output_embeddings(model, "a ParallelDrafter")
         vocab, hidden = lm_head.weight.shape
         base = getattr(model, model.base_model_prefix)
         total = len(base.layers)
@@ -140,7 +149,7 @@ class ParallelDrafter(ParallelDrafterPreTrainedModel):
 
     def attach_base_model(self, model: PreTrainedModel) -> None:
         """Check the target's shapes and share its (frozen) input embeddings and ``lm_head``."""
-        emb, lm_head = _base_modules(model)
+        emb, lm_head = input_embeddings(model, "a ParallelDrafter"), output_embeddings(model, "a ParallelDrafter")
         vocab, hidden = lm_head.weight.shape
         if vocab != self.config.vocab_size or hidden != self.config.hidden_size:
             raise ValueError(
@@ -217,25 +226,15 @@ class ParallelDrafter(ParallelDrafterPreTrainedModel):
         return ParallelDrafterOutput(logits=self.project(hidden), hidden_states=hidden, past_key_values=out.past_key_values)
 
     # ------------------------------------------------------------------ drafting
+    def model_card(self) -> str:
+        from .model_card import render_model_card
+
+        return render_model_card(self)
+
     def get_tree_drafter(self, target: PreTrainedModel) -> "ParallelTreeDrafter":
         """The per-call drafter the engine uses for ``target.generate(assistant_model=self)``."""
         self.attach_base_model(target)
         return ParallelTreeDrafter(self)
-
-
-def _base_modules(model) -> tuple[nn.Module, nn.Module]:
-    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if emb is None or lm_head is None or getattr(lm_head, "weight", None) is None:
-        raise TypeError(f"{type(model).__name__} has no input/output embeddings: a ParallelDrafter needs a causal LM target")
-    return emb, lm_head
-
-
-def _final_hidden_state(outputs) -> torch.Tensor:
-    """The target's final (post-norm) hidden states: the last element of ``outputs.hidden_states``."""
-    if getattr(outputs, "hidden_states", None) is None:
-        raise ValueError("this ParallelDrafter needs the target's hidden states (output_hidden_states=True)")
-    return outputs.hidden_states[-1]
 
 
 class ParallelTreeDrafter(TreeDrafter):
@@ -264,13 +263,13 @@ class ParallelTreeDrafter(TreeDrafter):
     def begin(self, prompt_ids, target_outputs) -> None:
         self.cache = DynamicCache(config=self.drafter.decoder.config)
         if self.needs_target_hidden_states:
-            h = _final_hidden_state(target_outputs)[0]
+            h = final_hidden_state(target_outputs)[0]
             missing = prompt_ids.shape[1] - h.shape[0]  # positions prefilled before this call carry no state: zeros
             self.target_hidden = torch.cat([h.new_zeros(missing, h.shape[-1]), h]) if missing > 0 else h
 
     def advance(self, sequence, draft, result, target_outputs) -> None:
         if self.needs_target_hidden_states:
-            h = _final_hidden_state(target_outputs)[0, list(result.path)]
+            h = final_hidden_state(target_outputs)[0, list(result.path)]
             self.target_hidden = torch.cat([self.target_hidden, h])[: sequence.shape[1] - 1]
 
     @torch.no_grad()

@@ -12,6 +12,7 @@ __all__ = ["MODEL_CARD_TEMPLATE", "render_model_card", "write_model_card"]
 
 MODEL_CARD_TEMPLATE = """---
 library_name: hf_speculative
+pipeline_tag: text-generation
 base_model: {base_model}
 tags:
 - speculative-decoding

@@ -37,7 +37,7 @@ from torch import nn
 from transformers import GenerationMixin, LlamaForCausalLM, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import DynamicCache
-from transformers.masking_utils import create_causal_mask
+from transformers.masking_utils import create_causal_mask, eager_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaPreTrainedModel, rotate_half
 
@@ -45,6 +45,7 @@ from ...generation import SpeculativeGenerationMixin
 from ...hub import resolve_name_or_path
 from ...trees import DraftTree, TreeSpec
 from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits, vocab_logits
+from ..hub import DrafterHubMixin
 from .configuration_speculative_streaming import LORA_TARGET_MODULES, SpeculativeStreamingConfig
 
 __all__ = [
@@ -224,12 +225,16 @@ def main_stream_layer(layer: nn.Module, hidden, key_mask, cos, sin):
     return hidden, k, v
 
 
-def causal_key_mask(batch: int, length: int, dtype: torch.dtype, device, past_length: int = 0) -> torch.Tensor:
-    """``(batch, length, past_length + length)`` additive causal mask (0 visible, dtype min hidden)."""
-    q = torch.arange(length, device=device)[:, None] + past_length
-    visible = torch.arange(past_length + length, device=device)[None, :] <= q
-    mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
-    return mask[None].expand(batch, -1, -1)
+def causal_key_mask(
+    batch: int, length: int, dtype: torch.dtype, device, past_length: int = 0, attention_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``(batch, length, past_length + length)`` additive causal mask (0 visible, dtype min hidden), with the
+    padding of a 2D ``attention_mask`` over past + new tokens: transformers' ``masking_utils.eager_mask``."""
+    if attention_mask is not None:
+        attention_mask = attention_mask.to(device=device, dtype=torch.bool)
+    mask = eager_mask(batch_size=batch, q_length=length, kv_length=past_length + length, q_offset=past_length,
+                      attention_mask=attention_mask, dtype=dtype, device=device)  # fmt: skip
+    return mask[:, 0]
 
 
 def stream_key_mask(attention_mask: torch.Tensor | None, batch: int, length: int, past_length: int, dtype, device) -> torch.Tensor:
@@ -237,13 +242,10 @@ def stream_key_mask(attention_mask: torch.Tensor | None, batch: int, length: int
     causal plus a 2D padding mask over past + new tokens."""
     if attention_mask is not None and attention_mask.dim() == 4:
         return attention_mask[:, 0].to(dtype)
-    key_mask = causal_key_mask(batch, length, dtype, device, past_length)
-    if attention_mask is not None:
-        key_mask = key_mask.masked_fill(~attention_mask[:, None, :].bool(), torch.finfo(dtype).min)
-    return key_mask
+    return causal_key_mask(batch, length, dtype, device, past_length, attention_mask)
 
 
-class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM):
+class LlamaForSpeculativeStreaming(DrafterHubMixin, SpeculativeGenerationMixin, LlamaForCausalLM):
     """An MSA-patched `LlamaForCausalLM` that drafts for itself: ``ss.generate(input_ids, max_new_tokens=...)``.
 
     Build with ``from_base_model(model, num_streams=3, num_msa_layers=4)`` (Llama, Mistral or Qwen2 layer
@@ -604,6 +606,11 @@ class LlamaForSpeculativeStreaming(SpeculativeGenerationMixin, LlamaForCausalLM)
         return self.model.norm(streams)
 
     # ------------------------------------------------------------------ drafting
+    def model_card(self) -> str:
+        from .model_card import render_model_card
+
+        return render_model_card(self)
+
     def get_tree_drafter(self, target: PreTrainedModel) -> "SpeculativeStreamingDrafter":
         """``base.generate(assistant_model=ss)``: the streams attach to ``target``, which must be the base model
         they were trained for (the streams read its hidden states entering layer N - N_s and its cache)."""

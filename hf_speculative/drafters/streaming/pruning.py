@@ -13,32 +13,25 @@ the step's acceptance instead of after it).
 Pruning only removes candidates; every kept node is still verified by the full model with exactly its
 ancestors visible, so greedy output is unchanged. Removing sampled candidates by a rule on their tokens would
 bias tree rejection sampling, so pruning applies to greedy drafts only.
+
+Training the early exit is in `training_pruning` (it needs the Trainer stack, which inference does not).
 """
 
 from __future__ import annotations
 
-import math
-from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ...cache import keep_path
-from ...training.callbacks import TimeBudgetCallback
-from ...training.trainer import DrafterTrainer, HiddenStates
 from ...trees import DraftTree
 from ..base import vocab_logits
-from .training_speculative_streaming import IGNORE_INDEX, StreamCollator, StreamSegmentDataset, stream_losses
 
 __all__ = [
     "early_exit_states",
     "transition_probabilities",
     "prune_tree",
     "pruned_verify_forward",
-    "PruningHeadTrainer",
-    "early_exit_accuracy",
-    "train_pruning_head",
 ]
 
 
@@ -127,76 +120,3 @@ def pruned_verify_forward(
     logits = ss.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
     states = (*inputs, hidden) if output_hidden_states else None
     return CausalLMOutputWithPast(logits=logits, past_key_values=cache if use_cache else None, hidden_states=states), draft
-
-
-# ---------------------------------------------------------------------------------------------- training
-class PruningHeadTrainer(DrafterTrainer):
-    """Trains the early-exit adapter alone with next-token CE on cached layer-l states (Sec. 3.1.3)."""
-
-    def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
-        states = early_exit_states(model, inputs["hidden"])
-        loss = stream_losses(model.lm_head, states[..., None, :], inputs["targets"])[0]
-        return (loss, states) if return_outputs else loss
-
-
-def _next_token_segments(states: HiddenStates, segment_length: int, max_tokens: int | None = None) -> StreamSegmentDataset:
-    return StreamSegmentDataset(states, 0, segment_length, max_tokens, main=True)
-
-
-@torch.no_grad()
-def early_exit_accuracy(ss, states: HiddenStates, segment_length: int = 256) -> float:
-    """Share of held-out answer positions where the early exit's top-1 token is the next token."""
-    hits = total = 0
-    for h, targets, _ in _next_token_segments(states, segment_length).items:
-        valid = targets[:, 0] != IGNORE_INDEX
-        if bool(valid.any()):
-            logits = F.linear(early_exit_states(ss, h[valid]), ss.lm_head.weight)
-            hits += int((logits.argmax(-1) == targets[valid, 0]).sum())
-            total += int(valid.sum())
-    return hits / max(total, 1)
-
-
-def train_pruning_head(
-    ss,
-    train_states: HiddenStates,
-    output_dir: str,
-    learning_rate: float = 1e-3,
-    batch_size: int = 4,
-    segment_length: int = 256,
-    num_epochs: float = 1.0,
-    max_steps: int = -1,
-    time_budget: float | None = None,
-    seed: int = 0,
-    progress: bool = True,
-    callbacks: Sequence | None = None,
-):
-    """Train ``ss.streams.pruning`` (the rank-theta early-exit adapter) on the base's states entering layer l
-    (`extract_stream_inputs(model, tokenizer, records, layer=l)`); every other parameter stays frozen."""
-    from transformers import TrainingArguments
-
-    if ss.streams.pruning is None:
-        raise ValueError("the model has no pruning adapter: set config.pruning_layer (LlamaForSpeculativeStreaming.add_pruning_head)")
-    dataset = _next_token_segments(train_states, segment_length)
-    steps = max_steps if max_steps > 0 else max(1, math.ceil(len(dataset) / batch_size * num_epochs))
-    args = TrainingArguments(
-        output_dir=output_dir, num_train_epochs=num_epochs, max_steps=max_steps, per_device_train_batch_size=batch_size,
-        learning_rate=learning_rate, warmup_steps=max(1, int(0.05 * steps)), lr_scheduler_type="cosine", logging_steps=10,
-        save_strategy="no", report_to="none", use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
-        remove_unused_columns=False, disable_tqdm=not progress, seed=seed,
-    )  # fmt: skip
-    trainable = {id(p) for p in ss.streams.pruning.parameters()}
-    frozen = [p for p in ss.parameters() if p.requires_grad and id(p) not in trainable]
-    for p in frozen:
-        p.requires_grad_(False)
-    callbacks = list(callbacks or [])
-    if time_budget:
-        callbacks.append(TimeBudgetCallback(time_budget, anneal=False))
-    ss.train()
-    try:
-        trainer = PruningHeadTrainer(model=ss, args=args, train_dataset=dataset, data_collator=StreamCollator(), callbacks=callbacks)
-        trainer.train()
-    finally:
-        for p in frozen:
-            p.requires_grad_(True)
-        ss.eval()
-    return trainer

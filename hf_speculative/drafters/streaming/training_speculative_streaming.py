@@ -334,8 +334,7 @@ class StreamCurveCallback(LearningCurveCallback):
         self.curve: list[dict] = []
 
     def _record(self, step: int) -> None:
-        from ...trees import TreeSpec
-        from ..medusa.tree_calibration import expected_acceptance_length
+        from ...trees import TreeSpec, expected_acceptance_length
 
         was = self.model.training
         self.model.eval()

@@ -7,40 +7,64 @@ target's cached final hidden states, a calibrated tree and a model card.
 
 from __future__ import annotations
 
-import shlex
 import sys
 import time
 from pathlib import Path
 
-from ..card_text import finish_folder
-
-__all__ = ["add_parallel_drafter_parser", "cmd_train_parallel_drafter"]
+from .common import add_model_args, command_line, finish_folder, load_model_and_records, main_process_first, num_processes, record_reference_base, setup_torch, split_records
 
 
-def cmd_train_parallel_drafter(args, setup_torch) -> int:
+def add_parser(subparsers) -> None:
+    """Register ``train parallel-drafter`` on ``methods`` (the ``train`` sub-parsers)."""
+    p = subparsers.add_parser("parallel-drafter", help="ParallelSpec drafter: group-wise parallel training, k [MASK] tokens")
+    add_model_args(p)
+    p.add_argument("--data", required=True, help="training conversations (chat jsonl, ShareGPT, ...: hf_speculative.training.data)")
+    p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
+    p.add_argument("--num-mask-tokens", type=int, default=4, help="k: one forward drafts k + 1 tokens")
+    p.add_argument("--num-layers", type=int, default=1)
+    p.add_argument("--init-layer", type=int, default=-1, help="target layer the drafter's (last) layer is copied from")
+    p.add_argument("--target-hidden-states", action="store_true", help="ParallelSpec 4.3: fuse the target's hidden state with each token")
+    p.add_argument("--epochs", type=float, default=2.0)
+    p.add_argument("--max-steps", type=int, default=-1, help="stop after this many steps (overrides --epochs)")
+    p.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds (learning rate annealed over the budget)")
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--batch-size", type=int, default=4, help="sequences per step")
+    p.add_argument("--groups-per-sequence", type=int, default=64, help="parallel groups (anchors) drawn per sequence per step")
+    p.add_argument("--distill-weight", type=float, default=0.0, help="a in (1-a) CE + a KL(p_target || q)")
+    p.add_argument("--max-length", type=int, default=1024, help="tokens per conversation")
+    p.add_argument("--limit", type=int, default=None, help="use the first N conversations")
+    p.add_argument("--holdout", type=float, default=0.1, help="share of conversations held out for tree calibration")
+    p.add_argument("--calibrate-nodes", type=int, default=12, help="node budget of the calibrated tree (0: keep the default)")
+    p.add_argument("--acceptance", default="exact", choices=["exact", "typical"])
+    p.add_argument("--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training")
+    p.add_argument("--curve-checkpoints", default=None, help="also save the drafter at those points in this folder")
+    p.add_argument("--save-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
     setup_torch(args)
-    from ...training.trainer import extract_hidden_states
-    from ..medusa.commands import _load, split_records
-    from .model_card import write_model_card
-    from .modeling_parallel_drafter import ParallelDrafter
-    from .training_parallel_drafter import ParallelCurveCallback, calibrate_tree, depth_accuracies, train_parallel_drafter
+    from ..training.trainer import extract_hidden_states
+    from ..drafters.parallel.model_card import write_model_card
+    from ..drafters.parallel.modeling_parallel_drafter import ParallelDrafter
+    from ..drafters.parallel.training_parallel_drafter import ParallelCurveCallback, calibrate_tree, depth_accuracies, train_parallel_drafter
 
-    model, tokenizer, records = _load(args)
+    model, tokenizer, records = load_model_and_records(args)
     for p in model.parameters():
         p.requires_grad_(False)  # the target is frozen; the drafter shares its embeddings and lm_head
     train_records, held_out = split_records(records, args.holdout, args.seed)
     print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
     t0 = time.perf_counter()
-    train_states = extract_hidden_states(model, tokenizer, train_records, max_length=args.max_length)
-    hold_states = extract_hidden_states(model, tokenizer, held_out, max_length=args.max_length) if held_out else None
+    with main_process_first():  # several processes: the main one fills the hidden-state cache, the others read it
+        train_states = extract_hidden_states(model, tokenizer, train_records, max_length=args.max_length)
+        hold_states = extract_hidden_states(model, tokenizer, held_out, max_length=args.max_length) if held_out else None
     print(f"target states: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
 
     drafter = ParallelDrafter.from_base_model(
         model, num_mask_tokens=args.num_mask_tokens, num_layers=args.num_layers, init_layer=args.init_layer,
         use_target_hidden_states=args.target_hidden_states, acceptance=args.acceptance,
     )  # fmt: skip
-    if args.model in ("reference", "smollm2", "smollm2-135m-instruct"):
-        drafter.config.base_model_name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    record_reference_base(drafter.config, args.model)
     callbacks = []
     if hold_states is not None and args.curve_points:
         callbacks.append(ParallelCurveCallback(
@@ -73,6 +97,7 @@ def cmd_train_parallel_drafter(args, setup_torch) -> int:
         "steps": trainer.state.global_step,
         "learning_rate": args.lr,
         "batch_size": args.batch_size,
+        "processes": num_processes(),  # data-parallel: the batch size is per process
         "groups_per_sequence": args.groups_per_sequence,
         "train_groups_seen": trainer.state.global_step * args.batch_size * args.groups_per_sequence,
         "distill_weight": args.distill_weight,
@@ -81,7 +106,7 @@ def cmd_train_parallel_drafter(args, setup_torch) -> int:
         "last_logged_loss": round(float(history[-1]["loss"]), 4) if history else None,
         "last_logged_depth_losses": {k: v for k, v in history[-1].items() if k.startswith("loss_depth")} if history else None,
         "learning_curve": callbacks[0].curve if callbacks and hasattr(callbacks[0], "curve") else None,
-        "command": "hf-speculative " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[0].endswith("hf-speculative") else None,
+        "command": command_line(args),
     }
     out = Path(args.out)
     if args.save_dtype != "float32":
@@ -89,31 +114,3 @@ def cmd_train_parallel_drafter(args, setup_torch) -> int:
 
         drafter.to({"bfloat16": torch.bfloat16, "float16": torch.float16}[args.save_dtype])
     return finish_folder(out, drafter.save_pretrained, lambda o: write_model_card(drafter, o), drafter.config.training)
-
-
-def add_parallel_drafter_parser(sub, methods, add_common, setup_torch) -> None:
-    """Register ``train parallel-drafter`` on ``methods`` (the ``train`` sub-parsers)."""
-    p = methods.add_parser("parallel-drafter", help="ParallelSpec drafter: group-wise parallel training, k [MASK] tokens")
-    add_common(p)
-    p.add_argument("--data", required=True, help="training conversations (chat jsonl, ShareGPT, ...: hf_speculative.training.data)")
-    p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
-    p.add_argument("--num-mask-tokens", type=int, default=4, help="k: one forward drafts k + 1 tokens")
-    p.add_argument("--num-layers", type=int, default=1)
-    p.add_argument("--init-layer", type=int, default=-1, help="target layer the drafter's (last) layer is copied from")
-    p.add_argument("--target-hidden-states", action="store_true", help="ParallelSpec 4.3: fuse the target's hidden state with each token")
-    p.add_argument("--epochs", type=float, default=2.0)
-    p.add_argument("--max-steps", type=int, default=-1, help="stop after this many steps (overrides --epochs)")
-    p.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds (learning rate annealed over the budget)")
-    p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--batch-size", type=int, default=4, help="sequences per step")
-    p.add_argument("--groups-per-sequence", type=int, default=64, help="parallel groups (anchors) drawn per sequence per step")
-    p.add_argument("--distill-weight", type=float, default=0.0, help="a in (1-a) CE + a KL(p_target || q)")
-    p.add_argument("--max-length", type=int, default=1024, help="tokens per conversation")
-    p.add_argument("--limit", type=int, default=None, help="use the first N conversations")
-    p.add_argument("--holdout", type=float, default=0.1, help="share of conversations held out for tree calibration")
-    p.add_argument("--calibrate-nodes", type=int, default=12, help="node budget of the calibrated tree (0: keep the default)")
-    p.add_argument("--acceptance", default="exact", choices=["exact", "typical"])
-    p.add_argument("--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training")
-    p.add_argument("--curve-checkpoints", default=None, help="also save the drafter at those points in this folder")
-    p.add_argument("--save-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.set_defaults(func=lambda a: cmd_train_parallel_drafter(a, setup_torch))

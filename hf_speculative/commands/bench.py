@@ -1,0 +1,98 @@
+"""``hf-speculative bench``: time speculative methods against plain ``generate()`` on a prompt set
+(the harness is `hf_speculative.bench.harness`)."""
+
+from __future__ import annotations
+
+import sys
+
+from .common import add_model_args, parse_dtype, setup_torch
+
+BUILTIN_METHODS = "plain, hf-assisted, hf-prompt-lookup, tree-layercut, chain-layercut, tree-prompt-lookup"
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="time speculative methods against plain generate() on a prompt set")
+    add_model_args(p)
+    p.add_argument("--methods", default="plain,hf-assisted,hf-prompt-lookup,tree-layercut",
+                   help=f"comma list; built in: {BUILTIN_METHODS}; plus one per --drafter")  # fmt: skip
+    p.add_argument("--drafter", action="append", help="[NAME=]PATH of a trained drafter (repeatable); method NAME "
+                   "(default: its config's model_type)")  # fmt: skip
+    p.add_argument("--draft-layers", type=int, default=8, help="layers kept by the layer-cut draft (default 8)")
+    p.add_argument("--tree", default=None, help="'cartesian:4,2,2,1', 'chain:5', a JSON list of choices or a JSON file "
+                   "(default: the drafter's own tree)")  # fmt: skip
+    p.add_argument("--chain-length", type=int, default=4, help="drafted tokens per step for chain-layercut")
+    p.add_argument("--assistant-tokens", type=int, default=5, help="hf-assisted num_assistant_tokens (-1: transformers default)")
+    p.add_argument("--assistant-schedule", default="heuristic", choices=["default", "constant", "heuristic", "heuristic_transient"])
+    p.add_argument("--assistant-confidence", type=float, default=0.0,
+                   help="hf-assisted assistant_confidence_threshold (-1: transformers default 0.4)")  # fmt: skip
+    p.add_argument("--prompt-lookup-tokens", type=int, default=3)
+    p.add_argument("--max-matching-ngram", type=int, default=2)
+    p.add_argument("--prompts", default="mt_bench", help="a built-in set (mt_bench, the default; alpaca, dialogsum, "
+                   "e2e_nlg, wikisql, heldout = those four; gsm8k, humaneval), a prompt file, or a datasets id NAME[:SPLIT]")  # fmt: skip
+    p.add_argument("--limit", type=int, default=None, help="first N prompts")
+    p.add_argument("--per-category", type=int, default=None, help="first N prompts of each category")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--repeats", type=int, default=1, help="timed runs per prompt and method (median is used; spread reported)")
+    p.add_argument("--output", default=None, help="result JSON")
+    p.add_argument("--plot", default=None, help="PNG of speedup and tau per category")
+    p.add_argument("--save-text", action="store_true", help="store decoded outputs in the JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    setup_torch(args)
+    from ..bench.harness import BenchOptions, drafter_method_name, run_benchmark
+    from ..bench.prompts import describe_prompts, first_per_category, load_prompts
+    from ..bench.reference import resolve_model
+    from ..bench.report import category_table, markdown_table, plot_results, write_json
+    from ..hub import resolve_name_or_path
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    # bad input fails here, before the model loads: a missing drafter folder or prompt file, an unreachable Hub
+    drafters = {}
+    for spec in args.drafter or []:
+        name, _, path = spec.rpartition("=")
+        path = resolve_name_or_path(path, what="drafter")
+        drafters[name or drafter_method_name(path)] = path
+    records = load_prompts(args.prompts)
+    options = BenchOptions(
+        draft_layers=args.draft_layers,
+        tree=args.tree,
+        chain_length=args.chain_length,
+        assistant_tokens=None if args.assistant_tokens < 0 else args.assistant_tokens,
+        assistant_schedule=None if args.assistant_schedule == "default" else args.assistant_schedule,
+        assistant_confidence=None if args.assistant_confidence < 0 else args.assistant_confidence,
+        prompt_lookup_tokens=args.prompt_lookup_tokens,
+        max_matching_ngram=args.max_matching_ngram,
+        drafters=drafters,
+    )
+    model, tokenizer = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)
+    if args.per_category:
+        records = first_per_category(records, args.per_category)
+    if args.limit is not None:
+        records = records[: args.limit]
+    result = run_benchmark(
+        model, tokenizer, records, methods, options,
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, repeats=args.repeats,
+        seed=args.seed, device=args.device, save_text=args.save_text,
+        extra_setting={"model": str(args.model), "prompts": describe_prompts(args.prompts),
+                       "command": "hf-speculative " + " ".join(getattr(args, "argv", None) or sys.argv[1:])},
+        checkpoint=(lambda partial: write_json(partial, args.output)) if args.output else None,
+    )  # fmt: skip
+    print()
+    print(markdown_table(result["methods"]))
+    print()
+    print("speedup per category:")
+    print(category_table(result["methods"], "speedup"))
+    for name, s in result["methods"].items():
+        if s.get("repeats"):
+            r = s["repeats"]
+            print(f"{name}: median tokens/s per repeat {[round(x, 2) for x in r['median_tokens_per_s_per_repeat']]}, "
+                  f"spread {100 * r['relative_spread']:.1f}%")  # fmt: skip
+    if args.output:
+        print(f"wrote {write_json(result, args.output)}")
+    if args.plot:
+        title = f"{args.model} on {describe_prompts(args.prompts)}, {len(records)} prompts, {args.max_new_tokens} new tokens"
+        print(f"wrote {plot_results(result['methods'], args.plot, title=title)}")
+    return 0

@@ -1,0 +1,168 @@
+"""What several commands share: the common model options, torch set-up, dtype names, loading a model with
+its training records, the train/held-out split and the end of every ``train`` command (a Hub-ready folder).
+
+Only the standard library is imported at module level (``hf-speculative --help`` must not import torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shlex
+import shutil
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = [
+    "DEFAULT_SHAREGPT",
+    "add_model_args",
+    "setup_torch",
+    "parse_dtype",
+    "load_model_and_records",
+    "split_records",
+    "finish_folder",
+    "command_line",
+    "is_main_process",
+    "num_processes",
+    "main_process_first",
+    "record_reference_base",
+]
+
+DEFAULT_SHAREGPT = "/work/shared/data/sharegpt/ShareGPT_V3_filtered_1000.json"
+_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+           "float16": "float16", "fp16": "float16"}  # fmt: skip
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """``--model --dtype --device --threads --seed``: the options of every command that loads a model."""
+    p.add_argument("--model", default="reference", help="'reference', a local folder or a Hub id (default: reference)")
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (default float32)")
+    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def setup_torch(args) -> None:
+    """Threads, device and seed from the `add_model_args` options. Under ``accelerate launch`` each process
+    takes its own device (``LOCAL_RANK``) unless ``--device`` names one."""
+    import os
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:  # already set, or parallel work already started in this process
+            pass
+    if args.device is None:
+        if torch.cuda.is_available():
+            local_rank = os.environ.get("LOCAL_RANK")
+            args.device = f"cuda:{local_rank}" if local_rank is not None else "cuda"
+        else:
+            args.device = "cpu"
+    torch.manual_seed(args.seed)
+
+
+def parse_dtype(name: str):
+    """``"bf16"`` / ``"bfloat16"`` ... -> the torch dtype."""
+    import torch
+
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r}: use one of {sorted(set(_DTYPES.values()))}")
+    return getattr(torch, _DTYPES[name])
+
+
+def load_model_and_records(args):
+    """``(model, tokenizer, records)`` of a ``train`` command: ``--model`` in ``--dtype`` on ``--device``, and the
+    conversations of ``--data`` that have answers (the first ``--limit``)."""
+    from ..bench.reference import resolve_model
+    from ..training.data import load_records
+
+    records = [r for r in load_records(args.data) if r.answers]
+    if getattr(args, "limit", None):
+        records = records[: args.limit]
+    model, tokenizer = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)
+    return model, tokenizer, records
+
+
+def record_reference_base(config, model_name: str) -> None:
+    """Record the Hub id of the reference model (not the local cache path) as the drafter's base model."""
+    from ..bench.reference import is_reference
+    from ..drafters.streaming.modeling_speculative_streaming import REFERENCE_HUB_ID
+
+    if is_reference(model_name):
+        config.base_model_name_or_path = REFERENCE_HUB_ID
+
+
+def split_records(records, holdout: float, seed: int = 0):
+    """(train, held-out) split of the records, by record (seeded shuffle)."""
+    order = list(range(len(records)))
+    random.Random(seed).shuffle(order)
+    n_hold = int(round(holdout * len(records)))
+    hold = sorted(order[:n_hold])
+    train = sorted(order[n_hold:])
+    return [records[i] for i in train], [records[i] for i in hold]
+
+
+def command_line(args=None) -> str | None:
+    """The command as typed (recorded in a checkpoint's config), or None when not run from the CLI."""
+    argv = getattr(args, "argv", None)
+    if argv:
+        return "hf-speculative " + " ".join(shlex.quote(a) for a in argv)
+    if sys.argv[0].endswith("hf-speculative"):
+        return "hf-speculative " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    return None
+
+
+def num_processes() -> int:
+    """Processes training together (``WORLD_SIZE`` under ``accelerate launch`` / ``torchrun``; 1 alone)."""
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_main_process() -> bool:
+    """True in a single process, and in process 0 of ``accelerate launch`` / ``torchrun``."""
+    import os
+
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+@contextmanager
+def main_process_first():
+    """Under several processes (``accelerate launch``, ``torchrun``) the main process runs the block first and
+    the others after it, so that they read the caches it wrote (hidden states) instead of racing to write them.
+    In a single process, just the block."""
+    if num_processes() > 1:
+        import torch
+        from accelerate import PartialState
+
+        with PartialState(cpu=not torch.cuda.is_available()).main_process_first():  # gloo on CPU, as the Trainer
+            yield
+    else:
+        yield
+
+
+def finish_folder(out, save, write_card, report: dict) -> int:
+    """End of a ``train`` command: ``save(out)`` (weights + config), ``write_card(out)`` (None: no card), drop the
+    Trainer's scratch folder ``out/trainer_state`` and print ``report`` as JSON; returns the exit code 0.
+    Under several processes only the main one writes (the others wait for it)."""
+    out = Path(out)
+    if is_main_process():
+        save(out)
+        if write_card is not None:
+            write_card(out)
+        shutil.rmtree(out / "trainer_state", ignore_errors=True)
+        print(json.dumps(report, indent=1))
+    _barrier()
+    return 0
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()

@@ -1,0 +1,103 @@
+"""``hf-speculative export``: a drafter folder in the layout a serving engine's loader expects.
+
+    hf-speculative export model_cards/medusa-smollm2-135m-instruct --format vllm --output medusa-vllm
+    vllm serve TARGET --speculative-config '{"method": "medusa", "model": "medusa-vllm", "num_speculative_tokens": 4}'
+
+Medusa heads (ours, or FasterDecoding/Medusa's layout) -> vLLM's Medusa layout. SGLang has no Medusa loader; it
+loads EAGLE / EAGLE-3 drafters, plain draft models (``--speculative-algorithm STANDALONE``) and n-gram lookup, so
+for SGLang only a plain causal-LM drafter (two-model speculative decoding) is exported. Speculative Streaming and
+ParallelDrafter have no serving-engine counterpart.
+"""
+
+from __future__ import annotations
+
+import sys
+
+FORMATS = ("vllm", "sglang")
+
+NO_COUNTERPART = {
+    "speculative_streaming": (
+        "Speculative Streaming has no serving-engine counterpart: it changes the target's own forward (multi-stream "
+        "attention in its top layers), which neither vLLM nor SGLang implements, so there is no layout to export to. "
+        "Serve it with hf_speculative (ss.generate or base.generate(assistant_model=ss))."
+    ),
+    "parallel_drafter": (
+        "ParallelDrafter (ParallelSpec) has no serving-engine counterpart: neither vLLM nor SGLang implements its "
+        "[MASK]-token parallel drafting, so there is no layout to export to. Serve it with hf_speculative "
+        "(model.generate(assistant_model=drafter))."
+    ),
+}
+SGLANG_NO_MEDUSA = (
+    "SGLang has no Medusa loader: its speculative decoding loads EAGLE / EAGLE-3 drafters, plain draft models "
+    "(STANDALONE) and n-gram lookup. Export Medusa heads with --format vllm."
+)
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("export", help="write a drafter in a serving engine's layout (vLLM Medusa, SGLang draft model)")
+    p.add_argument("folder", help="drafter folder (hf_speculative's own, or FasterDecoding/Medusa heads)")
+    p.add_argument("--format", required=True, choices=FORMATS, help="the serving engine whose loader reads the output")
+    p.add_argument("--output", required=True, help="output folder")
+    p.add_argument("--model", default=None, help="target model, for heads that share its lm_head (default: the base the "
+                   "drafter's config names; 'reference' for SmolLM2-135M-Instruct)")  # fmt: skip
+    p.set_defaults(func=run)
+
+
+def _fail(message: str) -> int:
+    print(f"hf-speculative export: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from ..drafters.medusa.fasterdecoding import fasterdecoding_config
+
+    folder = Path(args.folder)
+    if not (folder / "config.json").is_file():
+        return _fail(f"{folder} is not a drafter folder (no config.json)")
+    if fasterdecoding_config(folder) is not None:
+        model_type = "medusa_heads"
+    else:
+        import json
+
+        config = json.loads((folder / "config.json").read_text())
+        model_type = config.get("model_type")
+        if any(a.endswith("ForCausalLM") for a in config.get("architectures") or []) and model_type not in NO_COUNTERPART:
+            return _export_draft_model(folder, args)
+    if model_type in NO_COUNTERPART:
+        return _fail(NO_COUNTERPART[model_type])
+    if model_type != "medusa_heads":
+        return _fail(f"{folder}: no export for model_type {model_type!r}")
+    if args.format == "sglang":
+        return _fail(SGLANG_NO_MEDUSA)
+    return _export_medusa_vllm(folder, args)
+
+
+def _export_medusa_vllm(folder, args) -> int:
+    from ..drafters.medusa.modeling_medusa import MedusaHeadsModel
+    from ..drafters.medusa.serving import save_for_vllm
+
+    heads = MedusaHeadsModel.from_pretrained(folder)
+    if heads.config.share_lm_head:
+        from ..drafters.streaming.modeling_speculative_streaming import load_base_model
+
+        heads.attach_base_model(load_base_model(args.model or heads.config.base_model_name_or_path))
+    out = save_for_vllm(heads, args.output)
+    print(f"wrote {out} (vLLM Medusa: {heads.config.num_heads} heads, {heads.config.num_layers} residual block(s) each"
+          f"{', the shared lm_head copied into every head' if heads.config.share_lm_head else ''})")  # fmt: skip
+    return 0
+
+
+def _export_draft_model(folder, args) -> int:
+    """A plain causal LM drafts as is in both engines (vLLM ``"method": "draft_model"``, SGLang ``STANDALONE``)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    AutoModelForCausalLM.from_pretrained(folder).save_pretrained(args.output)
+    try:
+        AutoTokenizer.from_pretrained(folder).save_pretrained(args.output)
+    except (OSError, ValueError):  # a drafter folder without its own tokenizer: the engine uses the target's
+        pass
+    engine = "--speculative-algorithm STANDALONE --speculative-draft-model-path" if args.format == "sglang" else "draft model"
+    print(f"wrote {args.output} (a plain causal LM drafter; {args.format}: {engine} {args.output})")
+    return 0

@@ -1,0 +1,213 @@
+"""``hf-speculative train medusa``: Medusa-1 training on cached hidden states, then a calibrated tree and a
+model card; ``--medusa2``: LoRA backbone + heads trained jointly (Medusa-2).
+
+    hf-speculative train medusa --model reference --data examples/data/sharegpt_smollm2_distill.jsonl \\
+        --out model_cards/medusa-smollm2-135m-instruct --num-heads 4 --epochs 2 --calibrate-nodes 32
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from .common import add_model_args, command_line, finish_folder, load_model_and_records, main_process_first, num_processes, record_reference_base, setup_torch, split_records
+
+
+def add_parser(subparsers) -> None:
+    """Register ``train medusa`` on ``subparsers`` (the ``train`` sub-parsers)."""
+    p = subparsers.add_parser("medusa", help="Medusa-1 heads on a frozen backbone (hidden states cached once)")
+    add_model_args(p)
+    p.add_argument("--data", required=True, help="training conversations (chat jsonl, ShareGPT, ...: hf_speculative.training.data)")
+    p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
+    p.add_argument("--num-heads", type=int, default=4)
+    p.add_argument("--num-layers", type=int, default=1, help="residual blocks per head")
+    p.add_argument("--own-lm-head", action="store_true", help="a trainable W2 per head (default: share the frozen base lm_head)")
+    p.add_argument("--epochs", type=float, default=2.0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-size", type=int, default=None, help="positions per step (default 64); with --medusa2 conversations per step (default 1)")
+    p.add_argument("--max-length", type=int, default=1024, help="tokens per conversation")
+    p.add_argument("--max-train-tokens", type=int, default=None, help="train on at most this many positions")
+    p.add_argument("--limit", type=int, default=None, help="use the first N conversations")
+    p.add_argument("--holdout", type=float, default=0.1, help="share of conversations held out for tree calibration")
+    p.add_argument("--calibrate-nodes", type=int, default=32, help="node budget of the calibrated tree (0: keep the default)")
+    p.add_argument("--acceptance", default="exact", choices=["exact", "typical"])
+    p.add_argument("--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training")
+    p.add_argument("--curve-checkpoints", default=None, help="also save the heads at those points in this folder")
+    m2 = p.add_argument_group("Medusa-2 (--medusa2: LoRA on the backbone + heads, trained jointly; a CHANGED model)")
+    m2.add_argument("--medusa2", action="store_true", help="joint training (Medusa 2.2.2); --lr is then the LoRA learning rate")
+    m2.add_argument("--init-heads", default=None, help="start from these trained Medusa-1 heads (heads warm-up)")
+    m2.add_argument("--lora-r", type=int, default=8)
+    m2.add_argument("--lora-alpha", type=int, default=16)
+    m2.add_argument("--lora-dropout", type=float, default=0.0)
+    m2.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj")
+    m2.add_argument("--heads-lr-ratio", type=float, default=4.0, help="heads learning rate / LoRA learning rate")
+    m2.add_argument("--lambda0", type=float, default=0.2, help="final weight of L_Medusa")
+    m2.add_argument("--lambda0-schedule", default="sine", choices=["constant", "linear", "sine"])
+    m2.add_argument("--lambda0-warmup", type=float, default=0.3, help="share (<1) or number of steps of the lambda0 rise")
+    m2.add_argument("--lm-loss", default="kl", choices=["ce", "kl", "ce+kl"], help="kl: self-distillation KL(p_original || p)")
+    m2.add_argument("--max-steps", type=int, default=-1, help="stop after N optimizer steps (conversations drawn at random)")
+    m2.add_argument("--grad-accum", type=int, default=1)
+    m2.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds (CPU budget)")
+    m2.add_argument("--head-positions", type=int, default=None, help="L_Medusa on at most N random positions per batch (CPU cost)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Medusa-1 (Sec. 2.2.1): heads on the frozen backbone's cached hidden states; ``--medusa2``: `run_medusa2`."""
+    if getattr(args, "medusa2", False):
+        return run_medusa2(args)
+    args.batch_size = args.batch_size or 64
+    setup_torch(args)
+    from ..training.trainer import extract_hidden_states
+    from ..drafters.medusa.model_card import write_model_card
+    from ..drafters.medusa.modeling_medusa import MedusaHeadsModel
+    from ..drafters.medusa.training_medusa import train_medusa
+    from ..drafters.medusa.tree_calibration import calibrate_tree, head_accuracies
+
+    model, tokenizer, records = load_model_and_records(args)
+    train_records, held_out = split_records(records, args.holdout, args.seed)
+    print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
+    t0 = time.perf_counter()
+    with main_process_first():  # several processes: the main one fills the hidden-state cache, the others read it
+        train_states = extract_hidden_states(model, tokenizer, train_records, max_length=args.max_length)
+        hold_states = extract_hidden_states(model, tokenizer, held_out, max_length=args.max_length) if held_out else None
+    print(f"hidden states: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
+
+    heads = MedusaHeadsModel.from_base_model(
+        model, num_heads=args.num_heads, num_layers=args.num_layers, share_lm_head=not args.own_lm_head, acceptance=args.acceptance
+    )
+    record_reference_base(heads.config, args.model)
+    callbacks = []
+    if hold_states is not None and args.curve_points:
+        from ..drafters.medusa.tree_calibration import MedusaCurveCallback
+
+        curve = MedusaCurveCallback(
+            heads, hold_states, num_nodes=args.calibrate_nodes or 32, num_points=args.curve_points,
+            save_dir=args.curve_checkpoints, batch_size=args.batch_size,
+        )  # fmt: skip
+        callbacks.append(curve)
+    t0 = time.perf_counter()
+    trainer = train_medusa(
+        heads,
+        train_states,
+        output_dir=str(Path(args.out) / "trainer_state"),
+        num_epochs=args.epochs,
+        learning_rate=args.lr,
+        batch_size=args.batch_size,
+        max_positions=args.max_train_tokens,
+        seed=args.seed,
+        callbacks=callbacks,
+    )
+    train_s = time.perf_counter() - t0
+    if hold_states is not None and args.calibrate_nodes:
+        tree = calibrate_tree(heads, hold_states, num_nodes=args.calibrate_nodes)
+        print(f"calibrated tree: {tree.num_nodes} nodes, depth {tree.depth}; "
+              f"expected tau {heads.config.calibration['expected_acceptance_length']}", file=sys.stderr)  # fmt: skip
+    elif hold_states is not None:
+        heads.config.calibration = {"head_top_i_accuracy": [[round(a, 4) for a in r] for r in head_accuracies(heads, hold_states)]}
+    heads.config.training = {
+        "method": "medusa-1 (frozen backbone)",
+        "data": str(args.data),
+        "conversations": len(train_records),
+        "held_out_conversations": len(held_out),
+        "train_answer_tokens": train_states.num_train_tokens,
+        "epochs": args.epochs,
+        "learning_rate": args.lr,
+        "batch_size": args.batch_size,
+        "processes": num_processes(),  # data-parallel: the batch size is per process
+        "max_train_tokens": args.max_train_tokens,
+        "train_seconds": round(train_s, 1),
+        "final_loss": round(float(trainer.state.log_history[-1].get("train_loss", float("nan"))), 4),
+        "learning_curve": callbacks[0].curve if callbacks else None,
+        "command": command_line(args),
+    }
+    out = Path(args.out)
+    return finish_folder(out, heads.save_pretrained, lambda o: write_model_card(heads, o), heads.config.training)
+
+
+def run_medusa2(args) -> int:
+    """Medusa-2 (Sec. 2.2.2): LoRA backbone + heads trained jointly; saves heads + ``adapter/`` + card."""
+    args.batch_size = args.batch_size or 1
+    setup_torch(args)
+    from ..training.trainer import extract_hidden_states
+    from ..drafters.medusa.model_card import write_medusa2_model_card
+    from ..drafters.medusa.modeling_medusa import MedusaHeadsModel
+    from ..drafters.medusa.training_medusa2 import Medusa2Dataset, Medusa2Model, add_lora, evaluate_lm_loss, save_medusa2, train_medusa2
+    from ..drafters.medusa.tree_calibration import calibrate_tree
+
+    model, tokenizer, records = load_model_and_records(args)
+    train_records, held_out = split_records(records, args.holdout, args.seed)
+    print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
+    if args.init_heads:  # heads warm-up, stage 1: trained Medusa-1 heads
+        heads = MedusaHeadsModel.from_pretrained(args.init_heads, base_model=model).to(model.device)
+    else:
+        heads = MedusaHeadsModel.from_base_model(
+            model, num_heads=args.num_heads, num_layers=args.num_layers, share_lm_head=not args.own_lm_head, acceptance=args.acceptance
+        )
+    record_reference_base(heads.config, args.model)
+    targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
+    peft_model = add_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout, target_modules=targets)
+    joint = Medusa2Model(peft_model, heads)
+    train_set = Medusa2Dataset(tokenizer, train_records, max_length=args.max_length)
+    hold_set = Medusa2Dataset(tokenizer, held_out, max_length=args.max_length) if held_out else None
+    print(f"train: {len(train_set)} conversations, {train_set.num_answer_tokens} answer tokens", file=sys.stderr)
+    t0 = time.perf_counter()
+    trainer = train_medusa2(
+        joint, train_set, output_dir=str(Path(args.out) / "trainer_state"), num_epochs=args.epochs, max_steps=args.max_steps,
+        learning_rate=args.lr, heads_lr_ratio=args.heads_lr_ratio, batch_size=args.batch_size,
+        gradient_accumulation_steps=args.grad_accum, lambda0=args.lambda0, lambda0_warmup=args.lambda0_warmup,
+        lambda0_kind=args.lambda0_schedule, lm_loss=args.lm_loss, max_head_positions=args.head_positions, time_budget_s=args.time_budget, pad_token_id=tokenizer.pad_token_id or 0, seed=args.seed,
+    )  # fmt: skip
+    train_s = time.perf_counter() - t0
+    history = trainer.state.log_history
+    evaluation = {}
+    if hold_set is not None and len(hold_set):
+        evaluation = {
+            "held_out_lm_loss_base": round(evaluate_lm_loss(peft_model, hold_set, adapter=False), 4),
+            "held_out_lm_loss_adapted": round(evaluate_lm_loss(peft_model, hold_set, adapter=True), 4),
+        }
+        print(f"held-out LM loss: {evaluation}", file=sys.stderr)
+        if args.calibrate_nodes:
+            hold_states = extract_hidden_states(peft_model.get_base_model(), tokenizer, held_out, max_length=args.max_length, cache=False)
+            tree = calibrate_tree(heads, hold_states, num_nodes=args.calibrate_nodes)
+            print(f"calibrated tree (adapted model's hidden states): {tree.num_nodes} nodes, depth {tree.depth}; "
+                  f"expected tau {heads.config.calibration['expected_acceptance_length']}", file=sys.stderr)  # fmt: skip
+    steps = trainer.state.global_step
+    heads.config.training = {
+        "method": "medusa-2 (LoRA backbone + heads, joint)",
+        "base": f"{heads.config.base_model_name_or_path} + LoRA adapter (adapter/): a CHANGED model",
+        "data": str(args.data),
+        "conversations": len(train_records),
+        "held_out_conversations": len(held_out),
+        "holdout": args.holdout,
+        "seed": args.seed,
+        "limit": args.limit,
+        "train_conversations_used": len(train_set),
+        "train_answer_tokens": train_set.num_answer_tokens,
+        "optimizer_steps": steps,
+        "conversations_seen": steps * args.batch_size * args.grad_accum,
+        "epochs": args.epochs,
+        "max_steps": args.max_steps,
+        "max_length": args.max_length,
+        "lora": {"r": args.lora_r, "alpha": args.lora_alpha, "dropout": args.lora_dropout, "target_modules": targets},
+        "learning_rate_lora": args.lr,
+        "learning_rate_heads": args.lr * args.heads_lr_ratio,
+        "lambda0": args.lambda0,
+        "lambda0_schedule": {"kind": args.lambda0_schedule, "warmup": args.lambda0_warmup},
+        "lm_loss": args.lm_loss,
+        "max_head_positions": args.head_positions,
+        "time_budget_s": args.time_budget,
+        "init_heads": args.init_heads,
+        "batch_size": args.batch_size,
+        "processes": num_processes(),  # data-parallel: the batch size is per process
+        "gradient_accumulation_steps": args.grad_accum,
+        "train_seconds": round(train_s, 1),
+        "final_loss": round(float(history[-1].get("train_loss", float("nan"))), 4),
+        "log": [{k: v for k, v in h.items() if k.startswith("loss") or k in ("step", "lambda0")} for h in history if "loss" in h],
+        **evaluation,
+        "command": command_line(args),
+    }
+    out = Path(args.out)
+    report = {k: v for k, v in heads.config.training.items() if k != "log"}
+    return finish_folder(out, lambda o: save_medusa2(joint, o), lambda o: write_medusa2_model_card(heads, o), report)

@@ -1,0 +1,151 @@
+"""``hf-speculative train streaming``: Speculative Streaming, then a calibrated tree (and, lossless, a model card).
+
+Lossless mode (default): the streams alone, on the states entering the MSA layers, computed once and cached.
+Shared mode (``--mode shared``): the streams and LoRA adapters on the base (PEFT), with the joint forward
+through the whole model on token segments, alpha_0 = 1, alpha_j = 0.1 (Sec. 3.1.4, H.1).
+
+    hf-speculative train streaming --model reference --data examples/data/sharegpt_smollm2_distill.jsonl \\
+        --out model_cards/speculative-streaming-smollm2-135m-instruct --num-streams 3 --num-msa-layers 4
+    hf-speculative train streaming --mode shared --lora-rank 8 --model reference --data ... --out ...
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from .common import add_model_args, command_line, finish_folder, load_model_and_records, main_process_first, num_processes, record_reference_base, setup_torch, split_records
+
+
+def add_parser(subparsers) -> None:
+    """Register ``train streaming`` on ``methods`` (the ``train`` sub-parsers)."""
+    p = subparsers.add_parser(
+        "streaming", help="Speculative Streaming: lossless (frozen base, MSA-layer inputs cached) or shared (LoRA base + streams, joint forward)"
+    )
+    add_model_args(p)
+    p.add_argument("--mode", choices=("lossless", "shared"), default="lossless", help="lossless: streams only; shared: Eq. 1 + LoRA on the base")
+    p.add_argument("--lora-rank", type=int, default=8, help="shared mode: rank of the PEFT LoRA adapters on the base")
+    p.add_argument("--lora-alpha", type=float, default=16.0, help="shared mode: LoRA alpha")
+    p.add_argument("--data", required=True, help="training conversations (chat jsonl, ShareGPT, ...)")
+    p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
+    p.add_argument("--num-streams", type=int, default=3, help="gamma")
+    p.add_argument("--num-msa-layers", type=int, default=4, help="N_s")
+    p.add_argument("--adapter-rank", type=int, default=8, help="rank of the stream-row adapters on the MSA layers")
+    p.add_argument("--stream-init-rank", type=int, default=0, help="eta (0: identity stream init)")
+    p.add_argument("--top-k", type=int, default=2, help="top-k per stream of the default (uncalibrated) tree")
+    add_segment_training_args(p, lr=2e-3, batch_size=2)
+    p.add_argument("--max-train-tokens", type=int, default=None)
+    p.add_argument("--calibrate-nodes", type=int, default=16, help="node budget of the calibrated tree (0: keep the default)")
+    p.add_argument("--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training")
+    p.add_argument("--curve-conversations", type=int, default=10, help="held-out conversations used for the curve points")
+    p.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds")
+    p.add_argument("--extract-only", action="store_true", help="only compute (and cache) the states entering the MSA layers (lossless)")
+    p.set_defaults(func=run)
+
+
+def add_segment_training_args(p, lr: float, batch_size: int) -> None:
+    """The training arguments both streaming commands share (segments of conversations, one held-out split)."""
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--max-steps", type=int, default=-1)
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--batch-size", type=int, default=batch_size, help="segments per step")
+    p.add_argument("--segment-length", type=int, default=256)
+    p.add_argument("--max-length", type=int, default=1024, help="tokens per conversation")
+    p.add_argument("--limit", type=int, default=None, help="use the first N conversations")
+    p.add_argument("--holdout", type=float, default=0.1)
+
+
+def run(args) -> int:
+    setup_torch(args)
+    from ..trees import TreeSpec, expected_acceptance_length
+    from ..drafters.streaming.model_card import write_model_card
+    from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
+    from ..drafters.streaming.training_speculative_streaming import (
+        StreamCurveCallback,
+        extract_stream_inputs,
+        stream_accuracies,
+        tokenize_records,
+        train_speculative_streaming,
+    )
+
+    model, tokenizer, records = load_model_and_records(args)
+    train_records, held_out = split_records(records, args.holdout, args.seed)
+    print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
+    ss = LlamaForSpeculativeStreaming.from_base_model(
+        model, num_streams=args.num_streams, num_msa_layers=args.num_msa_layers, mode=args.mode,
+        adapter_rank=args.adapter_rank, stream_init_rank=args.stream_init_rank, tree_top_k=args.top_k,
+        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
+    )  # fmt: skip
+    record_reference_base(ss.config, args.model)
+    layer = ss.config.first_msa_layer
+    shared = args.mode == "shared"
+    t0 = time.perf_counter()
+
+    def prepare(recs):  # shared: the joint forward runs the whole (LoRA-adapted) model every step, only tokens
+        if shared:
+            return tokenize_records(tokenizer, recs, max_length=args.max_length)
+        return extract_stream_inputs(model, tokenizer, recs, layer, max_length=args.max_length)
+
+    with main_process_first():  # several processes: the main one fills the state cache, the others read it
+        train_states = prepare(train_records)
+        hold_states = prepare(held_out) if held_out else None
+    what = "tokens" if shared else f"states entering layer {layer}"
+    print(f"{what}: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
+    if args.extract_only:
+        return 0
+    callbacks = []
+    if hold_states is not None and args.curve_points:
+        curve_states = hold_states.select(range(min(len(hold_states), args.curve_conversations)))
+        callbacks.append(StreamCurveCallback(ss, curve_states, args.calibrate_nodes or 16, args.curve_points, args.batch_size * args.segment_length))
+    if args.time_budget:
+        from ..drafters.streaming.training_speculative_streaming import TimeBudgetCallback
+
+        callbacks.append(TimeBudgetCallback(args.time_budget, anneal=False))
+    t0 = time.perf_counter()
+    trainer = train_speculative_streaming(
+        ss, train_states, output_dir=str(Path(args.out) / "trainer_state"), num_epochs=args.epochs, learning_rate=args.lr,
+        batch_size=args.batch_size, segment_length=args.segment_length, max_tokens=args.max_train_tokens,
+        max_steps=args.max_steps, seed=args.seed, callbacks=callbacks,
+    )  # fmt: skip
+    train_s = time.perf_counter() - t0
+    if hold_states is not None:
+        acc = stream_accuracies(ss, hold_states)
+        calibration = {"stream_top_i_accuracy": [[round(a, 4) for a in r] for r in acc]}
+        if args.calibrate_nodes:
+            tree = TreeSpec.optimize(acc, args.calibrate_nodes)
+            ss.config.stream_tree = tree.to_list()
+            calibration.update(num_nodes=args.calibrate_nodes, expected_acceptance_length=round(expected_acceptance_length(tree, acc), 4))
+        ss.config.calibration = calibration
+    base_params = sum(p.numel() for p in model.parameters())
+    ss.config.training = {
+        "method": (
+            f"speculative streaming, shared mode (LoRA rank {args.lora_rank} on the base, alpha_0 = 1, alpha_j = 0.1)"
+            if shared else "speculative streaming, lossless mode (frozen base, alpha_0 = 0)"
+        ),
+        "data": str(args.data),
+        "conversations": len(train_records),
+        "held_out_conversations": len(held_out),
+        "train_answer_tokens": train_states.num_train_tokens,
+        "epochs": args.epochs,
+        "max_steps": args.max_steps,
+        "steps_done": trainer.state.global_step,
+        "time_budget_s": args.time_budget,
+        "learning_rate": args.lr,
+        "batch_size": args.batch_size,
+        "processes": num_processes(),  # data-parallel: the batch size is per process
+        "segment_length": args.segment_length,
+        "train_seconds": round(train_s, 1),
+        "final_loss": round(float(trainer.state.log_history[-1].get("train_loss", float("nan"))), 4),
+        "stream_parameters": ss.num_stream_parameters(),
+        "lora_parameters": sum(p.numel() for p in ss.trainable_parameters()) - ss.num_stream_parameters() if shared else 0,
+        "base_parameters": base_params,
+        "extra_parameter_share": round(ss.num_stream_parameters() / base_params, 6),
+        "learning_curve": next((c.curve for c in callbacks if hasattr(c, "curve")), None),
+        "command": command_line(args),
+    }
+    out = Path(args.out)
+    if shared:
+        print("shared mode: config, streams and lora/ saved; the model card template describes lossless mode, none written", file=sys.stderr)
+    report = {"training": ss.config.training, "calibration": getattr(ss.config, "calibration", None)}
+    return finish_folder(out, ss.save_pretrained, None if shared else (lambda o: write_model_card(ss, o)), report)

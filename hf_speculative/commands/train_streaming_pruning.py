@@ -1,0 +1,64 @@
+"""``hf-speculative train streaming-pruning``: add a trained parallel-tree-pruning early exit (Speculative
+Streaming Sec. 3.1.3) to trained streams."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .common import add_model_args, command_line, finish_folder, load_model_and_records, main_process_first, setup_torch, split_records
+from .train_streaming import add_segment_training_args
+
+
+def add_parser(subparsers) -> None:
+    """Register ``train streaming-pruning`` on ``methods`` (the ``train`` sub-parsers)."""
+    p = subparsers.add_parser("streaming-pruning", help="add a parallel-tree-pruning early exit (Sec. 3.1.3) to trained streams")
+    add_model_args(p)
+    p.add_argument("--streams", required=True, help="trained Speculative Streaming folder")
+    p.add_argument("--data", required=True, help="training conversations (chat jsonl, ShareGPT, ...)")
+    p.add_argument("--out", required=True, help="output folder (the streams plus the pruning head)")
+    p.add_argument("--pruning-layer", type=int, required=True, help="l: the early exit reads the state after l layers")
+    p.add_argument("--pruning-rank", type=int, default=8, help="theta")
+    p.add_argument("--threshold", type=float, default=0.01, help="pruning threshold on the estimated transition probability")
+    add_segment_training_args(p, lr=1e-3, batch_size=4)
+    p.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Add a trained parallel-tree-pruning head (Sec. 3.1.3) to trained streams: the base's states entering layer
+    l cached once, the rank-theta early-exit adapter trained with next-token CE, held-out top-1 reported."""
+    setup_torch(args)
+    from ..drafters.streaming.model_card import write_model_card
+    from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
+    from ..drafters.streaming.training_pruning import early_exit_accuracy, train_pruning_head
+    from ..drafters.streaming.training_speculative_streaming import extract_stream_inputs
+
+    model, tokenizer, records = load_model_and_records(args)
+    ss = LlamaForSpeculativeStreaming.from_pretrained(args.streams, base_model=model)
+    ss.add_pruning_head(args.pruning_layer, rank=args.pruning_rank, threshold=args.threshold)
+    train_records, held_out = split_records(records, args.holdout, args.seed)
+    layer = args.pruning_layer
+    with main_process_first():
+        train_states = extract_stream_inputs(model, tokenizer, train_records, layer, max_length=args.max_length)
+        hold_states = extract_stream_inputs(model, tokenizer, held_out, layer, max_length=args.max_length) if held_out else None
+    before = early_exit_accuracy(ss, hold_states) if hold_states is not None else None
+    t0 = time.perf_counter()
+    trainer = train_pruning_head(
+        ss, train_states, output_dir=str(Path(args.out) / "trainer_state"), learning_rate=args.lr, batch_size=args.batch_size,
+        segment_length=args.segment_length, num_epochs=args.epochs, max_steps=args.max_steps, time_budget=args.time_budget,
+        seed=args.seed,
+    )  # fmt: skip
+    after = early_exit_accuracy(ss, hold_states) if hold_states is not None else None
+    ss.config.pruning = {
+        "method": "parallel tree pruning (Sec. 3.1.3): early exit after layer l, rank-theta adapter, next-token CE",
+        "data": str(args.data),
+        "train_answer_tokens": train_states.num_train_tokens,
+        "steps_done": trainer.state.global_step,
+        "train_seconds": round(time.perf_counter() - t0, 1),
+        "held_out_top1_before": None if before is None else round(before, 4),
+        "held_out_top1_after": None if after is None else round(after, 4),
+        "adapter_parameters": sum(p.numel() for p in ss.streams.pruning.parameters()),
+        "command": command_line(args),
+    }
+    return finish_folder(args.out, ss.save_pretrained, lambda o: write_model_card(ss, o), ss.config.pruning)
