@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_project_parser(sub)
+    from .training.labelling import add_label_parser
+
+    add_label_parser(sub, _add_common, _setup_torch)  # label: target-labelled shards
     train = sub.add_parser("train", help="train a drafter")
     methods = train.add_subparsers(dest="method", required=True)
     # one line per drafter kind: each registers its own `train <method>` (and any extra commands)
