@@ -27,6 +27,7 @@ into ``out_dir/rank<r>``; :class:`LabelledShards` reads either layout.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import sys
@@ -311,8 +312,6 @@ class LabelledShards:
         wanted = range(self.num_conversations) if conversations is None else conversations
         # group the wanted conversations by shard, keeping their order
         plan: list[tuple[int, list[int]]] = []
-        import bisect
-
         total = 0
         for c in wanted:
             s = bisect.bisect_right(self._first_conv, c) - 1
