@@ -11,7 +11,7 @@ from .drafters.medusa import MedusaConfig, MedusaHeadsModel
 from .drafters.streaming import LlamaForSpeculativeStreaming, SpeculativeStreamingConfig
 from .drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from .generation import SpeculativeGenerationMixin, enable, is_enabled
-from .trees import DraftTree, TreeSpec
+from .trees import DraftTree, DynamicTree, TreeSpec
 from .verify import AcceptanceResult, accept_greedy, accept_sampling, accept_typical
 
 __version__ = "0.1.0"
@@ -21,6 +21,7 @@ __all__ = [
     "is_enabled",
     "SpeculativeGenerationMixin",
     "TreeSpec",
+    "DynamicTree",
     "DraftTree",
     "TreeDrafter",
     "DraftingOptions",

@@ -41,15 +41,9 @@ def head_accuracies(heads, states, top: int = 10, batch_size: int = 512) -> list
 
 
 def expected_acceptance_length(tree: TreeSpec, accuracies) -> float:
-    """1 (the bonus token) + sum over nodes of the product of accuracies along the node's path."""
-    total = 1.0
-    for path in tree.paths:
-        p = 1.0
-        for depth, rank in enumerate(path):
-            row = accuracies[depth]
-            p *= row[rank] if rank < len(row) else 0.0
-        total += p
-    return total
+    """1 (the bonus token) + sum over nodes of the product of accuracies along the node's path
+    (`TreeSpec.expected_acceptance_length`)."""
+    return tree.expected_acceptance_length(accuracies)
 
 
 def calibrate_tree(heads, states, num_nodes: int = 32, top: int = 10) -> TreeSpec:

@@ -65,6 +65,10 @@ class ParallelDrafterConfig(PretrainedConfig):
             Typical acceptance's settings.
         initializer_range (`float`, defaults to 0.02):
             Std of the normal init of the mask embeddings and the fusion layer.
+        cost_aware_tree (`bool`, defaults to `True`):
+            With a calibration (``calibration["depth_top_i_accuracy"]``), the default tree is the one with the
+            best expected tau per unit of cost on the target's measured cost curve
+            (`hf_speculative.drafters.cost_aware`); `False` keeps ``parallel_choices``.
     """
 
     model_type = "parallel_drafter"
@@ -84,6 +88,7 @@ class ParallelDrafterConfig(PretrainedConfig):
         posterior_threshold: float = 0.09,
         posterior_alpha: float = 0.3,
         initializer_range: float = 0.02,
+        cost_aware_tree: bool = True,
         **kwargs,
     ):
         if num_mask_tokens < 1 or num_layers < 1:
@@ -121,6 +126,7 @@ class ParallelDrafterConfig(PretrainedConfig):
         self.posterior_threshold = posterior_threshold
         self.posterior_alpha = posterior_alpha
         self.initializer_range = initializer_range
+        self.cost_aware_tree = cost_aware_tree
         kwargs.setdefault("tie_word_embeddings", False)
         super().__init__(**kwargs)
 

@@ -27,6 +27,7 @@ from transformers.utils import ModelOutput
 
 from ...trees import DraftTree, TreeSpec
 from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits, vocab_logits
+from ..cost_aware import cost_aware_tree
 from .configuration_parallel_drafter import ParallelDrafterConfig
 
 __all__ = ["ParallelDrafter", "ParallelDrafterOutput", "ParallelTreeDrafter"]
@@ -215,7 +216,7 @@ class ParallelDrafter(ParallelDrafterPreTrainedModel):
     def get_tree_drafter(self, target: PreTrainedModel) -> "ParallelTreeDrafter":
         """The per-call drafter the engine uses for ``target.generate(assistant_model=self)``."""
         self.attach_base_model(target)
-        return ParallelTreeDrafter(self)
+        return ParallelTreeDrafter(self, target=target)
 
 
 def _base_modules(model) -> tuple[nn.Module, nn.Module]:
@@ -241,12 +242,13 @@ class ParallelTreeDrafter(TreeDrafter):
     without replacement) and verified by exact tree rejection sampling (ParallelSpec Algorithm 1).
     """
 
-    def __init__(self, drafter: ParallelDrafter, draft_sampling: str = "without_replacement"):
+    def __init__(self, drafter: ParallelDrafter, draft_sampling: str = "without_replacement", target: PreTrainedModel | None = None):
         config = drafter.config
         self.drafter = drafter
         self.k = config.num_mask_tokens
         self.max_depth = config.num_mask_tokens + 1
-        self.default_tree = config.tree
+        self.target_layers = getattr(getattr(target, "config", None), "num_hidden_layers", None)
+        self.default_tree = cost_aware_tree(config.tree, config, "depth_top_i_accuracy", target, self.draft_cost, self.max_depth)
         self.acceptance = config.acceptance
         self.posterior_threshold = config.posterior_threshold
         self.posterior_alpha = config.posterior_alpha
@@ -255,6 +257,13 @@ class ParallelTreeDrafter(TreeDrafter):
         self.draft_sampling = draft_sampling
         self.cache: DynamicCache | None = None
         self.target_hidden: torch.Tensor | None = None  # (positions, H): the target's final hidden state per position
+
+    def draft_cost(self, curve) -> list[float]:
+        """Drafting cost per tree depth d in plain steps: the drafter's forward over about k + 2 tokens (its
+        ``num_layers`` of the target's layers: that share of c(k + 2)) and d rows through the shared ``lm_head``."""
+        layers = self.drafter.config.num_layers / max(self.target_layers or self.drafter.config.num_layers, 1)
+        forward = layers * curve(self.k + 2)
+        return [forward + curve.projection_cost(d) for d in range(1, self.max_depth + 1)]
 
     def begin(self, prompt_ids, target_outputs) -> None:
         self.cache = DynamicCache(config=self.drafter.decoder.config)

@@ -1,0 +1,67 @@
+"""A frequency-truncated draft vocabulary (FR-Spec: Zhao et al., "FR-Spec: Accelerating Large-Vocabulary
+Language Models via Frequency-Ranked Speculative Sampling", 2025).
+
+A drafter's vocabulary projection reads a V x H matrix per step, for SmolLM2's 49K tokens the largest
+matrix of the model. Most drafted tokens come from a small head of the frequency distribution, so the
+drafter can project onto the K most frequent tokens of its training data only (``draft_to_target``: the
+target ids of the draft vocabulary, saved with the drafter's weights). The logits are scattered back to
+the full vocabulary (-inf outside the draft vocabulary) and mapped ids are target ids: the tree engine and
+verification stay on the full vocabulary, so the output does not change; a token outside the draft
+vocabulary can only be committed as a bonus token.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Iterable
+
+import torch
+
+from .base import vocab_logits
+
+__all__ = ["frequent_tokens", "draft_vocab_weight", "draft_vocab_logits"]
+
+
+def frequent_tokens(token_ids: torch.Tensor | Iterable, k: int, vocab_size: int | None = None) -> torch.LongTensor:
+    """The ``k`` most frequent ids of ``token_ids`` (a tensor, or an iterable of tensors / id lists), ascending
+    by id; ties go to the smaller id. Negative ids (``-100`` labels, padding) are skipped. When fewer than k
+    ids occur, the most frequent come first and the rest is filled with the smallest unseen ids."""
+    if isinstance(token_ids, torch.Tensor):
+        chunks = [token_ids.reshape(-1)]
+    else:
+        chunks = [torch.as_tensor(t, dtype=torch.long).reshape(-1) for t in token_ids]
+    ids = torch.cat([c.long().cpu() for c in chunks]) if chunks else torch.zeros(0, dtype=torch.long)
+    ids = ids[ids >= 0]
+    size = max(int(vocab_size or 0), int(ids.max()) + 1 if ids.numel() else 0, k)
+    counts = torch.bincount(ids, minlength=size)
+    if vocab_size is not None and k > vocab_size:
+        raise ValueError(f"a draft vocabulary of {k} tokens is larger than the vocabulary ({vocab_size})")
+    # stable sort by descending count keeps ascending ids among equal counts
+    order = torch.sort(counts, descending=True, stable=True).indices[:k]
+    return order.sort().values
+
+
+_SLICES: dict[int, tuple] = {}  # id(weight) -> (weakref to weight, state key, sliced weight)
+
+
+def draft_vocab_weight(weight: torch.Tensor, draft_to_target: torch.Tensor) -> torch.Tensor:
+    """``weight[draft_to_target]``, computed once per (weight, id map) and reused while neither changes (a
+    frozen shared ``lm_head``); a copy per step would cost as much as the projection it saves."""
+    key = (weight._version, weight.device, weight.dtype, draft_to_target.data_ptr(), draft_to_target._version, draft_to_target.numel())
+    hit = _SLICES.get(id(weight))
+    if hit is not None and hit[0]() is weight and hit[1] == key:
+        return hit[2]
+    with torch.no_grad():
+        sliced = weight.detach().index_select(0, draft_to_target.to(weight.device)).contiguous()
+    for k in [k for k, v in _SLICES.items() if v[0]() is None]:  # weights that are gone
+        del _SLICES[k]
+    _SLICES[id(weight)] = (weakref.ref(weight), key, sliced)
+    return sliced
+
+
+def draft_vocab_logits(states: torch.Tensor, weight: torch.Tensor, draft_to_target: torch.Tensor) -> torch.Tensor:
+    """`vocab_logits` on the draft vocabulary's rows of ``weight`` (the full ``(V, H)`` projection), scattered
+    back to ``(..., V)`` with -inf outside the draft vocabulary."""
+    small = vocab_logits(states, draft_vocab_weight(weight, draft_to_target))
+    full = small.new_full((*small.shape[:-1], weight.shape[0]), float("-inf"))
+    return full.index_copy_(-1, draft_to_target.to(small.device), small)
