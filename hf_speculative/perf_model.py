@@ -260,7 +260,8 @@ def cost_curve_path(model, prefix: int = 128) -> Path:
     from .training.trainer import _cache_root, _model_key
 
     param = next(model.parameters())
-    parts = [machine_description(param.device), str(param.dtype), _model_key(model, prefix)]
+    with torch.no_grad():
+        parts = [machine_description(param.device), str(param.dtype), _model_key(model, prefix)]
     key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
     return _cache_root() / "cost_curves" / f"{key}.json"
 
