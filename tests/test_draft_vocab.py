@@ -97,3 +97,11 @@ def test_draft_vocabulary_is_saved_with_the_weights(tmp_path):
             heads.set_draft_vocab(torch.tensor(bad))
     with pytest.raises(ValueError, match="draft_vocab_size"):
         hfs.MedusaConfig(vocab_size=10, draft_vocab_size=11)
+
+
+def test_train_medusa_takes_a_draft_vocabulary_size():
+    from hf_speculative.cli import build_parser
+
+    args = build_parser().parse_args(["train", "medusa", "--data", "x.jsonl", "--out", "o", "--draft-vocab-size", "8192"])
+    assert args.draft_vocab_size == 8192
+    assert build_parser().parse_args(["train", "medusa", "--data", "x.jsonl", "--out", "o"]).draft_vocab_size is None

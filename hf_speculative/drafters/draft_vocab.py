@@ -41,21 +41,22 @@ def frequent_tokens(token_ids: torch.Tensor | Iterable, k: int, vocab_size: int 
     return order.sort().values
 
 
-_SLICES: dict[int, tuple] = {}  # id(weight) -> (weakref to weight, state key, sliced weight)
+_SLICES: dict[tuple[int, int], tuple] = {}  # (id(weight), id(map)) -> (weakrefs to both, state key, sliced weight)
 
 
 def draft_vocab_weight(weight: torch.Tensor, draft_to_target: torch.Tensor) -> torch.Tensor:
     """``weight[draft_to_target]``, computed once per (weight, id map) and reused while neither changes (a
-    frozen shared ``lm_head``); a copy per step would cost as much as the projection it saves."""
-    key = (weight._version, weight.device, weight.dtype, draft_to_target.data_ptr(), draft_to_target._version, draft_to_target.numel())
-    hit = _SLICES.get(id(weight))
-    if hit is not None and hit[0]() is weight and hit[1] == key:
-        return hit[2]
+    frozen shared ``lm_head``); a copy per step would cost more than the projection it saves."""
+    ident = (id(weight), id(draft_to_target))
+    key = (weight._version, weight.device, weight.dtype, draft_to_target._version, draft_to_target.device)
+    hit = _SLICES.get(ident)
+    if hit is not None and hit[0]() is weight and hit[1]() is draft_to_target and hit[2] == key:
+        return hit[3]
     with torch.no_grad():
         sliced = weight.detach().index_select(0, draft_to_target.to(weight.device)).contiguous()
-    for k in [k for k, v in _SLICES.items() if v[0]() is None]:  # weights that are gone
+    for k in [k for k, v in _SLICES.items() if v[0]() is None or v[1]() is None]:  # tensors that are gone
         del _SLICES[k]
-    _SLICES[id(weight)] = (weakref.ref(weight), key, sliced)
+    _SLICES[ident] = (weakref.ref(weight), weakref.ref(draft_to_target), key, sliced)
     return sliced
 
 
