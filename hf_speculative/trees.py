@@ -185,6 +185,18 @@ class TreeSpec:
                     best, best_ratio = tuple(paths), ratio
         return cls(best)
 
+    def expected_speedup(
+        self,
+        accuracies,
+        cost: Callable[[float], float],
+        draft_cost: "float | Sequence[float] | Callable[[int, int], float]" = 0.0,
+        batch_size: int = 1,
+    ) -> float:
+        """The quantity `optimize` maximizes with a ``cost``: expected tau over the step's cost in plain steps,
+        ``tau / (c(N + 1) + draft_cost)`` (below 1: the tree does not pay for itself on that cost curve)."""
+        step = _step_cost(cost, batch_size)(self.num_nodes + 1)
+        return self.expected_acceptance_length(accuracies) / (step + _draft_cost_fn(draft_cost)(self.num_nodes, self.depth))
+
     def expected_acceptance_length(self, accuracies) -> float:
         """1 (the bonus token) + the sum over nodes of the product of ``accuracies`` along the node's path
         (Medusa Sec. 2.3.3's estimate of tau; ranks beyond a row count as 0)."""

@@ -49,8 +49,11 @@ def test_cost_aware_optimize_on_a_hand_computed_toy():
     assert hfs.TreeSpec.optimize(ACC, 4, cost=six) == CHAIN
     assert hfs.TreeSpec.optimize(ACC, 4, cost=six, batch_size=2) == SINGLE
 
-    # the expected acceptance length used above
+    # the expected acceptance length and speed used above
     assert CHAIN.expected_acceptance_length(ACC) == pytest.approx(2.36)
+    assert CHAIN.expected_speedup(ACC, CURVE) == pytest.approx(2.36 / 1.2)
+    assert SINGLE.expected_speedup(ACC, CURVE, draft_cost=[0.1, 0.5]) == pytest.approx(1.5)
+    assert SINGLE.expected_speedup(ACC, six, batch_size=2) == pytest.approx(1.8 / (1.8 / 1.1))
     with pytest.raises(ValueError, match="batch_size"):
         hfs.TreeSpec.optimize(ACC, 4, cost=CURVE, batch_size=0)
 

@@ -61,5 +61,11 @@ def cost_aware_tree(
     cost = draft_cost(curve) if callable(draft_cost) else draft_cost
     accuracies = accuracies[:max_depth] if max_depth is not None else accuracies
     tree = TreeSpec.optimize(accuracies, max_nodes or max(curve.max_nodes - 1, 1), cost=curve, draft_cost=cost)
-    logger.info("cost-aware default tree: %d nodes, depth %d (saved tree: %d nodes)", tree.num_nodes, tree.depth, saved.num_nodes)
+    speedup = tree.expected_speedup(accuracies, curve, cost)
+    logger.log(
+        logging.WARNING if speedup < 1 else logging.INFO,
+        "cost-aware default tree: %d nodes, depth %d, expected tau / step cost %.2f%s (saved tree: %d nodes)",
+        tree.num_nodes, tree.depth, speedup, " - no tree pays for itself with these accuracies on this machine" if speedup < 1 else "",
+        saved.num_nodes,
+    )  # fmt: skip
     return tree
