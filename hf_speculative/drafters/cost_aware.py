@@ -13,15 +13,16 @@ always wins.
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Callable
+
+from transformers.utils import logging
 
 from ..trees import TreeSpec
 
 __all__ = ["COST_AWARE_ENV", "cost_aware_enabled", "cost_aware_tree"]
 
-logger = logging.getLogger(__name__)
+logger = logging.get_logger(__name__)
 
 COST_AWARE_ENV = "HF_SPECULATIVE_COST_AWARE"
 
@@ -62,10 +63,9 @@ def cost_aware_tree(
     accuracies = accuracies[:max_depth] if max_depth is not None else accuracies
     tree = TreeSpec.optimize(accuracies, max_nodes or max(curve.max_nodes - 1, 1), cost=curve, draft_cost=cost)
     speedup = tree.expected_speedup(accuracies, curve, cost)
-    logger.log(
-        logging.WARNING if speedup < 1 else logging.INFO,
-        "cost-aware default tree: %d nodes, depth %d, expected tau / step cost %.2f%s (saved tree: %d nodes)",
-        tree.num_nodes, tree.depth, speedup, " - no tree pays for itself with these accuracies on this machine" if speedup < 1 else "",
-        saved.num_nodes,
-    )  # fmt: skip
+    message = f"cost-aware default tree: {tree.num_nodes} nodes, depth {tree.depth}, expected tau / step cost {speedup:.2f}"
+    if speedup < 1:  # once per message, not once per generate() call
+        logger.warning_once(f"{message}: no tree pays for itself with these accuracies on this machine")
+    else:
+        logger.info(message)
     return tree
