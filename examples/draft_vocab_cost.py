@@ -90,7 +90,7 @@ def main() -> None:
         drafters[k].begin(prompt, outputs)
     fns = {k: (lambda dr=dr: dr.propose(prompt, tree, DraftingOptions())) for k, dr in drafters.items()}
     t = interleaved(fns, args.repeats)
-    print(f"\nMedusaDrafter.propose, tree cartesian [4, 2, 2, 1]: " + ", ".join(f"{k}: {v} ms" for k, v in t.items()))
+    print("\nMedusaDrafter.propose, tree cartesian [4, 2, 2, 1]: " + ", ".join(f"{k}: {v} ms" for k, v in t.items()))
     if args.data:
         print()
         coverage(args.data, tokenizer, sizes, vocab)

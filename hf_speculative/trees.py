@@ -155,7 +155,8 @@ class TreeSpec:
 
             tau(T) / (c(N + 1) + draft_cost(N, depth))
 
-        with tau = 1 + the expected acceptance length, N the tree's nodes (plus the root in the forward).
+        with tau(T) = 1 + the sum of the node values (`expected_acceptance_length`) and N the tree's nodes
+        (the forward also carries the root).
         For every depth limit D (first D rows of the table) and every size N the greedy tree is scored; the
         best ratio wins (ties: the smaller, shallower tree). ``draft_cost`` is the drafter's cost per step in
         plain steps: a number, a sequence indexed by the tree's depth - 1, or ``f(num_nodes, depth)``.
