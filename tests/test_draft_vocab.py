@@ -99,9 +99,34 @@ def test_draft_vocabulary_is_saved_with_the_weights(tmp_path):
         hfs.MedusaConfig(vocab_size=10, draft_vocab_size=11)
 
 
-def test_train_medusa_takes_a_draft_vocabulary_size():
+@pytest.mark.parametrize("method", ["medusa", "parallel-drafter"])
+def test_train_commands_take_a_draft_vocabulary_size(method):
     from hf_speculative.cli import build_parser
 
-    args = build_parser().parse_args(["train", "medusa", "--data", "x.jsonl", "--out", "o", "--draft-vocab-size", "8192"])
+    args = build_parser().parse_args(["train", method, "--data", "x.jsonl", "--out", "o", "--draft-vocab-size", "8192"])
     assert args.draft_vocab_size == 8192
-    assert build_parser().parse_args(["train", "medusa", "--data", "x.jsonl", "--out", "o"]).draft_vocab_size is None
+    assert build_parser().parse_args(["train", method, "--data", "x.jsonl", "--out", "o"]).draft_vocab_size is None
+
+
+def test_parallel_drafter_with_a_draft_vocabulary(tmp_path):
+    model = hfs.enable(tiny_model("llama", seed=3))
+    drafter = hfs.ParallelDrafter.from_base_model(model, num_mask_tokens=2)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    prompt = torch.tensor([[4, 8, 15, 16]])
+    ref = model.generate(prompt, max_new_tokens=24, do_sample=False)
+    drafter.set_draft_vocab(frequent_tokens(ref[0], 16, vocab_size=96))
+    assert drafter.draft_vocab_share == pytest.approx(16 / 96)
+    for tree in (hfs.TreeSpec.cartesian([3, 2, 1]), hfs.DynamicTree(8, 3, 3)):
+        assert torch.equal(model.generate(prompt, assistant_model=drafter, speculative_tree=tree, max_new_tokens=24, do_sample=False), ref)
+    tree_drafter = drafter.get_tree_drafter(model)
+    tree_drafter.begin(prompt, None)
+    logits = tree_drafter.draft_logits(prompt)  # (k + 1, V) rows of the draft vocabulary only
+    outside = torch.ones(96, dtype=torch.bool)
+    outside[drafter.draft_to_target] = False
+    assert torch.isneginf(logits[:, outside]).all() and torch.isfinite(logits[:, ~outside]).all()
+    drafter.save_pretrained(tmp_path)
+    loaded = hfs.ParallelDrafter.from_pretrained(tmp_path, base_model=model)
+    assert torch.equal(loaded.draft_to_target, drafter.draft_to_target) and loaded.config.draft_vocab_size == 16

@@ -19,7 +19,7 @@ import torch
 
 from .base import vocab_logits
 
-__all__ = ["frequent_tokens", "draft_vocab_weight", "draft_vocab_logits"]
+__all__ = ["frequent_tokens", "draft_vocab_weight", "draft_vocab_logits", "DraftVocabMixin"]
 
 
 def frequent_tokens(token_ids: torch.Tensor | Iterable, k: int, vocab_size: int | None = None) -> torch.LongTensor:
@@ -66,3 +66,39 @@ def draft_vocab_logits(states: torch.Tensor, weight: torch.Tensor, draft_to_targ
     small = vocab_logits(states, draft_vocab_weight(weight, draft_to_target))
     full = small.new_full((*small.shape[:-1], weight.shape[0]), float("-inf"))
     return full.index_copy_(-1, draft_to_target.to(small.device), small)
+
+
+class DraftVocabMixin:
+    """The draft vocabulary of a drafter `PreTrainedModel` whose config has ``draft_vocab_size`` and
+    ``vocab_size``: the ``draft_to_target`` buffer (saved with the weights) and `set_draft_vocab`."""
+
+    def _init_draft_vocab(self) -> None:
+        """Call in ``__init__``: a placeholder buffer of the config's size (the checkpoint fills it)."""
+        if self.config.draft_vocab_size:
+            self.register_buffer("draft_to_target", torch.arange(self.config.draft_vocab_size), persistent=True)
+        else:
+            self.draft_to_target = None
+
+    def set_draft_vocab(self, draft_to_target: torch.Tensor | None) -> None:
+        """Draft on a truncated vocabulary: ``draft_to_target`` are the target ids to project onto when drafting
+        (e.g. ``frequent_tokens(training_ids, 16384)``); None restores the full vocabulary. Stored in
+        ``config.draft_vocab_size`` and the ``draft_to_target`` buffer."""
+        if draft_to_target is None:
+            self._buffers.pop("draft_to_target", None)
+            self.draft_to_target = None
+            self.config.draft_vocab_size = None
+            return
+        vocab = self.config.vocab_size
+        ids = torch.as_tensor(draft_to_target, dtype=torch.long).reshape(-1)
+        if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab or ids.unique().numel() != ids.numel():
+            raise ValueError(f"draft_to_target must hold distinct token ids in 0..{vocab - 1}")
+        if "draft_to_target" not in self._buffers:
+            del self.draft_to_target
+        param = next(self.parameters(), None)
+        self.register_buffer("draft_to_target", ids.to(param.device if param is not None else "cpu"), persistent=True)
+        self.config.draft_vocab_size = ids.numel()
+
+    @property
+    def draft_vocab_share(self) -> float:
+        """The share of the vocabulary projection a drafting step reads (1.0 without a draft vocabulary)."""
+        return (self.config.draft_vocab_size or self.config.vocab_size) / self.config.vocab_size

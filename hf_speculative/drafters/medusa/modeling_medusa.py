@@ -24,7 +24,7 @@ from transformers.utils import ModelOutput
 from ...trees import DraftTree, TreeSpec
 from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits, vocab_logits
 from ..cost_aware import cost_aware_tree
-from ..draft_vocab import draft_vocab_logits
+from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from .configuration_medusa import MedusaConfig
 
 __all__ = ["MedusaResBlock", "MedusaHead", "MedusaHeadsModel", "MedusaOutput", "MedusaDrafter", "final_hidden_state"]
@@ -88,7 +88,7 @@ class MedusaPreTrainedModel(PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
 
 
-class MedusaHeadsModel(MedusaPreTrainedModel):
+class MedusaHeadsModel(DraftVocabMixin, MedusaPreTrainedModel):
     """K Medusa heads; a drafter for ``model.generate(assistant_model=heads)``.
 
     Create from a base model with `from_base_model`; load with ``from_pretrained(folder, base_model=model)``
@@ -100,10 +100,7 @@ class MedusaHeadsModel(MedusaPreTrainedModel):
         super().__init__(config)
         self.heads = nn.ModuleList([MedusaHead(config) for _ in range(config.num_heads)])
         self.__dict__["base_lm_head"] = None  # not a submodule: never saved, moved or trained with the heads
-        if config.draft_vocab_size:  # FR-Spec draft vocabulary: target ids, saved with the weights
-            self.register_buffer("draft_to_target", torch.arange(config.draft_vocab_size), persistent=True)
-        else:
-            self.draft_to_target = None
+        self._init_draft_vocab()  # FR-Spec draft vocabulary (config.draft_vocab_size): target ids, saved with the weights
         self.post_init()
 
     # ------------------------------------------------------------------ construction
@@ -153,24 +150,6 @@ class MedusaHeadsModel(MedusaPreTrainedModel):
     @property
     def tree(self) -> TreeSpec:
         return self.config.tree
-
-    def set_draft_vocab(self, draft_to_target: torch.Tensor | None) -> None:
-        """Draft on a truncated vocabulary (FR-Spec): ``draft_to_target`` are the target ids the heads project
-        onto when drafting (e.g. ``frequent_tokens(training_ids, 16384)``); None restores the full vocabulary.
-        Stored in ``config.draft_vocab_size`` and the ``draft_to_target`` buffer (saved with the weights)."""
-        if draft_to_target is None:
-            self._buffers.pop("draft_to_target", None)
-            self.draft_to_target = None
-            self.config.draft_vocab_size = None
-            return
-        ids = torch.as_tensor(draft_to_target, dtype=torch.long).reshape(-1)
-        if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size or ids.unique().numel() != ids.numel():
-            raise ValueError(f"draft_to_target must hold distinct token ids in 0..{self.config.vocab_size - 1}")
-        if "draft_to_target" not in self._buffers:
-            del self.draft_to_target
-        param = next(self.parameters(), None)
-        self.register_buffer("draft_to_target", ids.to(param.device if param is not None else "cpu"), persistent=True)
-        self.config.draft_vocab_size = ids.numel()
 
     # ------------------------------------------------------------------ forward
     def head_states(self, hidden_states: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
@@ -248,8 +227,7 @@ class MedusaDrafter(TreeDrafter):
         """Drafting cost per tree depth d in plain steps: d heads' vocabulary projections (one matmul over d rows
         with a shared ``lm_head``, d matrices otherwise) on the draft vocabulary's share of the matrix; the
         residual blocks (H x H) are negligible beside them."""
-        config = self.heads.config
-        share = (config.draft_vocab_size or config.vocab_size) / config.vocab_size
+        config, share = self.heads.config, self.heads.draft_vocab_share
         if config.share_lm_head:
             return [curve.projection_cost(d, share) for d in range(1, config.num_heads + 1)]
         return [d * curve.projection_cost(1, share) for d in range(1, config.num_heads + 1)]

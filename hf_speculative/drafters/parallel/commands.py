@@ -55,6 +55,10 @@ def cmd_train_parallel_drafter(args, setup_torch) -> int:
         time_budget=args.time_budget,
     )  # fmt: skip
     train_s = time.perf_counter() - t0
+    if args.draft_vocab_size:  # FR-Spec: the most frequent answer tokens of the training data
+        from ..draft_vocab import frequent_tokens
+
+        drafter.set_draft_vocab(frequent_tokens(train_states.labels, args.draft_vocab_size, vocab_size=drafter.config.vocab_size))
     if hold_states is not None and args.calibrate_nodes:
         tree = calibrate_tree(drafter, hold_states, num_nodes=args.calibrate_nodes)
         print(f"calibrated tree: {tree.num_nodes} nodes, depth {tree.depth}; "
@@ -113,6 +117,8 @@ def add_parallel_drafter_parser(sub, methods, add_common, setup_torch) -> None:
     p.add_argument("--holdout", type=float, default=0.1, help="share of conversations held out for tree calibration")
     p.add_argument("--calibrate-nodes", type=int, default=12, help="node budget of the calibrated tree (0: keep the default)")
     p.add_argument("--acceptance", default="exact", choices=["exact", "typical"])
+    p.add_argument("--draft-vocab-size", type=int, default=None,
+                   help="FR-Spec: draft on the K most frequent answer tokens of the training data (default: full vocabulary)")
     p.add_argument("--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training")
     p.add_argument("--curve-checkpoints", default=None, help="also save the drafter at those points in this folder")
     p.add_argument("--save-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
