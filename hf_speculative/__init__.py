@@ -25,6 +25,7 @@ _PUBLIC = {
     "SpeculativeGenerationMixin": "generation",
     "TreeSpec": "trees",
     "DraftTree": "trees",
+    "DynamicTree": "trees",
     "TreeDrafter": "drafters",
     "DraftingOptions": "drafters",
     "CausalLMDrafter": "drafters",

@@ -17,11 +17,11 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
-__all__ = ["TreeSpec", "DraftTree", "additive_mask", "tree_attention_mask", "TreeMaskBuffer", "expected_acceptance_length"]
+__all__ = ["TreeSpec", "DynamicTree", "DraftTree", "additive_mask", "tree_attention_mask", "TreeMaskBuffer", "expected_acceptance_length"]
 
 
 def _ancestor_matrix(parents: Sequence[int]) -> torch.Tensor:
@@ -43,6 +43,44 @@ def _children_lists(parents: Sequence[int]) -> tuple[tuple[int, ...], ...]:
         if p >= 0:
             children[p].append(i)
     return tuple(tuple(c) for c in children)
+
+
+def _greedy_nodes(acc: list[list[float]], num_nodes: int) -> list[tuple[tuple[int, ...], float]]:
+    """Medusa 2.3.3's greedy order: up to ``num_nodes`` (path, value) pairs, each the most valuable node whose
+    parent and lower-ranked sibling came before; value = product of accuracies along the path. The first N
+    form the best tree of N nodes."""
+    chosen: list[tuple[tuple[int, ...], float]] = []
+    # max-heap of (-value, path, value of the parent)
+    heap = [(-acc[0][0], (0,), 1.0)]
+    while heap and len(chosen) < num_nodes:
+        neg_value, path, parent_value = heapq.heappop(heap)
+        chosen.append((path, -neg_value))
+        depth, rank = len(path) - 1, path[-1]
+        if rank + 1 < len(acc[depth]):  # next-ranked sibling
+            heapq.heappush(heap, (-parent_value * acc[depth][rank + 1], path[:-1] + (rank + 1,), parent_value))
+        if depth + 1 < len(acc) and acc[depth + 1]:  # first child
+            heapq.heappush(heap, (neg_value * acc[depth + 1][0], path + (0,), -neg_value))
+    return chosen
+
+
+def _step_cost(cost: Callable[[float], float], batch_size: int) -> Callable[[int], float]:
+    """Tokens in the forward -> its cost in plain (batched) steps."""
+    if batch_size == 1:
+        return lambda n: float(cost(n))
+    base = float(cost(batch_size))
+    return lambda n: float(cost(batch_size * n)) / base
+
+
+def _draft_cost_fn(draft_cost) -> Callable[[int, int], float]:
+    """A drafter's cost as ``f(num_nodes, depth)``, from a number, a per-depth sequence or a callable."""
+    if callable(draft_cost):
+        return lambda n, d: float(draft_cost(n, d))
+    if isinstance(draft_cost, (int, float)):
+        return lambda n, d: float(draft_cost)
+    per_depth = [float(c) for c in draft_cost]
+    if not per_depth:
+        raise ValueError("draft_cost as a sequence needs one cost per tree depth")
+    return lambda n, d: per_depth[min(d, len(per_depth)) - 1]
 
 
 @dataclass(frozen=True)
@@ -94,7 +132,14 @@ class TreeSpec:
         return cls.cartesian([1] * int(length))
 
     @classmethod
-    def optimize(cls, accuracies, num_nodes: int) -> "TreeSpec":
+    def optimize(
+        cls,
+        accuracies,
+        num_nodes: int,
+        cost: "Callable[[float], float] | None" = None,
+        draft_cost: "float | Sequence[float] | Callable[[int, int], float]" = 0.0,
+        batch_size: int = 1,
+    ) -> "TreeSpec":
         """Medusa Sec. 2.3.3: greedily grow the tree that maximizes the expected acceptance length.
 
         ``accuracies[d][i]`` is the measured probability that the i-th ranked candidate at depth ``d + 1``
@@ -103,22 +148,67 @@ class TreeSpec:
         and the expected acceptance length is the sum of these products over the nodes. Adding nodes one
         at a time in order of that product (only nodes whose parent and lower-ranked sibling are already
         in the tree) gives the tree of ``num_nodes`` nodes with the largest expected length.
+
+        With ``cost`` (a `hf_speculative.perf_model.CostCurve` or any ``c(n)``: the cost of a target forward
+        over n tokens in one-token steps), ``num_nodes`` is an upper bound and the tree maximizes the
+        expected *speed* instead (Sequoia's hardware-aware size, SPIRe's Delta t):
+
+            tau(T) / (c(N + 1) + draft_cost(N, depth))
+
+        with tau(T) = 1 + the sum of the node values (`expected_acceptance_length`) and N the tree's nodes
+        (the forward also carries the root).
+        For every depth limit D (first D rows of the table) and every size N the greedy tree is scored; the
+        best ratio wins (ties: the smaller, shallower tree). ``draft_cost`` is the drafter's cost per step in
+        plain steps: a number, a sequence indexed by the tree's depth - 1, or ``f(num_nodes, depth)``.
+        ``batch_size`` B scores a forward over B rows of N + 1 tokens against a plain batched step,
+        ``c(B (N + 1)) / c(B)``.
         """
         acc = [[float(a) for a in row] for row in accuracies]
         if num_nodes < 1 or not acc or not acc[0]:
             raise ValueError("optimize needs num_nodes >= 1 and a non-empty accuracy table")
-        chosen: list[tuple[int, ...]] = []
-        # max-heap of (-value, path, value of the parent); value = product of accuracies along the path
-        heap = [(-acc[0][0], (0,), 1.0)]
-        while heap and len(chosen) < num_nodes:
-            neg_value, path, parent_value = heapq.heappop(heap)
-            chosen.append(path)
-            depth, rank = len(path) - 1, path[-1]
-            if rank + 1 < len(acc[depth]):  # next-ranked sibling
-                heapq.heappush(heap, (-parent_value * acc[depth][rank + 1], path[:-1] + (rank + 1,), parent_value))
-            if depth + 1 < len(acc) and acc[depth + 1]:  # first child
-                heapq.heappush(heap, (neg_value * acc[depth + 1][0], path + (0,), -neg_value))
-        return cls(tuple(chosen))
+        if cost is None:
+            return cls(tuple(path for path, _ in _greedy_nodes(acc, num_nodes)))
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        step = _step_cost(cost, batch_size)
+        drafting = _draft_cost_fn(draft_cost)
+        best, best_ratio = None, float("-inf")
+        for max_depth in range(1, len(acc) + 1):
+            if not acc[max_depth - 1]:
+                break
+            tau, depth, paths = 1.0, 0, []
+            for path, value in _greedy_nodes(acc[:max_depth], num_nodes):
+                paths.append(path)
+                tau += value
+                depth = max(depth, len(path))
+                ratio = tau / (step(len(paths) + 1) + drafting(len(paths), depth))
+                if ratio > best_ratio * (1 + 1e-12):
+                    best, best_ratio = tuple(paths), ratio
+        return cls(best)
+
+    def expected_speedup(
+        self,
+        accuracies,
+        cost: Callable[[float], float],
+        draft_cost: "float | Sequence[float] | Callable[[int, int], float]" = 0.0,
+        batch_size: int = 1,
+    ) -> float:
+        """The quantity `optimize` maximizes with a ``cost``: expected tau over the step's cost in plain steps,
+        ``tau / (c(N + 1) + draft_cost)`` (below 1: the tree does not pay for itself on that cost curve)."""
+        step = _step_cost(cost, batch_size)(self.num_nodes + 1)
+        return self.expected_acceptance_length(accuracies) / (step + _draft_cost_fn(draft_cost)(self.num_nodes, self.depth))
+
+    def expected_acceptance_length(self, accuracies) -> float:
+        """1 (the bonus token) + the sum over nodes of the product of ``accuracies`` along the node's path
+        (Medusa Sec. 2.3.3's estimate of tau; ranks beyond a row count as 0)."""
+        total = 1.0
+        for path in self.paths:
+            p = 1.0
+            for depth, rank in enumerate(path):
+                row = accuracies[depth] if depth < len(accuracies) else ()
+                p *= row[rank] if rank < len(row) else 0.0
+            total += p
+        return total
 
     # ------------------------------------------------------------------ derived structure (cached)
     @property
@@ -172,14 +262,87 @@ def expected_acceptance_length(tree: TreeSpec, accuracies) -> float:
     """Expected tokens per step of ``tree`` when depth d's i-th ranked draft is right with probability
     ``accuracies[d][i]``, independently (Medusa Sec. 2.3.3): 1 (the bonus token) + sum over nodes of the product
     of the accuracies along the node's path. Every drafter's tree calibration uses it."""
-    total = 1.0
-    for path in tree.paths:
-        p = 1.0
-        for depth, rank in enumerate(path):
-            row = accuracies[depth]
-            p *= row[rank] if rank < len(row) else 0.0
-        total += p
-    return total
+    return tree.expected_acceptance_length(accuracies)
+
+
+class DynamicTree(TreeSpec):
+    """A per-step tree built from the drafter's own confidence: EAGLE-2 (Li et al. 2024, Sec. 4).
+
+    Pass it as ``speculative_tree=DynamicTree(total_tokens=16, depth=4, top_k=4)`` to a drafter that drafts
+    from one distribution per depth (Medusa heads, ParallelDrafter, Speculative Streaming). Each step:
+
+    * *expand* (Sec. 4.2): the root's ``top_k`` most likely tokens form depth 1; at every further depth the
+      ``top_k`` nodes of the previous depth with the highest *path confidence* (the product of draft
+      probabilities along the path) each get their ``top_k`` most likely children, down to ``depth``;
+    * *rerank* (Sec. 4.3): of all expanded candidates the ``total_tokens`` with the highest path confidence
+      form the draft. A child's confidence never exceeds its parent's (ties keep the earlier, shallower
+      node), so the kept set contains every kept node's parent.
+
+    The candidates are fixed choices (``DraftTree.sampling == "deterministic"``), so greedy decoding stays
+    exact and sampling stays lossless: tree rejection sampling with a one-hot proposal per child.
+
+    The tree's shape changes every step: only ``depth`` (the drafter's depth check) and ``num_nodes``
+    (the budget) are known in advance; the per-node structure lives in each step's `DraftTree`.
+    """
+
+    def __init__(self, total_tokens: int = 16, depth: int = 4, top_k: int = 4):
+        if total_tokens < 1 or depth < 1 or top_k < 1:
+            raise ValueError(f"DynamicTree needs total_tokens, depth and top_k >= 1, got {total_tokens}, {depth}, {top_k}")
+        object.__setattr__(self, "total_tokens", int(total_tokens))
+        object.__setattr__(self, "top_k", int(top_k))
+        object.__setattr__(self, "paths", tuple((0,) * d for d in range(1, int(depth) + 1)))  # the depth envelope
+
+    @property
+    def num_nodes(self) -> int:
+        """The node budget (drafted nodes, the root excluded)."""
+        return self.total_tokens
+
+    def _no_shape(self, *args):
+        raise TypeError(
+            "a DynamicTree has no fixed shape: each step's DraftTree carries it. Only drafters that draft from "
+            "one distribution per depth (Medusa heads, ParallelDrafter, Speculative Streaming) accept it"
+        )
+
+    parents = ranks = depths = children = ancestors = property(_no_shape)
+    branching_at = to_list = _no_shape
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, DynamicTree) and (self.total_tokens, self.depth, self.top_k) == (
+            other.total_tokens, other.depth, other.top_k,
+        )  # fmt: skip
+
+    def __hash__(self) -> int:
+        return hash(("DynamicTree", self.total_tokens, self.depth, self.top_k))
+
+    def __repr__(self) -> str:
+        return f"DynamicTree(total_tokens={self.total_tokens}, depth={self.depth}, top_k={self.top_k})"
+
+    def build(self, depth_log_probs: torch.Tensor, root_token: torch.Tensor | int) -> "DraftTree":
+        """This step's draft from one log-distribution per depth (``depth_log_probs[d]`` drafts depth d + 1,
+        whatever the parent, as Medusa heads do). Nodes come out depth by depth, parents first."""
+        num_depths = min(self.depth, depth_log_probs.shape[0])
+        k = min(self.top_k, depth_log_probs.shape[-1])
+        top_lp, top_ids = torch.topk(depth_log_probs[:num_depths].float(), k, dim=-1)  # (depths, k), best first
+        device = top_ids.device
+        top_lp, top_ids = top_lp.cpu(), top_ids.cpu()
+        # candidate c is tree node c + 1 (node 0 is the root); candidates are stored depth by depth
+        scores, parents, tokens = [top_lp[0]], [torch.zeros(k, dtype=torch.long)], [top_ids[0]]
+        offset, frontier = 0, torch.arange(k)  # first candidate of the last depth; the candidates to expand
+        for d in range(1, num_depths):
+            children = (scores[-1][frontier - offset][:, None] + top_lp[d][None, :]).reshape(-1)
+            parents.append((frontier + 1).repeat_interleave(k))
+            tokens.append(top_ids[d].repeat(frontier.shape[0]))
+            offset += scores[-1].shape[0]
+            scores.append(children)
+            frontier = offset + torch.sort(children, descending=True, stable=True).indices[:k]
+        all_scores, all_parents, all_tokens = torch.cat(scores), torch.cat(parents), torch.cat(tokens)
+        kept = torch.sort(all_scores, descending=True, stable=True).indices[: self.total_tokens].sort().values
+        new_index = torch.zeros(all_scores.shape[0] + 1, dtype=torch.long)
+        new_index[kept + 1] = torch.arange(1, kept.shape[0] + 1)
+        node_parents = new_index[all_parents[kept]].tolist()
+        root = torch.as_tensor(root_token).reshape(1).cpu()
+        tokens = torch.cat([root, all_tokens[kept]]).to(device)
+        return DraftTree(tokens=tokens, parents=tuple([-1] + node_parents))
 
 
 @dataclass

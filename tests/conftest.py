@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import random
 import socket
 
@@ -21,6 +22,9 @@ import hf_speculative as hfs
 
 # Tiny models: one intra-op thread is fastest, and avoids OpenMP spin contention with other processes.
 torch.set_num_threads(1)
+# Calibrated drafters keep their saved trees unless a test turns cost-aware trees on (with an injected cost curve):
+# no timing enters a test's outcome and nothing is measured into the user's cache.
+os.environ.setdefault("HF_SPECULATIVE_COST_AWARE", "0")
 
 # Tolerance for float32 tensors that two computation orders reach through a model's layers (tree forward against
 # per-branch forwards, batched against one by one, fused against naive kernels): the last bits depend on the CPU's

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+import hf_speculative as hfs
 from hf_speculative.bench.harness import (
     METHODS,
     BenchMethod,
@@ -41,6 +42,7 @@ def test_parse_tree():
     assert parse_tree(None) is None
     assert parse_tree("cartesian:2,2").num_nodes == 6
     assert parse_tree("chain:3").num_nodes == 3
+    assert parse_tree("dynamic:16,4,3") == hfs.DynamicTree(total_tokens=16, depth=4, top_k=3)
     assert parse_tree("[[0], [1], [0, 0]]").num_nodes == 3
     with pytest.raises(ValueError):
         parse_tree("nonsense")

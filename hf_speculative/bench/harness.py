@@ -86,7 +86,8 @@ class BenchOptions:
 
 
 def parse_tree(spec: str | None):
-    """``cartesian:4,2,2,1`` | ``chain:5`` | a JSON list of choices | a path to a JSON file of choices."""
+    """``cartesian:4,2,2,1`` | ``chain:5`` | ``dynamic:16,4,4`` (`DynamicTree` total_tokens, depth, top_k) | a
+    JSON list of choices | a path to a JSON file of choices."""
     if spec is None:
         return None
     import hf_speculative as hfs
@@ -96,13 +97,15 @@ def parse_tree(spec: str | None):
         return hfs.TreeSpec.cartesian([int(x) for x in spec.split(":", 1)[1].split(",") if x])
     if spec.startswith("chain:"):
         return hfs.TreeSpec.chain(int(spec.split(":", 1)[1]))
+    if spec.startswith("dynamic:"):
+        return hfs.DynamicTree(*[int(x) for x in spec.split(":", 1)[1].split(",") if x])
     if spec.startswith("["):
         return hfs.TreeSpec.from_choices(json.loads(spec))
     path = Path(spec)
     if path.is_file():
         data = json.loads(path.read_text())
         return hfs.TreeSpec.from_choices(data["choices"] if isinstance(data, dict) else data)
-    raise ValueError(f"--tree {spec!r}: want 'cartesian:4,2,2,1', 'chain:5', a JSON list of choices or a JSON file")
+    raise ValueError(f"--tree {spec!r}: want 'cartesian:4,2,2,1', 'chain:5', 'dynamic:16,4,4', a JSON list of choices or a JSON file")
 
 
 # ----------------------------------------------------------------------------- methods
@@ -239,7 +242,12 @@ class _EngineMethod(BenchMethod):
         hfs.enable(self.model)
 
     def _tree_settings(self):
-        return {"tree": None if self.tree is None else self.tree.to_list(), "tree_nodes": None if self.tree is None else self.tree.num_nodes}
+        from ..trees import DynamicTree
+
+        if self.tree is None:
+            return {"tree": None, "tree_nodes": None}
+        shape = repr(self.tree) if isinstance(self.tree, DynamicTree) else self.tree.to_list()
+        return {"tree": shape, "tree_nodes": self.tree.num_nodes}
 
     def generate(self, input_ids, attention_mask, **common):
         kwargs = {} if self.tree is None else {"speculative_tree": self.tree}

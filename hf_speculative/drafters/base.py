@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..trees import DraftTree, TreeSpec
+from ..trees import DraftTree, DynamicTree, TreeSpec
 from ..verify import AcceptanceResult
 
 __all__ = [
@@ -113,7 +113,12 @@ def tree_from_depth_logits(
     ``"deterministic"``: the node of depth d and rank i gets row d - 1's i-th most likely token (Medusa's
     Cartesian / sparse trees). Sampling: every inner node's children are drawn from its depth's q by
     `fill_children`, and q is kept per node for exact tree rejection sampling.
+
+    A `DynamicTree` is built from the rows' own probabilities instead (EAGLE-2), with top-k candidates in
+    every mode (see `DynamicTree`).
     """
+    if isinstance(tree, DynamicTree):
+        return tree.build(torch.log_softmax(logits[: tree.depth].float(), dim=-1), sequence[0, -1])
     device = sequence.device
     depths = tree.depths.tolist()
     if scheme == "deterministic":

@@ -45,8 +45,6 @@ __all__ = [
     "label_conversations",
     "labelled_cache_dir",
     "LabelledShards",
-    "add_label_parser",
-    "run_label",
 ]
 
 DEFAULT_LAYERS = (2, 15, 26, 27, -1)

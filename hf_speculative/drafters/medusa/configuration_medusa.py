@@ -59,6 +59,16 @@ class MedusaConfig(PretrainedConfig):
             Typical acceptance's entropy-dependent threshold factor alpha (``alpha * exp(-H(p))``).
         initializer_range (`float`, defaults to 0.02):
             Std of the normal init of a head's own W2 when it is not copied from a base ``lm_head``.
+        draft_vocab_size (`int`, *optional*):
+            FR-Spec's truncated draft vocabulary: when drafting, the heads project onto only these K tokens (the
+            most frequent of the training data, `MedusaHeadsModel.set_draft_vocab`; their target ids are the
+            ``draft_to_target`` buffer saved with the weights). Verification keeps the full vocabulary, so the
+            output does not change. `None` (default): the full vocabulary.
+        cost_aware_tree (`bool`, defaults to `True`):
+            With a calibration (``calibration["head_top_i_accuracy"]``, written by `calibrate_tree`), the default
+            tree is the one with the best expected tau per unit of cost on the target's measured cost curve
+            (`hf_speculative.drafters.cost_aware`); `False` keeps ``medusa_choices``. The environment variable
+            ``HF_SPECULATIVE_COST_AWARE=0`` turns it off everywhere.
     """
 
     model_type = "medusa_heads"
@@ -76,6 +86,8 @@ class MedusaConfig(PretrainedConfig):
         posterior_threshold: float = 0.09,
         posterior_alpha: float = 0.3,
         initializer_range: float = 0.02,
+        draft_vocab_size: int | None = None,
+        cost_aware_tree: bool = True,
         **kwargs,
     ):
         if num_heads < 1 or num_layers < 0:
@@ -98,6 +110,10 @@ class MedusaConfig(PretrainedConfig):
         self.posterior_threshold = posterior_threshold
         self.posterior_alpha = posterior_alpha
         self.initializer_range = initializer_range
+        if draft_vocab_size is not None and not 1 <= draft_vocab_size <= vocab_size:
+            raise ValueError(f"draft_vocab_size must be in 1..vocab_size ({vocab_size}), got {draft_vocab_size}")
+        self.draft_vocab_size = draft_vocab_size
+        self.cost_aware_tree = cost_aware_tree
         kwargs.setdefault("tie_word_embeddings", False)
         super().__init__(**kwargs)
 

@@ -24,6 +24,8 @@ from transformers.utils import ModelOutput
 from ...hub import resolve_name_or_path
 from ...trees import DraftTree, TreeSpec
 from ..base import DraftingOptions, TreeDrafter, final_hidden_state, output_embeddings, tree_from_depth_logits, vocab_logits
+from ..cost_aware import cost_aware_tree
+from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from ..hub import DrafterHubMixin
 from .configuration_medusa import MedusaConfig
 
@@ -80,7 +82,7 @@ class MedusaPreTrainedModel(DrafterHubMixin, PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
 
 
-class MedusaHeadsModel(MedusaPreTrainedModel):
+class MedusaHeadsModel(DraftVocabMixin, MedusaPreTrainedModel):
     """K Medusa heads; a drafter for ``model.generate(assistant_model=heads)``.
 
     Create from a base model with `from_base_model`; load with ``from_pretrained(folder, base_model=model)``
@@ -92,6 +94,7 @@ class MedusaHeadsModel(MedusaPreTrainedModel):
         super().__init__(config)
         self.heads = nn.ModuleList([MedusaHead(config) for _ in range(config.num_heads)])
         self.__dict__["base_lm_head"] = None  # not a submodule: never saved, moved or trained with the heads
+        self._init_draft_vocab()  # FR-Spec draft vocabulary (config.draft_vocab_size): target ids, saved with the weights
         self.post_init()
 
     # ------------------------------------------------------------------ construction
@@ -165,8 +168,10 @@ class MedusaHeadsModel(MedusaPreTrainedModel):
         hidden_states = hidden_states.to(dtype)
         return torch.stack([head(hidden_states) for head in self.heads[:num_heads]], dim=-2)
 
-    def project(self, states: torch.Tensor) -> torch.Tensor:
-        """``(..., K, H)`` -> ``(..., K, V)`` logits through W2 (the shared base ``lm_head`` or each head's own)."""
+    def project(self, states: torch.Tensor, draft_vocab: bool = False) -> torch.Tensor:
+        """``(..., K, H)`` -> ``(..., K, V)`` logits through W2 (the shared base ``lm_head`` or each head's own).
+        ``draft_vocab``: project onto the draft vocabulary only (-inf elsewhere) when the heads have one."""
+        d2t = self.draft_to_target if draft_vocab else None
         if self.config.share_lm_head:
             if self.base_lm_head is None:
                 raise ValueError(
@@ -174,7 +179,10 @@ class MedusaHeadsModel(MedusaPreTrainedModel):
                     "MedusaHeadsModel.from_pretrained(folder, base_model=model) or heads.attach_base_model(model)"
                 )
             weight = self.base_lm_head.weight
-            return vocab_logits(states, weight)  # one matmul for all heads
+            # one matmul for all heads
+            return vocab_logits(states, weight) if d2t is None else draft_vocab_logits(states, weight, d2t)
+        if d2t is not None:
+            return torch.stack([draft_vocab_logits(states[..., k, :], self.heads[k].lm_head.weight, d2t) for k in range(states.shape[-2])], dim=-2)
         return torch.stack([self.heads[k].lm_head(states[..., k, :]) for k in range(states.shape[-2])], dim=-2)
 
     def forward(self, hidden_states: torch.Tensor, labels: torch.LongTensor | None = None, **kwargs) -> MedusaOutput:
@@ -198,7 +206,7 @@ class MedusaHeadsModel(MedusaPreTrainedModel):
     def get_tree_drafter(self, target: PreTrainedModel) -> "MedusaDrafter":
         """The per-call drafter the engine uses for ``target.generate(assistant_model=self)``."""
         self.attach_base_model(target)
-        return MedusaDrafter(self)
+        return MedusaDrafter(self, target=target)
 
 
 class MedusaDrafter(TreeDrafter):
@@ -211,17 +219,26 @@ class MedusaDrafter(TreeDrafter):
 
     needs_target_hidden_states = True
 
-    def __init__(self, heads: MedusaHeadsModel, draft_sampling: str = "without_replacement"):
+    def __init__(self, heads: MedusaHeadsModel, draft_sampling: str = "without_replacement", target: PreTrainedModel | None = None):
         config = heads.config
         self.heads = heads
         self.max_depth = config.num_heads
-        self.default_tree = config.tree
+        self.default_tree = cost_aware_tree(config.tree, config, "head_top_i_accuracy", target, self.draft_cost, config.num_heads)
         self.acceptance = config.acceptance
         self.posterior_threshold = config.posterior_threshold
         self.posterior_alpha = config.posterior_alpha
         self.vocab_size = config.vocab_size
         self.draft_sampling = draft_sampling
         self.hidden: torch.Tensor | None = None
+
+    def draft_cost(self, curve) -> list[float]:
+        """Drafting cost per tree depth d in plain steps: d heads' vocabulary projections (one matmul over d rows
+        with a shared ``lm_head``, d matrices otherwise) on the draft vocabulary's share of the matrix; the
+        residual blocks (H x H) are negligible beside them."""
+        config, share = self.heads.config, self.heads.draft_vocab_share
+        if config.share_lm_head:
+            return [curve.projection_cost(d, share) for d in range(1, config.num_heads + 1)]
+        return [d * curve.projection_cost(1, share) for d in range(1, config.num_heads + 1)]
 
     def begin(self, prompt_ids, target_outputs) -> None:
         self.hidden = final_hidden_state(target_outputs)[0, -1]
@@ -233,7 +250,8 @@ class MedusaDrafter(TreeDrafter):
     def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
         # only the heads the tree reaches: each head's vocabulary projection costs about as much as the target's
         # own lm_head, a large share of a small model's decoding step (SmolLM2-135M: 4 heads ~ 0.8 target forwards)
-        logits = self.heads.project(self.heads.head_states(self.hidden, num_heads=tree.depth)).float()  # (depth, V)
+        states = self.heads.head_states(self.hidden, num_heads=tree.depth)
+        logits = self.heads.project(states, draft_vocab=True).float()  # (depth, V)
         return tree_from_depth_logits(logits, sequence, tree, options.scheme(self.draft_sampling), options)
 
     def end(self) -> None:

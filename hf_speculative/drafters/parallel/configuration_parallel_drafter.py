@@ -65,6 +65,15 @@ class ParallelDrafterConfig(PretrainedConfig):
             Typical acceptance's settings.
         initializer_range (`float`, defaults to 0.02):
             Std of the normal init of the mask embeddings and the fusion layer.
+        draft_vocab_size (`int`, *optional*):
+            FR-Spec's truncated draft vocabulary: when drafting, project onto only these K tokens (the most
+            frequent of the training data, `ParallelDrafter.set_draft_vocab`; their target ids are the
+            ``draft_to_target`` buffer saved with the weights). Verification keeps the full vocabulary, so the
+            output does not change. `None` (default): the full vocabulary.
+        cost_aware_tree (`bool`, defaults to `True`):
+            With a calibration (``calibration["depth_top_i_accuracy"]``), the default tree is the one with the
+            best expected tau per unit of cost on the target's measured cost curve
+            (`hf_speculative.drafters.cost_aware`); `False` keeps ``parallel_choices``.
     """
 
     model_type = "parallel_drafter"
@@ -84,6 +93,8 @@ class ParallelDrafterConfig(PretrainedConfig):
         posterior_threshold: float = 0.09,
         posterior_alpha: float = 0.3,
         initializer_range: float = 0.02,
+        draft_vocab_size: int | None = None,
+        cost_aware_tree: bool = True,
         **kwargs,
     ):
         if num_mask_tokens < 1 or num_layers < 1:
@@ -121,6 +132,10 @@ class ParallelDrafterConfig(PretrainedConfig):
         self.posterior_threshold = posterior_threshold
         self.posterior_alpha = posterior_alpha
         self.initializer_range = initializer_range
+        if draft_vocab_size is not None and not 1 <= draft_vocab_size <= vocab_size:
+            raise ValueError(f"draft_vocab_size must be in 1..vocab_size ({vocab_size}), got {draft_vocab_size}")
+        self.draft_vocab_size = draft_vocab_size
+        self.cost_aware_tree = cost_aware_tree
         kwargs.setdefault("tie_word_embeddings", False)
         super().__init__(**kwargs)
 

@@ -37,6 +37,8 @@ from ..base import (
     vocab_logits,
 )
 from ..hub import DrafterHubMixin
+from ..cost_aware import cost_aware_tree
+from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from .configuration_parallel_drafter import ParallelDrafterConfig
 
 __all__ = ["ParallelDrafter", "ParallelDrafterOutput", "ParallelTreeDrafter"]
@@ -72,7 +74,7 @@ class ParallelDrafterPreTrainedModel(DrafterHubMixin, PreTrainedModel):
             super()._init_weights(module)
 
 
-class ParallelDrafter(ParallelDrafterPreTrainedModel):
+class ParallelDrafter(DraftVocabMixin, ParallelDrafterPreTrainedModel):
     """A ParallelSpec drafter; use as ``model.generate(assistant_model=drafter)``.
 
     Create from a target with `from_base_model`; load with ``from_pretrained(folder, base_model=model)`` or
@@ -89,6 +91,7 @@ class ParallelDrafter(ParallelDrafterPreTrainedModel):
         self.fuse = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False) if config.use_target_hidden_states else None
         self.__dict__["base_embeddings"] = None  # not submodules: never saved, moved or trained with the drafter
         self.__dict__["base_lm_head"] = None
+        self._init_draft_vocab()  # FR-Spec draft vocabulary (config.draft_vocab_size), saved with the weights
         self.post_init()
 
     # ------------------------------------------------------------------ construction
@@ -192,10 +195,13 @@ class ParallelDrafter(ParallelDrafterPreTrainedModel):
         masks = self.mask_embeddings((input_ids - V).clamp(min=0))
         return torch.where(is_mask[..., None], masks, tokens)
 
-    def project(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Logits through the target's shared ``lm_head``."""
+    def project(self, hidden_states: torch.Tensor, draft_vocab: bool = False) -> torch.Tensor:
+        """Logits through the target's shared ``lm_head`` (``draft_vocab``: on the draft vocabulary only, -inf
+        elsewhere, when the drafter has one)."""
         self._require_base()
         weight = self.base_lm_head.weight.detach()  # shared and frozen: no gradient for the 49K-row table
+        if draft_vocab and self.draft_to_target is not None:
+            return draft_vocab_logits(hidden_states, weight, self.draft_to_target)
         return vocab_logits(hidden_states, weight)
 
     def forward(
@@ -207,11 +213,13 @@ class ParallelDrafter(ParallelDrafterPreTrainedModel):
         past_key_values=None,
         use_cache: bool = False,
         logits_rows: torch.Tensor | None = None,
+        draft_vocab: bool = False,
         **kwargs,
     ) -> ParallelDrafterOutput:
         """``input_ids`` ``(B, Q)`` with mask tokens as ids ``vocab_size + j``; ``attention_mask`` a 4D additive
         float mask (the group-wise training layout) or None (causal); ``logits_rows`` ``(B, R)`` indices of the
-        rows to project (the LM head over 49K tokens is the bulk of the cost), default all rows."""
+        rows to project (the LM head over 49K tokens is the bulk of the cost), default all rows; ``draft_vocab``:
+        project onto the draft vocabulary (drafting)."""
         embeds = self.embed(input_ids, target_hidden_states)
         out = self.decoder(
             inputs_embeds=embeds,
@@ -223,7 +231,7 @@ class ParallelDrafter(ParallelDrafterPreTrainedModel):
         hidden = out.last_hidden_state
         if logits_rows is not None:
             hidden = torch.gather(hidden, 1, logits_rows[..., None].expand(-1, -1, hidden.shape[-1]))
-        return ParallelDrafterOutput(logits=self.project(hidden), hidden_states=hidden, past_key_values=out.past_key_values)
+        return ParallelDrafterOutput(logits=self.project(hidden, draft_vocab), hidden_states=hidden, past_key_values=out.past_key_values)
 
     # ------------------------------------------------------------------ drafting
     def model_card(self) -> str:
@@ -234,7 +242,7 @@ class ParallelDrafter(ParallelDrafterPreTrainedModel):
     def get_tree_drafter(self, target: PreTrainedModel) -> "ParallelTreeDrafter":
         """The per-call drafter the engine uses for ``target.generate(assistant_model=self)``."""
         self.attach_base_model(target)
-        return ParallelTreeDrafter(self)
+        return ParallelTreeDrafter(self, target=target)
 
 
 class ParallelTreeDrafter(TreeDrafter):
@@ -245,12 +253,13 @@ class ParallelTreeDrafter(TreeDrafter):
     without replacement) and verified by exact tree rejection sampling (ParallelSpec Algorithm 1).
     """
 
-    def __init__(self, drafter: ParallelDrafter, draft_sampling: str = "without_replacement"):
+    def __init__(self, drafter: ParallelDrafter, draft_sampling: str = "without_replacement", target: PreTrainedModel | None = None):
         config = drafter.config
         self.drafter = drafter
         self.k = config.num_mask_tokens
         self.max_depth = config.num_mask_tokens + 1
-        self.default_tree = config.tree
+        self.target_layers = getattr(getattr(target, "config", None), "num_hidden_layers", None)
+        self.default_tree = cost_aware_tree(config.tree, config, "depth_top_i_accuracy", target, self.draft_cost, self.max_depth)
         self.acceptance = config.acceptance
         self.posterior_threshold = config.posterior_threshold
         self.posterior_alpha = config.posterior_alpha
@@ -259,6 +268,14 @@ class ParallelTreeDrafter(TreeDrafter):
         self.draft_sampling = draft_sampling
         self.cache: DynamicCache | None = None
         self.target_hidden: torch.Tensor | None = None  # (positions, H): the target's final hidden state per position
+
+    def draft_cost(self, curve) -> list[float]:
+        """Drafting cost per tree depth d in plain steps: the drafter's forward over about k + 2 tokens (its
+        ``num_layers`` of the target's layers: that share of c(k + 2)) and d rows through the shared ``lm_head``
+        (the draft vocabulary's share of it)."""
+        layers = self.drafter.config.num_layers / max(self.target_layers or self.drafter.config.num_layers, 1)
+        forward = layers * curve(self.k + 2)
+        return [forward + curve.projection_cost(d, self.drafter.draft_vocab_share) for d in range(1, self.max_depth + 1)]
 
     def begin(self, prompt_ids, target_outputs) -> None:
         self.cache = DynamicCache(config=self.drafter.decoder.config)
@@ -294,7 +311,7 @@ class ParallelTreeDrafter(TreeDrafter):
         start = ids.shape[0] - self.k - 1
         rows = torch.arange(start, start + num_depths, device=device)[None]
         out = drafter(ids[None], position_ids=positions[None], target_hidden_states=hidden,
-                      past_key_values=self.cache, use_cache=True, logits_rows=rows)  # fmt: skip
+                      past_key_values=self.cache, use_cache=True, logits_rows=rows, draft_vocab=True)  # fmt: skip
         self._keep_committed(committed)
         return out.logits[0].float()
 

@@ -55,6 +55,9 @@ class SpeculativeStreamingConfig(LlamaConfig):
         tree_top_k (`int` or `list[int]`, defaults to 2): top-k per stream of the default Cartesian tree.
         stream_tree (`list[list[int]]`, *optional*): the static draft tree as Medusa-style paths (overrides
             ``tree_top_k``; its depth must be at most ``num_streams``).
+        cost_aware_tree (`bool`, defaults to `True`): with a calibration (``calibration["stream_top_i_accuracy"]``),
+            the default tree is the one with the best expected tau per unit of cost on the target's measured
+            cost curve (`hf_speculative.drafters.cost_aware`); `False` keeps ``stream_tree``.
         base_model_name_or_path (`str`, *optional*): the base model the streams belong to. ``"reference"``
             means `hf_speculative.bench.load_reference_model` (SmolLM2-135M-Instruct).
     """
@@ -78,6 +81,7 @@ class SpeculativeStreamingConfig(LlamaConfig):
         lora_target_modules: list[str] | None = None,
         tree_top_k: int | list[int] = 2,
         stream_tree: list[list[int]] | None = None,
+        cost_aware_tree: bool = True,
         base_model_name_or_path: str | None = None,
         base_architecture: str | None = None,
         training: dict | None = None,
@@ -105,6 +109,7 @@ class SpeculativeStreamingConfig(LlamaConfig):
         self.lora_target_modules = list(lora_target_modules) if lora_target_modules is not None else list(LORA_TARGET_MODULES)
         self.tree_top_k = tree_top_k
         self.stream_tree = stream_tree if stream_tree is not None else default_stream_tree(num_streams, tree_top_k)
+        self.cost_aware_tree = cost_aware_tree
         self.base_model_name_or_path = base_model_name_or_path
         self.base_architecture = base_architecture
         self.training = training

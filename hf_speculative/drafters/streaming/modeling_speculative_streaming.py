@@ -45,6 +45,7 @@ from ...generation import SpeculativeGenerationMixin
 from ...hub import resolve_name_or_path
 from ...trees import DraftTree, TreeSpec
 from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits, vocab_logits
+from ..cost_aware import cost_aware_tree
 from ..hub import DrafterHubMixin
 from .configuration_speculative_streaming import LORA_TARGET_MODULES, SpeculativeStreamingConfig
 
@@ -621,12 +622,12 @@ class LlamaForSpeculativeStreaming(DrafterHubMixin, SpeculativeGenerationMixin, 
             )
         if target is not self.base:
             self.attach_base_model(target)
-        return SpeculativeStreamingDrafter(self)
+        return SpeculativeStreamingDrafter(self, target=target)
 
     def get_self_drafter(self) -> "SpeculativeStreamingDrafter":
         """The per-call drafter `generate` uses when no ``assistant_model`` is given."""
         self._check_attached()
-        return SpeculativeStreamingDrafter(self)
+        return SpeculativeStreamingDrafter(self, target=self)
 
 
 def _cache_writer(cache, layer_idx: int):
@@ -663,13 +664,21 @@ class SpeculativeStreamingDrafter(TreeDrafter):
 
     needs_target_hidden_states = True
 
-    def __init__(self, model: LlamaForSpeculativeStreaming, draft_sampling: str = "without_replacement"):
+    def __init__(self, model: LlamaForSpeculativeStreaming, draft_sampling: str = "without_replacement", target: PreTrainedModel | None = None):
         self.model = model
         self.max_depth = model.config.num_streams
-        self.default_tree = model.config.tree
+        self.default_tree = cost_aware_tree(model.config.tree, model.config, "stream_top_i_accuracy", target, self.draft_cost, self.max_depth)
         self.vocab_size = model.config.vocab_size
         self.draft_sampling = draft_sampling
         self.logits: torch.Tensor | None = None
+
+    def draft_cost(self, curve) -> float:
+        """Drafting cost per step in plain steps, whatever the tree: the gamma streams' vocabulary projection, and
+        in lossless mode their N_s MSA layers (that share of c(gamma)); in shared mode the streams run inside the
+        verification forward, whose measured curve (``curve`` of this model) already includes them."""
+        config = self.model.config
+        msa = config.num_msa_layers / config.num_hidden_layers * curve(config.num_streams) if config.mode == "lossless" else 0.0
+        return msa + curve.projection_cost(config.num_streams)
 
     def _streams_at(self, target_outputs, node: int) -> None:
         states = getattr(target_outputs, "stream_states", None)

@@ -1,0 +1,305 @@
+"""The project's cost model: what a tree step costs on this machine, in plain decoding steps.
+
+A tree step verifies ``N + 1`` tokens (the root and N drafted nodes) in one target forward. On a GPU a
+forward over a few dozen tokens costs about as much as a one-token step (decoding is memory-bound); on a
+CPU the cost grows much sooner. The *cost curve*
+
+    c(n) = time of a target forward over n new tokens after a cached prefix / time of a one-token step
+
+measured once per machine, dtype and model, turns a tree's expected acceptance length tau into a speed:
+a step commits tau tokens for ``c(N + 1) + drafting`` plain steps. This is the "Delta t" of SPIRe and the
+hardware-aware tree size of Sequoia; `hf_speculative.trees.TreeSpec.optimize` uses it to choose the
+tree (`cost=`). The forward computes the LM head on all n rows, as the tree engine does.
+
+Drafters that project a few rows onto the vocabulary per step (Medusa heads, ParallelSpec positions,
+Speculative Streaming's streams) pay for those rows with the same large matrix as the target's LM
+head; the curve also stores that cost (`CostCurve.projection_cost`), measured with the target's own head.
+
+Curves are cached as JSON under ``$HF_SPECULATIVE_CACHE/cost_curves/``; `get_cost_curve` loads or
+measures once; `set_cost_curve` injects a fixed curve (tests, or a curve measured elsewhere).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+import weakref
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+__all__ = [
+    "CostCurve",
+    "measure_cost_curve",
+    "get_cost_curve",
+    "set_cost_curve",
+    "cost_curve_path",
+    "machine_description",
+    "DEFAULT_NODES",
+    "DEFAULT_PROJECTION_ROWS",
+]
+
+DEFAULT_NODES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+DEFAULT_PROJECTION_ROWS = (1, 2, 3, 4, 6, 8)
+
+
+def _interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """Piecewise-linear through the points; flat below the first, linear from the last two above the last."""
+    if x <= xs[0]:
+        return float(ys[0])
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if x <= x1:
+            return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+    if len(xs) == 1:
+        return float(ys[-1])
+    slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
+    return float(ys[-1] + slope * (x - xs[-1]))
+
+
+def _non_decreasing(ys: Sequence[float]) -> list[float]:
+    """Least-squares non-decreasing fit (pool adjacent violators): a longer forward never costs less, and
+    one noisy point is averaged with its neighbours instead of lifting every later point."""
+    blocks: list[list[float]] = []  # [mean, weight]
+    for y in ys:
+        blocks.append([float(y), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, w1), (m2, w2) = blocks[-2], blocks.pop()
+            blocks[-1] = [(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2]
+    return [m for m, w in blocks for _ in range(int(w))]
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """The measured cost curve ``c(n)`` of one target on one machine (see the module docstring).
+
+    Args:
+        nodes: token counts n of the measured forwards, ascending, starting at 1.
+        ratios: ``c(n)`` at those counts (``ratios[0] == 1`` when ``nodes[0] == 1``), non-decreasing.
+        projection_rows / projection_ratios: the cost of projecting that many rows onto the full vocabulary
+            with the target's LM head, in plain steps (empty when not measured: drafting then counts as free).
+        meta: how it was measured (machine, dtype, model key, prefix, seconds of a one-token step).
+    """
+
+    nodes: tuple[int, ...]
+    ratios: tuple[float, ...]
+    projection_rows: tuple[int, ...] = ()
+    projection_ratios: tuple[float, ...] = ()
+    meta: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "nodes", tuple(int(n) for n in self.nodes))
+        object.__setattr__(self, "ratios", tuple(float(r) for r in self.ratios))
+        object.__setattr__(self, "projection_rows", tuple(int(n) for n in self.projection_rows))
+        object.__setattr__(self, "projection_ratios", tuple(float(r) for r in self.projection_ratios))
+        if not self.nodes or len(self.nodes) != len(self.ratios):
+            raise ValueError("CostCurve needs as many ratios as node counts (at least one)")
+        if len(self.projection_rows) != len(self.projection_ratios):
+            raise ValueError("CostCurve needs as many projection_ratios as projection_rows")
+        for xs in (self.nodes, self.projection_rows):
+            if any(b <= a for a, b in zip(xs, xs[1:])) or (xs and xs[0] < 1):
+                raise ValueError(f"CostCurve counts must be positive and strictly increasing, got {list(xs)}")
+        if any(r <= 0 for r in self.ratios + self.projection_ratios):
+            raise ValueError("CostCurve ratios must be positive")
+
+    def __call__(self, n: float) -> float:
+        """``c(n)``: cost of a forward over n new tokens in one-token steps (linear between measured counts)."""
+        return _interpolate(self.nodes, self.ratios, n)
+
+    def batched(self, n: float, batch_size: int = 1) -> float:
+        """Cost of a forward over ``batch_size`` rows of n tokens against a plain batched step:
+        ``c(B * n) / c(B)`` (a batch's tokens share the weight reads as a longer sequence does)."""
+        return self(batch_size * n) / self(batch_size)
+
+    def projection_cost(self, rows: int, vocab_fraction: float = 1.0) -> float:
+        """Cost, in plain steps, of projecting ``rows`` rows onto ``vocab_fraction`` of the vocabulary (a
+        truncated draft vocabulary reads that share of the matrix). 0 when the curve has no projection data."""
+        if rows <= 0 or not self.projection_rows:
+            return 0.0
+        return vocab_fraction * _interpolate(self.projection_rows, self.projection_ratios, rows)
+
+    @property
+    def max_nodes(self) -> int:
+        """The largest measured forward; trees up to ``max_nodes - 1`` drafted nodes stay inside the data."""
+        return self.nodes[-1]
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CostCurve":
+        return cls(
+            nodes=data["nodes"], ratios=data["ratios"], projection_rows=data.get("projection_rows", ()),
+            projection_ratios=data.get("projection_ratios", ()), meta=data.get("meta", {}),
+        )  # fmt: skip
+
+    def save(self, path: str | os.PathLike) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "CostCurve":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def __repr__(self) -> str:
+        pts = ", ".join(f"{n}: {r:.2f}" for n, r in zip(self.nodes, self.ratios))
+        return f"CostCurve({{{pts}}})"
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def machine_description(device: torch.device | str = "cpu") -> str:
+    """What a cost curve depends on besides the model: the CUDA device's name, or the CPU model, platform
+    and torch's intra-op thread count."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{device.type}:{platform.system()}-{platform.machine()}:{cpu}:threads={torch.get_num_threads()}"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def measure_cost_curve(
+    model,
+    nodes: Sequence[int] = DEFAULT_NODES,
+    prefix: int = 128,
+    repeats: int = 5,
+    projection_rows: Sequence[int] = DEFAULT_PROJECTION_ROWS,
+    logits_to_keep: int = 0,
+    seed: int = 0,
+) -> CostCurve:
+    """Time target forwards over n new tokens (causal block, LM head on all rows unless ``logits_to_keep``)
+    after a ``prefix``-token cache, and the LM head over a few rows; best of ``repeats`` each, all sizes
+    interleaved per round so that load changes on a shared machine hit every size alike. Ratios are over
+    the one-token step, fitted non-decreasing (a longer forward never costs less)."""
+    from transformers import DynamicCache
+
+    from .cache import crop_to
+    from .drafters.base import vocab_logits
+    from .trees import additive_mask
+
+    nodes = sorted({1, *(int(n) for n in nodes)})
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (1, prefix + nodes[-1]), generator=gen).to(device)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=ids[:, :prefix], past_key_values=cache, use_cache=True)
+    masks = {n: additive_mask(torch.ones(n, prefix + n, dtype=torch.bool).tril(prefix), dtype).to(device) for n in nodes}
+    head = model.get_output_embeddings() if projection_rows else None
+    rows = [int(r) for r in projection_rows] if head is not None else []
+    states = torch.randn(max(rows, default=1), head.weight.shape[1], generator=gen).to(device) if rows else None
+
+    def forward(n: int) -> float:
+        _sync(device)
+        start = time.perf_counter()
+        model(
+            input_ids=ids[:, prefix : prefix + n], attention_mask=masks[n], past_key_values=cache, use_cache=True,
+            position_ids=torch.arange(prefix, prefix + n, device=device)[None], logits_to_keep=logits_to_keep,
+        )  # fmt: skip
+        _sync(device)
+        seconds = time.perf_counter() - start
+        crop_to(cache, prefix)
+        return seconds
+
+    def project(r: int) -> float:
+        _sync(device)
+        start = time.perf_counter()
+        vocab_logits(states[:r], head.weight)
+        _sync(device)
+        return time.perf_counter() - start
+
+    best = {("n", n): float("inf") for n in nodes} | {("r", r): float("inf") for r in rows}
+    for round_ in range(repeats + 1):  # round 0 warms up
+        for key in best:
+            seconds = forward(key[1]) if key[0] == "n" else project(key[1])
+            if round_:
+                best[key] = min(best[key], seconds)
+    fitted = _non_decreasing([best[("n", n)] for n in nodes])
+    step = fitted[0]  # c(1) = 1 by definition
+    ratios = [t / step for t in fitted]
+    proj = _non_decreasing([best[("r", r)] / step for r in rows])
+    meta = {
+        "machine": machine_description(device), "dtype": str(dtype).replace("torch.", ""), "prefix": prefix,
+        "repeats": repeats, "logits_to_keep": logits_to_keep, "step_seconds": step,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }  # fmt: skip
+    return CostCurve(tuple(nodes), tuple(ratios), tuple(rows), tuple(proj), meta)
+
+
+# ----------------------------------------------------------------------------- caching
+
+_INJECTED: "weakref.WeakKeyDictionary[torch.nn.Module, CostCurve]" = weakref.WeakKeyDictionary()
+_LOADED: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()  # per (device, dtype)
+
+
+def cost_curve_path(model, prefix: int = 128) -> Path:
+    """``$HF_SPECULATIVE_CACHE/cost_curves/<key>.json``, the key naming the machine, dtype and model."""
+    from .training.trainer import _cache_root, _model_key
+
+    param = next(model.parameters())
+    with torch.no_grad():
+        parts = [machine_description(param.device), str(param.dtype), _model_key(model, prefix)]
+    key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+    return _cache_root() / "cost_curves" / f"{key}.json"
+
+
+def set_cost_curve(model, curve: CostCurve | None) -> None:
+    """Use ``curve`` for ``model`` in this process (deterministic tests; a curve measured elsewhere);
+    None forgets it."""
+    if curve is None:
+        _INJECTED.pop(model, None)
+    else:
+        _INJECTED[model] = curve
+
+
+def get_cost_curve(model, measure_if_missing: bool = True, **measure_kwargs) -> CostCurve | None:
+    """The model's cost curve: injected (`set_cost_curve`), else cached on disk, else measured once
+    (`measure_cost_curve`) and cached. Returns None when missing and ``measure_if_missing`` is False."""
+    if model in _INJECTED:
+        return _INJECTED[model]
+    param = next(model.parameters())
+    loaded = _LOADED.setdefault(model, {})
+    memo_key = (str(param.device), param.dtype, measure_kwargs.get("prefix", 128))
+    if memo_key in loaded:
+        return loaded[memo_key]
+    path = cost_curve_path(model, measure_kwargs.get("prefix", 128))
+    if path.exists():
+        try:
+            loaded[memo_key] = CostCurve.load(path)
+            return loaded[memo_key]
+        except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+            pass  # a damaged file is measured again
+    if not measure_if_missing:
+        return None
+    was_training = model.training
+    model.eval()
+    try:
+        curve = measure_cost_curve(model, **measure_kwargs)
+    finally:
+        model.train(was_training)
+    curve.save(path)
+    loaded[memo_key] = curve
+    return curve
