@@ -294,6 +294,9 @@ def tree_speculative_decoding(
             **prefill_kwargs,
         )
     lazy_head = NodeLogits.lazy_head(model, outputs)
+    # with the lazy head the verification forward computes no logits itself (an empty row index): the rows the
+    # acceptance walk reads come from `NodeLogits`, several per product
+    no_rows = torch.empty(0, dtype=torch.long, device=device)
     raw = outputs.logits[:, -1].float()
     scores = logits_processor(input_ids, raw)
     if do_sample:
@@ -325,7 +328,7 @@ def tree_speculative_decoding(
                 past_key_values=cache,
                 use_cache=True,
                 output_hidden_states=want_hidden or lazy_head is not None,
-                logits_to_keep=1 if lazy_head is not None else 0,
+                logits_to_keep=no_rows if lazy_head is not None else 0,
             )
         with _Timer(stats.timings, "engine", device):
             tokens = draft.tokens.to(device)  # the verified draft (a drafter may have pruned it)

@@ -84,7 +84,7 @@ def pruned_verify_forward(
     past_key_values,
     use_cache: bool = True,
     output_hidden_states: bool = False,
-    logits_to_keep: int = 0,
+    logits_to_keep: int | torch.Tensor = 0,
 ) -> tuple[CausalLMOutputWithPast, DraftTree]:
     """The base model's verification forward over ``draft`` with parallel tree pruning after layer l.
 
@@ -117,6 +117,7 @@ def pruned_verify_forward(
         inputs[:] = [h[:, index] for h in inputs]
         draft = draft.select(keep)
     hidden = decoder.norm(run(layers[split:], hidden, attention_mask, position_ids, (cos, sin)))
-    logits = ss.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+    keep_rows = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep  # as transformers does
+    logits = ss.lm_head(hidden[:, keep_rows])
     states = (*inputs, hidden) if output_hidden_states else None
     return CausalLMOutputWithPast(logits=logits, past_key_values=cache if use_cache else None, hidden_states=states), draft
