@@ -186,16 +186,21 @@ def measure_cost_curve(
     prefix: int = 128,
     repeats: int = 5,
     projection_rows: Sequence[int] = DEFAULT_PROJECTION_ROWS,
-    logits_to_keep: int = 0,
+    logits_to_keep: int | None = None,
     seed: int = 0,
 ) -> CostCurve:
-    """Time target forwards over n new tokens (causal block, LM head on all rows unless ``logits_to_keep``)
-    after a ``prefix``-token cache, and the LM head over a few rows; best of ``repeats`` each, all sizes
-    interleaved per round so that load changes on a shared machine hit every size alike. Ratios are over
-    the one-token step, fitted non-decreasing (a longer forward never costs less)."""
+    """Time target forwards over n new tokens after a ``prefix``-token cache, and the LM head over a few rows;
+    best of ``repeats`` each, all sizes interleaved per round so that load changes on a shared machine hit
+    every size alike. Ratios are over the one-token step (a plain decoding step: the LM head on its one row),
+    fitted non-decreasing (a longer forward never costs less).
+
+    ``logits_to_keep=None`` (default) times a tree step as the engine runs it: the forward computes no logits
+    and the LM head runs on the rows the acceptance walk reads first (`decoding.PREFETCH_ROWS`, one product);
+    an int times the forward with transformers' ``logits_to_keep`` instead (0: the head on every row)."""
     from transformers import DynamicCache
 
     from .cache import crop_to
+    from .decoding import PREFETCH_ROWS
     from .drafters.base import vocab_logits
     from .trees import additive_mask
 
@@ -212,13 +217,21 @@ def measure_cost_curve(
     rows = [int(r) for r in projection_rows] if head is not None else []
     states = torch.randn(max(rows, default=1), head.weight.shape[1], generator=gen).to(device) if rows else None
 
+    lm_head = model.get_output_embeddings()
+    no_rows = torch.empty(0, dtype=torch.long, device=device)
+
     def forward(n: int) -> float:
+        engine_step = logits_to_keep is None and n > 1
+        keep = (1 if n == 1 else no_rows) if logits_to_keep is None else logits_to_keep
         _sync(device)
         start = time.perf_counter()
-        model(
+        out = model(
             input_ids=ids[:, prefix : prefix + n], attention_mask=masks[n], past_key_values=cache, use_cache=True,
-            position_ids=torch.arange(prefix, prefix + n, device=device)[None], logits_to_keep=logits_to_keep,
+            position_ids=torch.arange(prefix, prefix + n, device=device)[None], logits_to_keep=keep,
+            output_hidden_states=engine_step,
         )  # fmt: skip
+        if engine_step:  # the engine's lazy LM head: the first rows the walk reads, in one product
+            vocab_logits(out.hidden_states[-1][0, : max(2, min(n, PREFETCH_ROWS))], lm_head.weight)
         _sync(device)
         seconds = time.perf_counter() - start
         crop_to(cache, prefix)
@@ -243,7 +256,7 @@ def measure_cost_curve(
     proj = _non_decreasing([best[("r", r)] / step for r in rows])
     meta = {
         "machine": machine_description(device), "dtype": str(dtype).replace("torch.", ""), "prefix": prefix,
-        "repeats": repeats, "logits_to_keep": logits_to_keep, "step_seconds": step,
+        "repeats": repeats, "logits_to_keep": "engine" if logits_to_keep is None else logits_to_keep, "step_seconds": step,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }  # fmt: skip
     return CostCurve(tuple(nodes), tuple(ratios), tuple(rows), tuple(proj), meta)
@@ -255,15 +268,19 @@ _INJECTED: "weakref.WeakKeyDictionary[torch.nn.Module, CostCurve]" = weakref.Wea
 _LOADED: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()  # per (device, dtype)
 
 
+#: bumped when what a curve measures changes, so that curves cached by older code are measured again
+CURVE_VERSION = "engine-step-2"
+
+
 def cost_curve_path(model, prefix: int = 128) -> Path:
     """``$HF_SPECULATIVE_CACHE/cost_curves/<key>.json``, the key naming the machine, dtype and model."""
-    from .training.trainer import _cache_root, _model_key
+    from .paths import cache_root, model_key
 
     param = next(model.parameters())
     with torch.no_grad():
-        parts = [machine_description(param.device), str(param.dtype), _model_key(model, prefix)]
+        parts = [machine_description(param.device), str(param.dtype), model_key(model, prefix), CURVE_VERSION]
     key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
-    return _cache_root() / "cost_curves" / f"{key}.json"
+    return cache_root() / "cost_curves" / f"{key}.json"
 
 
 def set_cost_curve(model, curve: CostCurve | None) -> None:

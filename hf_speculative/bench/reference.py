@@ -27,7 +27,9 @@ REFERENCE_ALIASES = ("reference", "smollm2", "smollm2-135m-instruct")
 
 def cache_dir() -> Path:
     """Root cache folder of hf_speculative (``$HF_SPECULATIVE_CACHE`` or ``~/.cache/hf_speculative``)."""
-    return Path(os.environ.get("HF_SPECULATIVE_CACHE", Path.home() / ".cache" / "hf_speculative")).expanduser()
+    from ..paths import cache_root
+
+    return cache_root()
 
 
 def reference_cache_path() -> Path:

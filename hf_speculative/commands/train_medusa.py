@@ -36,6 +36,10 @@ def add_parser(subparsers) -> None:
                    help="FR-Spec: draft on the K most frequent answer tokens of the training data (default: full vocabulary)")
     p.add_argument("--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training")
     p.add_argument("--curve-checkpoints", default=None, help="also save the heads at those points in this folder")
+    p.add_argument("--labelled", default=None, help="train on target-labelled shards (hf-speculative label) with the KD loss "
+                   "against the target's distribution instead of --data's text")  # fmt: skip
+    p.add_argument("--labelled-holdout", type=int, default=40, help="with --labelled: last N labelled conversations held "
+                   "out for calibration (accuracies against the target's greedy tokens)")  # fmt: skip
     m2 = p.add_argument_group("Medusa-2 (--medusa2: LoRA on the backbone + heads, trained jointly; a CHANGED model)")
     m2.add_argument("--medusa2", action="store_true", help="joint training (Medusa 2.2.2); --lr is then the LoRA learning rate")
     m2.add_argument("--init-heads", default=None, help="start from these trained Medusa-1 heads (heads warm-up)")
@@ -61,21 +65,12 @@ def run(args) -> int:
         return run_medusa2(args)
     args.batch_size = args.batch_size or 64
     setup_torch(args)
-    from ..training.trainer import extract_hidden_states
     from ..drafters.medusa.model_card import write_model_card
     from ..drafters.medusa.modeling_medusa import MedusaHeadsModel
     from ..drafters.medusa.training_medusa import train_medusa
     from ..drafters.medusa.tree_calibration import calibrate_tree, head_accuracies
 
-    model, tokenizer, records = load_model_and_records(args)
-    train_records, held_out = split_records(records, args.holdout, args.seed)
-    print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
-    t0 = time.perf_counter()
-    with main_process_first():  # several processes: the main one fills the hidden-state cache, the others read it
-        train_states = extract_hidden_states(model, tokenizer, train_records, max_length=args.max_length)
-        hold_states = extract_hidden_states(model, tokenizer, held_out, max_length=args.max_length) if held_out else None
-    print(f"hidden states: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
-
+    model, tokenizer, train_states, hold_states, counts = _training_states(args)
     heads = MedusaHeadsModel.from_base_model(
         model, num_heads=args.num_heads, num_layers=args.num_layers, share_lm_head=not args.own_lm_head, acceptance=args.acceptance
     )
@@ -89,6 +84,11 @@ def run(args) -> int:
             save_dir=args.curve_checkpoints, batch_size=args.batch_size,
         )  # fmt: skip
         callbacks.append(curve)
+    if args.draft_vocab_size and args.labelled:  # FR-Spec on the target's own greedy tokens; KD then trains in it
+        from ..drafters.draft_vocab import frequent_tokens
+
+        answer = train_states.labels != -100
+        heads.set_draft_vocab(frequent_tokens(train_states.topk_ids[answer, 0], args.draft_vocab_size, vocab_size=heads.config.vocab_size))
     t0 = time.perf_counter()
     trainer = train_medusa(
         heads,
@@ -102,7 +102,7 @@ def run(args) -> int:
         callbacks=callbacks,
     )
     train_s = time.perf_counter() - t0
-    if args.draft_vocab_size:  # FR-Spec: the most frequent answer tokens of the training data
+    if args.draft_vocab_size and not args.labelled:  # FR-Spec: the most frequent answer tokens of the training data
         from ..drafters.draft_vocab import frequent_tokens
 
         heads.set_draft_vocab(frequent_tokens(train_states.labels, args.draft_vocab_size, vocab_size=heads.config.vocab_size))
@@ -113,10 +113,9 @@ def run(args) -> int:
     elif hold_states is not None:
         heads.config.calibration = {"head_top_i_accuracy": [[round(a, 4) for a in r] for r in head_accuracies(heads, hold_states)]}
     heads.config.training = {
-        "method": "medusa-1 (frozen backbone)",
-        "data": str(args.data),
-        "conversations": len(train_records),
-        "held_out_conversations": len(held_out),
+        "method": "medusa-1 (frozen backbone)" + (", KD on target-labelled shards" if args.labelled else ""),
+        "data": str(args.labelled or args.data),
+        **counts,
         "train_answer_tokens": train_states.num_train_tokens,
         "epochs": args.epochs,
         "learning_rate": args.lr,
@@ -130,6 +129,37 @@ def run(args) -> int:
     }
     out = Path(args.out)
     return finish_folder(out, heads.save_pretrained, lambda o: write_model_card(heads, o), heads.config.training)
+
+
+def _training_states(args):
+    """(model, tokenizer, train states, held-out states, counts): cached hidden states of ``--data``'s
+    conversations, or with ``--labelled`` the target-labelled shards (teacher top-k for the KD loss; the held-out
+    conversations' labels become the target's greedy tokens, so calibrated accuracies are acceptance rates)."""
+    from ..training.trainer import extract_hidden_states
+
+    if args.labelled:
+        from ..bench.reference import resolve_model
+        from ..training.labelling import LabelledShards
+        from .common import parse_dtype
+
+        shards = LabelledShards(args.labelled)
+        train_idx, hold_idx = shards.split(args.labelled_holdout)
+        model, tokenizer = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)
+        train_states = shards.to_hidden_states(conversations=train_idx)
+        hold_states = shards.to_hidden_states(conversations=hold_idx).with_teacher_labels() if hold_idx else None
+        print(f"labelled shards: {len(train_idx)} conversations ({train_states.num_train_tokens} answer tokens) train, "
+              f"{len(hold_idx)} held out", file=sys.stderr)  # fmt: skip
+        counts = {"conversations": len(train_idx), "held_out_conversations": len(hold_idx), "labelled_tokens": int(train_states.input_ids.numel())}
+        return model, tokenizer, train_states, hold_states, counts
+    model, tokenizer, records = load_model_and_records(args)
+    train_records, held_out = split_records(records, args.holdout, args.seed)
+    print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
+    t0 = time.perf_counter()
+    with main_process_first():  # several processes: the main one fills the hidden-state cache, the others read it
+        train_states = extract_hidden_states(model, tokenizer, train_records, max_length=args.max_length)
+        hold_states = extract_hidden_states(model, tokenizer, held_out, max_length=args.max_length) if held_out else None
+    print(f"hidden states: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
+    return model, tokenizer, train_states, hold_states, {"conversations": len(train_records), "held_out_conversations": len(held_out)}
 
 
 def run_medusa2(args) -> int:

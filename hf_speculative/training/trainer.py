@@ -9,9 +9,9 @@ and the settings (one file per conversation), and every later epoch or run reads
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -19,13 +19,14 @@ from typing import Sequence
 import torch
 from transformers import Trainer
 
+from ..paths import cache_root, model_key
 from .data import Record, tokenize_conversation
 
 __all__ = ["HiddenStates", "extract_hidden_states", "hidden_state_cache_dir", "DrafterTrainer"]
 
 
-def _cache_root() -> Path:
-    return Path(os.environ.get("HF_SPECULATIVE_CACHE", Path.home() / ".cache" / "hf_speculative")).expanduser()
+_cache_root = cache_root  # the names the training modules import
+_model_key = model_key
 
 
 @dataclass
@@ -82,18 +83,24 @@ class HiddenStates:
     def has_teacher(self) -> bool:
         return self.topk_ids is not None and self.topk_logprobs is not None
 
+    def with_teacher_labels(self) -> "HiddenStates":
+        """The same states with each answer token's label replaced by the target's greedy choice for it (the
+        teacher's top-1 at the previous row): what greedy speculative decoding accepts against, so drafter
+        accuracies measured on these labels are acceptance rates."""
+        if not self.has_teacher:
+            raise ValueError("with_teacher_labels needs target-labelled states (topk_ids)")
+        labels = self.labels.clone()
+        top1 = self.topk_ids[:, 0].long()
+        starts = torch.zeros_like(labels, dtype=torch.bool)
+        starts[self.offsets[:-1].long()] = True
+        take = (labels != -100) & ~starts  # the first token of a sequence has no previous row
+        prev = torch.arange(labels.shape[0]) - 1
+        labels[take] = top1[prev[take]]
+        return dataclasses.replace(self, labels=labels)
+
     @property
     def num_train_tokens(self) -> int:
         return int((self.labels != -100).sum())
-
-
-def _model_key(model, max_length: int) -> str:
-    key = hashlib.sha256()
-    key.update(str(getattr(model.config, "_name_or_path", type(model).__name__)).encode())
-    key.update(json.dumps(model.config.to_diff_dict(), sort_keys=True, default=str).encode())
-    key.update(str(sum(float(p.float().abs().sum()) for p in list(model.parameters())[:3])).encode())
-    key.update(f"{max_length}|{model.dtype}".encode())
-    return key.hexdigest()[:16]
 
 
 def hidden_state_cache_dir(model, max_length: int) -> Path:

@@ -25,6 +25,8 @@ __all__ = [
     "medusa_labels",
     "MedusaPositionDataset",
     "MedusaCollator",
+    "teacher_rows",
+    "medusa_kd_head_losses",
     "MedusaTrainer",
     "train_medusa",
 ]
@@ -74,8 +76,23 @@ def medusa_labels(token_labels: torch.LongTensor, num_heads: int, offsets: torch
     return out
 
 
+def teacher_rows(offsets: torch.Tensor, positions: torch.Tensor, num_heads: int) -> torch.LongTensor:
+    """``(P, K)`` row of the target's stored next-token distribution that head k at ``positions`` distils from:
+    head k predicts the token at t + k + 2, which the target's distribution at row t + k + 1 predicts
+    (-1 where that row lies past the position's sequence)."""
+    seq_end = torch.empty(int(offsets[-1]), dtype=torch.long)
+    for s, e in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+        seq_end[s:e] = e
+    rows = positions[:, None] + torch.arange(1, num_heads + 1)[None]
+    return torch.where(rows < seq_end[positions][:, None], rows, torch.full_like(rows, -1))
+
+
 class MedusaPositionDataset(Dataset):
-    """One example per position with at least one head label: ``{"hidden_states": (H,), "labels": (K,)}``."""
+    """One example per position with at least one head label: ``{"hidden_states": (H,), "labels": (K,)}``.
+
+    With target-labelled states (``states.has_teacher``) each example also carries the target's distribution
+    for every head (Medusa-2's self-distillation, Sec. 2.3.2, applied to the heads):
+    ``teacher_ids`` / ``teacher_logprobs`` ``(K, k)`` and ``teacher_valid`` ``(K,)``."""
 
     def __init__(self, states, num_heads: int, max_positions: int | None = None, seed: int = 0):
         labels = medusa_labels(states.labels, num_heads, states.offsets)
@@ -85,37 +102,86 @@ class MedusaPositionDataset(Dataset):
             keep = keep[torch.randperm(keep.numel(), generator=g)[:max_positions]].sort().values
         self.hidden = states.hidden[keep]
         self.labels = labels[keep]
+        self.teacher = None
+        if getattr(states, "has_teacher", False):
+            rows = teacher_rows(states.offsets, keep, num_heads)
+            self.teacher = (states.topk_ids, states.topk_logprobs, rows)
 
     def __len__(self) -> int:
         return self.hidden.shape[0]
 
     def __getitem__(self, i: int) -> dict:
-        return {"hidden_states": self.hidden[i], "labels": self.labels[i]}
+        item = {"hidden_states": self.hidden[i], "labels": self.labels[i]}
+        if self.teacher is not None:
+            ids, logprobs, rows = self.teacher
+            r = rows[i]
+            valid = r >= 0
+            r = r.clamp_min(0)
+            item.update(teacher_ids=ids[r].long(), teacher_logprobs=logprobs[r].float(), teacher_valid=valid)
+        return item
 
 
 @dataclass
 class MedusaCollator:
-    """Stacks positions into ``hidden_states (B, H)`` (float32, from the fp16 cache) and ``labels (B, K)``."""
+    """Stacks positions into ``hidden_states (B, H)`` (float32, from the fp16 cache) and ``labels (B, K)`` (and the
+    teacher's ``(B, K, k)`` top-k when the examples carry it)."""
 
     dtype: torch.dtype = torch.float32
 
     def __call__(self, features: Sequence[dict]) -> dict:
-        return {
+        batch = {
             "hidden_states": torch.stack([f["hidden_states"] for f in features]).to(self.dtype),
             "labels": torch.stack([f["labels"] for f in features]),
         }
+        if "teacher_ids" in features[0]:
+            for key in ("teacher_ids", "teacher_logprobs", "teacher_valid"):
+                batch[key] = torch.stack([f[key] for f in features])
+        return batch
+
+
+def medusa_kd_head_losses(heads, hidden_states, teacher_ids, teacher_logprobs, teacher_valid) -> torch.Tensor:
+    """Per-head KD loss ``(K,)``: ``KL(p_target || q_head)`` against the target's stored top-k (`kd_loss`). Heads with a
+    draft vocabulary (FR-Spec) train on its logits only: teacher mass outside it is dropped."""
+    from ...training.losses import kd_loss
+    from ..draft_vocab import draft_vocab_weight
+
+    states = heads.head_states(hidden_states)  # (B, K, H)
+    d2t = getattr(heads, "draft_to_target", None)
+    vocab_index = None
+    if d2t is not None:
+        vocab_index = torch.full((heads.config.vocab_size,), -1, dtype=torch.long, device=d2t.device)
+        vocab_index[d2t] = torch.arange(d2t.numel(), device=d2t.device)
+    losses = []
+    for k in range(states.shape[-2]):
+        if heads.config.share_lm_head:  # the frozen base lm_head: its rows of the draft vocabulary sliced once
+            weight = heads.base_lm_head.weight.detach()
+            weight = draft_vocab_weight(weight, d2t) if d2t is not None else weight
+        else:  # each head's own trainable W2
+            weight = heads.heads[k].lm_head.weight
+            weight = weight[d2t] if d2t is not None else weight
+        logits = F.linear(states[:, k], weight)
+        losses.append(kd_loss(logits, teacher_ids[:, k], teacher_logprobs[:, k], teacher_valid[:, k], vocab_index))
+    return torch.stack(losses)
 
 
 class MedusaTrainer(DrafterTrainer):
-    """Medusa-1: only the heads train (the base ``lm_head`` they share is frozen and not a parameter)."""
+    """Medusa-1: only the heads train (the base ``lm_head`` they share is frozen and not a parameter). The loss is
+    ``sum_k decay**k * L_k`` with L_k the cross entropy against the text, or, on target-labelled data, the KD
+    loss against the target's distribution."""
 
     def __init__(self, *args, decay: float = MEDUSA_DECAY, **kwargs):
         super().__init__(*args, **kwargs)
         self.decay = decay
 
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
-        outputs = model(hidden_states=inputs["hidden_states"])
-        per_head = medusa_head_losses(outputs.logits, inputs["labels"])
+        if "teacher_ids" in inputs:  # distil the target's own distribution (target-labelled data)
+            per_head = medusa_kd_head_losses(
+                model, inputs["hidden_states"], inputs["teacher_ids"], inputs["teacher_logprobs"], inputs["teacher_valid"]
+            )
+            outputs = None
+        else:
+            outputs = model(hidden_states=inputs["hidden_states"])
+            per_head = medusa_head_losses(outputs.logits, inputs["labels"])
         weights = self.decay ** torch.arange(per_head.shape[0], dtype=per_head.dtype, device=per_head.device)
         loss = (weights * per_head).sum()
         self.record_parts({f"loss_head{k}": v.detach() for k, v in enumerate(per_head)})

@@ -1,0 +1,31 @@
+"""Where hf_speculative caches what is expensive to compute, and the key naming the model it was computed from.
+
+Everything lives under ``$HF_SPECULATIVE_CACHE`` (default ``~/.cache/hf_speculative``): the converted reference
+model, cached hidden states, target-labelled shards, measured cost curves. No heavy imports: the inference path
+(cost-aware trees) and the training path both use it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+__all__ = ["cache_root", "model_key"]
+
+
+def cache_root() -> Path:
+    """``$HF_SPECULATIVE_CACHE`` or ``~/.cache/hf_speculative``."""
+    return Path(os.environ.get("HF_SPECULATIVE_CACHE", Path.home() / ".cache" / "hf_speculative")).expanduser()
+
+
+def model_key(model, max_length: int) -> str:
+    """A short hash naming a model (its config, a checksum of its first weights, the dtype) and a length setting:
+    the key of every cache computed from the model (hidden states, labelled shards, cost curves)."""
+    key = hashlib.sha256()
+    key.update(str(getattr(model.config, "_name_or_path", type(model).__name__)).encode())
+    key.update(json.dumps(model.config.to_diff_dict(), sort_keys=True, default=str).encode())
+    key.update(str(sum(float(p.float().abs().sum()) for p in list(model.parameters())[:3])).encode())
+    key.update(f"{max_length}|{model.dtype}".encode())
+    return key.hexdigest()[:16]
