@@ -79,11 +79,21 @@ def test_cli_train_medusa_labelled(tmp_path, capsys):
     model.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
     label_conversations(model, tok, _records(10), tmp_path / "shards", top_k=4, progress=False)
-    argv = ["train", "medusa", "--model", str(tmp_path / "m"), "--labelled", str(tmp_path / "shards"), "--labelled-holdout", "3",
+    label_conversations(model, tok, _records(5), tmp_path / "shards2", top_k=4, progress=False)  # a second folder mixed in
+    argv = ["train", "medusa", "--model", str(tmp_path / "m"), "--labelled", str(tmp_path / "shards"), "--labelled", str(tmp_path / "shards2"), "--labelled-holdout", "3",
             "--out", str(tmp_path / "heads"), "--num-heads", "2", "--epochs", "1", "--batch-size", "8", "--calibrate-nodes", "4",
             "--draft-vocab-size", "16", "--threads", "1", "--device", "cpu"]  # fmt: skip
     assert main(argv) == 0
     heads = MedusaHeadsModel.from_pretrained(tmp_path / "heads")
-    assert heads.config.draft_vocab_size == 16 and heads.config.training["conversations"] == 7
+    assert heads.config.draft_vocab_size == 16 and heads.config.training["conversations"] == 7 + 2
     assert "KD" in heads.config.training["method"] and heads.config.calibration["head_top_i_accuracy"]
+    assert heads.config.training["held_out_conversations"] == 3 + 3
     json.dumps(heads.config.training)
+
+
+def test_concat_hidden_states():
+    a = HiddenStates(torch.ones(3, 2), torch.arange(3), torch.arange(3), torch.tensor([0, 1, 3]), ["a", "b"], torch.zeros(3, 1), torch.zeros(3, 1))
+    b = HiddenStates(torch.zeros(2, 2), torch.arange(2), torch.arange(2), torch.tensor([0, 2]), ["c"], torch.ones(2, 1), torch.ones(2, 1))
+    c = HiddenStates.concat([a, b])
+    assert c.offsets.tolist() == [0, 1, 3, 5] and c.ids == ["a", "b", "c"] and c.topk_ids[:, 0].tolist() == [0, 0, 0, 1, 1]
+    assert c.select([2]).hidden.tolist() == [[0, 0], [0, 0]]

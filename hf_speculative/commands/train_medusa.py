@@ -36,10 +36,11 @@ def add_parser(subparsers) -> None:
                    help="FR-Spec: draft on the K most frequent answer tokens of the training data (default: full vocabulary)")
     p.add_argument("--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training")
     p.add_argument("--curve-checkpoints", default=None, help="also save the heads at those points in this folder")
-    p.add_argument("--labelled", default=None, help="train on target-labelled shards (hf-speculative label) with the KD loss "
-                   "against the target's distribution instead of --data's text")  # fmt: skip
-    p.add_argument("--labelled-holdout", type=int, default=40, help="with --labelled: last N labelled conversations held "
-                   "out for calibration (accuracies against the target's greedy tokens)")  # fmt: skip
+    p.add_argument("--labelled", action="append", default=None, help="train on target-labelled shards (hf-speculative "
+                   "label) with the KD loss against the target's distribution instead of --data's text; repeat to mix folders "
+                   "(e.g. ShareGPT and the target's own self-distilled answers)")  # fmt: skip
+    p.add_argument("--labelled-holdout", type=int, default=40, help="with --labelled: the last N labelled conversations of "
+                   "each folder are held out for calibration (accuracies against the target's greedy tokens)")  # fmt: skip
     m2 = p.add_argument_group("Medusa-2 (--medusa2: LoRA on the backbone + heads, trained jointly; a CHANGED model)")
     m2.add_argument("--medusa2", action="store_true", help="joint training (Medusa 2.2.2); --lr is then the LoRA learning rate")
     m2.add_argument("--init-heads", default=None, help="start from these trained Medusa-1 heads (heads warm-up)")
@@ -114,7 +115,7 @@ def run(args) -> int:
         heads.config.calibration = {"head_top_i_accuracy": [[round(a, 4) for a in r] for r in head_accuracies(heads, hold_states)]}
     heads.config.training = {
         "method": "medusa-1 (frozen backbone)" + (", KD on target-labelled shards" if args.labelled else ""),
-        "data": str(args.labelled or args.data),
+        "data": ", ".join(args.labelled) if args.labelled else str(args.data),
         **counts,
         "train_answer_tokens": train_states.num_train_tokens,
         "epochs": args.epochs,
@@ -140,16 +141,23 @@ def _training_states(args):
     if args.labelled:
         from ..bench.reference import resolve_model
         from ..training.labelling import LabelledShards
+        from ..training.trainer import HiddenStates
         from .common import parse_dtype
 
-        shards = LabelledShards(args.labelled)
-        train_idx, hold_idx = shards.split(args.labelled_holdout)
         model, tokenizer = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)
-        train_states = shards.to_hidden_states(conversations=train_idx)
-        hold_states = shards.to_hidden_states(conversations=hold_idx).with_teacher_labels() if hold_idx else None
-        print(f"labelled shards: {len(train_idx)} conversations ({train_states.num_train_tokens} answer tokens) train, "
-              f"{len(hold_idx)} held out", file=sys.stderr)  # fmt: skip
-        counts = {"conversations": len(train_idx), "held_out_conversations": len(hold_idx), "labelled_tokens": int(train_states.input_ids.numel())}
+        train_parts, hold_parts = [], []
+        for folder in args.labelled:
+            shards = LabelledShards(folder)
+            train_idx, hold_idx = shards.split(args.labelled_holdout)
+            train_parts.append(shards.to_hidden_states(conversations=train_idx))
+            if hold_idx:
+                hold_parts.append(shards.to_hidden_states(conversations=hold_idx).with_teacher_labels())
+        train_states = HiddenStates.concat(train_parts)
+        hold_states = HiddenStates.concat(hold_parts) if hold_parts else None
+        n_hold = len(hold_states) if hold_states is not None else 0
+        print(f"labelled shards: {len(train_states)} conversations ({train_states.num_train_tokens} answer tokens) train, "
+              f"{n_hold} held out", file=sys.stderr)  # fmt: skip
+        counts = {"conversations": len(train_states), "held_out_conversations": n_hold, "labelled_tokens": int(train_states.input_ids.numel())}
         return model, tokenizer, train_states, hold_states, counts
     model, tokenizer, records = load_model_and_records(args)
     train_records, held_out = split_records(records, args.holdout, args.seed)

@@ -79,6 +79,29 @@ class HiddenStates:
             None if self.layers is None else {k: take(v) for k, v in self.layers.items()},
         )
 
+    @classmethod
+    def concat(cls, parts: Sequence["HiddenStates"]) -> "HiddenStates":
+        """One `HiddenStates` holding the sequences of ``parts`` in order (teacher and extra layers only when every
+        part has them)."""
+        if len(parts) == 1:
+            return parts[0]
+        offsets = [0]
+        for part in parts:
+            offsets.extend((offsets[-1] + part.offsets[1:]).tolist())
+
+        def cat(name):
+            values = [getattr(p, name) for p in parts]
+            return None if any(v is None for v in values) else torch.cat(values)
+
+        layers = None
+        if all(p.layers for p in parts):
+            common = set.intersection(*(set(p.layers) for p in parts))
+            layers = {k: torch.cat([p.layers[k] for p in parts]) for k in sorted(common)}
+        return cls(
+            cat("hidden"), cat("input_ids"), cat("labels"), torch.tensor(offsets), [i for p in parts for i in p.ids],
+            cat("topk_ids"), cat("topk_logprobs"), layers,
+        )  # fmt: skip
+
     @property
     def has_teacher(self) -> bool:
         return self.topk_ids is not None and self.topk_logprobs is not None
