@@ -54,13 +54,15 @@ def keep_path(cache: Cache, past_length: int, keep: Sequence[int], num_layers: i
             idx = on_device[device]
             layer.keys[..., past_length:new_length, :] = layer.keys.index_select(-2, idx)
             layer.values[..., past_length:new_length, :] = layer.values.index_select(-2, idx)
-        layer.keys = layer.keys[..., :new_length, :]
-        layer.values = layer.values[..., :new_length, :]
+        excess = layer.keys.shape[-2] - new_length
+        if excess > 0:
+            layer.crop(-excess)
 
 
 def crop_to(cache: Cache, length: int) -> None:
-    """Crop every layer to ``length`` cached positions."""
+    """Crop every layer to ``length`` cached positions (transformers' ``crop``, which takes the count to remove)."""
     for layer in cache.layers:
-        if layer.is_initialized and layer.keys.shape[-2] > length:
-            layer.keys = layer.keys[..., :length, :]
-            layer.values = layer.values[..., :length, :]
+        if layer.is_initialized:
+            excess = layer.get_seq_length() - length
+            if excess > 0:
+                layer.crop(-excess)
