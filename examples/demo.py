@@ -1,16 +1,17 @@
 """Demo: SmolLM2-135M-Instruct answers chat prompts with and without tree speculative decoding.
 
-    python examples/demo.py [--prompts mt_bench] [--limit 6] [--max-new-tokens 128] [--threads 2] [--drafter NAME|FOLDER]
+    python examples/demo.py [--prompts mt_bench] [--limit 6] [--max-new-tokens 128] [--threads 2] [--drafter NAME|FOLDER,...]
 
-For each prompt the demo runs plain greedy `generate()` and `generate(assistant_model=drafter)` in this process
+For each prompt the demo runs plain greedy `generate()` and `generate(assistant_model=drafter)` for each drafter in this process
 and prints each result as soon as it is measured: tokens/s of both, tau (tokens committed per target forward),
 the speedup, and whether the two outputs are identical (they must be: greedy tree decoding is lossless). It ends
 with one verdict line. Timings are wall-clock: run it on an otherwise idle machine.
 
 ``--prompts``: a built-in prompt set (``mt_bench``, the default; ``heldout``, ``alpaca``, ... see
 ``hf_speculative/bench/data/README.md``) or a prompt file; ``--limit`` prompts are taken evenly across it.
-``--drafter``: ``prompt-lookup`` (the model-free n-gram tree drafter), ``medusa`` (the trained reference Medusa
-heads committed in `model_cards/`), or a drafter folder (any hf_speculative drafter or small causal LM).
+``--drafter``: a comma list of ``prompt-lookup`` (the model-free n-gram tree drafter), ``medusa`` (the trained
+reference Medusa heads committed in `model_cards/`) or drafter folders (any hf_speculative drafter or small causal
+LM); the default shows the fastest model-free and the fastest trained drafter side by side.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ from hf_speculative.hub import resolve_name_or_path  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 HEADS = ROOT / "model_cards" / "medusa-smollm2-135m-instruct"
 
-#: The demo's drafter, when --drafter is not given. "prompt-lookup" | "medusa" | a drafter folder.
-DEFAULT_DRAFTER = "prompt-lookup"
+#: The demo's drafters, when --drafter is not given: a comma list of "prompt-lookup" | "medusa" | a drafter folder.
+#: The defaults are the fastest model-free drafter and the fastest trained one on this CPU (README, Benchmark).
+DEFAULT_DRAFTER = "prompt-lookup,medusa"
 
 
 def load_drafter(name: str, model):
@@ -46,7 +48,8 @@ def load_drafter(name: str, model):
         return hfs.PromptLookupDrafter(), "n-gram tree drafter (prompt lookup: no draft model, 16-node budget)"
     if name == "medusa":
         heads = hfs.MedusaHeadsModel.from_pretrained(HEADS, base_model=model)
-        return heads, f"Medusa heads from {HEADS.relative_to(ROOT)} ({heads.config.num_heads} heads, {heads.tree.num_nodes}-node tree)"
+        vocab = f", {heads.config.draft_vocab_size}-token draft vocabulary" if heads.config.draft_vocab_size else ""
+        return heads, f"Medusa heads from {HEADS.relative_to(ROOT)} ({heads.config.num_heads} heads{vocab}, cost-aware tree)"
     from hf_speculative.bench.harness import load_drafter as load_drafter_folder
 
     drafter = load_drafter_folder(name, model)
@@ -79,27 +82,30 @@ def main() -> None:
 
     # a wrong prompt set or drafter folder fails here, before the model loads
     records = spread(load_prompts(args.prompts), args.limit)
-    if args.drafter not in ("prompt-lookup", "medusa"):
-        args.drafter = resolve_name_or_path(args.drafter, what="drafter")
+    names = [n.strip() for n in args.drafter.split(",") if n.strip()]
+    names = [n if n in ("prompt-lookup", "medusa") else resolve_name_or_path(n, what="drafter") for n in names]
     first = not (reference_cache_path() / "model.safetensors").is_file()
     say("loading SmolLM2-135M-Instruct" + (" (first run: converting the GGUF file once, about a minute)" if first else "") + " ...")
     model, tokenizer = load_reference_model()
     hfs.enable(model)
-    drafter, what = load_drafter(args.drafter, model)
+    drafters = {name: load_drafter(name, model) for name in names}
     prompts = prepare_prompts(records, tokenizer)
 
     say(f"target:  SmolLM2-135M-Instruct, fp32, CPU, {torch.get_num_threads()} threads")
-    say(f"drafter: {what}")
+    for name, (_, what) in drafters.items():
+        say(f"drafter: {name}: {what}")
     say(f"prompts: {len(prompts)} of {describe_prompts(args.prompts)}, {args.max_new_tokens} new tokens each, greedy")
     say("(wall-clock timings: other work on these cores changes them)\n")
     common = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
     warm = prompts[0].input_ids
     transformers.GenerationMixin.generate(model, warm, max_new_tokens=8, do_sample=False)
-    model.generate(warm, assistant_model=drafter, max_new_tokens=8, do_sample=False)
+    for drafter, _ in drafters.values():
+        model.generate(warm, assistant_model=drafter, max_new_tokens=8, do_sample=False)
 
-    tokens = forwards = 0
-    t_plain_total = t_spec_total = 0.0
-    identical = 0
+    tokens = 0
+    t_plain_total = 0.0
+    totals = {name: {"seconds": 0.0, "forwards": 0, "identical": 0} for name in drafters}
+    width = max(len(n) for n in drafters)
     for i, prompt in enumerate(prompts):
         ids = prompt.input_ids
         say(f"[{i + 1}/{len(prompts)}] {prompt.category}: {prompt.record.prompt[:90]!r}")
@@ -107,31 +113,32 @@ def main() -> None:
         plain = transformers.GenerationMixin.generate(model, ids, **common)
         t_plain = time.perf_counter() - start
         new = plain.shape[1] - ids.shape[1]
-        say(f"    plain        {new / t_plain:6.1f} tok/s  ({new} tokens in {t_plain:.1f} s)")
-        start = time.perf_counter()
-        out = model.generate(ids, assistant_model=drafter, return_dict_in_generate=True, **common)
-        t_spec = time.perf_counter() - start
-        same = torch.equal(plain, out.sequences)
-        stats = out.speculative_stats
-        say(f"    speculative  {new / t_spec:6.1f} tok/s  tau {stats.mean_accepted_length:.2f}  speedup {t_plain / t_spec:.2f}x  "
-            f"lossless: {'yes, identical output' if same else 'NO, OUTPUT DIFFERS'}")  # fmt: skip
+        say(f"    {'plain':{width}s}  {new / t_plain:6.1f} tok/s  ({new} tokens in {t_plain:.1f} s)")
+        for name, (drafter, _) in drafters.items():
+            start = time.perf_counter()
+            out = model.generate(ids, assistant_model=drafter, return_dict_in_generate=True, **common)
+            t_spec = time.perf_counter() - start
+            same = torch.equal(plain, out.sequences)
+            stats = out.speculative_stats
+            say(f"    {name:{width}s}  {new / t_spec:6.1f} tok/s  tau {stats.mean_accepted_length:.2f}  speedup {t_plain / t_spec:.2f}x  "
+                f"lossless: {'yes, identical output' if same else 'NO, OUTPUT DIFFERS'}")  # fmt: skip
+            totals[name]["seconds"] += t_spec
+            totals[name]["forwards"] += len(stats.accepted_lengths)
+            totals[name]["identical"] += same
         if i < args.show:
-            answer = tokenizer.decode(out.sequences[0, ids.shape[1]:], skip_special_tokens=True)
+            answer = tokenizer.decode(plain[0, ids.shape[1]:], skip_special_tokens=True)
             say("    answer: " + answer.replace("\n", "\n            ")[:600])
         tokens += new
-        forwards += len(stats.accepted_lengths)
         t_plain_total += t_plain
-        t_spec_total += t_spec
-        identical += same
 
     n = len(prompts)
-    speedup = t_plain_total / t_spec_total
-    say(f"\nall {n} prompts: plain {tokens / t_plain_total:.1f} tok/s, speculative {tokens / t_spec_total:.1f} tok/s, "
-        f"tau {tokens / forwards:.2f}, speedup {speedup:.2f}x, identical outputs {identical}/{n} "
-        f"(demo took {time.perf_counter() - t_start:.0f} s)")  # fmt: skip
-    pace = "faster than" if speedup >= 1.02 else "slower than" if speedup <= 0.98 else "as fast as"
-    lossless = f"with identical output on all {n} prompts" if identical == n else f"BUT {n - identical} of {n} outputs differ (a bug)"
-    say(f"verdict: tree speculative decoding ({args.drafter}) was {speedup:.2f}x plain decoding ({pace} it), {lossless}.")
+    say(f"\nall {n} prompts, {tokens} new tokens (demo took {time.perf_counter() - t_start:.0f} s): plain {tokens / t_plain_total:.1f} tok/s")
+    for name, t in totals.items():
+        speedup = t_plain_total / t["seconds"]
+        pace = "faster than" if speedup >= 1.02 else "slower than" if speedup <= 0.98 else "as fast as"
+        lossless = f"identical output on all {n} prompts" if t["identical"] == n else f"BUT {n - t['identical']} of {n} outputs differ (a bug)"
+        say(f"verdict: {name}: {tokens / t['seconds']:.1f} tok/s, tau {tokens / t['forwards']:.2f}, {speedup:.2f}x plain decoding "
+            f"({pace} it), {lossless}.")  # fmt: skip
 
 
 if __name__ == "__main__":
