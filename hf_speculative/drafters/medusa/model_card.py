@@ -72,7 +72,8 @@ def _training_text(cfg) -> str:
     if not t:
         return "Not recorded."
     lines = [
-        f"- method: {t.get('method')}, loss `sum_k 0.8^k CE(head_k(h_t), x_(t+k+2))`",
+        f"- method: {t.get('method')}, loss "
+        + ("`sum_k 0.8^k KL(p_target(. | x_<=t+k+1) || head_k(h_t))` (the target's stored top-k)" if "KD" in str(t.get("method")) else "`sum_k 0.8^k CE(head_k(h_t), x_(t+k+2))`"),
         f"- data: `{t.get('data')}` ({t.get('conversations')} conversations, {t.get('train_answer_tokens')} answer tokens; "
         f"{t.get('held_out_conversations')} held out for tree calibration)",
         f"- {t.get('epochs')} epochs, learning rate {t.get('learning_rate')}, batch {t.get('batch_size')} positions, "
