@@ -166,3 +166,37 @@ def _barrier() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def add_calibrated_training_args(p, calibrate_nodes: int, saved: str) -> None:
+    """The arguments every drafter with a calibrated tree trains with (``saved``: what ``--curve-checkpoints``
+    saves, e.g. "heads")."""
+    p.add_argument("--max-length", type=int, default=1024, help="tokens per conversation")
+    p.add_argument("--limit", type=int, default=None, help="use the first N conversations")
+    p.add_argument("--holdout", type=float, default=0.1, help="share of conversations held out for tree calibration")
+    p.add_argument("--calibrate-nodes", type=int, default=calibrate_nodes, help="node budget of the calibrated tree (0: keep the default)")
+    p.add_argument("--acceptance", default="exact", choices=["exact", "typical"])
+    p.add_argument("--draft-vocab-size", type=int, default=None,
+                   help="FR-Spec: draft on the K most frequent answer tokens of the training data (default: full vocabulary)")  # fmt: skip
+    p.add_argument("--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training")
+    p.add_argument("--curve-checkpoints", default=None, help=f"also save the {saved} at those points in this folder")
+
+
+def draft_vocab_and_calibration(drafter, vocab_source, hold_states, args, calibrate, accuracies, key: str) -> None:
+    """After training: the FR-Spec draft vocabulary from ``vocab_source`` (answer-token ids; None: keep what the
+    drafter has) when ``--draft-vocab-size`` is set, then the calibrated tree from the held-out states
+    (``calibrate(drafter, states, num_nodes=...)``), or only the held-out top-i accuracies under ``key`` when
+    ``--calibrate-nodes 0``."""
+    if args.draft_vocab_size and vocab_source is not None:
+        from ..drafters.draft_vocab import frequent_tokens
+
+        drafter.set_draft_vocab(frequent_tokens(vocab_source, args.draft_vocab_size, vocab_size=drafter.config.vocab_size))
+    if hold_states is None:
+        return
+    if args.calibrate_nodes:
+        tree = calibrate(drafter, hold_states, num_nodes=args.calibrate_nodes)
+        print(f"calibrated tree: {tree.num_nodes} nodes, depth {tree.depth}; "
+              f"expected tau {drafter.config.calibration['expected_acceptance_length']}", file=sys.stderr)  # fmt: skip
+    else:
+        drafter.config.calibration = {key: [[round(a, 4) for a in r] for r in accuracies(drafter, hold_states)]}
+

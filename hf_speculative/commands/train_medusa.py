@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import add_model_args, command_line, finish_folder, load_model_and_records, main_process_first, num_processes, record_reference_base, setup_torch, split_records
+from .common import add_calibrated_training_args, add_model_args, command_line, draft_vocab_and_calibration, finish_folder, load_model_and_records, main_process_first, num_processes, record_reference_base, setup_torch, split_records
 
 
 def add_parser(subparsers) -> None:
@@ -26,16 +26,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--epochs", type=float, default=2.0)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch-size", type=int, default=None, help="positions per step (default 64); with --medusa2 conversations per step (default 1)")
-    p.add_argument("--max-length", type=int, default=1024, help="tokens per conversation")
     p.add_argument("--max-train-tokens", type=int, default=None, help="train on at most this many positions")
-    p.add_argument("--limit", type=int, default=None, help="use the first N conversations")
-    p.add_argument("--holdout", type=float, default=0.1, help="share of conversations held out for tree calibration")
-    p.add_argument("--calibrate-nodes", type=int, default=32, help="node budget of the calibrated tree (0: keep the default)")
-    p.add_argument("--acceptance", default="exact", choices=["exact", "typical"])
-    p.add_argument("--draft-vocab-size", type=int, default=None,
-                   help="FR-Spec: draft on the K most frequent answer tokens of the training data (default: full vocabulary)")
-    p.add_argument("--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training")
-    p.add_argument("--curve-checkpoints", default=None, help="also save the heads at those points in this folder")
+    add_calibrated_training_args(p, calibrate_nodes=32, saved="heads")
     p.add_argument("--labelled", action="append", default=None, help="train on target-labelled shards (hf-speculative "
                    "label) with the KD loss against the target's distribution instead of --data's text; repeat to mix folders "
                    "(e.g. ShareGPT and the target's own self-distilled answers)")  # fmt: skip
@@ -103,16 +95,9 @@ def run(args) -> int:
         callbacks=callbacks,
     )
     train_s = time.perf_counter() - t0
-    if args.draft_vocab_size and not args.labelled:  # FR-Spec: the most frequent answer tokens of the training data
-        from ..drafters.draft_vocab import frequent_tokens
-
-        heads.set_draft_vocab(frequent_tokens(train_states.labels, args.draft_vocab_size, vocab_size=heads.config.vocab_size))
-    if hold_states is not None and args.calibrate_nodes:
-        tree = calibrate_tree(heads, hold_states, num_nodes=args.calibrate_nodes)
-        print(f"calibrated tree: {tree.num_nodes} nodes, depth {tree.depth}; "
-              f"expected tau {heads.config.calibration['expected_acceptance_length']}", file=sys.stderr)  # fmt: skip
-    elif hold_states is not None:
-        heads.config.calibration = {"head_top_i_accuracy": [[round(a, 4) for a in r] for r in head_accuracies(heads, hold_states)]}
+    # FR-Spec on the most frequent answer tokens (with --labelled it was set before training, so KD ran in it)
+    vocab_source = None if args.labelled else train_states.labels
+    draft_vocab_and_calibration(heads, vocab_source, hold_states, args, calibrate_tree, head_accuracies, "head_top_i_accuracy")
     heads.config.training = {
         "method": "medusa-1 (frozen backbone)" + (", KD on target-labelled shards" if args.labelled else ""),
         "data": ", ".join(args.labelled) if args.labelled else str(args.data),

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import add_model_args, command_line, finish_folder, load_model_and_records, main_process_first, num_processes, record_reference_base, setup_torch, split_records
+from .common import add_calibrated_training_args, add_model_args, command_line, draft_vocab_and_calibration, finish_folder, load_model_and_records, main_process_first, num_processes, record_reference_base, setup_torch, split_records
 
 
 def add_parser(subparsers) -> None:
@@ -31,15 +31,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=4, help="sequences per step")
     p.add_argument("--groups-per-sequence", type=int, default=64, help="parallel groups (anchors) drawn per sequence per step")
     p.add_argument("--distill-weight", type=float, default=0.0, help="a in (1-a) CE + a KL(p_target || q)")
-    p.add_argument("--max-length", type=int, default=1024, help="tokens per conversation")
-    p.add_argument("--limit", type=int, default=None, help="use the first N conversations")
-    p.add_argument("--holdout", type=float, default=0.1, help="share of conversations held out for tree calibration")
-    p.add_argument("--calibrate-nodes", type=int, default=12, help="node budget of the calibrated tree (0: keep the default)")
-    p.add_argument("--acceptance", default="exact", choices=["exact", "typical"])
-    p.add_argument("--draft-vocab-size", type=int, default=None,
-                   help="FR-Spec: draft on the K most frequent answer tokens of the training data (default: full vocabulary)")
-    p.add_argument("--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training")
-    p.add_argument("--curve-checkpoints", default=None, help="also save the drafter at those points in this folder")
+    add_calibrated_training_args(p, calibrate_nodes=12, saved="drafter")
     p.add_argument("--save-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.set_defaults(func=run)
 
@@ -81,16 +73,7 @@ def run(args) -> int:
         time_budget=args.time_budget,
     )  # fmt: skip
     train_s = time.perf_counter() - t0
-    if args.draft_vocab_size:  # FR-Spec: the most frequent answer tokens of the training data
-        from ..drafters.draft_vocab import frequent_tokens
-
-        drafter.set_draft_vocab(frequent_tokens(train_states.labels, args.draft_vocab_size, vocab_size=drafter.config.vocab_size))
-    if hold_states is not None and args.calibrate_nodes:
-        tree = calibrate_tree(drafter, hold_states, num_nodes=args.calibrate_nodes)
-        print(f"calibrated tree: {tree.num_nodes} nodes, depth {tree.depth}; "
-              f"expected tau {drafter.config.calibration['expected_acceptance_length']}", file=sys.stderr)  # fmt: skip
-    elif hold_states is not None:
-        drafter.config.calibration = {"depth_top_i_accuracy": [[round(a, 4) for a in r] for r in depth_accuracies(drafter, hold_states)]}
+    draft_vocab_and_calibration(drafter, train_states.labels, hold_states, args, calibrate_tree, depth_accuracies, "depth_top_i_accuracy")
     history = [h for h in trainer.state.log_history if "loss" in h]
     drafter.config.training = {
         "method": "ParallelSpec group-wise parallel training (frozen target, shared embeddings and lm_head)",
