@@ -12,6 +12,7 @@ import random
 import shlex
 import shutil
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -199,4 +200,19 @@ def draft_vocab_and_calibration(drafter, vocab_source, hold_states, args, calibr
               f"expected tau {drafter.config.calibration['expected_acceptance_length']}", file=sys.stderr)  # fmt: skip
     else:
         drafter.config.calibration = {key: [[round(a, 4) for a in r] for r in accuracies(drafter, hold_states)]}
+
+
+def split_hidden_states(model, tokenizer, records, args):
+    """Split ``records`` into train / held-out conversations (``--holdout``, ``--seed``) and return their cached
+    final hidden states ``(train, held_out or None, counts)``; with several processes the main one fills the cache."""
+    from ..training.trainer import extract_hidden_states
+
+    train_records, held_out = split_records(records, args.holdout, args.seed)
+    print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
+    t0 = time.perf_counter()
+    with main_process_first():  # several processes: the main one fills the hidden-state cache, the others read it
+        train_states = extract_hidden_states(model, tokenizer, train_records, max_length=args.max_length)
+        hold_states = extract_hidden_states(model, tokenizer, held_out, max_length=args.max_length) if held_out else None
+    print(f"hidden states: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
+    return train_states, hold_states, {"conversations": len(train_records), "held_out_conversations": len(held_out)}
 

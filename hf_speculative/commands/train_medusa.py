@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import add_calibrated_training_args, add_model_args, command_line, draft_vocab_and_calibration, finish_folder, load_model_and_records, main_process_first, num_processes, record_reference_base, setup_torch, split_records
+from .common import add_calibrated_training_args, add_model_args, command_line, draft_vocab_and_calibration, finish_folder, load_model_and_records, num_processes, record_reference_base, setup_torch, split_hidden_states, split_records
 
 
 def add_parser(subparsers) -> None:
@@ -121,8 +121,6 @@ def _training_states(args):
     """(model, tokenizer, train states, held-out states, counts): cached hidden states of ``--data``'s
     conversations, or with ``--labelled`` the target-labelled shards (teacher top-k for the KD loss; the held-out
     conversations' labels become the target's greedy tokens, so calibrated accuracies are acceptance rates)."""
-    from ..training.trainer import extract_hidden_states
-
     if args.labelled:
         from ..bench.reference import resolve_model
         from ..training.labelling import LabelledShards
@@ -145,14 +143,7 @@ def _training_states(args):
         counts = {"conversations": len(train_states), "held_out_conversations": n_hold, "labelled_tokens": int(train_states.input_ids.numel())}
         return model, tokenizer, train_states, hold_states, counts
     model, tokenizer, records = load_model_and_records(args)
-    train_records, held_out = split_records(records, args.holdout, args.seed)
-    print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
-    t0 = time.perf_counter()
-    with main_process_first():  # several processes: the main one fills the hidden-state cache, the others read it
-        train_states = extract_hidden_states(model, tokenizer, train_records, max_length=args.max_length)
-        hold_states = extract_hidden_states(model, tokenizer, held_out, max_length=args.max_length) if held_out else None
-    print(f"hidden states: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
-    return model, tokenizer, train_states, hold_states, {"conversations": len(train_records), "held_out_conversations": len(held_out)}
+    return (model, tokenizer, *split_hidden_states(model, tokenizer, records, args))
 
 
 def run_medusa2(args) -> int:

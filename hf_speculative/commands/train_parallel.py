@@ -7,11 +7,10 @@ target's cached final hidden states, a calibrated tree and a model card.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
-from .common import add_calibrated_training_args, add_model_args, command_line, draft_vocab_and_calibration, finish_folder, load_model_and_records, main_process_first, num_processes, record_reference_base, setup_torch, split_records
+from .common import add_calibrated_training_args, add_model_args, command_line, draft_vocab_and_calibration, finish_folder, load_model_and_records, num_processes, record_reference_base, setup_torch, split_hidden_states
 
 
 def add_parser(subparsers) -> None:
@@ -38,7 +37,6 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     setup_torch(args)
-    from ..training.trainer import extract_hidden_states
     from ..drafters.parallel.model_card import write_model_card
     from ..drafters.parallel.modeling_parallel_drafter import ParallelDrafter
     from ..drafters.parallel.training_parallel_drafter import ParallelCurveCallback, calibrate_tree, depth_accuracies, train_parallel_drafter
@@ -46,13 +44,7 @@ def run(args) -> int:
     model, tokenizer, records = load_model_and_records(args)
     for p in model.parameters():
         p.requires_grad_(False)  # the target is frozen; the drafter shares its embeddings and lm_head
-    train_records, held_out = split_records(records, args.holdout, args.seed)
-    print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
-    t0 = time.perf_counter()
-    with main_process_first():  # several processes: the main one fills the hidden-state cache, the others read it
-        train_states = extract_hidden_states(model, tokenizer, train_records, max_length=args.max_length)
-        hold_states = extract_hidden_states(model, tokenizer, held_out, max_length=args.max_length) if held_out else None
-    print(f"target states: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
+    train_states, hold_states, counts = split_hidden_states(model, tokenizer, records, args)
 
     drafter = ParallelDrafter.from_base_model(
         model, num_mask_tokens=args.num_mask_tokens, num_layers=args.num_layers, init_layer=args.init_layer,
@@ -78,8 +70,7 @@ def run(args) -> int:
     drafter.config.training = {
         "method": "ParallelSpec group-wise parallel training (frozen target, shared embeddings and lm_head)",
         "data": str(args.data),
-        "conversations": len(train_records),
-        "held_out_conversations": len(held_out),
+        **counts,
         "train_answer_tokens": train_states.num_train_tokens,
         "epochs": args.epochs,
         "max_steps": args.max_steps,
