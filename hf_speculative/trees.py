@@ -454,6 +454,9 @@ class TreeMaskBuffer:
     ancestor or itself), cached per tree shape. The returned mask is a view of the buffer.
     """
 
+    #: cached tree blocks: static trees need one; a dynamic tree's every step has its own shape
+    MAX_BLOCKS = 8
+
     def __init__(self, dtype: torch.dtype, device: torch.device | str, hidden_prefix: torch.Tensor | None = None):
         self.dtype, self.device = dtype, torch.device(device)
         self.hidden_prefix = None if hidden_prefix is None else hidden_prefix.to(self.device, torch.bool)
@@ -465,6 +468,8 @@ class TreeMaskBuffer:
         key = id(ancestors)
         hit = self.blocks.get(key)
         if hit is None or hit[0] is not ancestors:  # keep the tensor alive so its id stays unique
+            if len(self.blocks) >= self.MAX_BLOCKS:  # per-step shapes (dynamic trees) must not pile up
+                self.blocks.clear()
             hit = (ancestors, additive_mask(ancestors.to(self.device), self.dtype)[0, 0])
             self.blocks[key] = hit
         return hit[1]

@@ -86,3 +86,20 @@ def test_draft_tree_path_and_dynamic_structure():
     assert tree.depths.tolist() == [0, 1, 1, 2]
     with pytest.raises(ValueError, match="parents must come before"):
         hfs.DraftTree(tokens=torch.tensor([1, 2]), parents=(-1, 1)).ancestors
+
+
+def test_tree_mask_buffer_equals_fresh_masks_every_step():
+    """The engine's reused mask buffer gives exactly `tree_attention_mask` at every step: growing past lengths,
+    changing tree shapes (more than the block cache holds), hidden padding columns."""
+    from hf_speculative.trees import TreeMaskBuffer
+
+    pad = torch.tensor([False, False, True, True, True])
+    buffer = TreeMaskBuffer(torch.float32, "cpu", pad)
+    shapes = [TreeSpec.cartesian([2, 2]), TreeSpec.chain(3), TreeSpec.from_choices([[0], [1], [0, 0]])]
+    shapes += [TreeSpec.chain(k) for k in range(1, TreeMaskBuffer.MAX_BLOCKS + 3)]
+    past = 5
+    for step, spec in enumerate(shapes * 2):
+        visible = torch.cat([pad, torch.ones(past - pad.numel(), dtype=torch.bool)])
+        expected = tree_attention_mask(spec.ancestors, past, torch.float32, "cpu", visible)
+        assert torch.equal(buffer(spec.ancestors, past), expected), step
+        past += 1 + step % 3  # an accepted path of 1-3 tokens
