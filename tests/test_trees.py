@@ -91,7 +91,7 @@ def test_draft_tree_path_and_dynamic_structure():
 def test_tree_mask_buffer_equals_fresh_masks_every_step():
     """The engine's reused mask buffer gives exactly `tree_attention_mask` at every step: growing past lengths,
     changing tree shapes (more than the block cache holds), hidden padding columns."""
-    from hf_speculative.trees import TreeMaskBuffer
+    from hf_speculative.trees import TreeMaskBuffer, TreeSpec
 
     pad = torch.tensor([False, False, True, True, True])
     buffer = TreeMaskBuffer(torch.float32, "cpu", pad)
