@@ -77,11 +77,12 @@ def test_cli_train_streaming_labelled(tmp_path):
     model = _labelled(tmp_path)
     argv = ["train", "streaming", "--model", str(tmp_path / "m"), "--labelled", str(tmp_path / "shards"), "--labelled-holdout", "3",
             "--out", str(tmp_path / "ss"), "--num-streams", "2", "--num-msa-layers", "1", "--max-steps", "4", "--batch-size", "2",
-            "--segment-length", "16", "--calibrate-nodes", "4", "--threads", "1", "--device", "cpu"]  # fmt: skip
+            "--segment-length", "16", "--calibrate-nodes", "4", "--draft-vocab-size", "16", "--threads", "1", "--device", "cpu"]  # fmt: skip
     assert main(argv) == 0
     ss = LlamaForSpeculativeStreaming.from_pretrained(tmp_path / "ss", base_model=model)
     training = ss.config.training
     assert "KD" in training["method"] and training["held_out_conversations"] == 3 and training["steps_done"] == 4
     assert ss.config.calibration["stream_top_i_accuracy"]
+    assert ss.config.draft_vocab_size == 16 and ss.draft_to_target.shape == (16,)
     # the cached layer the MSA layers start from is the labelled one (num_hidden_layers - num_msa_layers = 2)
     assert ss.config.first_msa_layer == 2 and 2 in LabelledShards(tmp_path / "shards").layers

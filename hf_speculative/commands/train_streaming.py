@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import add_labelled_args, add_model_args, labelled_training_states, command_line, finish_folder, load_model_and_records, main_process_first, num_processes, record_reference_base, setup_torch, split_records
+from .common import add_labelled_args, add_model_args, draft_vocab_source, labelled_training_states, command_line, finish_folder, load_model_and_records, main_process_first, num_processes, record_reference_base, setup_torch, split_records
 
 
 def add_parser(subparsers) -> None:
@@ -41,6 +41,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--curve-conversations", type=int, default=10, help="held-out conversations used for the curve points")
     p.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds")
     p.add_argument("--extract-only", action="store_true", help="only compute (and cache) the states entering the MSA layers (lossless)")
+    p.add_argument("--draft-vocab-size", type=int, default=None,
+                   help="FR-Spec: the streams draft on the K most frequent answer tokens of the training data (default: full vocabulary)")  # fmt: skip
     add_labelled_args(p)
     p.set_defaults(func=run)
 
@@ -120,6 +122,10 @@ def run(args) -> int:
         max_steps=args.max_steps, seed=args.seed, callbacks=callbacks,
     )  # fmt: skip
     train_s = time.perf_counter() - t0
+    if args.draft_vocab_size:
+        from ..drafters.draft_vocab import frequent_tokens
+
+        ss.set_draft_vocab(frequent_tokens(draft_vocab_source(train_states), args.draft_vocab_size, vocab_size=ss.config.vocab_size))
     if hold_states is not None:
         acc = stream_accuracies(ss, hold_states)
         calibration = {"stream_top_i_accuracy": [[round(a, 4) for a in r] for r in acc]}
