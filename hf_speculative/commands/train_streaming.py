@@ -111,15 +111,11 @@ def run(args) -> int:
     if hold_states is not None and args.curve_points:
         curve_states = hold_states.select(range(min(len(hold_states), args.curve_conversations)))
         callbacks.append(StreamCurveCallback(ss, curve_states, args.calibrate_nodes or 16, args.curve_points, args.batch_size * args.segment_length))
-    if args.time_budget:
-        from ..drafters.streaming.training_speculative_streaming import TimeBudgetCallback
-
-        callbacks.append(TimeBudgetCallback(args.time_budget, anneal=False))
     t0 = time.perf_counter()
     trainer = train_speculative_streaming(
         ss, train_states, output_dir=str(Path(args.out) / "trainer_state"), num_epochs=args.epochs, learning_rate=args.lr,
         batch_size=args.batch_size, segment_length=args.segment_length, max_tokens=args.max_train_tokens,
-        max_steps=args.max_steps, seed=args.seed, callbacks=callbacks,
+        max_steps=args.max_steps, seed=args.seed, callbacks=callbacks, time_budget=args.time_budget,
     )  # fmt: skip
     train_s = time.perf_counter() - t0
     if args.draft_vocab_size:

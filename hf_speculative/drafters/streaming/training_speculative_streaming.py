@@ -411,8 +411,10 @@ def train_speculative_streaming(
     seed: int = 0,
     progress: bool = True,
     callbacks: list | None = None,
+    time_budget: float | None = None,
 ):
-    """Train ``model`` (a `LlamaForSpeculativeStreaming` attached to its base); returns the Trainer. Lossless: the
+    """Train ``model`` (a `LlamaForSpeculativeStreaming` attached to its base); returns the Trainer.
+    ``time_budget`` (seconds): stop then, with the learning rate annealed over the budget (`TimeBudgetCallback`). Lossless: the
     streams, on cached states entering layer N - N_s (`extract_stream_inputs`). Shared: the streams and the
     base's LoRA adapters, with the joint forward on tokens (`tokenize_records`), alpha_0 = 1, alpha_j = 0.1.
     ``model`` may also be a plain causal LM with trainable (e.g. PEFT LoRA) weights: then only the next-token
@@ -430,7 +432,7 @@ def train_speculative_streaming(
         per_device_train_batch_size=batch_size,
         learning_rate=learning_rate,
         warmup_steps=max(1, int(0.05 * steps)),
-        lr_scheduler_type="cosine",
+        lr_scheduler_type="constant" if time_budget else "cosine",
         logging_steps=logging_steps,
         save_strategy="no",
         report_to="none",
@@ -440,6 +442,9 @@ def train_speculative_streaming(
         disable_tqdm=not progress,
         seed=seed,
     )
+    callbacks = list(callbacks or [])
+    if time_budget:
+        callbacks.append(TimeBudgetCallback(time_budget, warmup_steps=max(1, int(0.05 * steps))))
     model.train()
     # shared mode: the optimizer also holds the base's LoRA weights (not submodules of ``model``)
     if hasattr(model, "trainable_parameters"):
