@@ -124,6 +124,16 @@ def test_parallel_drafter_with_a_draft_vocabulary(tmp_path):
     tree_drafter = drafter.get_tree_drafter(model)
     tree_drafter.begin(prompt, None)
     logits = tree_drafter.draft_logits(prompt)  # (k + 1, V) rows of the draft vocabulary only
+    # the sliced lm_head is computed once and reused by every drafting step (not re-sliced per step)
+    sliced = draft_vocab_weight(drafter.base_lm_head.weight, drafter.draft_to_target)
+    calls = []
+    original = torch.Tensor.index_select
+    try:
+        torch.Tensor.index_select = lambda self, *a, **k: calls.append(1) or original(self, *a, **k)
+        tree_drafter.draft_logits(torch.cat([prompt, prompt], dim=1))
+    finally:
+        torch.Tensor.index_select = original
+    assert not calls and draft_vocab_weight(drafter.base_lm_head.weight, drafter.draft_to_target) is sliced
     outside = torch.ones(96, dtype=torch.bool)
     outside[drafter.draft_to_target] = False
     assert torch.isneginf(logits[:, outside]).all() and torch.isfinite(logits[:, ~outside]).all()

@@ -46,7 +46,9 @@ _SLICES: dict[tuple[int, int], tuple] = {}  # (id(weight), id(map)) -> (weakrefs
 
 def draft_vocab_weight(weight: torch.Tensor, draft_to_target: torch.Tensor) -> torch.Tensor:
     """``weight[draft_to_target]``, computed once per (weight, id map) and reused while neither changes (a
-    frozen shared ``lm_head``); a copy per step would cost more than the projection it saves."""
+    frozen shared ``lm_head``); a copy per step would cost more than the projection it saves. Pass the
+    persistent tensor (the ``lm_head`` parameter), not a fresh ``.detach()`` of it: the cache is keyed on the
+    tensor object, so a new view per call would slice the 49K-row table every step."""
     ident = (id(weight), id(draft_to_target))
     key = (weight._version, weight.device, weight.dtype, draft_to_target._version, draft_to_target.device)
     hit = _SLICES.get(ident)

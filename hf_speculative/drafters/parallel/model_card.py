@@ -58,7 +58,7 @@ Algorithm 1) unless the config's `acceptance` is `"typical"` (currently `{accept
 ## Limitations
 
 The drafter only drafts; every committed token is verified by the target. Its acceptance rate, and so the
-speedup, depends on how close the text is to the training data (self-distilled chat answers).
+speedup, depends on how close the text is to the training data (see Training).
 """
 
 

@@ -199,9 +199,10 @@ class ParallelDrafter(DraftVocabMixin, ParallelDrafterPreTrainedModel):
         """Logits through the target's shared ``lm_head`` (``draft_vocab``: on the draft vocabulary only, -inf
         elsewhere, when the drafter has one)."""
         self._require_base()
-        weight = self.base_lm_head.weight.detach()  # shared and frozen: no gradient for the 49K-row table
         if draft_vocab and self.draft_to_target is not None:
-            return draft_vocab_logits(hidden_states, weight, self.draft_to_target)
+            # the parameter itself, not a fresh .detach(): draft_vocab_weight caches its slice per weight object
+            return draft_vocab_logits(hidden_states, self.base_lm_head.weight, self.draft_to_target)
+        weight = self.base_lm_head.weight.detach()  # shared and frozen: no gradient for the 49K-row table
         return vocab_logits(hidden_states, weight)
 
     def forward(

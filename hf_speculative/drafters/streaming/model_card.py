@@ -57,8 +57,8 @@ model's tokens and sampling is exact (tree rejection sampling with the stream di
 
 ## Limitations
 
-Trained briefly on CPU on self-distilled chat answers; acceptance (and so the speedup) depends on how close
-the text is to that data. Shared mode, parallel tree pruning and the value-rotation design are not used.
+Trained briefly on CPU (see Training); acceptance (and so the speedup) depends on how close the text is to
+that data. Shared mode, parallel tree pruning and the value-rotation design are not used.
 """
 
 
