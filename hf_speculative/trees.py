@@ -334,6 +334,7 @@ class DynamicTree(TreeSpec):
         expand: Callable[[int, list[int], torch.Tensor, torch.Tensor], torch.Tensor],
         root_token: torch.Tensor | int,
         num_depths: int | None = None,
+        vocab_ids: torch.Tensor | None = None,
     ) -> "DraftTree":
         """EAGLE-2's tree (Sec. 4.2-4.3) from a drafter with one distribution per *parent* (EAGLE drafts
         autoregressively: a node's children come from the drafter run on that node).
@@ -343,11 +344,14 @@ class DynamicTree(TreeSpec):
         so far, the ``top_k`` of the last depth by path confidence), ``tokens`` and ``parents`` of all candidates
         so far (a parent is a candidate index, -1 for the root); it returns ``(len(frontier), V)``
         log-probabilities of each frontier candidate's children. Candidates with zero probability (``-inf``,
-        e.g. outside a draft vocabulary) are never kept.
+        e.g. outside a draft vocabulary) are never kept. ``vocab_ids``: the token id of each column of the rows
+        (a drafter over a truncated draft vocabulary, EAGLE-3's ``d2t``); default the column index.
         """
+        to_ids = (lambda ids: ids) if vocab_ids is None else (lambda ids: vocab_ids.to(ids.device)[ids])
         num_depths = self.depth if num_depths is None else min(self.depth, num_depths)
         k = min(self.top_k, root_log_probs.shape[-1])
         top_lp, top_ids = torch.topk(root_log_probs.float(), k, dim=-1)
+        top_ids = to_ids(top_ids)
         device = top_ids.device
         # candidate c is tree node c + 1 (node 0 is the root); candidates are stored depth by depth
         scores, parents, tokens = [top_lp.cpu()], [torch.full((k,), -1, dtype=torch.long)], [top_ids.cpu()]
@@ -357,7 +361,7 @@ class DynamicTree(TreeSpec):
             lp, ids = torch.topk(rows.float(), k, dim=-1)  # (frontier, k), best first
             children = (scores[-1][frontier - offset][:, None] + lp.cpu()).reshape(-1)
             parents.append(frontier.repeat_interleave(k))
-            tokens.append(ids.cpu().reshape(-1))
+            tokens.append(to_ids(ids).cpu().reshape(-1))
             offset += scores[-1].shape[0]
             scores.append(children)
             frontier = offset + torch.sort(children, descending=True, stable=True).indices[:k]

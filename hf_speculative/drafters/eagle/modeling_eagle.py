@@ -491,7 +491,7 @@ class EagleTreeDrafter(TreeDrafter):
                 row_of[node] = num_tree_rows + i
                 hidden_of[node] = out.hidden_states[0, i]
             num_tree_rows += n
-            return self._full_logits(drafter.compute_logits(out.hidden_states[0]))
+            return drafter.compute_logits(out.hidden_states[0]).float()  # over the draft vocabulary
 
         if isinstance(tree, DynamicTree):
 
@@ -507,8 +507,8 @@ class EagleTreeDrafter(TreeDrafter):
                 logits = run_rows(frontier, [int(cand_tokens[c]) for c in frontier], parents, [depth] * len(frontier), chains)
                 return torch.log_softmax(logits, dim=-1)
 
-            root_lp = torch.log_softmax(self._full_logits(root_logits[None])[0], dim=-1)
-            return tree.grow(root_lp, expand, sequence[0, -1].to(device))
+            root_lp = torch.log_softmax(root_logits.float(), dim=-1)
+            return tree.grow(root_lp, expand, sequence[0, -1].to(device), vocab_ids=self._target_ids)
 
         # a static tree: depth by depth, the inner nodes of the depth are expanded in one drafter forward
         scheme = options.scheme(self.draft_sampling)
@@ -521,7 +521,7 @@ class EagleTreeDrafter(TreeDrafter):
         for d in range(tree.depth):
             inner = [i for i in range(n) if depths[i] == d and tree.children[i]]
             if d == 0:
-                logits = {0: self._full_logits(root_logits[None])[0]}
+                logits = {0: root_logits.float()}
             else:
                 chains = []
                 for i in inner:
@@ -535,7 +535,11 @@ class EagleTreeDrafter(TreeDrafter):
                 logits = {i: rows[j] for j, i in enumerate(inner)}
             for i in inner:
                 kids = tree.children[i]
-                chosen, q = fill_children(logits[i], len(kids), scheme, options)
+                if scheme == "deterministic":  # top-k in the draft vocabulary, mapped to target ids
+                    chosen, q = torch.topk(logits[i], min(len(kids), logits[i].shape[-1])).indices, None
+                    chosen = chosen if self._target_ids is None else self._target_ids[chosen]
+                else:  # draws from q over the target vocabulary (zero outside the draft vocabulary)
+                    chosen, q = fill_children(self._full_logits(logits[i][None])[0], len(kids), scheme, options)
                 tokens[list(kids)] = chosen.to(device)
                 if probs is not None:
                     probs[i] = q.to(device)
