@@ -29,7 +29,7 @@ from ...training.losses import kd_loss
 from ...training.trainer import DrafterTrainer, HiddenStates
 from .modeling_eagle import EagleDrafter, causal_mask
 
-__all__ = ["EagleDataset", "EagleCollator", "EagleTrainer", "eagle_loss", "train_eagle", "hidden_states_from_model", "STEP_DECAY", "W_CLS"]
+__all__ = ["EagleDataset", "EagleCollator", "EagleTrainer", "eagle_loss", "train_eagle", "scale_fc_to_features", "hidden_states_from_model", "STEP_DECAY", "W_CLS"]
 
 STEP_DECAY = 0.8  # EAGLE-3's reference training weights unrolled step s by 0.8**s
 W_CLS = 0.1  # EAGLE Sec. 4.3: L = L_reg + w_cls L_cls
@@ -203,6 +203,30 @@ def eagle_loss(drafter: EagleDrafter, batch: dict, steps: int = 1, w_cls: float 
     return total, parts
 
 
+@torch.no_grad()
+def scale_fc_to_features(drafter: EagleDrafter, dataset: "EagleDataset", max_rows: int = 8192, seed: int = 0) -> None:
+    """EAGLE-3: a data-dependent init of ``fc`` (our choice, not the paper's): a random projection whose every input
+    column is divided by that feature dimension's RMS over the data, so the fused feature f starts at unit scale.
+
+    The target's middle and high layers carry massive activations (SmolLM2-135M: RMS about 50, single values up
+    to 2.5e4 at attention-sink tokens); with a plain random ``fc`` the residual f then dwarfs the attention and
+    MLP outputs, the token embedding (which enters through attention only) barely moves the prediction, and a
+    short training mostly spends itself shrinking ``fc``."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in torch.randperm(len(dataset), generator=g)[:64].tolist():
+        rows.append(dataset[i]["features"].float())
+        if sum(r.shape[0] for r in rows) >= max_rows:
+            break
+    feats = torch.cat(rows)[:max_rows]
+    rms = feats.pow(2).mean(0).sqrt().clamp_min(1e-3)
+    fan_in = feats.shape[-1]
+    w = torch.randn(drafter.fc.weight.shape, generator=g) / math.sqrt(fan_in) / rms[None, :]
+    drafter.fc.weight.copy_(w.to(drafter.fc.weight))
+    if drafter.fc.bias is not None:
+        drafter.fc.bias.zero_()
+
+
 class EagleTrainer(DrafterTrainer):
     """`DrafterTrainer` with `eagle_loss` (``steps`` unrolled steps; the KD over the draft vocabulary)."""
 
@@ -240,10 +264,12 @@ def train_eagle(
     callbacks: list | None = None,
     progress: bool = True,
     seed: int = 0,
+    scale_fc: bool = True,
 ) -> EagleTrainer:
     """Train ``drafter`` (attached to its target) on labelled ``states`` with the `EagleTrainer`; ``steps`` unrolled
     drafting steps (default 1 for EAGLE-1/2, 4 for EAGLE-3); ``time_budget`` seconds stop it early (with a cosine
-    over the budget, `hf_speculative.training.callbacks.TimeBudgetCallback`). Returns the trainer (its
+    over the budget, `hf_speculative.training.callbacks.TimeBudgetCallback`); ``scale_fc``: EAGLE-3's ``fc`` starts from
+`scale_fc_to_features` (a fresh drafter; pass False to continue training one). Returns the trainer (its
     ``state.log_history`` holds the loss parts)."""
     from transformers import TrainingArguments
 
@@ -253,6 +279,8 @@ def train_eagle(
     steps = steps or (4 if drafter.config.is_eagle3 else 1)
     final_layer = final_layer or drafter.num_target_layers
     dataset = EagleDataset(states, drafter.config.feature_layers(drafter.num_target_layers), final_layer, max_length)
+    if drafter.config.is_eagle3 and scale_fc:
+        scale_fc_to_features(drafter, dataset, seed=seed)
     callbacks = list(callbacks or [])
     if time_budget:
         callbacks.append(TimeBudgetCallback(time_budget))
