@@ -352,3 +352,18 @@ def test_sampling_matches_target_distribution():
         gen = dict(do_sample=True, max_new_tokens=NEW, top_k=4, temperature=0.7)
         counts = _sample_counts(lambda: target.generate(prompt, assistant_model=drafter, speculative_tree=tree, **gen), n)
         assert chi_square_pvalue(counts, exact, n) > ALPHA, tree
+
+
+def test_clear_errors(tmp_path):
+    model = _target("llama", seed=8)
+    drafter = EagleDrafter.from_base_model(model, variant="eagle2")
+    assert drafter.config.variant == "eagle2" and not drafter.config.is_eagle3
+    other = hfs.enable(tiny_model("llama", seed=8, vocab_size=64, num_layers=2))
+    with pytest.raises(ValueError, match="vocab_size"):
+        other.generate(torch.tensor([[1, 2]]), assistant_model=drafter, max_new_tokens=4)
+    (tmp_path / "config.json").write_text(json.dumps(_public_config(model)))
+    torch.save({"foo.weight": torch.zeros(2, 2)}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="not an EAGLE checkpoint"):
+        EagleDrafter.from_pretrained(tmp_path, base_model=model)
+    with pytest.raises(ValueError, match="variant"):
+        hfs.EagleConfig(variant="eagle4")
