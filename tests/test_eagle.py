@@ -84,6 +84,7 @@ def test_greedy_equality_fresh(arch, variant):
     _check_greedy(model, drafter, PROMPTS, max_new_tokens=24)
 
 
+@pytest.mark.slow
 def test_training_lowers_loss_and_greedy_equality_trained_saved_reloaded(trained, tmp_path):
     model, drafter, states, trainer = trained
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
