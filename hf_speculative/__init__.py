@@ -37,6 +37,8 @@ _PUBLIC = {
     "LlamaForSpeculativeStreaming": "drafters.streaming",
     "ParallelDrafterConfig": "drafters.parallel",
     "ParallelDrafter": "drafters.parallel",
+    "EagleConfig": "drafters.eagle",
+    "EagleDrafter": "drafters.eagle",
     "SpeculativeStats": "decoding",
     "SpeculativeGenerateOutput": "decoding",
     "AcceptanceResult": "verify",
@@ -64,12 +66,13 @@ def register_auto_classes() -> None:
     """Register every drafter's config and model with ``AutoConfig`` / ``AutoModel`` (idempotent)."""
     from transformers import AutoConfig, AutoModel
 
+    from .drafters.eagle import EagleConfig, EagleDrafter
     from .drafters.medusa import MedusaConfig, MedusaHeadsModel
     from .drafters.parallel import ParallelDrafter, ParallelDrafterConfig
     from .drafters.streaming import LlamaForSpeculativeStreaming, SpeculativeStreamingConfig
 
     for config, model in ((MedusaConfig, MedusaHeadsModel), (SpeculativeStreamingConfig, LlamaForSpeculativeStreaming),
-                          (ParallelDrafterConfig, ParallelDrafter)):  # fmt: skip
+                          (ParallelDrafterConfig, ParallelDrafter), (EagleConfig, EagleDrafter)):  # fmt: skip
         AutoConfig.register(config.model_type, config, exist_ok=True)
         AutoModel.register(config, model, exist_ok=True)
 

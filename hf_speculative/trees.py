@@ -269,7 +269,8 @@ class DynamicTree(TreeSpec):
     """A per-step tree built from the drafter's own confidence: EAGLE-2 (Li et al. 2024, Sec. 4).
 
     Pass it as ``speculative_tree=DynamicTree(total_tokens=16, depth=4, top_k=4)`` to a drafter that drafts
-    from one distribution per depth (Medusa heads, ParallelDrafter, Speculative Streaming). Each step:
+    from one distribution per depth (Medusa heads, ParallelDrafter, Speculative Streaming: `build`) or one
+    distribution per parent (EAGLE, autoregressive: `grow`). Each step:
 
     * *expand* (Sec. 4.2): the root's ``top_k`` most likely tokens form depth 1; at every further depth the
       ``top_k`` nodes of the previous depth with the highest *path confidence* (the product of draft
@@ -299,8 +300,8 @@ class DynamicTree(TreeSpec):
 
     def _no_shape(self, *args):
         raise TypeError(
-            "a DynamicTree has no fixed shape: each step's DraftTree carries it. Only drafters that draft from "
-            "one distribution per depth (Medusa heads, ParallelDrafter, Speculative Streaming) accept it"
+            "a DynamicTree has no fixed shape: each step's DraftTree carries it. Only drafters that build it per step "
+            "(Medusa heads, ParallelDrafter, Speculative Streaming, EagleDrafter) accept it"
         )
 
     parents = ranks = depths = children = ancestors = property(_no_shape)
@@ -321,25 +322,55 @@ class DynamicTree(TreeSpec):
         """This step's draft from one log-distribution per depth (``depth_log_probs[d]`` drafts depth d + 1,
         whatever the parent, as Medusa heads do). Nodes come out depth by depth, parents first."""
         num_depths = min(self.depth, depth_log_probs.shape[0])
-        k = min(self.top_k, depth_log_probs.shape[-1])
-        top_lp, top_ids = torch.topk(depth_log_probs[:num_depths].float(), k, dim=-1)  # (depths, k), best first
+
+        def same_row_for_every_parent(depth, frontier, tokens, parents):
+            return depth_log_probs[depth][None].expand(len(frontier), -1)
+
+        return self.grow(depth_log_probs[0], same_row_for_every_parent, root_token, num_depths)
+
+    def grow(
+        self,
+        root_log_probs: torch.Tensor,
+        expand: Callable[[int, list[int], torch.Tensor, torch.Tensor], torch.Tensor],
+        root_token: torch.Tensor | int,
+        num_depths: int | None = None,
+        vocab_ids: torch.Tensor | None = None,
+    ) -> "DraftTree":
+        """EAGLE-2's tree (Sec. 4.2-4.3) from a drafter with one distribution per *parent* (EAGLE drafts
+        autoregressively: a node's children come from the drafter run on that node).
+
+        ``root_log_probs (V,)``: the log-distribution of depth 1. ``expand(depth, frontier, tokens, parents)`` is
+        called once per further depth with ``frontier``, the candidates to expand (indices into the candidates
+        so far, the ``top_k`` of the last depth by path confidence), ``tokens`` and ``parents`` of all candidates
+        so far (a parent is a candidate index, -1 for the root); it returns ``(len(frontier), V)``
+        log-probabilities of each frontier candidate's children. Candidates with zero probability (``-inf``,
+        e.g. outside a draft vocabulary) are never kept. ``vocab_ids``: the token id of each column of the rows
+        (a drafter over a truncated draft vocabulary, EAGLE-3's ``d2t``); default the column index.
+        """
+        to_ids = (lambda ids: ids) if vocab_ids is None else (lambda ids: vocab_ids.to(ids.device)[ids])
+        num_depths = self.depth if num_depths is None else min(self.depth, num_depths)
+        k = min(self.top_k, root_log_probs.shape[-1])
+        top_lp, top_ids = torch.topk(root_log_probs.float(), k, dim=-1)
+        top_ids = to_ids(top_ids)
         device = top_ids.device
-        top_lp, top_ids = top_lp.cpu(), top_ids.cpu()
         # candidate c is tree node c + 1 (node 0 is the root); candidates are stored depth by depth
-        scores, parents, tokens = [top_lp[0]], [torch.zeros(k, dtype=torch.long)], [top_ids[0]]
+        scores, parents, tokens = [top_lp.cpu()], [torch.full((k,), -1, dtype=torch.long)], [top_ids.cpu()]
         offset, frontier = 0, torch.arange(k)  # first candidate of the last depth; the candidates to expand
         for d in range(1, num_depths):
-            children = (scores[-1][frontier - offset][:, None] + top_lp[d][None, :]).reshape(-1)
-            parents.append((frontier + 1).repeat_interleave(k))
-            tokens.append(top_ids[d].repeat(frontier.shape[0]))
+            rows = expand(d, frontier.tolist(), torch.cat(tokens), torch.cat(parents))
+            lp, ids = torch.topk(rows.float(), k, dim=-1)  # (frontier, k), best first
+            children = (scores[-1][frontier - offset][:, None] + lp.cpu()).reshape(-1)
+            parents.append(frontier.repeat_interleave(k))
+            tokens.append(to_ids(ids).cpu().reshape(-1))
             offset += scores[-1].shape[0]
             scores.append(children)
             frontier = offset + torch.sort(children, descending=True, stable=True).indices[:k]
         all_scores, all_parents, all_tokens = torch.cat(scores), torch.cat(parents), torch.cat(tokens)
-        kept = torch.sort(all_scores, descending=True, stable=True).indices[: self.total_tokens].sort().values
+        kept = torch.sort(all_scores, descending=True, stable=True).indices[: self.total_tokens]
+        kept = kept[torch.isfinite(all_scores[kept])].sort().values
         new_index = torch.zeros(all_scores.shape[0] + 1, dtype=torch.long)
         new_index[kept + 1] = torch.arange(1, kept.shape[0] + 1)
-        node_parents = new_index[all_parents[kept]].tolist()
+        node_parents = new_index[all_parents[kept] + 1].tolist()
         root = torch.as_tensor(root_token).reshape(1).cpu()
         tokens = torch.cat([root, all_tokens[kept]]).to(device)
         return DraftTree(tokens=tokens, parents=tuple([-1] + node_parents))

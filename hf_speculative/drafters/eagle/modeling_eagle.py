@@ -1,0 +1,613 @@
+"""The EAGLE drafters (EAGLE-1/2/3) as a `PreTrainedModel`, and the tree drafter that runs them in our engine.
+
+EAGLE (Li et al. 2024, Sec. 3-4) drafts at the *feature* level: the drafter sees, at position j, the target's
+feature f_j together with the embedding of the token x_{j+1} that was sampled from it, and predicts the next
+feature, whose logits give x_{j+2}. The drafter is one decoder layer; it runs autoregressively over its own
+outputs to draft several tokens, and keeps its own KV cache of the committed positions.
+
+    EAGLE-1/2 (Sec. 4):  g_j = Layer(fc([e(x_{j+1}) ; f_j]))           logits = target lm_head(g_j)
+    EAGLE-3   (Sec. 3):  f_j = fc([l_j ; m_j ; h_j])  (low, mid, high target layers, 3H -> H)
+                         g_j = midlayer([input_layernorm(e(x_{j+1})) ; hidden_norm(f_j)])   (attention input 2H)
+                         logits = lm_head(norm(g_j)) over the draft vocabulary, target id = d + d2t[d]
+
+Deeper drafts feed the drafter's own output g back in place of the target feature (EAGLE-1 through ``fc``,
+EAGLE-3 straight into the midlayer). EAGLE-2 (Sec. 4) builds the tree per step from the drafter's confidence
+(`hf_speculative.trees.DynamicTree.grow`).
+
+The drafter shares the target's embedding table (and, EAGLE-1/2, its ``lm_head``); neither is stored. The module
+names are the public checkpoints' (``fc``, ``layers.0``, ``midlayer``, ``norm``, ``lm_head``, ``d2t``, ``t2d``),
+so `from_pretrained` reads those layouts as published (`load_public_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+from transformers.utils import ModelOutput
+
+from ...hub import resolve_name_or_path
+from ...trees import DraftTree, DynamicTree, TreeSpec
+from ..base import DraftingOptions, TreeDrafter, fill_children, input_embeddings, output_embeddings, vocab_logits
+from ..hub import DrafterHubMixin
+from .configuration_eagle import EagleConfig
+
+__all__ = ["EagleDrafter", "EagleOutput", "EagleTreeDrafter", "EagleAttention", "EagleDecoderLayer", "load_public_checkpoint"]
+
+
+@dataclass
+class EagleOutput(ModelOutput):
+    """``hidden_states`` ``(B, T, H)``: the drafter's predicted features g (pre-norm for EAGLE-3, what is fed back);
+    ``logits`` ``(B, T, V_draft)`` (EAGLE-3: over the draft vocabulary; EAGLE-1/2: the target's vocabulary);
+    ``past_key_values``: ``(keys, values)`` of the attention, past ones included, when ``use_cache``."""
+
+    hidden_states: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    past_key_values: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+class EagleAttention(nn.Module):
+    """Llama attention (GQA, RoPE) whose q/k/v read ``input_size`` features (2H for EAGLE-3's midlayer)."""
+
+    def __init__(self, config: EagleConfig, input_size: int):
+        super().__init__()
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = config.head_dim
+        bias = config.use_qkv_bias
+        self.q_proj = nn.Linear(input_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(input_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(input_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bool(config.attention_bias))
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """``x (B, T, input_size)`` -> q ``(B, heads, T, d)``, k and v ``(B, kv_heads, T, d)``, RoPE applied."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        return q, k, v
+
+    def attend(self, q, k, v, mask: torch.Tensor | None) -> torch.Tensor:
+        """Scaled dot-product attention with an additive float ``mask`` broadcastable to ``(B, heads, Tq, Tk)``."""
+        groups = self.num_heads // self.num_kv_heads
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.to(q.dtype))
+        B, _, T, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class EagleDecoderLayer(nn.Module):
+    """EAGLE's one decoder layer. EAGLE-1/2: a Llama layer without ``input_layernorm`` (its input is ``fc``'s
+    output). EAGLE-3 (the ``midlayer``): attention over [input_layernorm(embedding) ; hidden_norm(feature)] (2H),
+    the residual being the feature."""
+
+    def __init__(self, config: EagleConfig, eagle3: bool):
+        super().__init__()
+        H = config.hidden_size
+        self.eagle3 = eagle3
+        self.self_attn = EagleAttention(config, 2 * H if eagle3 else H)
+        self.mlp = LlamaMLP(config)
+        self.post_attention_layernorm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
+        if eagle3:
+            self.input_layernorm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
+            self.hidden_norm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
+
+    def attention_input(self, hidden: torch.Tensor, embeds: torch.Tensor | None) -> torch.Tensor:
+        if self.eagle3:
+            return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        return hidden
+
+    def finish(self, hidden: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """Residual, post-attention norm, MLP, residual."""
+        hidden = hidden + attn_out
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+    def forward(self, hidden, embeds, cos, sin, mask, past=None):
+        """``hidden (B, T, H)`` the (fused) features, ``embeds`` the token embeddings (EAGLE-3 only), ``past``
+        ``(keys, values)`` to attend to before the new rows; returns the output and the full ``(keys, values)``."""
+        q, k, v = self.self_attn.qkv(self.attention_input(hidden, embeds), cos, sin)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        return self.finish(hidden, self.self_attn.attend(q, k, v, mask)), (k, v)
+
+
+class EaglePreTrainedModel(DrafterHubMixin, PreTrainedModel):
+    config_class = EagleConfig
+    base_model_prefix = "eagle"
+    main_input_name = "input_ids"
+    _supports_sdpa = True
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, LlamaRMSNorm):
+            init.ones_(module.weight)
+        else:
+            super()._init_weights(module)
+
+
+class EagleDrafter(EaglePreTrainedModel):
+    """An EAGLE-1/2/3 drafter; use as ``model.generate(input_ids, assistant_model=drafter)``.
+
+    Create one with `from_base_model`; load ours or a public checkpoint (EAGLE's, SpecForge's) with
+    ``EagleDrafter.from_pretrained(path, base_model=model)``; ``AutoModel.from_pretrained(folder)`` loads ours
+    after ``import hf_speculative`` (the target is attached when drafting starts).
+    """
+
+    def __init__(self, config: EagleConfig):
+        super().__init__(config)
+        H = config.hidden_size
+        feature = config.target_hidden_size or H
+        if config.is_eagle3:
+            draft_vocab = config.draft_vocab_size or config.vocab_size
+            self.fc = nn.Linear(3 * feature, H, bias=config.fc_bias)
+            self.midlayer = EagleDecoderLayer(config, eagle3=True)
+            self.norm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
+            self.lm_head = nn.Linear(H, draft_vocab, bias=False)
+            self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long), persistent=True)
+            self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool), persistent=True)
+        else:
+            if feature != H:
+                raise ValueError("EAGLE-1/2 needs target_hidden_size == hidden_size")
+            self.fc = nn.Linear(2 * H, H, bias=config.fc_bias)
+            self.layers = nn.ModuleList([EagleDecoderLayer(config, eagle3=False)])
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+        self.__dict__["base_embeddings"] = None  # shared with the target: never saved, moved or trained here
+        self.__dict__["base_lm_head"] = None
+        self.__dict__["num_target_layers"] = config.target_num_layers
+        self.post_init()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_base_model(
+        cls, model: PreTrainedModel, variant: str = "eagle3", draft_vocab_size: int | None = None, init_from_target: bool = True, **config_kwargs
+    ) -> "EagleDrafter":
+        """A fresh drafter for ``model`` (its shapes, RoPE and norms eps; EAGLE-3's low/mid/high layers). With
+        ``init_from_target`` the drafter's MLP and post-attention norm (and EAGLE-1/2's whole attention) start
+        from the target's last decoder layer, ``fc`` as [0 ; I] (the feature passes through) for EAGLE-1/2, and
+        EAGLE-3's ``lm_head`` and ``norm`` from the target's (on the ``draft_vocab_size`` lowest ids until
+        `set_draft_vocab` picks the frequent ones)."""
+        emb, lm_head = input_embeddings(model, "an EagleDrafter"), output_embeddings(model, "an EagleDrafter")
+        vocab, hidden = lm_head.weight.shape
+        tc = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        fields = {k: getattr(tc, k) for k in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "hidden_act",
+                                              "rms_norm_eps", "max_position_embeddings", "head_dim") if getattr(tc, k, None) is not None}  # fmt: skip
+        rope = getattr(tc, "rope_parameters", None)
+        if rope:
+            fields["rope_parameters"] = dict(rope)
+        qkv_bias = bool(getattr(tc, "attention_bias", False)) or tc.model_type in ("qwen2",)
+        config = EagleConfig(
+            variant=variant, hidden_size=hidden, vocab_size=vocab, draft_vocab_size=draft_vocab_size,
+            target_num_layers=tc.num_hidden_layers, qkv_bias=qkv_bias,
+            base_model_name_or_path=getattr(model.config, "_name_or_path", None) or None,
+            initializer_range=getattr(tc, "initializer_range", 0.02), **fields, **config_kwargs,
+        )  # fmt: skip
+        drafter = cls(config).to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
+        if init_from_target:
+            drafter._init_from_target(model)
+        drafter.attach_base_model(model)
+        return drafter.eval()
+
+    @torch.no_grad()
+    def _init_from_target(self, model) -> None:
+        base = getattr(model, model.base_model_prefix)
+        last = base.layers[-1]
+        layer = self.midlayer if self.config.is_eagle3 else self.layers[0]
+        for name in ("mlp", "post_attention_layernorm"):
+            try:
+                getattr(layer, name).load_state_dict(getattr(last, name).state_dict())
+            except (RuntimeError, AttributeError):
+                pass
+        if self.config.is_eagle3:
+            self.norm.load_state_dict(base.norm.state_dict())
+            self.lm_head.weight.copy_(model.get_output_embeddings().weight[: self.lm_head.out_features])
+            self._set_d2t(torch.arange(self.lm_head.out_features))
+        else:
+            H = self.config.hidden_size
+            try:
+                own = layer.self_attn.state_dict()
+                layer.self_attn.load_state_dict({k: v for k, v in last.self_attn.state_dict().items() if k in own}, strict=False)
+            except RuntimeError:
+                pass
+            self.fc.weight.zero_()
+            self.fc.weight[:, H:].copy_(torch.eye(H))
+            if self.fc.bias is not None:
+                self.fc.bias.zero_()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, base_model: PreTrainedModel | None = None, **kwargs) -> "EagleDrafter":
+        """Our checkpoints (``model_type: eagle_drafter``) through `PreTrainedModel.from_pretrained`; a public
+        EAGLE-1/2/3 checkpoint folder (its ``config.json`` a `LlamaConfig`, weights in ``pytorch_model.bin`` or
+        safetensors) through `load_public_checkpoint`. ``base_model=`` attaches the target at once."""
+        path = resolve_name_or_path(pretrained_model_name_or_path, what="EagleDrafter")
+        config_file = Path(path) / "config.json"
+        if config_file.is_file() and json.loads(config_file.read_text()).get("model_type") != EagleConfig.model_type:
+            drafter = load_public_checkpoint(path, dtype=kwargs.get("dtype"))
+        else:
+            drafter = super().from_pretrained(path, *args, **kwargs)
+        if base_model is not None:
+            drafter.attach_base_model(base_model)
+        return drafter.eval()
+
+    def attach_base_model(self, model: PreTrainedModel) -> None:
+        """Check the target's shapes and share its (frozen) token embeddings and ``lm_head``."""
+        emb, lm_head = input_embeddings(model, "an EagleDrafter"), output_embeddings(model, "an EagleDrafter")
+        vocab, hidden = lm_head.weight.shape
+        feature = self.config.target_hidden_size or self.config.hidden_size
+        if vocab != self.config.vocab_size or hidden != feature or emb.weight.shape[1] != self.config.hidden_size:
+            raise ValueError(
+                f"this EagleDrafter was built for hidden_size={feature}, vocab_size={self.config.vocab_size} but the "
+                f"target has hidden_size={hidden}, vocab_size={vocab}"
+            )
+        tc = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.__dict__["base_embeddings"] = emb
+        self.__dict__["base_lm_head"] = lm_head
+        self.__dict__["num_target_layers"] = tc.num_hidden_layers
+        if self.config.target_num_layers is None:
+            self.config.target_num_layers = tc.num_hidden_layers
+
+    def _require_base(self):
+        if self.base_embeddings is None or self.base_lm_head is None:
+            raise ValueError(
+                "this EagleDrafter shares the target's embeddings, which are not attached: use "
+                "EagleDrafter.from_pretrained(path, base_model=model) or drafter.attach_base_model(model)"
+            )
+
+    # ------------------------------------------------------------------ draft vocabulary (EAGLE-3)
+    def _set_d2t(self, draft_ids: torch.Tensor) -> None:
+        ids = torch.as_tensor(draft_ids, dtype=torch.long).reshape(-1).to(self.d2t.device)
+        self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+
+    @torch.no_grad()
+    def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
+        """EAGLE-3: the draft vocabulary's target ids (ascending, e.g. `frequent_tokens` of the training data, as
+        EAGLE-3's reference training picks them by frequency); sets ``d2t`` / ``t2d`` and initialises the
+        ``lm_head`` rows from the target's rows when the target is attached."""
+        if not self.config.is_eagle3:
+            raise ValueError("only EAGLE-3 drafts over its own draft vocabulary")
+        ids = torch.as_tensor(target_ids, dtype=torch.long).reshape(-1).sort().values
+        if ids.numel() != self.lm_head.out_features or ids.unique().numel() != ids.numel() or int(ids.max()) >= self.config.vocab_size:
+            raise ValueError(f"set_draft_vocab needs {self.lm_head.out_features} distinct target ids below {self.config.vocab_size}")
+        self._set_d2t(ids)
+        if self.base_lm_head is not None:
+            self.lm_head.weight.copy_(self.base_lm_head.weight[ids.to(self.base_lm_head.weight.device)])
+
+    def draft_to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """EAGLE-3: target id = draft id + ``d2t[draft id]`` (identity for EAGLE-1/2)."""
+        if not self.config.is_eagle3:
+            return draft_ids
+        return draft_ids + self.d2t.to(draft_ids.device)[draft_ids]
+
+    @property
+    def draft_target_ids(self) -> torch.Tensor | None:
+        """EAGLE-3: the target id of every draft id (None for EAGLE-1/2)."""
+        if not self.config.is_eagle3:
+            return None
+        return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
+
+    # ------------------------------------------------------------------ forward
+    def target_features(self, hidden_states) -> torch.Tensor:
+        """The target's features the drafter reads, from its ``output_hidden_states`` tuple: EAGLE-3 the low, mid
+        and high layers concatenated ``(B, T, 3H)``; EAGLE-1/2 the final post-norm state ``(B, T, H)``."""
+        if hidden_states is None:
+            raise ValueError("the EagleDrafter needs the target's hidden states (output_hidden_states=True)")
+        layers = self.config.feature_layers(self.num_target_layers or len(hidden_states) - 1)
+        feats = [hidden_states[i] for i in layers]
+        return torch.cat(feats, dim=-1) if len(feats) > 1 else feats[0]
+
+    def embed(self, input_ids: torch.LongTensor) -> torch.Tensor:
+        self._require_base()
+        with torch.no_grad():  # the shared table is frozen
+            return self.base_embeddings(input_ids).to(self.fc.weight.dtype)
+
+    def fuse(self, embeds: torch.Tensor, target_features: torch.Tensor | None, hidden: torch.Tensor | None) -> torch.Tensor:
+        """The decoder layer's feature input: from the target's features (``target_features``) or from the
+        drafter's own previous output (``hidden``)."""
+        dtype = self.fc.weight.dtype
+        if self.config.is_eagle3:
+            return self.fc(target_features.to(dtype)) if target_features is not None else hidden.to(dtype)
+        feature = target_features if target_features is not None else hidden
+        return self.fc(torch.cat([embeds, feature.to(dtype)], dim=-1))
+
+    @property
+    def layer(self) -> EagleDecoderLayer:
+        return self.midlayer if self.config.is_eagle3 else self.layers[0]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """EAGLE-3: ``lm_head(norm(g))`` over the draft vocabulary; EAGLE-1/2: the target's ``lm_head(g)``."""
+        if self.config.is_eagle3:
+            return vocab_logits(self.norm(hidden), self.lm_head.weight)
+        self._require_base()
+        logits = vocab_logits(hidden, self.base_lm_head.weight.detach())
+        return logits + self.base_lm_head.bias if getattr(self.base_lm_head, "bias", None) is not None else logits
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        target_features: torch.Tensor | None = None,
+        hidden: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: tuple[torch.Tensor, torch.Tensor] | None = None,
+        use_cache: bool = False,
+        compute_logits: bool = True,
+        **kwargs,
+    ) -> EagleOutput:
+        """Rows ``(B, T)``: row j pairs token ``input_ids[:, j]`` (x_{j+1}) with ``target_features[:, j]`` (f_j) or,
+        drafting deeper, the drafter's own output ``hidden[:, j]``. ``attention_mask``: an additive float mask
+        ``(B or 1, 1, T, past + T)``; None is causal (no past). Returns the predicted features and logits."""
+        embeds = self.embed(input_ids)
+        x = self.fuse(embeds, target_features, hidden)
+        B, T = input_ids.shape
+        past = 0 if past_key_values is None else past_key_values[0].shape[2]
+        if position_ids is None:
+            position_ids = torch.arange(past, past + T, device=x.device)[None].expand(B, -1)
+        if attention_mask is None:
+            if past:
+                raise ValueError("pass an attention_mask when attending to past_key_values")
+            attention_mask = causal_mask(T, x.dtype, x.device)
+        cos, sin = self.rotary_emb(x, position_ids)
+        out, kv = self.layer(x, embeds, cos, sin, attention_mask, past_key_values)
+        logits = self.compute_logits(out) if compute_logits else None
+        return EagleOutput(hidden_states=out, logits=logits, past_key_values=kv if use_cache else None)
+
+    # ------------------------------------------------------------------ drafting
+    def model_card(self) -> str:
+        from .model_card import render_model_card
+
+        return render_model_card(self)
+
+    def get_tree_drafter(self, target: PreTrainedModel) -> "EagleTreeDrafter":
+        """The per-call drafter the engine uses for ``target.generate(assistant_model=self)``."""
+        self.attach_base_model(target)
+        return EagleTreeDrafter(self)
+
+
+def causal_mask(T: int, dtype: torch.dtype, device, past: int = 0) -> torch.Tensor:
+    """Additive ``(1, 1, T, past + T)`` mask: row i sees the past and rows <= i."""
+    visible = torch.ones(T, past + T, dtype=torch.bool, device=device).tril(past)
+    mask = torch.zeros(T, past + T, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+class EagleTreeDrafter(TreeDrafter):
+    """Drafting a tree with an `EagleDrafter` inside the engine (batch 1).
+
+    State between steps: the target's features ``f_0 .. f_{L-2}`` of the committed sequence ``x_0 .. x_{L-1}`` (read
+    from the prefill and verification forwards the engine already ran: no extra target pass) and the drafter's
+    KV cache of the rows ``j = 0 .. L-2`` (row j = (x_{j+1}, f_j) at position j). A step first runs the rows not
+    cached yet; the last row's output drafts depth 1. A drafted node at depth d is a drafter row at position
+    ``L - 2 + d`` fed its parent's output, attending to the committed rows and its ancestors' rows (tree
+    attention in the drafter, EAGLE Sec. 4.1). Tree rows are dropped after the step: the next step recomputes
+    the accepted tokens' rows from the target's true features.
+
+    Trees: EAGLE-2's `DynamicTree` (expand the top-k by path confidence, rerank to ``total_tokens``), with fixed
+    top-k candidates in every mode; or a static `TreeSpec`, whose children are the top-k (greedy) or drawn
+    without replacement from the drafter's distribution (sampling, exact tree rejection sampling).
+    """
+
+    needs_target_hidden_states = True
+
+    def __init__(self, drafter: EagleDrafter, draft_sampling: str = "without_replacement"):
+        self.drafter = drafter
+        self.default_tree = drafter.config.tree
+        self.vocab_size = drafter.config.vocab_size
+        self.draft_sampling = draft_sampling
+        self.features: torch.Tensor | None = None
+        self.kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.rows = 0
+        self._target_ids = drafter.draft_target_ids
+
+    # ------------------------------------------------------------------ state
+    def begin(self, prompt_ids, target_outputs) -> None:
+        feats = self.drafter.target_features(target_outputs.hidden_states)[0]
+        missing = prompt_ids.shape[1] - feats.shape[0]  # positions prefilled before this call: zeros
+        self.features = torch.cat([feats.new_zeros(missing, feats.shape[-1]), feats]) if missing > 0 else feats
+        self.kv, self.rows = None, 0
+
+    def advance(self, sequence, draft, result, target_outputs) -> None:
+        new = self.drafter.target_features(target_outputs.hidden_states)[0, list(result.path)]
+        self.features = torch.cat([self.features, new])[: sequence.shape[1] - 1]
+
+    def end(self) -> None:
+        self.features, self.kv, self.rows = None, None, 0
+
+    # ------------------------------------------------------------------ drafting
+    def _full_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits ``(n, V_draft)`` -> target-vocabulary logits ``(n, V)``, -inf outside."""
+        if self._target_ids is None:
+            return logits.float()
+        full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"), dtype=torch.float32)
+        return full.index_copy_(1, self._target_ids.to(logits.device), logits.float())
+
+    @torch.no_grad()
+    def _committed_rows(self, sequence: torch.LongTensor):
+        """Run the uncached committed rows; returns the last row's output and logits (they draft depth 1)."""
+        drafter = self.drafter
+        device = drafter.fc.weight.device
+        L = sequence.shape[1]
+        start = self.rows
+        ids = sequence[0, start + 1 : L].to(device)[None]
+        feats = self.features[start : L - 1].to(device)[None]
+        mask = causal_mask(ids.shape[1], drafter.fc.weight.dtype, device, past=start)
+        positions = torch.arange(start, L - 1, device=device)[None]
+        out = drafter(ids, target_features=feats, position_ids=positions, attention_mask=mask,
+                      past_key_values=self.kv, use_cache=True, compute_logits=False)  # fmt: skip
+        self.kv, self.rows = out.past_key_values, L - 1
+        last = out.hidden_states[:, -1:]
+        return last[0, 0], drafter.compute_logits(last)[0, 0]
+
+    @torch.no_grad()
+    def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
+        drafter = self.drafter
+        device = drafter.fc.weight.device
+        dtype = drafter.fc.weight.dtype
+        root_hidden, root_logits = self._committed_rows(sequence)
+        committed = self.rows
+        base_position = committed - 1  # the root row's position (L - 2)
+        # tree rows: per expanded node its row index (in the tree segment), its output and its ancestors' rows
+        tree_k, tree_v = [], []
+        row_of: dict[int, int] = {}
+        hidden_of: dict[int, torch.Tensor] = {-1: root_hidden}
+        num_tree_rows = 0
+
+        def run_rows(nodes: list[int], tokens: list[int], parents: list[int], depths: list[int], chains: list[list[int]]):
+            """Drafter rows for ``nodes`` (ids in the caller's numbering, parent -1 = root); ``chains[i]`` the
+            tree-row indices of node i's expanded ancestors."""
+            nonlocal num_tree_rows
+            n = len(nodes)
+            ids = torch.tensor(tokens, device=device)[None]
+            hidden = torch.stack([hidden_of[p] for p in parents])[None]
+            positions = torch.tensor([base_position + d for d in depths], device=device)[None]
+            visible = torch.zeros(n, committed + num_tree_rows + n, dtype=torch.bool, device=device)
+            visible[:, :committed] = True
+            for i, chain in enumerate(chains):
+                if chain:
+                    visible[i, torch.tensor(chain, device=device) + committed] = True
+                visible[i, committed + num_tree_rows + i] = True
+            mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
+            past = self.kv if not tree_k else (torch.cat([self.kv[0], *tree_k], 2), torch.cat([self.kv[1], *tree_v], 2))
+            out = drafter(ids, hidden=hidden, position_ids=positions, attention_mask=mask[None, None],
+                          past_key_values=past, use_cache=True, compute_logits=False)  # fmt: skip
+            k, v = out.past_key_values
+            tree_k.append(k[:, :, -n:])
+            tree_v.append(v[:, :, -n:])
+            for i, node in enumerate(nodes):
+                row_of[node] = num_tree_rows + i
+                hidden_of[node] = out.hidden_states[0, i]
+            num_tree_rows += n
+            return drafter.compute_logits(out.hidden_states[0]).float()  # over the draft vocabulary
+
+        if isinstance(tree, DynamicTree):
+
+            def expand(depth, frontier, cand_tokens, cand_parents):
+                chains = []
+                for c in frontier:
+                    chain, p = [], int(cand_parents[c])
+                    while p >= 0:
+                        chain.append(row_of[p])
+                        p = int(cand_parents[p])
+                    chains.append(chain)
+                parents = [int(cand_parents[c]) for c in frontier]
+                logits = run_rows(frontier, [int(cand_tokens[c]) for c in frontier], parents, [depth] * len(frontier), chains)
+                return torch.log_softmax(logits, dim=-1)
+
+            root_lp = torch.log_softmax(root_logits.float(), dim=-1)
+            return tree.grow(root_lp, expand, sequence[0, -1].to(device), vocab_ids=self._target_ids)
+
+        # a static tree: depth by depth, the inner nodes of the depth are expanded in one drafter forward
+        scheme = options.scheme(self.draft_sampling)
+        n = tree.num_nodes + 1
+        tokens = torch.empty(n, dtype=torch.long, device=device)
+        tokens[0] = sequence[0, -1]
+        probs = torch.zeros(n, self.vocab_size, device=device) if scheme != "deterministic" else None
+        depths = tree.depths.tolist()
+        parents_of = tree.parents
+        for d in range(tree.depth):
+            inner = [i for i in range(n) if depths[i] == d and tree.children[i]]
+            if d == 0:
+                logits = {0: root_logits.float()}
+            else:
+                chains = []
+                for i in inner:
+                    chain, p = [], parents_of[i]
+                    while p > 0:
+                        chain.append(row_of[p])
+                        p = parents_of[p]
+                    chains.append(chain)
+                node_tokens = tokens[inner].tolist()
+                rows = run_rows(inner, node_tokens, [parents_of[i] if parents_of[i] > 0 else -1 for i in inner], [d] * len(inner), chains)
+                logits = {i: rows[j] for j, i in enumerate(inner)}
+            for i in inner:
+                kids = tree.children[i]
+                if scheme == "deterministic":  # top-k in the draft vocabulary, mapped to target ids
+                    chosen, q = torch.topk(logits[i], min(len(kids), logits[i].shape[-1])).indices, None
+                    chosen = chosen if self._target_ids is None else self._target_ids[chosen]
+                else:  # draws from q over the target vocabulary (zero outside the draft vocabulary)
+                    chosen, q = fill_children(self._full_logits(logits[i][None])[0], len(kids), scheme, options)
+                tokens[list(kids)] = chosen.to(device)
+                if probs is not None:
+                    probs[i] = q.to(device)
+        return DraftTree.from_spec(tree, tokens, draft_probs=probs, sampling=scheme)
+
+
+# ---------------------------------------------------------------------- public checkpoints
+_IGNORED_PUBLIC_KEYS = ("embed_tokens.weight", "model.embed_tokens.weight")
+
+
+def _read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        path = folder / name
+        if path.is_file():
+            if name.endswith(".safetensors"):
+                from safetensors.torch import load_file
+
+                return load_file(str(path))
+            return torch.load(str(path), map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"{folder} holds no model.safetensors nor pytorch_model.bin")
+
+
+def load_public_checkpoint(path, dtype: torch.dtype | str | None = None) -> EagleDrafter:
+    """An `EagleDrafter` from a public EAGLE checkpoint folder, as the EAGLE repository (SafeAILab/EAGLE), its
+    Hub releases (yuhuili/EAGLE-*, EAGLE3-*) and SpecForge publish them: ``config.json`` with `LlamaConfig` fields
+    (``draft_vocab_size`` for EAGLE-3) and ``pytorch_model.bin`` (read with ``weights_only=True``) or
+    ``model.safetensors``.
+
+    Keys: EAGLE-1/2 ``fc.weight`` (``fc.bias``), ``layers.0.*`` (no ``input_layernorm``); EAGLE-3 ``fc.weight``,
+    ``midlayer.*`` (``hidden_norm``, ``input_layernorm``, q/k/v of input width 2H), ``norm.weight``,
+    ``lm_head.weight``, ``d2t``, ``t2d``. An embedding table in the checkpoint is ignored (the target's is
+    shared). The variant is read from the keys; the target's layers are resolved when the target is attached.
+    """
+    folder = Path(path)
+    raw = json.loads((folder / "config.json").read_text())
+    state = {k.removeprefix("model.") if k.startswith("model.") and not k.startswith("model.embed") else k: v
+             for k, v in _read_state_dict(folder).items()}  # fmt: skip
+    eagle3 = any(k.startswith("midlayer.") for k in state)
+    if not eagle3 and not any(k.startswith("layers.0.") for k in state):
+        raise ValueError(f"{folder} is not an EAGLE checkpoint: no midlayer.* (EAGLE-3) nor layers.0.* (EAGLE-1/2) weights")
+    fields = {k: v for k, v in raw.items() if k not in ("model_type", "architectures", "transformers_version", "torch_dtype", "dtype", "auto_map")}
+    layer = "midlayer" if eagle3 else "layers.0"
+    fields["fc_bias"] = "fc.bias" in state
+    fields["qkv_bias"] = f"{layer}.self_attn.q_proj.bias" in state
+    fields["attention_bias"] = f"{layer}.self_attn.o_proj.bias" in state
+    fields["num_hidden_layers"] = 1
+    if eagle3:
+        fields["draft_vocab_size"] = int(state["lm_head.weight"].shape[0])
+        fields["target_hidden_size"] = int(state["fc.weight"].shape[1] // 3)
+        if fields["target_hidden_size"] == fields.get("hidden_size"):
+            fields["target_hidden_size"] = None
+        if raw.get("target_hidden_size"):
+            fields["target_hidden_size"] = raw["target_hidden_size"]
+    else:
+        fields.pop("draft_vocab_size", None)
+    config = EagleConfig(variant="eagle3" if eagle3 else "eagle1", **fields)
+    drafter = EagleDrafter(config)
+    for key in _IGNORED_PUBLIC_KEYS:
+        state.pop(key, None)
+    if not eagle3:
+        state.pop("layers.0.input_layernorm.weight", None)  # EAGLE-1's layer 0 has none (some exports carry one)
+    expected = drafter.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if missing or unexpected:
+        raise ValueError(f"{folder}: weights do not match the EAGLE layout (missing {missing[:6]}, unexpected {unexpected[:6]})")
+    state = {k: v.to(expected[k].dtype) if expected[k].is_floating_point() else v.to(expected[k].dtype) for k, v in state.items()}
+    drafter.load_state_dict(state, strict=True)
+    if dtype is not None:
+        drafter = drafter.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+    return drafter

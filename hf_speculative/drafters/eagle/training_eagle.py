@@ -1,0 +1,310 @@
+"""Training an `EagleDrafter` on target-labelled data (the target's features and top-k log-probabilities, computed
+once: `hf_speculative.training.labelling`).
+
+Row j of a sequence pairs the token x_{j+1} with the target's feature f_j; the drafter's output g_j drafts x_{j+2}.
+
+* EAGLE-1/2 (EAGLE Sec. 4.3): feature regression ``SmoothL1(g_j, f_{j+1})`` plus ``w_cls`` (0.1 in the paper) times
+  the token loss, here a KD loss against the target's stored top-k distribution of x_{j+2}
+  (`hf_speculative.training.losses.kd_loss`) through the target's ``lm_head``; optional uniform feature noise.
+* EAGLE-3 (EAGLE-3 Sec. 3.2-3.3): no feature loss, the token (KD) loss only, over the draft vocabulary, and the
+  *training-time test*: ``steps`` unrolled drafting steps, step s feeding the drafter's own outputs of step s - 1
+  back at row j together with the true token x_{j+s+1}, at position j + s, attending to the real-feature rows
+  <= j (step 0) and to its own chain at row j (steps 1..s): exactly what tree drafting does at depth s + 1.
+  Step s's loss is weighted ``0.8**s`` as in EAGLE-3's reference training.
+
+The draft vocabulary (EAGLE-3's ``d2t`` / ``t2d``) is the most frequent target tokens of the training data
+(`hf_speculative.drafters.draft_vocab.frequent_tokens`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+from ...training.losses import kd_loss
+from ...training.trainer import DrafterTrainer, HiddenStates
+from .modeling_eagle import EagleDrafter, causal_mask
+
+__all__ = ["EagleDataset", "EagleCollator", "EagleTrainer", "eagle_loss", "train_eagle", "scale_fc_to_features", "hidden_states_from_model", "STEP_DECAY", "W_CLS"]
+
+STEP_DECAY = 0.8  # EAGLE-3's reference training weights unrolled step s by 0.8**s
+W_CLS = 0.1  # EAGLE Sec. 4.3: L = L_reg + w_cls L_cls
+
+
+@torch.no_grad()
+def hidden_states_from_model(model, sequences: Sequence[torch.Tensor], layers: Sequence[int], top_k: int = 8) -> HiddenStates:
+    """Label token sequences with ``model`` in memory (what the labelling command writes to shards): the
+    ``output_hidden_states`` rows ``layers`` (``HiddenStates.layers``; ``hidden`` is the final post-norm state),
+    every token a training token, and the top-k teacher. For tests and small experiments."""
+    n_layers = model.config.num_hidden_layers
+    hs, xs, tops, lps, offsets = [], [], [], [], [0]
+    extra: dict[int, list[torch.Tensor]] = {int(i): [] for i in layers}
+    for seq in sequences:
+        ids = torch.as_tensor(seq).reshape(1, -1).to(model.device)
+        out = model(input_ids=ids, output_hidden_states=True)
+        logp = torch.log_softmax(out.logits[0].float(), -1)
+        top = logp.topk(top_k, dim=-1)
+        hs.append(out.hidden_states[n_layers][0].float())
+        for i in extra:
+            extra[i].append(out.hidden_states[i][0].float())
+        xs.append(ids[0])
+        tops.append(top.indices)
+        lps.append(top.values)
+        offsets.append(offsets[-1] + ids.shape[1])
+    x = torch.cat(xs).long()
+    return HiddenStates(torch.cat(hs), x, x.clone(), torch.tensor(offsets), [str(i) for i in range(len(xs))],
+                        torch.cat(tops), torch.cat(lps), {i: torch.cat(v) for i, v in extra.items()})  # fmt: skip
+
+
+class EagleDataset(Dataset):
+    """Sequences of labelled states, cut into chunks of at most ``max_length`` tokens. An item: ``input_ids (T,)``,
+    ``features (T, F)`` (the drafter's target features per position), ``final (T, H)`` (the post-norm final
+    state, EAGLE-1/2's regression target), ``predict (T,)`` (row t's teacher predicts an answer token),
+    ``topk_ids`` / ``topk_logprobs (T, k)``."""
+
+    def __init__(self, states: HiddenStates, feature_layers: Sequence[int], final_layer: int, max_length: int = 512):
+        if not states.has_teacher:
+            raise ValueError("EAGLE training needs target-labelled states (topk_ids, topk_logprobs)")
+        layers = states.layers or {}
+        self.states = states
+        self.final_layer = final_layer
+
+        def layer(i):
+            if i == final_layer:
+                return states.hidden
+            if i not in layers:
+                raise KeyError(f"layer {i} is not in the labelled data (have {sorted(layers)} and the final {final_layer})")
+            return layers[i]
+
+        self.feature_tensors = [layer(int(i)) for i in feature_layers]
+        self.spans = []
+        offsets = states.offsets.tolist()
+        for s, e in zip(offsets[:-1], offsets[1:]):
+            for a in range(s, e - 2, max_length):
+                b = min(a + max_length, e)
+                if b - a >= 3:
+                    self.spans.append((a, b))
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def __getitem__(self, i: int) -> dict:
+        a, b = self.spans[i]
+        st = self.states
+        labels = st.labels[a:b]
+        predict = torch.zeros(b - a, dtype=torch.bool)
+        predict[:-1] = labels[1:] != -100
+        feats = [t[a:b] for t in self.feature_tensors]
+        return {
+            "input_ids": st.input_ids[a:b],
+            "features": torch.cat(feats, -1) if len(feats) > 1 else feats[0],
+            "final": st.hidden[a:b],
+            "predict": predict,
+            "topk_ids": st.topk_ids[a:b].long(),
+            "topk_logprobs": st.topk_logprobs[a:b],
+        }
+
+
+class EagleCollator:
+    """Right-pads a batch of `EagleDataset` items (padded rows never predict)."""
+
+    def __call__(self, items: list[dict]) -> dict:
+        T = max(x["input_ids"].shape[0] for x in items)
+        out = {}
+        for key in items[0]:
+            rows = []
+            for x in items:
+                t = x[key]
+                pad = T - t.shape[0]
+                if pad:
+                    t = torch.cat([t, t.new_zeros((pad, *t.shape[1:]))])
+                rows.append(t)
+            out[key] = torch.stack(rows)
+        return out
+
+
+def _unrolled_attention(attn, q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], mask0: torch.Tensor) -> torch.Tensor:
+    """Training-time-test attention: queries ``(B, h, T, d)`` see step 0's keys causally (``mask0``) and, at row j,
+    the keys of row j of every later step so far (``keys[1:]``, one per step)."""
+    groups = attn.num_heads // attn.num_kv_heads
+    rep = (lambda t: t.repeat_interleave(groups, dim=1)) if groups > 1 else (lambda t: t)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = [torch.matmul(q, rep(keys[0]).transpose(-1, -2)) * scale + mask0]
+    scores += [(q * rep(k)).sum(-1, keepdim=True) * scale for k in keys[1:]]
+    probs = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
+    T = keys[0].shape[2]
+    out = torch.matmul(probs[..., :T], rep(values[0]))
+    for i, v in enumerate(values[1:]):
+        out = out + probs[..., T + i : T + i + 1] * rep(v)
+    B, _, Tq, _ = out.shape
+    return attn.o_proj(out.transpose(1, 2).reshape(B, Tq, -1))
+
+
+def eagle_loss(drafter: EagleDrafter, batch: dict, steps: int = 1, w_cls: float = W_CLS, vocab_index: torch.Tensor | None = None,
+               feature_noise: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+    """The EAGLE loss of one padded batch (see the module docstring) and its named parts (``reg``, ``kd_<s>``,
+    ``acc_<s>``: top-1 agreement with the target at unrolled step s)."""
+    ids_all, feats_all = batch["input_ids"], batch["features"]
+    B, T = ids_all.shape
+    R = T - 1  # rows j = 0 .. T - 2 pair x_{j+1} with f_j
+    dtype = drafter.fc.weight.dtype
+    feats = feats_all[:, :R].to(dtype)
+    if feature_noise:
+        feats = feats + (torch.rand_like(feats) * 2 - 1) * feature_noise
+    layer, attn = drafter.layer, drafter.layer.self_attn
+    mask0 = causal_mask(R, dtype, feats.device)
+    parts: dict[str, torch.Tensor] = {}
+    total = feats.new_zeros((), dtype=torch.float32)
+    keys, values, hidden = [], [], None
+    for s in range(steps):
+        if R - s <= 0:
+            break
+        ids = torch.zeros(B, R, dtype=torch.long, device=ids_all.device)
+        ids[:, : R - s] = ids_all[:, 1 + s :]
+        embeds = drafter.embed(ids)
+        x = drafter.fuse(embeds, feats if s == 0 else None, hidden)
+        positions = (torch.arange(R, device=x.device) + s)[None].expand(B, -1)
+        cos, sin = drafter.rotary_emb(x, positions)
+        q, k, v = attn.qkv(layer.attention_input(x, embeds), cos, sin)
+        keys.append(k)
+        values.append(v)
+        hidden = layer.finish(x, _unrolled_attention(attn, q, keys, values, mask0))
+        # row j at step s drafts x_{j+s+2}: the teacher's row j + s + 1
+        valid = torch.zeros(B, R, dtype=torch.bool, device=x.device)
+        valid[:, : R - s] = batch["predict"][:, 1 + s :]
+        tid = torch.zeros(B, R, batch["topk_ids"].shape[-1], dtype=torch.long, device=x.device)
+        tlp = torch.zeros(B, R, batch["topk_logprobs"].shape[-1], device=x.device)
+        tid[:, : R - s] = batch["topk_ids"][:, 1 + s :]
+        tlp[:, : R - s] = batch["topk_logprobs"][:, 1 + s :].float()
+        flat = valid.reshape(-1)
+        rows = hidden.reshape(B * R, -1)[flat]
+        logits = drafter.compute_logits(rows)
+        kd = kd_loss(logits, tid.reshape(B * R, -1)[flat], tlp.reshape(B * R, -1)[flat], vocab_index=vocab_index)
+        weight = STEP_DECAY**s
+        if not drafter.config.is_eagle3:
+            if s == 0:  # EAGLE Sec. 4.3: regress the next feature
+                target = batch["final"][:, 1:].to(dtype).reshape(B * R, -1)[flat]
+                reg = F.smooth_l1_loss(rows.float(), target.float()) if rows.shape[0] else rows.sum() * 0.0
+                parts["reg"] = reg.detach()
+                total = total + reg
+            total = total + weight * w_cls * kd
+        else:
+            total = total + weight * kd
+        parts[f"kd_{s}"] = kd.detach()
+        if rows.shape[0]:
+            top1 = logits.argmax(-1)
+            if drafter.config.is_eagle3:
+                top1 = drafter.draft_to_target_ids(top1)
+            parts[f"acc_{s}"] = (top1 == tid.reshape(B * R, -1)[flat][:, 0]).float().mean()
+    return total, parts
+
+
+@torch.no_grad()
+def scale_fc_to_features(drafter: EagleDrafter, dataset: "EagleDataset", max_rows: int = 8192, seed: int = 0) -> None:
+    """EAGLE-3: a data-dependent init of ``fc`` (our choice, not the paper's): a random projection whose every input
+    column is divided by that feature dimension's RMS over the data, so the fused feature f starts at unit scale.
+
+    The target's middle and high layers carry massive activations (SmolLM2-135M: RMS about 50, single values up
+    to 2.5e4 at attention-sink tokens); with a plain random ``fc`` the residual f then dwarfs the attention and
+    MLP outputs, the token embedding (which enters through attention only) barely moves the prediction, and a
+    short training mostly spends itself shrinking ``fc``."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in torch.randperm(len(dataset), generator=g)[:64].tolist():
+        rows.append(dataset[i]["features"].float())
+        if sum(r.shape[0] for r in rows) >= max_rows:
+            break
+    feats = torch.cat(rows)[:max_rows]
+    rms = feats.pow(2).mean(0).sqrt().clamp_min(1e-3)
+    fan_in = feats.shape[-1]
+    w = torch.randn(drafter.fc.weight.shape, generator=g) / math.sqrt(fan_in) / rms[None, :]
+    drafter.fc.weight.copy_(w.to(drafter.fc.weight))
+    if drafter.fc.bias is not None:
+        drafter.fc.bias.zero_()
+
+
+class EagleTrainer(DrafterTrainer):
+    """`DrafterTrainer` with `eagle_loss` (``steps`` unrolled steps; the KD over the draft vocabulary)."""
+
+    def __init__(self, *args, steps: int = 1, w_cls: float = W_CLS, feature_noise: float = 0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.steps, self.w_cls, self.feature_noise = steps, w_cls, feature_noise
+        drafter = self.model
+        self.vocab_index = None
+        if drafter.config.is_eagle3:
+            index = torch.full((drafter.config.vocab_size,), -1, dtype=torch.long)
+            index[drafter.draft_target_ids.cpu()] = torch.arange(drafter.d2t.shape[0])
+            self.vocab_index = index
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss, parts = eagle_loss(model, inputs, self.steps, self.w_cls, self.vocab_index, self.feature_noise)
+        self.record_parts(parts)
+        return (loss, {"loss": loss}) if return_outputs else loss
+
+
+def train_eagle(
+    drafter: EagleDrafter,
+    states: HiddenStates,
+    output_dir: str,
+    steps: int | None = None,
+    num_epochs: float = 1.0,
+    max_steps: int = -1,
+    batch_size: int = 4,
+    max_length: int = 512,
+    learning_rate: float = 3e-4,
+    weight_decay: float = 0.0,
+    warmup_steps: int = 10,
+    logging_steps: int = 10,
+    time_budget: float | None = None,
+    final_layer: int | None = None,
+    callbacks: list | None = None,
+    progress: bool = True,
+    seed: int = 0,
+    scale_fc: bool = True,
+) -> EagleTrainer:
+    """Train ``drafter`` (attached to its target) on labelled ``states`` with the `EagleTrainer`; ``steps`` unrolled
+    drafting steps (default 1 for EAGLE-1/2, 4 for EAGLE-3); ``time_budget`` seconds stop it early (with a cosine
+    over the budget, `hf_speculative.training.callbacks.TimeBudgetCallback`); ``scale_fc``: EAGLE-3's ``fc`` starts from
+`scale_fc_to_features` (a fresh drafter; pass False to continue training one). Returns the trainer (its
+    ``state.log_history`` holds the loss parts)."""
+    from transformers import TrainingArguments
+
+    from ...training.callbacks import TimeBudgetCallback
+
+    drafter._require_base()
+    steps = steps or (4 if drafter.config.is_eagle3 else 1)
+    final_layer = final_layer or drafter.num_target_layers
+    dataset = EagleDataset(states, drafter.config.feature_layers(drafter.num_target_layers), final_layer, max_length)
+    if drafter.config.is_eagle3 and scale_fc:
+        scale_fc_to_features(drafter, dataset, seed=seed)
+    callbacks = list(callbacks or [])
+    if time_budget:
+        callbacks.append(TimeBudgetCallback(time_budget))
+    args = TrainingArguments(
+        output_dir=output_dir,
+        num_train_epochs=num_epochs,
+        max_steps=max_steps,
+        per_device_train_batch_size=batch_size,
+        learning_rate=learning_rate,
+        weight_decay=weight_decay,
+        warmup_steps=warmup_steps,
+        lr_scheduler_type="constant" if time_budget else "cosine",
+        logging_steps=logging_steps,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        disable_tqdm=not progress,
+        seed=seed,
+    )
+    drafter.train()
+    trainer = EagleTrainer(model=drafter, args=args, train_dataset=dataset, data_collator=EagleCollator(), callbacks=callbacks,
+                           steps=steps, feature_noise=drafter.config.feature_noise)  # fmt: skip
+    trainer.train()
+    drafter.eval()
+    return trainer
