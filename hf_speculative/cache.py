@@ -19,7 +19,26 @@ from typing import Sequence
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
-__all__ = ["check_tree_cache", "prepare_tree_cache", "keep_path", "keep_paths", "crop_to", "full_length_cache"]
+__all__ = [
+    "attention_window", "check_tree_cache", "prepare_tree_cache", "keep_path", "keep_paths", "crop_to", "full_length_cache",
+]  # fmt: skip
+
+
+def attention_window(config) -> tuple[int | None, str]:
+    """``(window, layout)`` of a model's attention: ``(None, "full")`` without sliding windows; ``(w, "all")``
+    when every layer slides (Mistral); ``(w, "mapping")`` for a hybrid of full and sliding layers (a
+    ``layer_types`` list with ``"sliding_attention"``: Qwen2 ``use_sliding_window``, Gemma-2/3). Other layer
+    types (chunked, linear attention) cannot take a tree mask: `ValueError` naming them."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types:
+        unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+        if unknown:
+            raise ValueError(f"tree speculative decoding supports full and sliding-window attention layers, not {unknown}")
+        if "sliding_attention" not in layer_types or not window:
+            return None, "full"
+        return int(window), "mapping"  # models built with ``layer_types`` read a {layer type: mask} mapping
+    return (int(window), "all") if window else (None, "full")
 
 
 def full_length_cache() -> DynamicCache:

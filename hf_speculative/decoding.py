@@ -37,12 +37,14 @@ from dataclasses import dataclass, field
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .cache import crop_to, keep_paths, prepare_tree_cache
+from .cache import attention_window, crop_to, keep_paths, prepare_tree_cache
 from .drafters.base import DraftingOptions, TargetRows, TreeDrafter, vocab_logits
 from .trees import BatchTreeMaskBuffer, DraftTree, TreeSpec, batch_tree_block
 from .verify import AcceptanceResult, accept_greedy, accept_sampling, accept_typical
 
-__all__ = ["SpeculativeStats", "SpeculativeGenerateOutput", "tree_speculative_decoding", "check_tree_attention"]
+__all__ = [
+    "SpeculativeStats", "SpeculativeGenerateOutput", "tree_speculative_decoding", "check_tree_attention", "attention_window",
+]  # fmt: skip
 
 TREE_ATTENTION = ("eager", "sdpa")
 
@@ -183,23 +185,6 @@ class NodeLogits:
         recomputed = head(hidden[-1][:, -1]).float()
         return head if torch.allclose(recomputed, reference, rtol=1e-4, atol=1e-4) else None
 
-
-
-def attention_window(config) -> tuple[int | None, str]:
-    """``(window, layout)`` of a model's attention: ``(None, "full")`` without sliding windows; ``(w, "all")``
-    when every layer slides (Mistral); ``(w, "mapping")`` for a hybrid of full and sliding layers (a
-    ``layer_types`` list with ``"sliding_attention"``: Qwen2 ``use_sliding_window``, Gemma-2/3). Other layer
-    types (chunked, linear attention) cannot take a tree mask: `ValueError` naming them."""
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types:
-        unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
-        if unknown:
-            raise ValueError(f"tree speculative decoding supports full and sliding-window attention layers, not {unknown}")
-        if "sliding_attention" not in layer_types or not window:
-            return None, "full"
-        return int(window), "mapping"  # models built with ``layer_types`` read a {layer type: mask} mapping
-    return (int(window), "all") if window else (None, "full")
 
 
 class _Row:

@@ -26,6 +26,7 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from ...hub import resolve_name_or_path
+from ...cache import full_length_cache
 from ...trees import DraftTree, TreeSpec
 from ..base import (
     DraftingOptions,
@@ -278,7 +279,7 @@ class ParallelTreeDrafter(TreeDrafter):
         return [forward + curve.projection_cost(d, self.drafter.draft_vocab_share) for d in range(1, self.max_depth + 1)]
 
     def begin(self, prompt_ids, target_outputs) -> None:
-        self.cache = DynamicCache(config=self.drafter.decoder.config)
+        self.cache = full_length_cache()  # `_keep_committed` slices by absolute length: no sliding-window layers
         if self.needs_target_hidden_states:
             h = final_hidden_state(target_outputs)[0]
             missing = prompt_ids.shape[1] - h.shape[0]  # positions prefilled before this call carry no state: zeros
