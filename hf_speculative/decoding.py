@@ -155,17 +155,38 @@ class NodeLogits:
             nodes.append(self.first_child[nodes[-1]])
         nodes = [i for i in nodes if i not in self.rows]
         start = time.perf_counter()
-        states = self.hidden[nodes if len(nodes) > 1 else nodes * 2]  # never a single-row product (see above)
-        weight = getattr(self.head, "weight", None)
-        if isinstance(self.head, torch.nn.Linear) and weight is not None:
-            logits = vocab_logits(states, weight)
-            if self.head.bias is not None:
-                logits = logits + self.head.bias
-        else:
-            logits = self.head(states)
+        logits = self._project(self.hidden[nodes if len(nodes) > 1 else nodes * 2])  # never a single-row product
         for i, node_i in enumerate(nodes):
             self.rows[node_i] = logits[i].float()
         self.seconds += time.perf_counter() - start
+
+    def _project(self, states: torch.Tensor) -> torch.Tensor:
+        weight = getattr(self.head, "weight", None)
+        if isinstance(self.head, torch.nn.Linear) and weight is not None:
+            logits = vocab_logits(states, weight)
+            return logits + self.head.bias if self.head.bias is not None else logits
+        return self.head(states)
+
+    @staticmethod
+    def prefetch(items: list["NodeLogits"], depth: int = 2) -> None:
+        """With a batch, the first ``depth`` nodes of every row's likeliest path (root, first child, ...) in ONE
+        head product: the rows every acceptance walk reads first, without a small product per row."""
+        if len(items) < 2 or items[0].head is None:
+            return
+        picks = []
+        for a, item in enumerate(items):
+            node = 0
+            for _ in range(depth):
+                picks.append((a, node))
+                node = item.first_child[node]
+                if node < 0:
+                    break
+        start = time.perf_counter()
+        states = torch.stack([items[a].hidden[node] for a, node in picks])
+        logits = items[0]._project(states)
+        for (a, node), row in zip(picks, logits):
+            items[a].rows[node] = row.float()
+        items[0].seconds += time.perf_counter() - start
 
     def __getitem__(self, node: int) -> torch.Tensor:
         if self.head is None:
@@ -356,7 +377,7 @@ def _check_call(model, input_ids, drafter: TreeDrafter, tree, synced_gpus: bool,
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError(f"a streamer takes one sequence, got a batch of {input_ids.shape[0]}")
     check_tree_attention(model)
-    tree = tree if tree is not None else drafter.default_tree
+    tree = tree if tree is not None else drafter.tree_for_batch(input_ids.shape[0])
     if not isinstance(tree, TreeSpec):
         raise TypeError(f"speculative_tree must be a hf_speculative.TreeSpec, got {type(tree).__name__}")
     if drafter.max_depth is not None and tree.depth > drafter.max_depth:
@@ -425,6 +446,7 @@ def _verify(model, drafter: TreeDrafter, batch: _Batch, drafts, masks: _TreeMask
 def _accept(accept, outputs, drafts, batch: _Batch, lazy_head, logits_processor):
     """3. per row, the longest valid path and the bonus token."""
     logits = [NodeLogits(outputs, lazy_head, d, row=a) for a, d in enumerate(drafts)]
+    NodeLogits.prefetch(logits)
     results = [
         accept(d, _node_scores(lg, d, batch.rows[r].ids, logits_processor))
         for d, lg, r in zip(drafts, logits, batch.active)

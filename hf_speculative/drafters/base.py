@@ -190,6 +190,18 @@ class TreeDrafter(ABC):
     acceptance: str | None = None
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
+    #: drafters with a cost-aware default tree set ``batch_tree(batch_size) -> TreeSpec`` (see `tree_for_batch`)
+    batch_tree = None
+
+    def tree_for_batch(self, batch_size: int) -> TreeSpec | None:
+        """The tree of a call over ``batch_size`` rows when it gives no ``speculative_tree``: `default_tree`, or
+        for a cost-aware drafter the tree that pays off at that batch size (smaller as B grows), cached per B."""
+        if batch_size == 1 or self.batch_tree is None:
+            return self.default_tree
+        trees = self.__dict__.setdefault("_batch_trees", {})
+        if batch_size not in trees:
+            trees[batch_size] = self.batch_tree(batch_size=batch_size)
+        return trees[batch_size]
 
     def begin(self, prompt_ids: torch.LongTensor, target_outputs) -> None:
         """Reset state for a new call; ``target_outputs`` is the target's prefill output."""

@@ -17,6 +17,8 @@ With ``use_target_hidden_states`` (Sec. 4.3, the EAGLE-style integration) a cont
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import torch
@@ -260,7 +262,8 @@ class ParallelTreeDrafter(TreeDrafter):
         self.k = config.num_mask_tokens
         self.max_depth = config.num_mask_tokens + 1
         self.target_layers = getattr(getattr(target, "config", None), "num_hidden_layers", None)
-        self.default_tree = cost_aware_tree(config.tree, config, "depth_top_i_accuracy", target, self.draft_cost, self.max_depth)
+        self.batch_tree = functools.partial(cost_aware_tree, config.tree, config, "depth_top_i_accuracy", target, self.draft_cost, self.max_depth)
+        self.default_tree = self.batch_tree(batch_size=1)
         self.acceptance = config.acceptance
         self.posterior_threshold = config.posterior_threshold
         self.posterior_alpha = config.posterior_alpha
