@@ -475,16 +475,42 @@ def _compact_cache(cache, batch: _Batch, past_length: int, results) -> None:
     batch.append_columns(lengths, m)
 
 
-def _update_stopping_state(stopping: _Stopping, batch: _Batch, cache, masks: _TreeMasks) -> list[int]:
-    """6. rows that are done leave the batch (cache, masks, bookkeeping). Returns the cache rows that go on."""
-    keep = [a for a, r in enumerate(batch.active) if not stopping.is_done(batch.rows[r], batch.rows)]
-    if len(keep) < len(batch.active) and keep:
-        index = batch.select(keep)
+def _rows_going_on(stopping: _Stopping, batch: _Batch) -> list[int]:
+    """The cache rows whose sequence is not done (see `_Stopping.is_done`)."""
+    return [a for a, r in enumerate(batch.active) if not stopping.is_done(batch.rows[r], batch.rows)]
+
+
+def _advance_drafter(drafter: TreeDrafter, batch: _Batch, going_on: list[int], drafts, results, outputs) -> None:
+    """6. the drafter catches up with the committed sequences of the rows that go on."""
+    if going_on:
+        drafter.advance_batch(
+            [batch.rows[batch.active[a]].sequence for a in going_on],
+            [batch.active[a] for a in going_on],
+            [drafts[a] for a in going_on],
+            [results[a] for a in going_on],
+            TargetRows(outputs, rows=going_on, columns=batch.visible),
+        )
+
+
+def _drop_finished_rows(batch: _Batch, going_on: list[int], cache, masks: _TreeMasks) -> None:
+    """7. rows that are done leave the batch: their cache rows, mask rows and bookkeeping."""
+    if not going_on:
+        batch.active = []
+    elif len(going_on) < len(batch.active):
+        index = batch.select(going_on)
         cache.batch_select_indices(index)
         masks.select(index)
-    elif not keep:
-        batch.active = []
-    return keep
+
+
+def _start(input_ids, model_kwargs, keep_positions: bool) -> _Batch:
+    """The rows of the call: prompts, left padding (from ``attention_mask``) and the positions generate prepared."""
+    attention_mask = model_kwargs.get("attention_mask")
+    visible = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+    positions = model_kwargs.get("position_ids")
+    positions = positions if positions is not None else (visible.long().cumsum(-1) - 1).clamp_min(0)
+    pads = (~visible).sum(-1).tolist()
+    rows = [_Row(input_ids[b : b + 1], int(pads[b])) for b in range(input_ids.shape[0])]
+    return _Batch(rows, visible, positions, keep_positions)
 
 
 def _first_tokens(outputs, input_ids, logits_processor, do_sample: bool, generator):
@@ -515,9 +541,9 @@ def tree_speculative_decoding(
 ):
     """Tree speculative decoding of a batch of sequences; called by `generate` after its usual preparation.
 
-    Each step: draft a tree per row, verify all of them in one target forward, accept each row's longest
-    valid path, commit its tokens with the stopping checks plain decoding makes, compact the cache to the
-    accepted paths, let the drafter catch up, and drop the rows that are done.
+    Each step: (1) draft a tree per row, (2) verify all of them in one target forward, (3) accept each row's
+    longest valid path, (4) commit its tokens with the stopping checks plain decoding makes, (5) compact the
+    cache to the accepted paths, (6) let the drafter catch up, (7) drop the rows that are done.
     """
     tree = _check_call(model, input_ids, drafter, tree, synced_gpus, streamer)
     cache = model_kwargs.get("past_key_values")
@@ -538,25 +564,19 @@ def tree_speculative_decoding(
     masks = _TreeMasks(model, device)
 
     # Prefill: one target forward over the prompts commits each row's first new token, exactly as plain generate.
-    attention_mask = model_kwargs.get("attention_mask")
-    visible = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
-    positions = model_kwargs.get("position_ids")
-    positions = positions if positions is not None else (visible.long().cumsum(-1) - 1).clamp_min(0)
-    pads = [int(p) for p in (~visible).sum(-1).tolist()] if attention_mask is not None else [0] * input_ids.shape[0]
-    batch = _Batch([_Row(input_ids[b : b + 1], pads[b]) for b in range(input_ids.shape[0])], visible, positions, masks.window is not None)
+    batch = _start(input_ids, model_kwargs, keep_positions=masks.window is not None)
     stats.rows = [row.stats for row in batch.rows] if len(batch.rows) > 1 else []
     with _Timer(stats.timings, "target", device):
         outputs = _prefill(model, input_ids, cache, model_kwargs)
     lazy_head = NodeLogits.lazy_head(model, outputs)
     first, scores, raw = _first_tokens(outputs, input_ids, logits_processor, do_sample, generator)
     with _Timer(stats.timings, "draft", device):
-        drafter.begin_batch(
-            [row.sequence for row in batch.rows], TargetRows(outputs, starts=pads, columns=batch.visible)
-        )
+        pads = [row.pad for row in batch.rows]
+        drafter.begin_batch([row.sequence for row in batch.rows], TargetRows(outputs, starts=pads, columns=batch.visible))
     for b, row in enumerate(batch.rows):
         row.stats.accepted_lengths.append(stopping.commit(row, [first[b]], [scores[b]], [raw[b]]))
     stats.accepted_lengths.append(len(batch.rows))
-    _update_stopping_state(stopping, batch, cache, masks)
+    _drop_finished_rows(batch, _rows_going_on(stopping, batch), cache, masks)
 
     while batch.active:
         past_length = batch.visible.shape[1]  # the roots (last committed tokens) are not cached yet
@@ -568,21 +588,14 @@ def tree_speculative_decoding(
             results, logits = _accept(accept, outputs, drafts, batch, lazy_head, logits_processor)
             _commit(stopping, batch, drafts, results, logits, stats)
             _compact_cache(cache, batch, past_length, results)
-            going_on = [a for a, r in enumerate(batch.active) if not stopping.is_done(batch.rows[r], batch.rows)]
-        head_seconds = sum(lg.seconds for lg in logits)
+            going_on = _rows_going_on(stopping, batch)
+        head_seconds = sum(lg.seconds for lg in logits)  # the LM head is the target's work, not the engine's
         stats.timings["engine"] -= head_seconds
         stats.timings["target"] += head_seconds
-        if going_on:
-            with _Timer(stats.timings, "draft", device):
-                drafter.advance_batch(
-                    [batch.rows[batch.active[a]].sequence for a in going_on],
-                    [batch.active[a] for a in going_on],
-                    [drafts[a] for a in going_on],
-                    [results[a] for a in going_on],
-                    TargetRows(outputs, rows=going_on, columns=batch.visible),
-                )
+        with _Timer(stats.timings, "draft", device):
+            _advance_drafter(drafter, batch, going_on, drafts, results, outputs)
         with _Timer(stats.timings, "engine", device):
-            _update_stopping_state(stopping, batch, cache, masks)
+            _drop_finished_rows(batch, going_on, cache, masks)
 
     drafter.end_batch()
     if streamer is not None:
