@@ -565,7 +565,7 @@ def tree_speculative_decoding(
 
     # Prefill: one target forward over the prompts commits each row's first new token, exactly as plain generate.
     batch = _start(input_ids, model_kwargs, keep_positions=masks.window is not None)
-    stats.rows = [row.stats for row in batch.rows] if len(batch.rows) > 1 else []
+    stats.rows = [row.stats for row in batch.rows]
     with _Timer(stats.timings, "target", device):
         outputs = _prefill(model, input_ids, cache, model_kwargs)
     lazy_head = NodeLogits.lazy_head(model, outputs)

@@ -300,3 +300,20 @@ def test_batched_sampling_is_lossless_per_row():
         assert chi_square_pvalue(counts[b], exact[b], n) > ALPHA, b
     # the rows' distributions differ (a row mixed up with the other would fail)
     assert chi_square_pvalue(counts[1], exact[0], n) < ALPHA
+
+
+def test_gemma2_hybrid_cache_past_the_window():
+    """A real Gemma-2 (alternating sliding and full layers, logit soft-capping: the engine's lazy LM head is off)."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Gemma2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=8, sliding_window=8, max_position_embeddings=256,
+                          initializer_range=0.3, pad_token_id=None, bos_token_id=None, eos_token_id=None)  # fmt: skip
+    model = hfs.enable(Gemma2ForCausalLM._from_config(config, attn_implementation="eager").eval())
+    assert {type(layer).__name__ for layer in DynamicCache(config=model.config).layers} == {"DynamicSlidingWindowLayer", "DynamicLayer"}
+    ids, mask = left_padded()
+    plain = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=PAD)
+    for drafter in (hfs.PromptLookupDrafter(min_ngram_size=1), noisy_copy(model, 0.3)):
+        out = model.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=40, do_sample=False, pad_token_id=PAD)
+        assert torch.equal(out, plain), type(drafter).__name__
