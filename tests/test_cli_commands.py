@@ -108,4 +108,4 @@ def test_cli_bench_batch_size(model_dir, prompts, tmp_path, capsys):
             assert stats["lossless_rate"] == 1.0 and len(stats["tau_per_row"]) == 3 and stats["tau"] >= 1.0
     assert plot.stat().st_size > 0
     printed = capsys.readouterr().out
-    assert "skipping hf-assisted" in printed and "| B | method | new tokens/s |" in printed
+    assert "skipping hf-assisted" in printed and "| B | method | tree nodes | new tokens/s |" in printed

@@ -54,6 +54,12 @@ def _row_taus(output, batch_size: int) -> list[float] | None:
     return [r.mean_accepted_length for r in rows][:batch_size]
 
 
+def _tree_nodes(method, batch_size: int) -> int | None:
+    tree_for_batch = getattr(method, "tree_for_batch", None)
+    tree = tree_for_batch(batch_size) if tree_for_batch is not None else None
+    return getattr(tree, "num_nodes", None)
+
+
 def run_batch_benchmark(
     model,
     tokenizer,
@@ -125,8 +131,9 @@ def run_batch_benchmark(
                 "tau_per_row": acc["taus"] or None,
                 "tau": sum(acc["taus"]) / len(acc["taus"]) if acc["taus"] else None,
                 "lossless_rate": acc["exact_rows"] / max(acc["rows"], 1) if greedy else None,
+                "tree_nodes": _tree_nodes(method, b),
             }
-            for name, acc in per_method.items()
+            for (name, acc), method in zip(per_method.items(), bench_methods)
         }
     bar.close()
     return {
@@ -145,12 +152,14 @@ def run_batch_benchmark(
 
 def batch_table(result: dict[str, Any]) -> str:
     """Markdown: total new tokens/s, speedup, tau and lossless rate per method and batch size."""
-    lines = ["| B | method | new tokens/s | speedup | tau (mean per row) | lossless rows |", "|---|---|---|---|---|---|"]
+    lines = ["| B | method | tree nodes | new tokens/s | speedup | tau (mean per row) | lossless rows |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for b, methods in result["batches"].items():
         for name, s in methods.items():
             tau = f"{s['tau']:.2f}" if s["tau"] is not None else "-"
             lossless = f"{100 * s['lossless_rate']:.0f}%" if s["lossless_rate"] is not None else "-"
-            lines.append(f"| {b} | {name} | {s['tokens_per_s']:.2f} | {s['speedup']:.2f}x | {tau} | {lossless} |")
+            nodes = s.get("tree_nodes") if s.get("tree_nodes") is not None else "-"
+            lines.append(f"| {b} | {name} | {nodes} | {s['tokens_per_s']:.2f} | {s['speedup']:.2f}x | {tau} | {lossless} |")
     return "\n".join(lines)
 
 
