@@ -26,6 +26,8 @@ def model_key(model, max_length: int) -> str:
     key = hashlib.sha256()
     key.update(str(getattr(model.config, "_name_or_path", type(model).__name__)).encode())
     key.update(json.dumps(model.config.to_diff_dict(), sort_keys=True, default=str).encode())
-    key.update(str(sum(float(p.float().abs().sum()) for p in list(model.parameters())[:3])).encode())
+    # float64 and 9 significant digits: the checksum must not depend on the thread count's summation order
+    checksum = sum(float(p.detach().double().abs().sum()) for p in list(model.parameters())[:3])
+    key.update(f"{checksum:.9e}".encode())
     key.update(f"{max_length}|{model.dtype}".encode())
     return key.hexdigest()[:16]

@@ -240,3 +240,20 @@ def test_shards_autocast(tiny, tmp_path):
     torch.testing.assert_close(hs.topk_logprobs[: int(hs.offsets[1])].float(), ref, rtol=5e-2, atol=5e-2)
     with pytest.raises(ValueError, match="autocast"):
         label_conversations(model, tok, recs, tmp_path, top_k=3, progress=False)  # float32 data into a bf16 folder
+
+
+def test_model_key_does_not_depend_on_the_thread_count():
+    # resuming a labelling job with another --threads must find the same cache key (float64 checksum)
+    from hf_speculative.paths import model_key
+
+    model, _ = tiny_chat_model(num_layers=2)
+    before = torch.get_num_threads()
+    try:
+        keys = set()
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            keys.add(model_key(model, 64))
+    finally:
+        torch.set_num_threads(before)
+    assert len(keys) == 1
+    assert model_key(model, 64) != model_key(model, 65)

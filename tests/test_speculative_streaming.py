@@ -357,6 +357,22 @@ def test_save_load_round_trip(tmp_path):
         assert a.speculative_stats.accepted_lengths == b.speculative_stats.accepted_lengths
 
 
+def test_draft_vocabulary_keeps_greedy_equality_and_round_trips(tmp_path):
+    # FR-Spec on the streams: drafting projects onto 24 of the 96 ids; verification is unchanged, so greedy is exact
+    base, ss = _ss("llama", seed=3, num_streams=3, num_msa_layers=2)
+    ss.set_draft_vocab(torch.arange(0, 96, 4))
+    with torch.no_grad():
+        logits = ss.stream_head(torch.randn(2, 3, base.config.hidden_size))
+    assert torch.isinf(logits[..., 1::4]).all() and torch.isfinite(logits[..., ::4]).all()
+    ids = torch.randint(0, 96, (1, 6), generator=torch.Generator().manual_seed(1))
+    ref = base.generate(ids, max_new_tokens=24, do_sample=False)
+    assert torch.equal(ss.generate(ids, max_new_tokens=24, do_sample=False), ref)
+    ss.save_pretrained(tmp_path)
+    loaded = LlamaForSpeculativeStreaming.from_pretrained(tmp_path, base_model=base)
+    assert loaded.config.draft_vocab_size == 24 and torch.equal(loaded.draft_to_target, ss.draft_to_target)
+    assert torch.equal(loaded.generate(ids, max_new_tokens=24, do_sample=False), ref)
+
+
 def test_bad_input_is_refused():
     base = tiny_model("llama")
     with pytest.raises(ValueError, match="mode"):

@@ -183,6 +183,52 @@ def add_calibrated_training_args(p, calibrate_nodes: int, saved: str) -> None:
     p.add_argument("--curve-checkpoints", default=None, help=f"also save the {saved} at those points in this folder")
 
 
+def add_labelled_args(p) -> None:
+    """``--labelled`` / ``--labelled-holdout``: train on target-labelled shards (``hf-speculative label``)."""
+    p.add_argument("--labelled", action="append", default=None, help="train on target-labelled shards (hf-speculative "
+                   "label) with the KD loss against the target's distribution instead of --data's text; repeat to mix folders "
+                   "(e.g. ShareGPT and the target's own self-distilled answers)")  # fmt: skip
+    p.add_argument("--labelled-holdout", type=int, default=40, help="with --labelled: the last N labelled conversations of "
+                   "each folder are held out for calibration (accuracies against the target's greedy tokens)")  # fmt: skip
+    p.add_argument("--labelled-max-tokens", type=int, default=None, help="with --labelled: train on the first "
+                   "conversations of each folder up to this many tokens (the tau-against-data curve)")  # fmt: skip
+
+
+def labelled_training_states(args, layer: int | None = None):
+    """``(model, tokenizer, train states, held-out states, counts)`` from the ``--labelled`` shard folders.
+
+    ``layer``: the ``output_hidden_states`` index to train on (default: the final post-norm state). The train
+    states carry the teacher (top-k ids and log-probs) for the KD loss; the held-out conversations' labels
+    become the target's greedy tokens, so calibrated accuracies are acceptance rates."""
+    from ..bench.reference import resolve_model
+    from ..training.labelling import LabelledShards
+    from ..training.trainer import HiddenStates
+
+    model, tokenizer = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)
+    budget = getattr(args, "labelled_max_tokens", None)
+    train_parts, hold_parts = [], []
+    for folder in args.labelled:
+        shards = LabelledShards(folder)
+        train_idx, hold_idx = shards.split(args.labelled_holdout)
+        train_parts.append(shards.to_hidden_states(layer=layer, conversations=train_idx, max_tokens=budget))
+        if hold_idx:
+            hold_parts.append(shards.to_hidden_states(layer=layer, conversations=hold_idx).with_teacher_labels())
+    train_states = HiddenStates.concat(train_parts)
+    hold_states = HiddenStates.concat(hold_parts) if hold_parts else None
+    n_hold = len(hold_states) if hold_states is not None else 0
+    print(f"labelled shards: {len(train_states)} conversations ({train_states.num_train_tokens} answer tokens) train, "
+          f"{n_hold} held out", file=sys.stderr)  # fmt: skip
+    counts = {"conversations": len(train_states), "held_out_conversations": n_hold, "labelled_tokens": int(train_states.input_ids.numel())}
+    return model, tokenizer, train_states, hold_states, counts
+
+
+def draft_vocab_source(states):
+    """The answer tokens FR-Spec counts: the target's own greedy tokens on target-labelled states, else the text."""
+    if getattr(states, "has_teacher", False):
+        return states.topk_ids[states.labels != -100, 0]
+    return states.labels
+
+
 def draft_vocab_and_calibration(drafter, vocab_source, hold_states, args, calibrate, accuracies, key: str) -> None:
     """After training: the FR-Spec draft vocabulary from ``vocab_source`` (answer-token ids; None: keep what the
     drafter has) when ``--draft-vocab-size`` is set, then the calibrated tree from the held-out states

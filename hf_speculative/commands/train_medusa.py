@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import add_calibrated_training_args, add_model_args, command_line, draft_vocab_and_calibration, finish_folder, load_model_and_records, num_processes, record_reference_base, setup_torch, split_hidden_states, split_records
+from .common import add_calibrated_training_args, add_labelled_args, add_model_args, labelled_training_states, command_line, draft_vocab_and_calibration, finish_folder, load_model_and_records, num_processes, record_reference_base, setup_torch, split_hidden_states, split_records
 
 
 def add_parser(subparsers) -> None:
@@ -28,11 +28,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=None, help="positions per step (default 64); with --medusa2 conversations per step (default 1)")
     p.add_argument("--max-train-tokens", type=int, default=None, help="train on at most this many positions")
     add_calibrated_training_args(p, calibrate_nodes=32, saved="heads")
-    p.add_argument("--labelled", action="append", default=None, help="train on target-labelled shards (hf-speculative "
-                   "label) with the KD loss against the target's distribution instead of --data's text; repeat to mix folders "
-                   "(e.g. ShareGPT and the target's own self-distilled answers)")  # fmt: skip
-    p.add_argument("--labelled-holdout", type=int, default=40, help="with --labelled: the last N labelled conversations of "
-                   "each folder are held out for calibration (accuracies against the target's greedy tokens)")  # fmt: skip
+    add_labelled_args(p)
     m2 = p.add_argument_group("Medusa-2 (--medusa2: LoRA on the backbone + heads, trained jointly; a CHANGED model)")
     m2.add_argument("--medusa2", action="store_true", help="joint training (Medusa 2.2.2); --lr is then the LoRA learning rate")
     m2.add_argument("--init-heads", default=None, help="start from these trained Medusa-1 heads (heads warm-up)")
@@ -122,26 +118,7 @@ def _training_states(args):
     conversations, or with ``--labelled`` the target-labelled shards (teacher top-k for the KD loss; the held-out
     conversations' labels become the target's greedy tokens, so calibrated accuracies are acceptance rates)."""
     if args.labelled:
-        from ..bench.reference import resolve_model
-        from ..training.labelling import LabelledShards
-        from ..training.trainer import HiddenStates
-        from .common import parse_dtype
-
-        model, tokenizer = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)
-        train_parts, hold_parts = [], []
-        for folder in args.labelled:
-            shards = LabelledShards(folder)
-            train_idx, hold_idx = shards.split(args.labelled_holdout)
-            train_parts.append(shards.to_hidden_states(conversations=train_idx))
-            if hold_idx:
-                hold_parts.append(shards.to_hidden_states(conversations=hold_idx).with_teacher_labels())
-        train_states = HiddenStates.concat(train_parts)
-        hold_states = HiddenStates.concat(hold_parts) if hold_parts else None
-        n_hold = len(hold_states) if hold_states is not None else 0
-        print(f"labelled shards: {len(train_states)} conversations ({train_states.num_train_tokens} answer tokens) train, "
-              f"{n_hold} held out", file=sys.stderr)  # fmt: skip
-        counts = {"conversations": len(train_states), "held_out_conversations": n_hold, "labelled_tokens": int(train_states.input_ids.numel())}
-        return model, tokenizer, train_states, hold_states, counts
+        return labelled_training_states(args)
     model, tokenizer, records = load_model_and_records(args)
     return (model, tokenizer, *split_hidden_states(model, tokenizer, records, args))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .common import add_calibrated_training_args, add_model_args, command_line, draft_vocab_and_calibration, finish_folder, load_model_and_records, num_processes, record_reference_base, setup_torch, split_hidden_states
+from .common import add_calibrated_training_args, add_labelled_args, add_model_args, draft_vocab_source, labelled_training_states, command_line, draft_vocab_and_calibration, finish_folder, load_model_and_records, num_processes, record_reference_base, setup_torch, split_hidden_states
 
 
 def add_parser(subparsers) -> None:
@@ -31,6 +31,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--groups-per-sequence", type=int, default=64, help="parallel groups (anchors) drawn per sequence per step")
     p.add_argument("--distill-weight", type=float, default=0.0, help="a in (1-a) CE + a KL(p_target || q)")
     add_calibrated_training_args(p, calibrate_nodes=12, saved="drafter")
+    add_labelled_args(p)  # with --distill-weight 1: pure KD against lm_head(h) of the labelled final states
     p.add_argument("--save-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.set_defaults(func=run)
 
@@ -41,10 +42,13 @@ def run(args) -> int:
     from ..drafters.parallel.modeling_parallel_drafter import ParallelDrafter
     from ..drafters.parallel.training_parallel_drafter import ParallelCurveCallback, calibrate_tree, depth_accuracies, train_parallel_drafter
 
-    model, tokenizer, records = load_model_and_records(args)
+    if args.labelled:
+        model, tokenizer, train_states, hold_states, counts = labelled_training_states(args)
+    else:
+        model, tokenizer, records = load_model_and_records(args)
+        train_states, hold_states, counts = split_hidden_states(model, tokenizer, records, args)
     for p in model.parameters():
         p.requires_grad_(False)  # the target is frozen; the drafter shares its embeddings and lm_head
-    train_states, hold_states, counts = split_hidden_states(model, tokenizer, records, args)
 
     drafter = ParallelDrafter.from_base_model(
         model, num_mask_tokens=args.num_mask_tokens, num_layers=args.num_layers, init_layer=args.init_layer,
@@ -65,11 +69,12 @@ def run(args) -> int:
         time_budget=args.time_budget,
     )  # fmt: skip
     train_s = time.perf_counter() - t0
-    draft_vocab_and_calibration(drafter, train_states.labels, hold_states, args, calibrate_tree, depth_accuracies, "depth_top_i_accuracy")
+    draft_vocab_and_calibration(drafter, draft_vocab_source(train_states), hold_states, args, calibrate_tree, depth_accuracies, "depth_top_i_accuracy")
     history = [h for h in trainer.state.log_history if "loss" in h]
     drafter.config.training = {
-        "method": "ParallelSpec group-wise parallel training (frozen target, shared embeddings and lm_head)",
-        "data": str(args.data),
+        "method": "ParallelSpec group-wise parallel training (frozen target, shared embeddings and lm_head)"
+        + (", on target-labelled shards" if args.labelled else ""),
+        "data": ", ".join(args.labelled) if args.labelled else str(args.data),
         **counts,
         "train_answer_tokens": train_states.num_train_tokens,
         "epochs": args.epochs,

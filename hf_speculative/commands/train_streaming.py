@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import add_model_args, command_line, finish_folder, load_model_and_records, main_process_first, num_processes, record_reference_base, setup_torch, split_records
+from .common import add_labelled_args, add_model_args, draft_vocab_source, labelled_training_states, command_line, finish_folder, load_model_and_records, main_process_first, num_processes, record_reference_base, setup_torch, split_records
 
 
 def add_parser(subparsers) -> None:
@@ -41,6 +41,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--curve-conversations", type=int, default=10, help="held-out conversations used for the curve points")
     p.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds")
     p.add_argument("--extract-only", action="store_true", help="only compute (and cache) the states entering the MSA layers (lossless)")
+    p.add_argument("--draft-vocab-size", type=int, default=None,
+                   help="FR-Spec: the streams draft on the K most frequent answer tokens of the training data (default: full vocabulary)")  # fmt: skip
+    add_labelled_args(p)
     p.set_defaults(func=run)
 
 
@@ -69,9 +72,19 @@ def run(args) -> int:
         train_speculative_streaming,
     )
 
-    model, tokenizer, records = load_model_and_records(args)
-    train_records, held_out = split_records(records, args.holdout, args.seed)
-    print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
+    shared = args.mode == "shared"
+    if args.labelled:  # the shards hold the states entering the first MSA layer and the target's top-k
+        if shared:
+            raise SystemExit("--labelled trains lossless mode (cached states entering the MSA layers); shared mode needs --data")
+        from ..training.labelling import LabelledShards
+
+        layer = LabelledShards(args.labelled[0]).manifest["num_hidden_layers"] - args.num_msa_layers
+        model, tokenizer, train_states, hold_states, counts = labelled_training_states(args, layer=layer)
+        train_records, held_out = range(counts["conversations"]), range(counts["held_out_conversations"])
+    else:
+        model, tokenizer, records = load_model_and_records(args)
+        train_records, held_out = split_records(records, args.holdout, args.seed)
+        print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
     ss = LlamaForSpeculativeStreaming.from_base_model(
         model, num_streams=args.num_streams, num_msa_layers=args.num_msa_layers, mode=args.mode,
         adapter_rank=args.adapter_rank, stream_init_rank=args.stream_init_rank, tree_top_k=args.top_k,
@@ -79,7 +92,6 @@ def run(args) -> int:
     )  # fmt: skip
     record_reference_base(ss.config, args.model)
     layer = ss.config.first_msa_layer
-    shared = args.mode == "shared"
     t0 = time.perf_counter()
 
     def prepare(recs):  # shared: the joint forward runs the whole (LoRA-adapted) model every step, only tokens
@@ -87,9 +99,10 @@ def run(args) -> int:
             return tokenize_records(tokenizer, recs, max_length=args.max_length)
         return extract_stream_inputs(model, tokenizer, recs, layer, max_length=args.max_length)
 
-    with main_process_first():  # several processes: the main one fills the state cache, the others read it
-        train_states = prepare(train_records)
-        hold_states = prepare(held_out) if held_out else None
+    if not args.labelled:
+        with main_process_first():  # several processes: the main one fills the state cache, the others read it
+            train_states = prepare(train_records)
+            hold_states = prepare(held_out) if held_out else None
     what = "tokens" if shared else f"states entering layer {layer}"
     print(f"{what}: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
     if args.extract_only:
@@ -98,17 +111,17 @@ def run(args) -> int:
     if hold_states is not None and args.curve_points:
         curve_states = hold_states.select(range(min(len(hold_states), args.curve_conversations)))
         callbacks.append(StreamCurveCallback(ss, curve_states, args.calibrate_nodes or 16, args.curve_points, args.batch_size * args.segment_length))
-    if args.time_budget:
-        from ..drafters.streaming.training_speculative_streaming import TimeBudgetCallback
-
-        callbacks.append(TimeBudgetCallback(args.time_budget, anneal=False))
     t0 = time.perf_counter()
     trainer = train_speculative_streaming(
         ss, train_states, output_dir=str(Path(args.out) / "trainer_state"), num_epochs=args.epochs, learning_rate=args.lr,
         batch_size=args.batch_size, segment_length=args.segment_length, max_tokens=args.max_train_tokens,
-        max_steps=args.max_steps, seed=args.seed, callbacks=callbacks,
+        max_steps=args.max_steps, seed=args.seed, callbacks=callbacks, time_budget=args.time_budget,
     )  # fmt: skip
     train_s = time.perf_counter() - t0
+    if args.draft_vocab_size:
+        from ..drafters.draft_vocab import frequent_tokens
+
+        ss.set_draft_vocab(frequent_tokens(draft_vocab_source(train_states), args.draft_vocab_size, vocab_size=ss.config.vocab_size))
     if hold_states is not None:
         acc = stream_accuracies(ss, hold_states)
         calibration = {"stream_top_i_accuracy": [[round(a, 4) for a in r] for r in acc]}
@@ -122,8 +135,8 @@ def run(args) -> int:
         "method": (
             f"speculative streaming, shared mode (LoRA rank {args.lora_rank} on the base, alpha_0 = 1, alpha_j = 0.1)"
             if shared else "speculative streaming, lossless mode (frozen base, alpha_0 = 0)"
-        ),
-        "data": str(args.data),
+        ) + (", KD on target-labelled shards" if args.labelled else ""),
+        "data": ", ".join(args.labelled) if args.labelled else str(args.data),
         "conversations": len(train_records),
         "held_out_conversations": len(held_out),
         "train_answer_tokens": train_states.num_train_tokens,

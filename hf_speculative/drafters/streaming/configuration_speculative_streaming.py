@@ -58,6 +58,9 @@ class SpeculativeStreamingConfig(LlamaConfig):
         cost_aware_tree (`bool`, defaults to `True`): with a calibration (``calibration["stream_top_i_accuracy"]``),
             the default tree is the one with the best expected tau per unit of cost on the target's measured
             cost curve (`hf_speculative.drafters.cost_aware`); `False` keeps ``stream_tree``.
+        draft_vocab_size (`int`, *optional*): FR-Spec draft vocabulary: the streams draft on this many target ids
+            (the most frequent of the training data, `LlamaForSpeculativeStreaming.set_draft_vocab`), so a drafting
+            step projects onto that share of the ``lm_head``; verification keeps the full vocabulary.
         base_model_name_or_path (`str`, *optional*): the base model the streams belong to. ``"reference"``
             means `hf_speculative.bench.load_reference_model` (SmolLM2-135M-Instruct).
     """
@@ -82,6 +85,7 @@ class SpeculativeStreamingConfig(LlamaConfig):
         tree_top_k: int | list[int] = 2,
         stream_tree: list[list[int]] | None = None,
         cost_aware_tree: bool = True,
+        draft_vocab_size: int | None = None,
         base_model_name_or_path: str | None = None,
         base_architecture: str | None = None,
         training: dict | None = None,
@@ -110,6 +114,7 @@ class SpeculativeStreamingConfig(LlamaConfig):
         self.tree_top_k = tree_top_k
         self.stream_tree = stream_tree if stream_tree is not None else default_stream_tree(num_streams, tree_top_k)
         self.cost_aware_tree = cost_aware_tree
+        self.draft_vocab_size = draft_vocab_size
         self.base_model_name_or_path = base_model_name_or_path
         self.base_architecture = base_architecture
         self.training = training

@@ -48,6 +48,7 @@ from ...hub import resolve_name_or_path
 from ...trees import DraftTree, TreeSpec
 from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits, vocab_logits
 from ..cost_aware import cost_aware_tree
+from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from ..hub import DrafterHubMixin
 from .configuration_speculative_streaming import LORA_TARGET_MODULES, SpeculativeStreamingConfig
 
@@ -248,7 +249,7 @@ def stream_key_mask(attention_mask: torch.Tensor | None, batch: int, length: int
     return causal_key_mask(batch, length, dtype, device, past_length, attention_mask)
 
 
-class LlamaForSpeculativeStreaming(DrafterHubMixin, SpeculativeGenerationMixin, LlamaForCausalLM):
+class LlamaForSpeculativeStreaming(DrafterHubMixin, DraftVocabMixin, SpeculativeGenerationMixin, LlamaForCausalLM):
     """An MSA-patched `LlamaForCausalLM` that drafts for itself: ``ss.generate(input_ids, max_new_tokens=...)``.
 
     Build with ``from_base_model(model, num_streams=3, num_msa_layers=4)`` (Llama, Mistral or Qwen2 layer
@@ -272,6 +273,7 @@ class LlamaForSpeculativeStreaming(DrafterHubMixin, SpeculativeGenerationMixin, 
         self.__dict__["model"] = None
         self.__dict__["lm_head"] = None
         self.post_init()
+        self._init_draft_vocab()  # FR-Spec draft vocabulary of the streams (config.draft_vocab_size)
         if base_model is not None:
             self.attach_base_model(base_model)
 
@@ -580,9 +582,15 @@ class LlamaForSpeculativeStreaming(DrafterHubMixin, SpeculativeGenerationMixin, 
         return self.stream_head(self.stream_states(main_hidden, keys_values, key_mask, position_ids))
 
     def stream_head(self, states: torch.Tensor) -> torch.Tensor:
-        """The base ``lm_head`` on final-normed stream states ``(..., H)`` (a few rows: `vocab_logits`)."""
+        """The base ``lm_head`` on final-normed stream states ``(..., H)`` (a few rows: `vocab_logits`). With a
+        draft vocabulary and no autograd (drafting), only its rows are projected; the rest of the vocabulary
+        gets -inf (verification still runs on the full vocabulary, so the output does not change)."""
         head = self.lm_head
-        return vocab_logits(states, head.weight) if type(head) is nn.Linear and head.bias is None else head(states)
+        if type(head) is not nn.Linear or head.bias is not None:
+            return head(states)
+        if self.draft_to_target is not None and not torch.is_grad_enabled():
+            return draft_vocab_logits(states, head.weight, self.draft_to_target)
+        return vocab_logits(states, head.weight)
 
     def generate_autoregressive(self, input_ids: torch.LongTensor, **kwargs):
         """Plain transformers decoding (`GenerationMixin.generate`, one token per forward, no drafting) with this
@@ -681,7 +689,7 @@ class SpeculativeStreamingDrafter(TreeDrafter):
         verification forward, whose measured curve (``curve`` of this model) already includes them."""
         config = self.model.config
         msa = config.num_msa_layers / config.num_hidden_layers * curve(config.num_streams) if config.mode == "lossless" else 0.0
-        return msa + curve.projection_cost(config.num_streams)
+        return msa + curve.projection_cost(config.num_streams, self.model.draft_vocab_share)
 
     def _streams_at(self, target_outputs, node: int) -> None:
         states = getattr(target_outputs, "stream_states", None)

@@ -34,7 +34,7 @@ def _next_token_segments(states: HiddenStates, segment_length: int, max_tokens: 
 def early_exit_accuracy(ss, states: HiddenStates, segment_length: int = 256) -> float:
     """Share of held-out answer positions where the early exit's top-1 token is the next token."""
     hits = total = 0
-    for h, targets, _ in _next_token_segments(states, segment_length).items:
+    for h, targets, *_ in _next_token_segments(states, segment_length).items:
         valid = targets[:, 0] != IGNORE_INDEX
         if bool(valid.any()):
             logits = F.linear(early_exit_states(ss, h[valid]), ss.lm_head.weight)

@@ -4,7 +4,9 @@ Loss (Sec. 3.1.4): ``L = alpha_0 * CE(main_t, y_{t+1}) + sum_{j=1..gamma} alpha_
 where ``main_t`` are the main stream's logits at position t (they predict the next token ``y_{t+1}``) and
 ``stream_tj`` stream j's logits at t, which predict the token j places further, ``y_{t+1+j}`` (0-based token
 indices of the training sequence; positions whose target is not an answer token are ignored). Each CE is the
-mean over its valid positions.
+mean over its valid positions. On target-labelled shards (``hf-speculative label``) each stream CE becomes the KD
+loss against the target's stored top-k distribution at row t + j, the one that predicts ``y_{t+1+j}``
+(`stream_kd_losses`): the streams learn what the target will say, not the human text.
 
 Lossless mode: alpha_0 = 0 and the base is frozen, so the main stream entering layer ``N - N_s`` never
 changes: it is computed once over the data and cached in fp16 (`extract_stream_inputs`, like
@@ -37,6 +39,7 @@ __all__ = [
     "stream_labels",
     "stream_rows",
     "stream_losses",
+    "stream_kd_losses",
     "streaming_loss",
     "extract_stream_inputs",
     "tokenize_records",
@@ -79,6 +82,28 @@ def stream_losses(lm_head, states: torch.Tensor, targets: torch.LongTensor) -> t
         if bool(valid.any()):
             logits = lm_head(states[valid, j].to(lm_head.weight.dtype)).float()
             losses.append(F.cross_entropy(logits, targets[valid, j]))
+        else:
+            losses.append(states.new_zeros((), dtype=torch.float32))
+    return torch.stack(losses)
+
+
+def stream_kd_losses(lm_head, states: torch.Tensor, targets: torch.LongTensor, teacher_ids, teacher_logprobs) -> torch.Tensor:
+    """Per-stream KD loss ``(gamma,)``: ``KL(p_target || q_stream)`` (`kd_loss`) of final-normed stream states
+    ``(..., gamma, H)`` against the target's stored top-k ``(..., gamma, k)`` at the rows whose ``targets`` are
+    valid; the vocabulary projection runs only on those rows."""
+    from ...training.losses import kd_loss
+
+    G = states.shape[-2]
+    states = states.reshape(-1, G, states.shape[-1])
+    targets = targets.reshape(-1, G)
+    ids = teacher_ids.reshape(-1, G, teacher_ids.shape[-1])
+    logp = teacher_logprobs.reshape(-1, G, teacher_logprobs.shape[-1])
+    losses = []
+    for j in range(G):
+        valid = targets[:, j] != IGNORE_INDEX
+        if bool(valid.any()):
+            logits = lm_head(states[valid, j].to(lm_head.weight.dtype))
+            losses.append(kd_loss(logits, ids[valid, j], logp[valid, j]))
         else:
             losses.append(states.new_zeros((), dtype=torch.float32))
     return torch.stack(losses)
@@ -201,6 +226,10 @@ class StreamSegmentDataset(Dataset):
         self.key = "input_ids" if shared else "hidden"
         inputs = states.input_ids if shared else states.hidden
         main = shared if main is None else main
+        # target-labelled states: stream j at row t distils the target's distribution at row t + j (it predicts
+        # token t + 1 + j, the stream's target), read lazily from the conversation's top-k arrays
+        self.teacher = (states.topk_ids, states.topk_logprobs) if getattr(states, "has_teacher", False) and not main else None
+        self.num_streams = num_streams
         self.items = []
         total = 0
         for i in range(len(states)):
@@ -211,7 +240,7 @@ class StreamSegmentDataset(Dataset):
                 tg = targets[a:b]
                 if not bool((tg != IGNORE_INDEX).any()):
                     continue
-                self.items.append((inputs[s + a : s + b], tg, torch.arange(a, b)))
+                self.items.append((inputs[s + a : s + b], tg, torch.arange(a, b), (s + a, s + b, e)))
                 total += b - a
                 if max_tokens is not None and total >= max_tokens:
                     return
@@ -220,8 +249,12 @@ class StreamSegmentDataset(Dataset):
         return len(self.items)
 
     def __getitem__(self, i: int) -> dict:
-        x, t, p = self.items[i]
-        return {self.key: x, "targets": t, "position_ids": p}
+        x, t, p, (start, stop, end) = self.items[i]
+        item = {self.key: x, "targets": t, "position_ids": p}
+        if self.teacher is not None:
+            rows = (torch.arange(start, stop)[:, None] + torch.arange(1, self.num_streams + 1)).clamp_max(end - 1)
+            item["teacher_ids"], item["teacher_logprobs"] = self.teacher[0][rows], self.teacher[1][rows]
+        return item
 
 
 @dataclass
@@ -240,13 +273,23 @@ class StreamCollator:
         inputs = torch.zeros(B, T, *first.shape[1:], dtype=self.dtype if key == "hidden" else first.dtype)
         targets = torch.full((B, T, G), IGNORE_INDEX, dtype=torch.long)
         positions = torch.zeros(B, T, dtype=torch.long)
+        teacher = "teacher_ids" in features[0]
+        if teacher:
+            K = features[0]["teacher_ids"].shape[-1]
+            t_ids = torch.zeros(B, T, G, K, dtype=torch.long)
+            t_logp = torch.zeros(B, T, G, K, dtype=torch.float32)
         for b, f in enumerate(features):
             n = f[key].shape[0]
             inputs[b, :n] = f[key].to(inputs.dtype)
             targets[b, :n] = f["targets"]
             positions[b, :n] = f["position_ids"]
             positions[b, n:] = f["position_ids"][-1] + 1 + torch.arange(T - n)
-        return {key: inputs, "targets": targets, "position_ids": positions}
+            if teacher:
+                t_ids[b, :n], t_logp[b, :n] = f["teacher_ids"], f["teacher_logprobs"].float()
+        batch = {key: inputs, "targets": targets, "position_ids": positions}
+        if teacher:
+            batch.update(teacher_ids=t_ids, teacher_logprobs=t_logp)
+        return batch
 
 
 def stream_rows(model, batch: dict) -> torch.Tensor:
@@ -285,7 +328,10 @@ class SpeculativeStreamingTrainer(DrafterTrainer):
 
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
         states = stream_rows(model, inputs)
-        per_column = stream_losses(model.lm_head, states, inputs["targets"])
+        if "teacher_ids" in inputs:  # target-labelled data: distil the target's own distribution
+            per_column = stream_kd_losses(model.lm_head, states, inputs["targets"], inputs["teacher_ids"], inputs["teacher_logprobs"])
+        else:
+            per_column = stream_losses(model.lm_head, states, inputs["targets"])
         parts = {}
         if "input_ids" in inputs:  # shared mode: column 0 is the main stream
             main_loss, per_stream = per_column[0], per_column[1:]
@@ -365,8 +411,10 @@ def train_speculative_streaming(
     seed: int = 0,
     progress: bool = True,
     callbacks: list | None = None,
+    time_budget: float | None = None,
 ):
-    """Train ``model`` (a `LlamaForSpeculativeStreaming` attached to its base); returns the Trainer. Lossless: the
+    """Train ``model`` (a `LlamaForSpeculativeStreaming` attached to its base); returns the Trainer.
+    ``time_budget`` (seconds): stop then, with the learning rate annealed over the budget (`TimeBudgetCallback`). Lossless: the
     streams, on cached states entering layer N - N_s (`extract_stream_inputs`). Shared: the streams and the
     base's LoRA adapters, with the joint forward on tokens (`tokenize_records`), alpha_0 = 1, alpha_j = 0.1.
     ``model`` may also be a plain causal LM with trainable (e.g. PEFT LoRA) weights: then only the next-token
@@ -384,7 +432,7 @@ def train_speculative_streaming(
         per_device_train_batch_size=batch_size,
         learning_rate=learning_rate,
         warmup_steps=max(1, int(0.05 * steps)),
-        lr_scheduler_type="cosine",
+        lr_scheduler_type="constant" if time_budget else "cosine",
         logging_steps=logging_steps,
         save_strategy="no",
         report_to="none",
@@ -394,6 +442,9 @@ def train_speculative_streaming(
         disable_tqdm=not progress,
         seed=seed,
     )
+    callbacks = list(callbacks or [])
+    if time_budget:
+        callbacks.append(TimeBudgetCallback(time_budget, warmup_steps=max(1, int(0.05 * steps))))
     model.train()
     # shared mode: the optimizer also holds the base's LoRA weights (not submodules of ``model``)
     if hasattr(model, "trainable_parameters"):
