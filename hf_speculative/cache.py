@@ -1,10 +1,15 @@
-"""Keep the accepted path of a verified tree in a `DynamicCache`.
+"""Keep the accepted paths of verified trees in a `DynamicCache`.
 
-The verification forward appends the keys/values of all n tree nodes after the cached prefix. Only the
-accepted path's nodes belong to the sequence; gathering them back into place right after the prefix
-and cropping the rest leaves the cache equal to the one a plain forward over prefix + accepted tokens
-would have built (positions are carried by the rotary embedding applied before caching, and every node
-was computed with exactly its ancestors visible).
+The verification forward appends the keys/values of all n tree nodes (per row, padded to one width) after
+the cached prefix. Only each row's accepted path belongs to its sequence; gathering those nodes back into
+place right after the prefix and cropping the rest leaves a row's real entries equal to the ones a plain
+forward over prefix + accepted tokens would have built (positions are carried by the rotary embedding
+applied before caching, and every node was computed with exactly its ancestors visible).
+
+With a batch, rows accept paths of different lengths; every row keeps ``m = max(path lengths)`` columns
+and the columns past a shorter row's path are *holes* that the engine's attention masks hide from then on
+(`keep_paths`). Sliding-window layers keep the whole sequence here (`prepare_tree_cache`): the engine's
+masks apply the window instead, so compaction never meets an evicted column.
 """
 
 from __future__ import annotations
@@ -14,26 +19,73 @@ from typing import Sequence
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
-__all__ = ["check_tree_cache", "keep_path", "crop_to"]
+__all__ = [
+    "attention_window", "check_tree_cache", "prepare_tree_cache", "keep_path", "keep_paths", "crop_to", "full_length_cache",
+]  # fmt: skip
+
+
+def attention_window(config) -> tuple[int | None, str]:
+    """``(window, layout)`` of a model's attention: ``(None, "full")`` without sliding windows; ``(w, "all")``
+    when every layer slides (Mistral); ``(w, "mapping")`` for a hybrid of full and sliding layers (a
+    ``layer_types`` list with ``"sliding_attention"``: Qwen2 ``use_sliding_window``, Gemma-2/3). Other layer
+    types (chunked, linear attention) cannot take a tree mask: `ValueError` naming them."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types:
+        unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+        if unknown:
+            raise ValueError(f"tree speculative decoding supports full and sliding-window attention layers, not {unknown}")
+        if "sliding_attention" not in layer_types or not window:
+            return None, "full"
+        return int(window), "mapping"  # models built with ``layer_types`` read a {layer type: mask} mapping
+    return (int(window), "all") if window else (None, "full")
+
+
+def full_length_cache() -> DynamicCache:
+    """A `DynamicCache` whose layers keep every token (plain `DynamicLayer`s), for drafters that crop their own
+    cache by absolute length: a sliding-window layer would have evicted columns that the crop counts."""
+    return DynamicCache()
 
 
 def check_tree_cache(cache) -> None:
-    """Raise a clear error for caches the tree engine cannot compact in place."""
+    """Raise a clear `ValueError` for caches the tree engine cannot compact in place (see `prepare_tree_cache`)."""
+    prepare_tree_cache(cache, convert=False)
+
+
+def prepare_tree_cache(cache, convert: bool = True) -> None:
+    """Check ``cache`` and turn its sliding-window layers into full-length layers (in place).
+
+    A `DynamicSlidingWindowLayer` drops keys older than its window as tokens arrive, so after a tree forward
+    the columns of the accepted path are no longer at ``past_length + node``; the engine keeps the whole
+    sequence in such layers instead and hides keys outside the window with its attention masks (the window
+    comes from the model's config, so a `DynamicCache()` built without a config keeps the window too). A
+    sliding layer that already evicted tokens (a prefilled cache longer than its window) cannot be converted.
+    Static, quantized and offloaded caches cannot drop rejected tree nodes: `ValueError` naming the type.
+    """
     if not isinstance(cache, DynamicCache):
         kind = type(cache).__name__
         raise ValueError(
             f"tree speculative decoding needs a DynamicCache, got {kind}. Static, quantized and offloaded caches "
             "cannot drop rejected tree nodes; leave `cache_implementation` unset (or pass a DynamicCache)."
         )
-    for layer in cache.layers:
-        if type(layer) is not DynamicLayer:
-            if isinstance(layer, DynamicSlidingWindowLayer):
+    for i, layer in enumerate(cache.layers):
+        if type(layer) is DynamicLayer:
+            continue
+        if type(layer) is DynamicSlidingWindowLayer:
+            if layer.is_initialized and layer.cumulative_length > layer.keys.shape[-2]:
                 raise ValueError(
-                    "tree speculative decoding does not support sliding-window cache layers yet (the window would "
-                    "evict prefix tokens while tree nodes are appended); load the model with `sliding_window=None` "
-                    "or use a model without sliding-window attention."
+                    f"layer {i} of the cache is a DynamicSlidingWindowLayer that already evicted tokens (window "
+                    f"{layer.sliding_window}, {layer.cumulative_length} tokens seen): tree speculative decoding keeps the "
+                    "whole sequence and applies the window in its masks; start from an empty cache"
                 )
-            raise ValueError(f"tree speculative decoding cannot compact cache layers of type {type(layer).__name__}")
+            if convert:
+                full = DynamicLayer()
+                if layer.is_initialized:
+                    full.lazy_initialization(layer.keys, layer.values)
+                    full.keys, full.values = layer.keys, layer.values
+                cache.layers[i] = full
+            continue
+        raise ValueError(f"tree speculative decoding cannot compact cache layers of type {type(layer).__name__}")
 
 
 def keep_path(cache: Cache, past_length: int, keep: Sequence[int], num_layers: int | None = None) -> None:
@@ -57,6 +109,36 @@ def keep_path(cache: Cache, past_length: int, keep: Sequence[int], num_layers: i
         excess = layer.keys.shape[-2] - new_length
         if excess > 0:
             layer.crop(-excess)
+
+
+def keep_paths(cache: Cache, past_length: int, paths: Sequence[Sequence[int]]) -> int:
+    """`keep_path` per row: row a keeps its nodes ``paths[a]`` (ascending offsets after ``past_length``) in
+    columns ``past_length .. past_length + len(paths[a])``; every row keeps ``m = max(len(path))`` columns, the
+    ones past a shorter path being holes (repeats of its last node) for the caller to mask. Returns m.
+    One gather per layer; rows with the same path share the 1-D fast path of `keep_path`."""
+    paths = [list(p) for p in paths]
+    m = max(len(p) for p in paths)
+    if all(p == paths[0] for p in paths):
+        keep_path(cache, past_length, paths[0])
+        return m
+    padded = [p + [p[-1]] * (m - len(p)) for p in paths]
+    index = torch.tensor(padded, dtype=torch.long) + past_length  # (A, m)
+    on_device: dict[torch.device, torch.Tensor] = {}
+    for layer in cache.layers:
+        if not layer.is_initialized:
+            continue
+        device = layer.keys.device
+        if device not in on_device:
+            on_device[device] = index.to(device)
+        idx = on_device[device][:, None, :, None]
+        for name in ("keys", "values"):
+            tensor = getattr(layer, name)
+            gathered = tensor.gather(-2, idx.expand(-1, tensor.shape[1], -1, tensor.shape[-1]))
+            tensor[..., past_length : past_length + m, :] = gathered
+        excess = layer.keys.shape[-2] - (past_length + m)
+        if excess > 0:
+            layer.crop(-excess)
+    return m
 
 
 def crop_to(cache: Cache, length: int) -> None:

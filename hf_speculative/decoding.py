@@ -1,8 +1,32 @@
-"""The tree speculative decoding loop: draft, verify, accept, compact the cache, repeat.
+"""The tree speculative decoding loop: draft, verify, accept, commit, compact the cache, repeat.
 
 `tree_speculative_decoding` has the signature of transformers' decoding methods (``GenerationMixin._sample``)
 and is handed to ``generate(custom_generate=...)``, so generate prepares inputs, the generation config,
 logits processors, stopping criteria and the cache exactly as it does for plain decoding.
+
+**Batches.** B left-padded prompts (with ``attention_mask``) decode together, one target forward per step:
+
+* every row still generating drafts its own tree; the trees are padded to the widest (padding nodes see
+  only themselves and are never accepted) and verified in ONE forward of shape ``(A, n)`` with a per-row
+  4D tree mask and per-row position ids (a row's position = the number of real tokens before it);
+* each row accepts its own path (the acceptance walk runs per row over that row's verified logits);
+* cache lengths stay one common length, BASS-PAD style: every row keeps ``m = max(accepted path
+  lengths)`` new columns (`hf_speculative.cache.keep_paths`, one gather per layer), and the columns past a
+  shorter row's path are *holes* that a per-row visibility matrix (``visible``, ``(A, C)``) hides in every
+  later mask, exactly as the prompts' left padding is hidden. Positions count real tokens only, so a row's
+  keys and queries carry the positions plain decoding gives them and each row is exact. Compacting each row
+  (shifting its cache left) would avoid the holes but costs a copy of the whole cache per step; holes cost
+  at most ``m - len(path)`` masked columns per step, bounded by the tree depth;
+* a row that finishes (EOS, a stopping criterion, ``max_new_tokens``) leaves the batch: its cache row, mask
+  row and drafting state are dropped, so later forwards carry only the rows still generating. Without an
+  EOS criterion plain `generate` keeps extending finished rows until every row is finished; so does this
+  loop, so each row's tokens and the output length equal plain batched `generate`'s.
+
+**Sliding windows.** Sliding-window cache layers are turned into full-length layers (`prepare_tree_cache`)
+and the window is applied in the masks (keys whose position is ``>= window`` before the query's are hidden):
+one mask for models whose every layer slides (Mistral), a ``{"full_attention", "sliding_attention"}``
+mapping for hybrid models (Qwen2 ``use_sliding_window``, Gemma-2-like ``layer_types``). The window comes
+from the model's config, whatever cache the caller built.
 """
 
 from __future__ import annotations
@@ -13,12 +37,14 @@ from dataclasses import dataclass, field
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .cache import check_tree_cache, crop_to, keep_path
-from .drafters.base import DraftingOptions, TreeDrafter, vocab_logits
-from .trees import DraftTree, TreeMaskBuffer, TreeSpec
+from .cache import attention_window, crop_to, keep_paths, prepare_tree_cache
+from .drafters.base import DraftingOptions, TargetRows, TreeDrafter, vocab_logits
+from .trees import BatchTreeMaskBuffer, DraftTree, TreeSpec, batch_tree_block
 from .verify import AcceptanceResult, accept_greedy, accept_sampling, accept_typical
 
-__all__ = ["SpeculativeStats", "SpeculativeGenerateOutput", "tree_speculative_decoding", "check_tree_attention"]
+__all__ = [
+    "SpeculativeStats", "SpeculativeGenerateOutput", "tree_speculative_decoding", "check_tree_attention", "attention_window",
+]  # fmt: skip
 
 TREE_ATTENTION = ("eager", "sdpa")
 
@@ -31,15 +57,23 @@ class SpeculativeStats:
     step commits its accepted drafted tokens plus the bonus token). tau is their mean.
     ``timings`` (seconds): ``draft`` (drafter calls), ``target`` (target forwards), ``engine`` (masks,
     acceptance, cache compaction, bookkeeping).
+
+    With a batch: ``accepted_lengths[i]`` sums the tokens all rows committed in forward i, and ``rows[b]``
+    holds row b's own statistics (its ``accepted_lengths`` per forward it took part in: its tau). With one
+    row ``rows[0]`` repeats the call's numbers.
     """
 
     accepted_lengths: list[int] = field(default_factory=list)
     tree_sizes: list[int] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=lambda: {"draft": 0.0, "target": 0.0, "engine": 0.0})
+    rows: list["SpeculativeStats"] = field(default_factory=list)
 
     @property
     def mean_accepted_length(self) -> float:
-        """tau: mean tokens committed per target forward, bonus token included (1.0 = no speedup)."""
+        """tau: mean tokens committed per target forward and row, bonus token included (1.0 = no speedup)."""
+        if len(self.rows) > 1:
+            forwards = sum(r.num_target_forwards for r in self.rows)
+            return sum(r.num_new_tokens for r in self.rows) / max(forwards, 1)
         return sum(self.accepted_lengths) / max(len(self.accepted_lengths), 1)
 
     @property
@@ -104,13 +138,13 @@ class NodeLogits:
     forward.
     """
 
-    def __init__(self, outputs, head: torch.nn.Module | None, draft: DraftTree | None = None):
+    def __init__(self, outputs, head: torch.nn.Module | None, draft: DraftTree | None = None, row: int = 0):
         self.head = head
         self.seconds = 0.0  # time spent in the LM head here: the target's work, not the engine's
         if head is None:
-            self.full = outputs.logits[0]
+            self.full = outputs.logits[row]
             return
-        self.hidden = outputs.hidden_states[-1][0]
+        self.hidden = outputs.hidden_states[-1][row]
         self.rows: dict[int, torch.Tensor] = {}
         children = draft.children if draft is not None else ((),) * self.hidden.shape[0]
         self.first_child = [kids[0] if kids else -1 for kids in children]
@@ -121,17 +155,38 @@ class NodeLogits:
             nodes.append(self.first_child[nodes[-1]])
         nodes = [i for i in nodes if i not in self.rows]
         start = time.perf_counter()
-        states = self.hidden[nodes if len(nodes) > 1 else nodes * 2]  # never a single-row product (see above)
-        weight = getattr(self.head, "weight", None)
-        if isinstance(self.head, torch.nn.Linear) and weight is not None:
-            logits = vocab_logits(states, weight)
-            if self.head.bias is not None:
-                logits = logits + self.head.bias
-        else:
-            logits = self.head(states)
+        logits = self._project(self.hidden[nodes if len(nodes) > 1 else nodes * 2])  # never a single-row product
         for i, node_i in enumerate(nodes):
             self.rows[node_i] = logits[i].float()
         self.seconds += time.perf_counter() - start
+
+    def _project(self, states: torch.Tensor) -> torch.Tensor:
+        weight = getattr(self.head, "weight", None)
+        if isinstance(self.head, torch.nn.Linear) and weight is not None:
+            logits = vocab_logits(states, weight)
+            return logits + self.head.bias if self.head.bias is not None else logits
+        return self.head(states)
+
+    @staticmethod
+    def prefetch(items: list["NodeLogits"], depth: int = 2) -> None:
+        """With a batch, the first ``depth`` nodes of every row's likeliest path (root, first child, ...) in ONE
+        head product: the rows every acceptance walk reads first, without a small product per row."""
+        if len(items) < 2 or items[0].head is None:
+            return
+        picks = []
+        for a, item in enumerate(items):
+            node = 0
+            for _ in range(depth):
+                picks.append((a, node))
+                node = item.first_child[node]
+                if node < 0:
+                    break
+        start = time.perf_counter()
+        states = torch.stack([items[a].hidden[node] for a, node in picks])
+        logits = items[0]._project(states)
+        for (a, node), row in zip(picks, logits):
+            items[a].rows[node] = row.float()
+        items[0].seconds += time.perf_counter() - start
 
     def __getitem__(self, node: int) -> torch.Tensor:
         if self.head is None:
@@ -152,35 +207,154 @@ class NodeLogits:
         return head if torch.allclose(recomputed, reference, rtol=1e-4, atol=1e-4) else None
 
 
-class _Committer:
-    """Appends accepted tokens to the sequence as plain decoding would, one stopping check per token.
 
-    The tokens are appended with one concatenation; the stopping criteria then see each prefix in turn (views
-    of the grown sequence), so a stop inside the accepted path truncates exactly where generate would stop.
-    """
+class _Row:
+    """One prompt of the batch: its committed tokens (left padding included, as generate returns them) and
+    its stopping state."""
 
-    def __init__(self, input_ids: torch.LongTensor, stopping_criteria, streamer, keep_scores: bool, keep_logits: bool):
-        self.input_ids = input_ids
-        self.stopping_criteria, self.streamer = stopping_criteria, streamer
-        self.keep_scores, self.keep_logits = keep_scores, keep_logits
+    def __init__(self, ids: torch.LongTensor, pad: int):
+        self.ids, self.pad = ids, pad
+        self.finished_at: int | None = None  # sequence length at which its stopping criteria fired
         self.scores: list[torch.Tensor] = []
         self.logits: list[torch.Tensor] = []
+        self.stats = SpeculativeStats()
 
-    def __call__(self, tokens: list[int], token_scores, token_logits) -> tuple[int, bool]:
-        length = self.input_ids.shape[1]
-        grown = torch.cat([self.input_ids, self.input_ids.new_tensor([tokens])], dim=-1)
+    @property
+    def sequence(self) -> torch.LongTensor:
+        """What the drafter sees: the committed tokens without the prompt's padding."""
+        return self.ids[:, self.pad :] if self.pad else self.ids
+
+
+class _Batch:
+    """The rows still generating and the bookkeeping of the shared cache.
+
+    ``active[a]`` is the original row of cache row a; ``visible`` ``(A, C)`` marks the cache columns that hold
+    row a's real tokens; ``next_position[a]`` is the position of row a's root (its real token count);
+    ``column_positions`` ``(A, C)`` the position of every column (kept only when a sliding window needs it).
+    """
+
+    def __init__(self, rows: list[_Row], visible: torch.Tensor, column_positions: torch.Tensor, keep_positions: bool):
+        self.rows = rows
+        self.active = list(range(len(rows)))
+        self.visible = visible
+        self.next_position = visible.sum(-1)
+        self.column_positions = column_positions if keep_positions else None
+
+    def sequences(self) -> list[torch.LongTensor]:
+        return [self.rows[r].sequence for r in self.active]
+
+    def tree_inputs(self, drafts: list[DraftTree], device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``input_ids`` and ``position_ids`` ``(A, n)`` of the drafts, padded to the widest with root tokens at
+        the root's position."""
+        if len(drafts) == 1:
+            draft = drafts[0]
+            return draft.tokens.to(device)[None], self.next_position[:, None] + draft.depths.to(device)[None]
+        n = max(len(d) for d in drafts)
+        tokens = torch.stack([torch.cat([d.tokens, d.tokens[:1].expand(n - len(d))]) for d in drafts]).to(device)
+        depths = torch.zeros(len(drafts), n, dtype=torch.long)
+        for a, d in enumerate(drafts):
+            depths[a, : len(d)] = d.depths
+        return tokens, self.next_position[:, None] + depths.to(device)
+
+    def append_columns(self, path_lengths: torch.Tensor, m: int) -> None:
+        """After `keep_paths`: m new columns per row, the first ``path_lengths[a]`` of them real."""
+        new = torch.arange(m, device=self.visible.device)[None]
+        if self.column_positions is not None:
+            self.column_positions = torch.cat([self.column_positions, self.next_position[:, None] + new], dim=1)
+        self.visible = torch.cat([self.visible, new < path_lengths[:, None]], dim=1)
+        self.next_position = self.next_position + path_lengths
+
+    def select(self, keep: list[int]) -> torch.Tensor:
+        """Keep cache rows ``keep`` (indices into the current rows); returns them as a tensor."""
+        index = torch.tensor(keep, dtype=torch.long, device=self.visible.device)
+        self.active = [self.active[a] for a in keep]
+        self.visible, self.next_position = self.visible[index], self.next_position[index]
+        if self.column_positions is not None:
+            self.column_positions = self.column_positions[index]
+        return index
+
+
+class _TreeMasks:
+    """Each step's attention mask(s) for the verification forward (see the module docstring)."""
+
+    def __init__(self, model, device):
+        self.window, self.layout = attention_window(model.config)
+        self.dtype = model.dtype
+        self.buffer = BatchTreeMaskBuffer(self.dtype, device)
+        self.blocks: dict = {}
+
+    def __call__(self, batch: _Batch, drafts: list[DraftTree], position_ids: torch.Tensor):
+        block = batch_tree_block(drafts, self.dtype, self.buffer.device, self.blocks)
+        full = self.buffer(batch.visible, block)
+        if self.window is None:
+            return full
+        sliding = self._windowed(full, batch, position_ids)
+        return sliding if self.layout == "all" else {"full_attention": full, "sliding_attention": sliding}
+
+    def _windowed(self, full: torch.Tensor, batch: _Batch, position_ids: torch.Tensor) -> torch.Tensor:
+        if full.shape[-1] <= self.window:  # no key can be `window` positions behind a query (positions <= columns)
+            return full
+        keys = torch.cat([batch.column_positions, position_ids], dim=1)  # (A, C + n)
+        too_old = (position_ids[:, :, None] - keys[:, None, :]) >= self.window
+        return full.masked_fill(too_old[:, None], torch.finfo(self.dtype).min)
+
+    def select(self, index: torch.Tensor) -> None:
+        self.buffer.select(index)
+
+
+class _Stopping:
+    """Commits accepted tokens as plain decoding would, one stopping check per token and row.
+
+    With an EOS criterion a finished row stops (plain `generate` pads it); without one plain `generate` keeps
+    extending finished rows until every row is finished, and so does this loop (`is_done`)."""
+
+    def __init__(self, stopping_criteria, streamer, pad_token_id, keep_scores: bool, keep_logits: bool):
+        self.criteria, self.streamer = stopping_criteria, streamer
+        self.stop_rows = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
+        self.pad_token_id = pad_token_id
+        self.keep_scores, self.keep_logits = keep_scores, keep_logits
+
+    def commit(self, row: _Row, tokens: list[int], token_scores, token_logits) -> int:
+        """Append ``tokens`` to ``row``; returns how many count (up to the one where the row stops). Without an
+        EOS criterion the tokens past a stop are still appended (the row goes on; `output` cuts them off)."""
+        length = row.ids.shape[1]
+        grown = torch.cat([row.ids, row.ids.new_tensor([tokens])], dim=-1)
+        row.ids = grown
+        if row.finished_at is not None:
+            return 0
         for i in range(len(tokens)):
             if self.keep_scores:
-                self.scores.append(token_scores[i][None])
+                row.scores.append(token_scores[i])
             if self.keep_logits:
-                self.logits.append(token_logits[i][None])
+                row.logits.append(token_logits[i])
             if self.streamer is not None:
                 self.streamer.put(grown[:, length + i].cpu())
-            if bool(self.stopping_criteria(grown[:, : length + i + 1], None)[0]):
-                self.input_ids = grown[:, : length + i + 1]
-                return i + 1, True
-        self.input_ids = grown
-        return len(tokens), False
+            if bool(self.criteria(grown[:, : length + i + 1], None)[0]):
+                row.finished_at = length + i + 1
+                if self.stop_rows:
+                    row.ids = grown[:, : length + i + 1]
+                return i + 1
+        return len(tokens)
+
+    def is_done(self, row: _Row, rows: list[_Row]) -> bool:
+        if row.finished_at is None:
+            return False
+        if self.stop_rows:
+            return True
+        if any(r.finished_at is None for r in rows):
+            return False
+        return row.ids.shape[1] >= max(r.finished_at for r in rows)
+
+    def output(self, rows: list[_Row]) -> torch.LongTensor:
+        """The rows as one tensor, as plain `generate` returns them."""
+        if not self.stop_rows:  # finished rows went on decoding; generate stops them all at the last finish
+            end = max(r.finished_at for r in rows)
+            return torch.cat([r.ids[:, :end] for r in rows])
+        if len(rows) == 1:
+            return rows[0].ids
+        end = max(r.ids.shape[1] for r in rows)
+        pad = self.pad_token_id if self.pad_token_id is not None else 0
+        return torch.cat([torch.nn.functional.pad(r.ids, (0, end - r.ids.shape[1]), value=int(pad)) for r in rows])
 
 
 def _acceptance(drafter: TreeDrafter, acceptance: str | None, do_sample: bool, generator):
@@ -196,16 +370,14 @@ def _acceptance(drafter: TreeDrafter, acceptance: str | None, do_sample: bool, g
     return lambda tree, scores: accept_sampling(tree, scores, generator)
 
 
-def _check_call(model, input_ids, drafter: TreeDrafter, tree, synced_gpus: bool) -> TreeSpec:
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"tree speculative decoding supports batch size 1 for now, got {input_ids.shape[0]} sequences "
-            "(num_return_sequences > 1 counts too); generate them one at a time"
-        )
+
+def _check_call(model, input_ids, drafter: TreeDrafter, tree, synced_gpus: bool, streamer) -> TreeSpec:
     if synced_gpus:
         raise ValueError("tree speculative decoding does not support synced_gpus (ZeRO-3/FSDP) generation")
+    if streamer is not None and input_ids.shape[0] > 1:
+        raise ValueError(f"a streamer takes one sequence, got a batch of {input_ids.shape[0]}")
     check_tree_attention(model)
-    tree = tree if tree is not None else drafter.default_tree
+    tree = tree if tree is not None else drafter.tree_for_batch(input_ids.shape[0])
     if not isinstance(tree, TreeSpec):
         raise TypeError(f"speculative_tree must be a hf_speculative.TreeSpec, got {type(tree).__name__}")
     if drafter.max_depth is not None and tree.depth > drafter.max_depth:
@@ -215,18 +387,141 @@ def _check_call(model, input_ids, drafter: TreeDrafter, tree, synced_gpus: bool)
     return tree
 
 
-def _node_scores(logits: NodeLogits, draft: DraftTree, tokens: torch.Tensor, input_ids, logits_processor):
+def _node_scores(logits: NodeLogits, draft: DraftTree, prefix_ids, logits_processor):
     """``node_scores(i)``: the processed scores after node i (what `verify` reads). With no logits processor
     (plain greedy) the raw logits are the scores and no prefix is built."""
     if not logits_processor:
         return lambda node: logits[node]
+    tokens = draft.tokens.to(prefix_ids.device)
 
     def node_scores(node: int) -> torch.Tensor:
         path = draft.path_to(node)[1:]
-        prefix = torch.cat([input_ids, tokens[path][None]], dim=-1) if path else input_ids
+        prefix = torch.cat([prefix_ids, tokens[path][None]], dim=-1) if path else prefix_ids
         return logits_processor(prefix, logits[node][None])[0]
 
     return node_scores
+
+
+# ----------------------------------------------------------------------------- the steps of the loop
+
+
+def _prefill(model, input_ids, cache, model_kwargs):
+    """One target forward over the prompts (what generate's first step does)."""
+    past_length = cache.get_seq_length()
+    kwargs = {}
+    if model_kwargs.get("attention_mask") is not None:
+        kwargs["attention_mask"] = model_kwargs["attention_mask"]
+    if model_kwargs.get("position_ids") is not None:
+        kwargs["position_ids"] = model_kwargs["position_ids"][:, past_length:]
+    return model(
+        input_ids=input_ids[:, past_length:], past_key_values=cache, use_cache=True,
+        output_hidden_states=True, logits_to_keep=1, **kwargs,
+    )  # fmt: skip
+
+
+def _draft(drafter: TreeDrafter, batch: _Batch, tree: TreeSpec, options: DraftingOptions) -> list[DraftTree]:
+    """1. every row still generating drafts its tree."""
+    return drafter.propose_batch(batch.sequences(), list(batch.active), tree, options)
+
+
+def _verify(model, drafter: TreeDrafter, batch: _Batch, drafts, masks: _TreeMasks, cache, want_hidden, lazy_head):
+    """2. one target forward over all rows' trees; returns the outputs and the drafts they verified."""
+    device = batch.visible.device
+    input_ids, position_ids = batch.tree_inputs(drafts, device)
+    no_rows = torch.empty(0, dtype=torch.long, device=device)
+    return drafter.verify_batch(
+        model,
+        drafts,
+        input_ids=input_ids,
+        attention_mask=masks(batch, drafts, position_ids),
+        position_ids=position_ids,
+        past_key_values=cache,
+        use_cache=True,
+        output_hidden_states=want_hidden or lazy_head is not None,
+        # with the lazy head the forward computes no logits itself: `NodeLogits` computes the rows the walk reads
+        logits_to_keep=no_rows if lazy_head is not None else 0,
+    )
+
+
+def _accept(accept, outputs, drafts, batch: _Batch, lazy_head, logits_processor):
+    """3. per row, the longest valid path and the bonus token."""
+    logits = [NodeLogits(outputs, lazy_head, d, row=a) for a, d in enumerate(drafts)]
+    NodeLogits.prefetch(logits)
+    results = [
+        accept(d, _node_scores(lg, d, batch.rows[r].ids, logits_processor))
+        for d, lg, r in zip(drafts, logits, batch.active)
+    ]
+    return results, logits
+
+
+def _commit(stopping: _Stopping, batch: _Batch, drafts, results, logits, stats: SpeculativeStats) -> None:
+    """4. append each row's accepted tokens, stopping where plain decoding would."""
+    total = 0
+    for d, result, lg, r in zip(drafts, results, logits, batch.active):
+        row = batch.rows[r]
+        committed = stopping.commit(row, result.tokens, result.scores, [lg[i] for i in result.path])
+        row.stats.accepted_lengths.append(committed)
+        row.stats.tree_sizes.append(len(d))
+        total += committed
+    stats.accepted_lengths.append(total)
+    stats.tree_sizes.append(sum(len(d) for d in drafts))
+
+
+def _compact_cache(cache, batch: _Batch, past_length: int, results) -> None:
+    """5. the cache keeps each row's accepted path (`keep_paths`); shorter rows' extra columns become holes."""
+    paths = [r.path for r in results]
+    m = keep_paths(cache, past_length, paths)
+    lengths = torch.tensor([len(p) for p in paths], device=batch.visible.device)
+    batch.append_columns(lengths, m)
+
+
+def _rows_going_on(stopping: _Stopping, batch: _Batch) -> list[int]:
+    """The cache rows whose sequence is not done (see `_Stopping.is_done`)."""
+    return [a for a, r in enumerate(batch.active) if not stopping.is_done(batch.rows[r], batch.rows)]
+
+
+def _advance_drafter(drafter: TreeDrafter, batch: _Batch, going_on: list[int], drafts, results, outputs) -> None:
+    """6. the drafter catches up with the committed sequences of the rows that go on."""
+    if going_on:
+        drafter.advance_batch(
+            [batch.rows[batch.active[a]].sequence for a in going_on],
+            [batch.active[a] for a in going_on],
+            [drafts[a] for a in going_on],
+            [results[a] for a in going_on],
+            TargetRows(outputs, rows=going_on, columns=batch.visible),
+        )
+
+
+def _drop_finished_rows(batch: _Batch, going_on: list[int], cache, masks: _TreeMasks) -> None:
+    """7. rows that are done leave the batch: their cache rows, mask rows and bookkeeping."""
+    if not going_on:
+        batch.active = []
+    elif len(going_on) < len(batch.active):
+        index = batch.select(going_on)
+        cache.batch_select_indices(index)
+        masks.select(index)
+
+
+def _start(input_ids, model_kwargs, keep_positions: bool) -> _Batch:
+    """The rows of the call: prompts, left padding (from ``attention_mask``) and the positions generate prepared."""
+    attention_mask = model_kwargs.get("attention_mask")
+    visible = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+    positions = model_kwargs.get("position_ids")
+    positions = positions if positions is not None else (visible.long().cumsum(-1) - 1).clamp_min(0)
+    pads = (~visible).sum(-1).tolist()
+    rows = [_Row(input_ids[b : b + 1], int(pads[b])) for b in range(input_ids.shape[0])]
+    return _Batch(rows, visible, positions, keep_positions)
+
+
+def _first_tokens(outputs, input_ids, logits_processor, do_sample: bool, generator):
+    """The prefill's new token per row, exactly as plain decoding draws it (batched)."""
+    raw = outputs.logits[:, -1].float()
+    scores = logits_processor(input_ids, raw)
+    if do_sample:
+        tokens = torch.multinomial(torch.softmax(scores, -1), 1, generator=generator)[:, 0]
+    else:
+        tokens = torch.argmax(scores, -1)
+    return tokens.tolist(), scores, raw
 
 
 @torch.no_grad()
@@ -244,16 +539,15 @@ def tree_speculative_decoding(
     acceptance: str | None = None,
     **model_kwargs,
 ):
-    """Tree speculative decoding of one sequence; called by `generate` after its usual preparation.
+    """Tree speculative decoding of a batch of sequences; called by `generate` after its usual preparation.
 
-    Each step: the drafter proposes a tree (`propose`), one target forward verifies it (`verify`), the
-    acceptance rule walks it (`accept`), the accepted tokens are committed with the stopping checks plain
-    decoding makes, the cache keeps the accepted path only (`keep_path`), and the drafter catches up
-    (`advance`).
+    Each step: (1) draft a tree per row, (2) verify all of them in one target forward, (3) accept each row's
+    longest valid path, (4) commit its tokens with the stopping checks plain decoding makes, (5) compact the
+    cache to the accepted paths, (6) let the drafter catch up, (7) drop the rows that are done.
     """
-    tree = _check_call(model, input_ids, drafter, tree, synced_gpus)
+    tree = _check_call(model, input_ids, drafter, tree, synced_gpus, streamer)
     cache = model_kwargs.get("past_key_values")
-    check_tree_cache(cache)
+    prepare_tree_cache(cache)
     device = input_ids.device
     do_sample = bool(generation_config.do_sample)
     generator = None
@@ -261,104 +555,72 @@ def tree_speculative_decoding(
     accept = _acceptance(drafter, acceptance, do_sample, generator)
     want_hidden = drafter.needs_target_hidden_states
     return_dict = generation_config.return_dict_in_generate
-    commit = _Committer(
-        input_ids, stopping_criteria, streamer,
+    stopping = _Stopping(
+        stopping_criteria, streamer, generation_config._pad_token_tensor,
         keep_scores=bool(return_dict and generation_config.output_scores),
         keep_logits=bool(return_dict and generation_config.output_logits),
     )  # fmt: skip
     stats = SpeculativeStats()
+    masks = _TreeMasks(model, device)
 
-    # Padding (batch 1 with a left-padded prompt): hidden prefix columns and shifted positions.
-    attention_mask = model_kwargs.get("attention_mask")
-    hidden_prefix = None
-    num_hidden = 0
-    if attention_mask is not None and not bool(attention_mask.all()):
-        hidden_prefix = attention_mask[0].bool()
-        num_hidden = int((~hidden_prefix).sum())
-    masks = TreeMaskBuffer(model.dtype, device, hidden_prefix)
-
-    # Prefill: one target forward over the prompt commits the first new token, exactly as plain generate.
-    past_length = cache.get_seq_length()
-    prefill_kwargs = {}
-    if attention_mask is not None:
-        prefill_kwargs["attention_mask"] = attention_mask
-    if model_kwargs.get("position_ids") is not None:
-        prefill_kwargs["position_ids"] = model_kwargs["position_ids"][:, past_length:]
+    # Prefill: one target forward over the prompts commits each row's first new token, exactly as plain generate.
+    batch = _start(input_ids, model_kwargs, keep_positions=masks.window is not None)
+    stats.rows = [row.stats for row in batch.rows]
     with _Timer(stats.timings, "target", device):
-        outputs = model(
-            input_ids=input_ids[:, past_length:],
-            past_key_values=cache,
-            use_cache=True,
-            output_hidden_states=True,
-            logits_to_keep=1,
-            **prefill_kwargs,
-        )
+        outputs = _prefill(model, input_ids, cache, model_kwargs)
     lazy_head = NodeLogits.lazy_head(model, outputs)
-    # with the lazy head the verification forward computes no logits itself (an empty row index): the rows the
-    # acceptance walk reads come from `NodeLogits`, several per product
-    no_rows = torch.empty(0, dtype=torch.long, device=device)
-    raw = outputs.logits[:, -1].float()
-    scores = logits_processor(input_ids, raw)
-    if do_sample:
-        first = int(torch.multinomial(torch.softmax(scores, -1), 1, generator=generator))
-    else:
-        first = int(torch.argmax(scores, -1))
+    first, scores, raw = _first_tokens(outputs, input_ids, logits_processor, do_sample, generator)
     with _Timer(stats.timings, "draft", device):
-        drafter.begin(input_ids, outputs)
-    _, stop = commit([first], [scores[0]], [raw[0]])
-    stats.accepted_lengths.append(1)
+        pads = [row.pad for row in batch.rows]
+        drafter.begin_batch([row.sequence for row in batch.rows], TargetRows(outputs, starts=pads, columns=batch.visible))
+    for b, row in enumerate(batch.rows):
+        row.stats.accepted_lengths.append(stopping.commit(row, [first[b]], [scores[b]], [raw[b]]))
+    stats.accepted_lengths.append(len(batch.rows))
+    _drop_finished_rows(batch, _rows_going_on(stopping, batch), cache, masks)
 
-    while not stop:
-        sequence = commit.input_ids
-        past_length = sequence.shape[1] - 1  # the root (last committed token) is not cached yet
-        # 1. draft
+    while batch.active:
+        past_length = batch.visible.shape[1]  # the roots (last committed tokens) are not cached yet
         with _Timer(stats.timings, "draft", device):
-            draft: DraftTree = drafter.propose(sequence, tree, options)
-        # 2. verify: one target forward over the whole tree
-        with _Timer(stats.timings, "engine", device):
-            mask = masks(draft.ancestors, past_length)
-            position_ids = (past_length - num_hidden + draft.depths.to(device))[None]
+            drafts = _draft(drafter, batch, tree, options)
         with _Timer(stats.timings, "target", device):
-            outputs, draft = drafter.verify(
-                model,
-                draft,
-                input_ids=draft.tokens.to(device)[None],
-                attention_mask=mask,
-                position_ids=position_ids,
-                past_key_values=cache,
-                use_cache=True,
-                output_hidden_states=want_hidden or lazy_head is not None,
-                logits_to_keep=no_rows if lazy_head is not None else 0,
-            )
+            outputs, drafts = _verify(model, drafter, batch, drafts, masks, cache, want_hidden, lazy_head)
         with _Timer(stats.timings, "engine", device):
-            tokens = draft.tokens.to(device)  # the verified draft (a drafter may have pruned it)
-            logits = NodeLogits(outputs, lazy_head, draft)
-            # 3. accept: the longest valid path and the bonus token
-            result: AcceptanceResult = accept(draft, _node_scores(logits, draft, tokens, sequence, logits_processor))
-            # 4. compact the cache to the accepted path
-            keep_path(cache, past_length, result.path)
-            # 5. commit tokens, stopping where plain decoding would
-            committed, stop = commit(result.tokens, result.scores, [logits[i] for i in result.path])
-            stats.accepted_lengths.append(committed)
-            stats.tree_sizes.append(len(draft))
-            if stop:
-                crop_to(cache, commit.input_ids.shape[1] - 1)
-        stats.timings["engine"] -= logits.seconds
-        stats.timings["target"] += logits.seconds
-        # 6. the drafter catches up with the committed sequence
-        if not stop:
-            with _Timer(stats.timings, "draft", device):
-                drafter.advance(commit.input_ids, draft, result, outputs)
+            results, logits = _accept(accept, outputs, drafts, batch, lazy_head, logits_processor)
+            _commit(stopping, batch, drafts, results, logits, stats)
+            _compact_cache(cache, batch, past_length, results)
+            going_on = _rows_going_on(stopping, batch)
+        head_seconds = sum(lg.seconds for lg in logits)  # the LM head is the target's work, not the engine's
+        stats.timings["engine"] -= head_seconds
+        stats.timings["target"] += head_seconds
+        with _Timer(stats.timings, "draft", device):
+            _advance_drafter(drafter, batch, going_on, drafts, results, outputs)
+        with _Timer(stats.timings, "engine", device):
+            _drop_finished_rows(batch, going_on, cache, masks)
 
-    drafter.end()
+    drafter.end_batch()
     if streamer is not None:
         streamer.end()
+    sequences = stopping.output(batch.rows)
+    if len(batch.rows) == 1:
+        crop_to(cache, sequences.shape[1] - 1)
     if return_dict:
         return SpeculativeGenerateOutput(
-            sequences=commit.input_ids,
-            scores=tuple(commit.scores) if commit.keep_scores else None,
-            logits=tuple(commit.logits) if commit.keep_logits else None,
-            past_key_values=cache if generation_config.use_cache else None,
+            sequences=sequences,
+            scores=_per_step(batch.rows, "scores", sequences.shape[1] - input_ids.shape[1]) if stopping.keep_scores else None,
+            logits=_per_step(batch.rows, "logits", sequences.shape[1] - input_ids.shape[1]) if stopping.keep_logits else None,
+            # with a batch, finished rows left the cache: it is returned for a single sequence only
+            past_key_values=cache if generation_config.use_cache and len(batch.rows) == 1 else None,
             speculative_stats=stats,
         )
-    return commit.input_ids
+    return sequences
+
+
+def _per_step(rows: list[_Row], name: str, steps: int) -> tuple[torch.Tensor, ...]:
+    """Per generated position, the ``(B, V)`` scores (or logits) of every row, as plain `generate` returns them;
+    a row that had already finished gets ``-inf`` there (plain decoding would score its padding)."""
+    out = []
+    for t in range(steps):
+        values = [getattr(row, name) for row in rows]
+        filler = next(v[t] for v in values if t < len(v))
+        out.append(torch.stack([v[t] if t < len(v) else torch.full_like(filler, float("-inf")) for v in values]))
+    return tuple(out)

@@ -21,7 +21,10 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-__all__ = ["TreeSpec", "DynamicTree", "DraftTree", "additive_mask", "tree_attention_mask", "TreeMaskBuffer", "expected_acceptance_length"]
+__all__ = [
+    "TreeSpec", "DynamicTree", "DraftTree", "additive_mask", "tree_attention_mask", "TreeMaskBuffer",
+    "BatchTreeMaskBuffer", "batch_tree_block", "expected_acceptance_length",
+]  # fmt: skip
 
 
 def _ancestor_matrix(parents: Sequence[int]) -> torch.Tensor:
@@ -521,3 +524,62 @@ class TreeMaskBuffer:
         buf[:n, past_length : past_length + n] = self._block(ancestors)
         self.last = (past_length, n)
         return self.buffer[:, :, :n, : past_length + n]
+
+
+class BatchTreeMaskBuffer:
+    """`TreeMaskBuffer` for a batch of rows: additive masks ``(A, 1, n, C + n)`` written into one buffer.
+
+    ``visible`` ``(A, C)`` says which cached columns hold each row's real tokens (False: left padding, or a
+    hole left where a row accepted a shorter path than the batch's longest). Columns of the prefix are
+    written once from ``visible`` as they join it; each step writes the tree block ``(A or 1, n, n)`` (0 where
+    a node sees an ancestor or itself) after them. The returned mask is a view of the buffer.
+    """
+
+    def __init__(self, dtype: torch.dtype, device: torch.device | str):
+        self.dtype, self.device = dtype, torch.device(device)
+        self.buffer = torch.zeros(0, 1, 0, 0, dtype=dtype, device=self.device)
+        self.prefix = 0  # columns [0, prefix) hold the prefix visibility
+
+    def __call__(self, visible: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+        rows_a, length = visible.shape
+        n = block.shape[-1]
+        _, _, rows, capacity = self.buffer.shape
+        if self.buffer.shape[0] != rows_a or n > rows or length + n > capacity:
+            rows, capacity = max(n, rows), max(length + n, 2 * capacity, 64)
+            self.buffer = torch.zeros(rows_a, 1, rows, capacity, dtype=self.dtype, device=self.device)
+            self.prefix = 0
+        if length > self.prefix:  # columns that joined the prefix since the last step (for every buffer row)
+            new = visible[:, self.prefix : length].to(self.device)
+            cols = self.buffer[:, 0, :, self.prefix : length]
+            cols.zero_()
+            if not bool(new.all()):
+                cols.masked_fill_(~new[:, None, :], torch.finfo(self.dtype).min)
+            self.prefix = length
+        self.buffer[:, 0, :n, length : length + n] = block
+        return self.buffer[:, :, :n, : length + n]
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep the buffer rows of the rows still generating."""
+        self.buffer = self.buffer.index_select(0, rows.to(self.device))
+
+
+def batch_tree_block(drafts: Sequence["DraftTree"], dtype: torch.dtype, device, cache: dict | None = None) -> torch.Tensor:
+    """The additive tree block ``(A or 1, n, n)`` of a step's drafts, padded to the widest (a padding node sees
+    itself only). Drafts of one static spec share one cached block (keyed by the spec in ``cache``)."""
+    spec = drafts[0]._spec
+    if spec is not None and all(d._spec is spec for d in drafts):
+        if cache is not None and id(spec) in cache and cache[id(spec)][0] is spec:
+            return cache[id(spec)][1]
+        block = additive_mask(spec.ancestors.to(device), dtype)[0]
+        if cache is not None:
+            if len(cache) >= TreeMaskBuffer.MAX_BLOCKS:
+                cache.clear()
+            cache[id(spec)] = (spec, block)
+        return block
+    if len(drafts) == 1:
+        return additive_mask(drafts[0].ancestors.to(device), dtype)[0]
+    n = max(len(d) for d in drafts)
+    visible = torch.eye(n, dtype=torch.bool).repeat(len(drafts), 1, 1)
+    for a, d in enumerate(drafts):
+        visible[a, : len(d), : len(d)] = d.ancestors
+    return additive_mask(visible.to(device), dtype)[0, 0]

@@ -91,3 +91,21 @@ def test_cli_bench_per_category_and_checkpoint(model_dir, prompts, tmp_path):
     assert data["setting"]["n_prompts"] == 2 and "partial" not in data["setting"]  # one writing, one math
     assert {p["category"] for p in data["prompts"]} == {"writing", "math"}
     assert data["setting"]["command"].startswith("hf-speculative bench --model")
+
+
+def test_cli_bench_batch_size(model_dir, prompts, tmp_path, capsys):
+    out, plot = tmp_path / "bb.json", tmp_path / "bb.png"
+    rc = main(["bench", "--model", str(model_dir), "--prompts", str(prompts), "--methods",
+               "plain,hf-assisted,tree-prompt-lookup,tree-layercut", "--draft-layers", "2", "--batch-size", "1,2",
+               "--max-new-tokens", "6", "--output", str(out), "--plot", str(plot), "--threads", "1", "--device", "cpu"])  # fmt: skip
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["setting"]["batch_sizes"] == [1, 2] and data["setting"]["n_prompts"] == 3
+    for b in ("1", "2"):
+        assert set(data["batches"][b]) == {"plain", "tree-prompt-lookup", "tree-layercut"}  # hf-assisted: one sequence only
+        for name in ("tree-prompt-lookup", "tree-layercut"):
+            stats = data["batches"][b][name]
+            assert stats["lossless_rate"] == 1.0 and len(stats["tau_per_row"]) == 3 and stats["tau"] >= 1.0
+    assert plot.stat().st_size > 0
+    printed = capsys.readouterr().out
+    assert "skipping hf-assisted" in printed and "| B | method | tree nodes | new tokens/s |" in printed

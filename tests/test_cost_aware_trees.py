@@ -139,3 +139,30 @@ def test_speculative_streaming_default_tree_is_the_cost_aware_tree(cost_aware):
     # {(0)} 1.8/1.65 = 1.091  {(0),(1)} 1.9/1.75 = 1.086  chain 2.36/1.75 = 1.349  3 nodes 2.46/2.35 = 1.047
     assert drafter.default_tree == CHAIN
     set_cost_curve(ss, None)
+
+
+def test_cost_aware_trees_shrink_as_the_batch_grows(cost_aware):
+    """A batch of B rows verifies B x (N + 1) tokens against a plain batched step: bigger batches leave the flat
+    part of the cost curve sooner, so the drafter's tree for the call's batch size shrinks."""
+    model = hfs.enable(tiny_model("llama"))
+    heads = hfs.MedusaHeadsModel.from_base_model(model, num_heads=3)
+    heads.config.calibration = {"head_top_i_accuracy": [[0.8, 0.15, 0.05], [0.7, 0.15, 0.05], [0.6, 0.1, 0.05]]}
+    # flat up to 16 tokens, then linear
+    curve = CostCurve((1, 2, 4, 8, 16, 32, 64, 128), (1.0, 1.0, 1.0, 1.02, 1.05, 2.0, 4.0, 8.0))
+    set_cost_curve(model, curve)
+    try:
+        drafter = heads.get_tree_drafter(model)
+        sizes = [drafter.tree_for_batch(b).num_nodes for b in (1, 4, 8, 16)]
+        assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[-1], sizes
+        assert drafter.tree_for_batch(1) == drafter.default_tree
+        # the loop uses the tree of the call's batch size, and stays exact
+        ids = torch.tensor([[0, 5, 3, 9, 1], [4, 4, 8, 2, 6]])
+        mask = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
+        out = model.generate(ids, attention_mask=mask, assistant_model=heads, max_new_tokens=10, do_sample=False,
+                             pad_token_id=0, return_dict_in_generate=True)  # fmt: skip
+        plain = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0)
+        assert torch.equal(out.sequences, plain)
+        batch_tree = heads.get_tree_drafter(model).tree_for_batch(2)
+        assert {s for row in out.speculative_stats.rows for s in row.tree_sizes} == {batch_tree.num_nodes + 1}
+    finally:
+        set_cost_curve(model, None)

@@ -140,10 +140,8 @@ def test_vocabulary_mismatch(pair):
         target.generate(PROMPT, assistant_model=other, max_new_tokens=4)
 
 
-def test_batch_larger_than_one(pair):
+def test_beams_and_return_sequences_refused(pair):
     target, draft = pair
-    with pytest.raises(ValueError, match="batch size 1"):
-        target.generate(PROMPT.repeat(2, 1), assistant_model=draft, max_new_tokens=4)
     with pytest.raises(ValueError, match="num_return_sequences"):
         target.generate(PROMPT, assistant_model=draft, max_new_tokens=4, num_return_sequences=2, do_sample=True)
     with pytest.raises(ValueError, match="num_beams"):

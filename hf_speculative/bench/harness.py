@@ -249,9 +249,21 @@ class _EngineMethod(BenchMethod):
         shape = repr(self.tree) if isinstance(self.tree, DynamicTree) else self.tree.to_list()
         return {"tree": shape, "tree_nodes": self.tree.num_nodes}
 
+    #: the tree passed to generate; None lets the drafter choose (a cost-aware drafter picks per batch size)
+    call_tree = None
+
     def generate(self, input_ids, attention_mask, **common):
-        kwargs = {} if self.tree is None else {"speculative_tree": self.tree}
+        tree = self.tree if self.call_tree is None and not isinstance(self, DrafterMethod) else self.call_tree
+        kwargs = {} if tree is None else {"speculative_tree": tree}
         return self.model.generate(input_ids, attention_mask=attention_mask, assistant_model=self.draft, **kwargs, **common)
+
+    def tree_for_batch(self, batch_size: int):
+        """The tree a call over ``batch_size`` rows verifies (for the report)."""
+        if self.call_tree is not None or isinstance(self, (TreeLayerCutMethod, ChainLayerCutMethod, TreePromptLookupMethod)):
+            return self.call_tree or self.tree
+        from hf_speculative.drafters import resolve_drafter
+
+        return resolve_drafter(self.model, self.draft).tree_for_batch(batch_size)
 
 
 @register_method
@@ -316,7 +328,7 @@ class DrafterMethod(_EngineMethod):
     def setup(self):
         super().setup()
         self.draft = load_drafter(self.path, self.model)
-        self.tree = parse_tree(self.options.tree)
+        self.call_tree = self.tree = parse_tree(self.options.tree)
         if self.tree is None:  # the drafter's own tree, recorded for the JSON
             from hf_speculative.drafters import resolve_drafter
 

@@ -37,6 +37,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--output", default=None, help="result JSON")
     p.add_argument("--plot", default=None, help="PNG of speedup and tau per category")
     p.add_argument("--save-text", action="store_true", help="store decoded outputs in the JSON")
+    p.add_argument("--batch-size", default=None, help="batched throughput instead: comma list of batch sizes B (e.g. "
+                   "1,4,8,16); prompts left padded in batches of B, total new tokens/s against plain batched generate, "
+                   "tau per row; --plot draws speedup against B")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -72,6 +75,8 @@ def run(args) -> int:
         records = first_per_category(records, args.per_category)
     if args.limit is not None:
         records = records[: args.limit]
+    if args.batch_size:
+        return _run_batched(args, model, tokenizer, records, methods, options)
     result = run_benchmark(
         model, tokenizer, records, methods, options,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, repeats=args.repeats,
@@ -95,4 +100,31 @@ def run(args) -> int:
     if args.plot:
         title = f"{args.model} on {describe_prompts(args.prompts)}, {len(records)} prompts, {args.max_new_tokens} new tokens"
         print(f"wrote {plot_results(result['methods'], args.plot, title=title)}")
+    return 0
+
+
+def _run_batched(args, model, tokenizer, records, methods, options) -> int:
+    from ..bench.batch import BATCH_UNSUPPORTED, batch_table, plot_batch_speedup, run_batch_benchmark
+    from ..bench.prompts import describe_prompts
+    from ..bench.report import write_json
+
+    sizes = [int(b) for b in str(args.batch_size).split(",") if b.strip()]
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"--batch-size wants positive batch sizes, got {args.batch_size!r}")
+    skipped = [m for m in methods if m in BATCH_UNSUPPORTED]
+    if skipped:
+        print(f"skipping {', '.join(skipped)}: transformers runs them on one sequence only")
+    result = run_batch_benchmark(
+        model, tokenizer, records, methods, sizes, options,
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, device=args.device,
+    )  # fmt: skip
+    result["setting"].update({"model": str(args.model), "prompts": describe_prompts(args.prompts),
+                              "command": "hf-speculative " + " ".join(getattr(args, "argv", None) or sys.argv[1:])})  # fmt: skip
+    print()
+    print(batch_table(result))
+    if args.output:
+        print(f"wrote {write_json(result, args.output)}")
+    if args.plot:
+        title = f"{args.model} on {describe_prompts(args.prompts)}, {len(records)} prompts, {args.max_new_tokens} new tokens"
+        print(f"wrote {plot_batch_speedup(result, args.plot, title=title)}")
     return 0

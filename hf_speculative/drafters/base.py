@@ -1,30 +1,51 @@
 """The one interface between a drafter and the tree engine.
 
-A `TreeDrafter` holds one `generate()` call's drafting state. The engine calls, in order:
+A `TreeDrafter` holds one `generate()` call's drafting state. It has two layers:
 
-1. ``begin(prompt_ids, target_outputs)`` after the target's prefill forward;
-2. per step ``propose(sequence, tree, options) -> DraftTree``: the draft whose root is ``sequence[0, -1]``;
-   then ``verify(target, draft, **forward_kwargs)`` runs the target's verification forward (the plain
-   forward unless the drafter prunes the tree inside it);
-3. per step ``advance(sequence, draft, result, target_outputs)`` once the accepted tokens are committed,
-   with the verification forward's outputs (its hidden states when ``needs_target_hidden_states``).
+**The batched contract** (what the engine calls; a batch of B left-padded prompts, B = 1 included):
+
+1. ``begin_batch(prompts, target_outputs)`` after the target's prefill forward. ``prompts[i]`` is row i's
+   prompt ``(1, L_i)`` with its left padding removed; ``target_outputs`` is a `TargetRows`.
+2. per step ``propose_batch(sequences, rows, tree, options) -> list[DraftTree]``: one draft per row still
+   generating. ``sequences[j]`` ``(1, L_j)`` is the committed sequence (no padding) of original row
+   ``rows[j]``; the root of draft j is ``sequences[j][0, -1]``. Rows that finished are no longer passed.
+   Then ``verify_batch(target, drafts, **forward_kwargs)`` runs the target's ONE verification forward
+   over all rows' trees (the plain forward unless the drafter prunes inside it).
+3. per step ``advance_batch(sequences, rows, drafts, results, target_outputs)`` once the accepted
+   tokens are committed (only for the rows that go on generating).
+4. ``end_batch()``.
+
+``target_outputs`` (`TargetRows`) wraps the target's batched forward; ``target_outputs.row(j)`` is a
+batch-1 view of row j: tensors sliced to ``[j : j + 1]`` (prompt padding removed on the prefill), and
+``past_key_values`` the row's real cached tokens only (the engine's cache has padding and holes).
+
+**The batch-1 methods** ``begin`` / ``propose`` / ``verify`` / ``advance`` / ``end`` (one sequence). The
+default batched methods run them once per row on a shallow copy of the drafter per row (`copy.copy`), with
+the row views above; with one row they run on the drafter itself with the forward's own outputs, exactly as
+before batching existed. So a drafter written for batch 1 works for any batch unchanged, provided its
+``begin`` *assigns* fresh per-call state (a new cache, new tensors) rather than mutating shared objects in
+place. A drafter overrides the ``*_batch`` methods to draft all rows in one batched computation (Medusa
+heads do: one head forward over B hidden states).
 
 The engine never branches on the kind of drafter: Medusa heads, ParallelSpec, SPIRe and a plain causal
-LM differ only in how they implement these three calls.
+LM differ only in how they implement these calls.
 """
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
+from transformers.cache_utils import Cache
 
 from ..trees import DraftTree, DynamicTree, TreeSpec
 from ..verify import AcceptanceResult
 
 __all__ = [
     "DraftingOptions",
+    "TargetRows",
     "TreeDrafter",
     "fill_children",
     "tree_from_depth_logits",
@@ -48,6 +69,114 @@ class DraftingOptions:
         return draft_sampling if self.do_sample else "deterministic"
 
 
+class _RowCacheLayer:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        self.keys, self.values = keys, values
+        self.is_initialized = True
+
+    def get_seq_length(self) -> int:
+        return self.keys.shape[-2]
+
+
+class _RowCache:
+    """Read-only batch-1 view of one row of a batched cache: the row's real tokens only (padding and the
+    holes of shorter accepted paths removed), gathered per layer on first access."""
+
+    def __init__(self, cache: Cache, row: int, columns: torch.Tensor | None):
+        self.cache, self.row = cache, row
+        self.index = None if columns is None else columns.nonzero().squeeze(-1)
+        self._layers: dict[int, _RowCacheLayer] = {}
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.cache.get_seq_length() if self.index is None else int(self.index.shape[0])
+
+    @property
+    def layers(self):
+        view = self
+
+        class _Layers:
+            def __len__(self):
+                return len(view.cache.layers)
+
+            def __getitem__(self, i):
+                if i not in view._layers:
+                    layer = view.cache.layers[i]
+                    keys, values = layer.keys[view.row : view.row + 1], layer.values[view.row : view.row + 1]
+                    if view.index is not None:
+                        idx = view.index.to(keys.device)
+                        keys, values = keys.index_select(-2, idx), values.index_select(-2, idx)
+                    view._layers[i] = _RowCacheLayer(keys, values)
+                return view._layers[i]
+
+        return _Layers()
+
+
+class _RowOutputs:
+    """A batch-1 view of one row of a batched model output (see `TargetRows.row`)."""
+
+    def __init__(self, outputs, row: int, start: int, columns: torch.Tensor | None):
+        self._outputs, self._row, self._start, self._columns = outputs, row, start, columns
+        self._seen: dict[str, object] = {}
+
+    def _slice(self, value):
+        if isinstance(value, torch.Tensor):
+            return value[self._row : self._row + 1, self._start :] if value.dim() >= 2 else value
+        if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
+            return type(value)(self._slice(v) for v in value)
+        if isinstance(value, Cache):
+            return _RowCache(value, self._row, self._columns)
+        return value
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name not in self._seen:
+            self._seen[name] = self._slice(getattr(self._outputs, name))
+        return self._seen[name]
+
+    def __getitem__(self, name: str):
+        return getattr(self, name)
+
+
+class TargetRows:
+    """The target's outputs of one batched forward, and a batch-1 view per row for the drafters.
+
+    Args:
+        outputs: the model output (batch ``A`` rows).
+        rows: for each entry j handed to a drafter, its row in ``outputs`` (default: all rows in order).
+        starts: per entry, the first position that belongs to the row (its left padding on the prefill).
+        columns: ``(A, C)`` bool, which columns of ``outputs.past_key_values`` hold each row's real tokens
+            (None: every column).
+    """
+
+    def __init__(self, outputs, rows: list[int] | None = None, starts: list[int] | None = None, columns: torch.Tensor | None = None):
+        self.outputs = outputs
+        self.rows = list(range(_batch_size(outputs))) if rows is None else list(rows)
+        self.starts = starts if starts is not None else [0] * len(self.rows)
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def row(self, j: int):
+        """Entry j as a batch-1 output. With a single-row forward and nothing to strip: the outputs themselves."""
+        i, start = self.rows[j], self.starts[j]
+        columns = None if self.columns is None else self.columns[i]
+        if _batch_size(self.outputs) == 1 and start == 0 and (columns is None or bool(columns.all())):
+            return self.outputs
+        return _RowOutputs(self.outputs, i, start, columns)
+
+
+def _batch_size(outputs) -> int:
+    for name in ("logits", "hidden_states"):
+        value = getattr(outputs, name, None)
+        if isinstance(value, (tuple, list)) and value:
+            value = value[0]
+        if isinstance(value, torch.Tensor):
+            return value.shape[0]
+    return 1
+
+
 class TreeDrafter(ABC):
     """Base class of every drafter's per-call state (see the module docstring)."""
 
@@ -61,6 +190,18 @@ class TreeDrafter(ABC):
     acceptance: str | None = None
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
+    #: drafters with a cost-aware default tree set ``batch_tree(batch_size) -> TreeSpec`` (see `tree_for_batch`)
+    batch_tree = None
+
+    def tree_for_batch(self, batch_size: int) -> TreeSpec | None:
+        """The tree of a call over ``batch_size`` rows when it gives no ``speculative_tree``: `default_tree`, or
+        for a cost-aware drafter the tree that pays off at that batch size (smaller as B grows), cached per B."""
+        if batch_size == 1 or self.batch_tree is None:
+            return self.default_tree
+        trees = self.__dict__.setdefault("_batch_trees", {})
+        if batch_size not in trees:
+            trees[batch_size] = self.batch_tree(batch_size=batch_size)
+        return trees[batch_size]
 
     def begin(self, prompt_ids: torch.LongTensor, target_outputs) -> None:
         """Reset state for a new call; ``target_outputs`` is the target's prefill output."""
@@ -81,6 +222,60 @@ class TreeDrafter(ABC):
 
     def end(self) -> None:
         """Release per-call state."""
+
+    # ------------------------------------------------------------------ the batched contract (module docstring)
+    _per_row: dict[int, "TreeDrafter"] | None = None
+
+    def _row_drafter(self, row: int) -> "TreeDrafter":
+        return self if self._per_row is None else self._per_row[row]
+
+    def begin_batch(self, prompts: list[torch.LongTensor], target_outputs: TargetRows) -> None:
+        """Reset state for a call over ``len(prompts)`` rows. Default: `begin` per row, on a shallow copy of the
+        drafter per row (on the drafter itself for a single row)."""
+        if len(prompts) == 1:
+            self._per_row = None
+            self.begin(prompts[0], target_outputs.row(0))
+            return
+        per_row = {}
+        for j, prompt in enumerate(prompts):
+            drafter = copy.copy(self)
+            drafter._per_row = None
+            drafter.begin(prompt, target_outputs.row(j))
+            per_row[j] = drafter
+        self._per_row = per_row
+
+    def propose_batch(
+        self, sequences: list[torch.LongTensor], rows: list[int], tree: TreeSpec, options: DraftingOptions
+    ) -> list[DraftTree]:
+        """One draft per row (``sequences[j]`` is the committed sequence of original row ``rows[j]``)."""
+        return [self._row_drafter(r).propose(seq, tree, options) for seq, r in zip(sequences, rows)]
+
+    def verify_batch(self, target, drafts: list[DraftTree], **forward_kwargs) -> tuple[object, list[DraftTree]]:
+        """The target's one verification forward over all rows' trees (padded to one width by the engine).
+        Default: the drafter's own `verify` for a single row (it may prune there), the plain forward otherwise."""
+        if len(drafts) == 1:
+            outputs, draft = self.verify(target, drafts[0], **forward_kwargs)
+            return outputs, [draft]
+        return target(**forward_kwargs), drafts
+
+    def advance_batch(
+        self,
+        sequences: list[torch.LongTensor],
+        rows: list[int],
+        drafts: list[DraftTree],
+        results: list[AcceptanceResult],
+        target_outputs: TargetRows,
+    ) -> None:
+        """Bring each continuing row's state in step with its committed sequence (entry j: ``target_outputs.row(j)``)."""
+        for j, r in enumerate(rows):
+            self._row_drafter(r).advance(sequences[j], drafts[j], results[j], target_outputs.row(j))
+
+    def end_batch(self) -> None:
+        """Release the call's state (every row's)."""
+        for drafter in (self._per_row or {}).values():
+            drafter.end()
+        self._per_row = None
+        self.end()
 
 
 def fill_children(

@@ -6,6 +6,11 @@ step, `TreeSpec.optimize(..., cost=)` picks the tree with the largest expected t
 (Medusa 2.3.3's greedy build with the cost term of Sequoia and SPIRe). The curve is measured once per
 machine, dtype and model and cached; `perf_model.set_cost_curve` injects a fixed one.
 
+With a batch of B rows the verification forward carries B x (N + 1) tokens and is scored against a plain
+batched step, ``c(B (N + 1)) / c(B)``; drafting B rows costs about B times one row's drafting in units of
+that batched step (``B c(1) / c(B)``). As B grows the forward leaves the flat part of the curve sooner, so
+the chosen trees shrink (`TreeDrafter.tree_for_batch` asks for the tree of a call's batch size).
+
 Opt out per drafter with ``config.cost_aware_tree = False``, or everywhere with the environment variable
 ``HF_SPECULATIVE_COST_AWARE=0``: the drafter then uses its saved tree. A call's ``speculative_tree=``
 always wins.
@@ -42,6 +47,7 @@ def cost_aware_tree(
     draft_cost: Callable | float = 0.0,
     max_depth: int | None = None,
     max_nodes: int | None = None,
+    batch_size: int = 1,
 ) -> TreeSpec:
     """The drafter's default tree: ``saved`` unless ``config.calibration[accuracy_key]`` holds accuracies and
     cost-aware trees are enabled; then the tree that maximizes expected tau per unit of cost on ``target``.
@@ -49,7 +55,8 @@ def cost_aware_tree(
     ``draft_cost``: the drafter's cost per step in plain steps, or ``f(curve)`` returning it (a number, a
     per-depth list or ``g(num_nodes, depth)``, as `TreeSpec.optimize` takes) when it depends on the measured
     curve (e.g. its vocabulary projections: `CostCurve.projection_cost`). ``max_nodes`` defaults to the
-    largest measured forward minus the root.
+    largest measured forward minus the root. ``batch_size``: the tree for B rows verified together (module
+    docstring).
     """
     accuracies = (getattr(config, "calibration", None) or {}).get(accuracy_key)
     if not accuracies or target is None or not cost_aware_enabled(config):
@@ -59,13 +66,26 @@ def cost_aware_tree(
     curve = get_cost_curve(target)
     if curve is None:
         return saved
-    cost = draft_cost(curve) if callable(draft_cost) else draft_cost
+    cost = _per_batch(draft_cost(curve) if callable(draft_cost) else draft_cost, batch_size * curve(1) / curve(batch_size))
     accuracies = accuracies[:max_depth] if max_depth is not None else accuracies
-    tree = TreeSpec.optimize(accuracies, max_nodes or max(curve.max_nodes - 1, 1), cost=curve, draft_cost=cost)
-    speedup = tree.expected_speedup(accuracies, curve, cost)
-    message = f"cost-aware default tree: {tree.num_nodes} nodes, depth {tree.depth}, expected tau / step cost {speedup:.2f}"
+    max_nodes = max_nodes or max(curve.max_nodes // batch_size - 1, 1)
+    tree = TreeSpec.optimize(accuracies, max_nodes, cost=curve, draft_cost=cost, batch_size=batch_size)
+    speedup = tree.expected_speedup(accuracies, curve, cost, batch_size=batch_size)
+    message = (f"cost-aware default tree (batch {batch_size}): {tree.num_nodes} nodes, depth {tree.depth}, "
+               f"expected tau / step cost {speedup:.2f}")  # fmt: skip
     if speedup < 1:  # once per message, not once per generate() call
         logger.warning_once(f"{message}: no tree pays for itself with these accuracies on this machine")
     else:
         logger.info(message)
     return tree
+
+
+def _per_batch(draft_cost, scale: float):
+    """A drafting cost (number, per-depth list or ``f(num_nodes, depth)``) times ``scale``."""
+    if scale == 1:
+        return draft_cost
+    if callable(draft_cost):
+        return lambda n, d: scale * float(draft_cost(n, d))
+    if isinstance(draft_cost, (int, float)):
+        return scale * float(draft_cost)
+    return [scale * float(c) for c in draft_cost]

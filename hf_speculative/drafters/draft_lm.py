@@ -4,7 +4,9 @@ SpecInfer's token tree), and the layer-cut self-speculative draft.
 The draft model fills the tree level by level: one forward over the newly committed tokens gives the
 root's candidates, then one batched forward per depth over that level's inner nodes, with a tree
 attention mask on the draft's own cache. After drafting, the draft's cache is cropped back to the
-committed tokens, so it only ever holds committed tokens between steps.
+committed tokens, so it only ever holds committed tokens between steps. The draft cache keeps every token
+in every layer (`full_length_cache`: the crop counts absolute positions); a draft model with sliding-window
+layers gets its window in the tree masks instead.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import copy
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
+from ..cache import attention_window, full_length_cache
 from ..trees import DraftTree, TreeSpec, additive_mask
 from .base import DraftingOptions, TreeDrafter, fill_children
 
@@ -40,13 +43,14 @@ class CausalLMDrafter(TreeDrafter):
         self.default_tree = tree or DEFAULT_LM_TREE
         self.draft_sampling = draft_sampling
         self.cache: DynamicCache | None = None
+        self.window, self.window_layout = attention_window(model.config)
 
     @property
     def vocab_size(self) -> int:
         return self.model.get_output_embeddings().weight.shape[0]
 
     def begin(self, prompt_ids, target_outputs) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = full_length_cache()
 
     def _forward(self, ids, positions, mask=None):
         out = self.model(
@@ -95,8 +99,9 @@ class CausalLMDrafter(TreeDrafter):
             visible = torch.cat(
                 [torch.ones(len(next_level), committed, dtype=torch.bool, device=device), anc[idx][:, in_cache + next_level]], dim=1
             )
-            mask = additive_mask(visible, self.model.dtype)
-            out = self._forward(tokens[idx], committed - 1 + tree.depths.to(device)[idx], mask)
+            positions = committed - 1 + tree.depths.to(device)[idx]
+            mask = self._level_mask(visible, positions, tree.depths.to(device)[in_cache + next_level] + committed - 1, committed)
+            out = self._forward(tokens[idx], positions, mask)
             logits.update(zip(next_level, out))
             in_cache.extend(next_level)
             level = next_level
@@ -105,6 +110,16 @@ class CausalLMDrafter(TreeDrafter):
         if drafted > 0:
             self.cache.crop(-drafted)
         return DraftTree.from_spec(tree, tokens, draft_probs=probs, sampling=scheme)
+
+    def _level_mask(self, visible, positions, node_positions, committed):
+        """The level forward's additive mask; with sliding-window layers the keys ``>= window`` positions behind a
+        query are hidden too (one mask when every layer slides, a per-layer-type mapping for hybrids)."""
+        full = additive_mask(visible, self.model.dtype)
+        if self.window is None:
+            return full
+        keys = torch.cat([torch.arange(committed, device=positions.device), node_positions])
+        sliding = additive_mask(visible & (positions[:, None] - keys[None, :] < self.window), self.model.dtype)
+        return sliding if self.window_layout == "all" else {"full_attention": full, "sliding_attention": sliding}
 
     def end(self) -> None:
         self.cache = None

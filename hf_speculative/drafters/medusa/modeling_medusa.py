@@ -12,6 +12,8 @@ one step returns the hidden state of the last accepted node, whose ``lm_head`` o
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import torch
@@ -223,7 +225,8 @@ class MedusaDrafter(TreeDrafter):
         config = heads.config
         self.heads = heads
         self.max_depth = config.num_heads
-        self.default_tree = cost_aware_tree(config.tree, config, "head_top_i_accuracy", target, self.draft_cost, config.num_heads)
+        self.batch_tree = functools.partial(cost_aware_tree, config.tree, config, "head_top_i_accuracy", target, self.draft_cost, config.num_heads)
+        self.default_tree = self.batch_tree(batch_size=1)
         self.acceptance = config.acceptance
         self.posterior_threshold = config.posterior_threshold
         self.posterior_alpha = config.posterior_alpha
@@ -256,3 +259,32 @@ class MedusaDrafter(TreeDrafter):
 
     def end(self) -> None:
         self.hidden = None
+
+    # ------------------------------------------------------------------ batched: all rows' heads in one forward
+    def begin_batch(self, prompts, target_outputs) -> None:
+        self.row_hidden = None
+        if len(prompts) == 1:
+            return super().begin_batch(prompts, target_outputs)
+        self._per_row = None
+        h = final_hidden_state(target_outputs.outputs)[:, -1]  # left padding: the last column is every row's last token
+        self.row_hidden = {j: h[i] for j, i in enumerate(target_outputs.rows)}
+
+    @torch.no_grad()
+    def propose_batch(self, sequences, rows, tree, options):
+        if getattr(self, "row_hidden", None) is None:
+            return super().propose_batch(sequences, rows, tree, options)
+        states = self.heads.head_states(torch.stack([self.row_hidden[r] for r in rows]), num_heads=tree.depth)
+        logits = self.heads.project(states, draft_vocab=True).float()  # (A, depth, V)
+        scheme = options.scheme(self.draft_sampling)
+        return [tree_from_depth_logits(logits[j], seq, tree, scheme, options) for j, seq in enumerate(sequences)]
+
+    def advance_batch(self, sequences, rows, drafts, results, target_outputs) -> None:
+        if getattr(self, "row_hidden", None) is None:
+            return super().advance_batch(sequences, rows, drafts, results, target_outputs)
+        h = final_hidden_state(target_outputs.outputs)
+        for j, r in enumerate(rows):
+            self.row_hidden[r] = h[target_outputs.rows[j], results[j].path[-1]]
+
+    def end_batch(self) -> None:
+        self.row_hidden = None
+        super().end_batch()

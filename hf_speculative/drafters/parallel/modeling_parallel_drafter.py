@@ -17,6 +17,8 @@ With ``use_target_hidden_states`` (Sec. 4.3, the EAGLE-style integration) a cont
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +28,7 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from ...hub import resolve_name_or_path
+from ...cache import full_length_cache
 from ...trees import DraftTree, TreeSpec
 from ..base import (
     DraftingOptions,
@@ -260,7 +263,8 @@ class ParallelTreeDrafter(TreeDrafter):
         self.k = config.num_mask_tokens
         self.max_depth = config.num_mask_tokens + 1
         self.target_layers = getattr(getattr(target, "config", None), "num_hidden_layers", None)
-        self.default_tree = cost_aware_tree(config.tree, config, "depth_top_i_accuracy", target, self.draft_cost, self.max_depth)
+        self.batch_tree = functools.partial(cost_aware_tree, config.tree, config, "depth_top_i_accuracy", target, self.draft_cost, self.max_depth)
+        self.default_tree = self.batch_tree(batch_size=1)
         self.acceptance = config.acceptance
         self.posterior_threshold = config.posterior_threshold
         self.posterior_alpha = config.posterior_alpha
@@ -279,7 +283,7 @@ class ParallelTreeDrafter(TreeDrafter):
         return [forward + curve.projection_cost(d, self.drafter.draft_vocab_share) for d in range(1, self.max_depth + 1)]
 
     def begin(self, prompt_ids, target_outputs) -> None:
-        self.cache = DynamicCache(config=self.drafter.decoder.config)
+        self.cache = full_length_cache()  # `_keep_committed` slices by absolute length: no sliding-window layers
         if self.needs_target_hidden_states:
             h = final_hidden_state(target_outputs)[0]
             missing = prompt_ids.shape[1] - h.shape[0]  # positions prefilled before this call carry no state: zeros

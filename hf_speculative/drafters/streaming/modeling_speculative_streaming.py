@@ -28,6 +28,8 @@ adapters on the MSA layers' projections that act on the stream rows only.
 
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass
 
@@ -675,7 +677,8 @@ class SpeculativeStreamingDrafter(TreeDrafter):
     def __init__(self, model: LlamaForSpeculativeStreaming, draft_sampling: str = "without_replacement", target: PreTrainedModel | None = None):
         self.model = model
         self.max_depth = model.config.num_streams
-        self.default_tree = cost_aware_tree(model.config.tree, model.config, "stream_top_i_accuracy", target, self.draft_cost, self.max_depth)
+        self.batch_tree = functools.partial(cost_aware_tree, model.config.tree, model.config, "stream_top_i_accuracy", target, self.draft_cost, self.max_depth)
+        self.default_tree = self.batch_tree(batch_size=1)
         self.vocab_size = model.config.vocab_size
         self.draft_sampling = draft_sampling
         self.logits: torch.Tensor | None = None

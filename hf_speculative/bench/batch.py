@@ -1,0 +1,191 @@
+"""Batched throughput: total new tokens/s of each method against plain batched ``generate()`` on the same batches.
+
+``hf-speculative bench --batch-size 1,4,8,16`` groups the prompts into batches of B (left padded, with an
+attention mask, in prompt order), and times per batch every method, plain first, in the same process. A
+row's new tokens are its generated tokens up to and including its first EOS (the padding after it is not
+counted). Per method and B: total new tokens over total seconds, the speedup over plain, tau per row
+(the mean over rows of each row's tokens per target forward it took part in) and the share of rows whose
+tokens equal plain's (lossless rate, greedy). `plot_batch_speedup` draws speedup against B.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from .harness import BenchOptions, _common_kwargs, _sync, build_methods
+from .prompts import prepare_prompts
+
+__all__ = ["run_batch_benchmark", "batch_table", "plot_batch_speedup", "pad_batch", "BATCH_UNSUPPORTED"]
+
+#: transformers' assisted generation and prompt lookup take one sequence
+BATCH_UNSUPPORTED = ("hf-assisted", "hf-prompt-lookup")
+
+
+def pad_batch(prompts, pad_token_id: int) -> tuple[torch.LongTensor, torch.LongTensor]:
+    """Left-pad the prompts' ``input_ids`` ``(1, L_i)`` into one batch; returns ids and attention mask."""
+    width = max(p.input_ids.shape[1] for p in prompts)
+    ids, mask = [], []
+    for p in prompts:
+        row = p.input_ids[0]
+        pad = width - row.shape[0]
+        ids.append(torch.cat([row.new_full((pad,), pad_token_id), row]))
+        mask.append(torch.cat([row.new_zeros(pad), torch.ones_like(row)]))
+    return torch.stack(ids), torch.stack(mask)
+
+
+def _row_tokens(sequences: torch.LongTensor, prompt_width: int, eos) -> list[list[int]]:
+    """Each row's generated tokens up to and including its first EOS."""
+    eos_ids = set(eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else []))
+    rows = []
+    for row in sequences[:, prompt_width:].tolist():
+        end = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
+        rows.append(row[:end])
+    return rows
+
+
+def _row_taus(output, batch_size: int) -> list[float] | None:
+    stats = getattr(output, "speculative_stats", None)
+    if stats is None:
+        return None
+    rows = stats.rows if stats.rows else [stats]
+    return [r.mean_accepted_length for r in rows][:batch_size]
+
+
+def _tree_nodes(method, batch_size: int) -> int | None:
+    tree_for_batch = getattr(method, "tree_for_batch", None)
+    tree = tree_for_batch(batch_size) if tree_for_batch is not None else None
+    return getattr(tree, "num_nodes", None)
+
+
+def run_batch_benchmark(
+    model,
+    tokenizer,
+    records,
+    methods: list[str],
+    batch_sizes: list[int],
+    options: BenchOptions | None = None,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    seed: int = 0,
+    device=None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Time ``methods`` on ``records`` in batches of each size in ``batch_sizes``; the JSON-ready result."""
+    from tqdm.auto import tqdm
+
+    options = options or BenchOptions()
+    device = device or model.device
+    methods = ["plain"] + [m for m in methods if m != "plain" and m not in BATCH_UNSUPPORTED]
+    model.eval()
+    bench_methods = build_methods(methods, model, tokenizer, options)
+    prompts = prepare_prompts(records, tokenizer, device=device)
+    common = _common_kwargs(model, tokenizer, max_new_tokens, temperature)
+    pad = common["pad_token_id"] if common["pad_token_id"] is not None else 0
+    common["pad_token_id"] = pad
+    greedy = temperature <= 0
+    warm_ids, warm_mask = pad_batch(prompts[: min(2, len(prompts))], pad)
+    for m in bench_methods:  # warm-up
+        with torch.inference_mode():
+            m.generate(warm_ids, warm_mask, **{**common, "max_new_tokens": min(8, max_new_tokens)})
+
+    results: dict[str, Any] = {}
+    total = sum((len(prompts) + b - 1) // b for b in batch_sizes) * len(bench_methods)
+    bar = tqdm(total=total, desc="batch bench", unit="batch", disable=not progress)
+    for b in batch_sizes:
+        per_method = {m.name: {"seconds": 0.0, "tokens": 0, "taus": [], "rows": 0, "exact_rows": 0} for m in bench_methods}
+        for start in range(0, len(prompts), b):
+            group = prompts[start : start + b]
+            ids, mask = pad_batch(group, pad)
+            reference = None
+            for m in bench_methods:  # plain first: the reference rows
+                if seed is not None and not greedy:
+                    torch.manual_seed(seed + start)
+                _sync(device)
+                with torch.inference_mode():
+                    t0 = time.perf_counter()
+                    out = m.generate(ids, mask, **common)
+                    _sync(device)
+                    dt = time.perf_counter() - t0
+                rows = _row_tokens(out.sequences, ids.shape[1], common["eos_token_id"])
+                acc = per_method[m.name]
+                acc["seconds"] += dt
+                acc["tokens"] += sum(len(r) for r in rows)
+                acc["rows"] += len(rows)
+                taus = _row_taus(out, len(rows))
+                if taus is not None:
+                    acc["taus"].extend(taus)
+                if reference is None:
+                    reference = rows
+                acc["exact_rows"] += sum(r == ref for r, ref in zip(rows, reference))
+                bar.update(1)
+        plain_tps = per_method["plain"]["tokens"] / max(per_method["plain"]["seconds"], 1e-9)
+        results[str(b)] = {
+            name: {
+                "tokens_per_s": acc["tokens"] / max(acc["seconds"], 1e-9),
+                "speedup": acc["tokens"] / max(acc["seconds"], 1e-9) / plain_tps,
+                "new_tokens": acc["tokens"],
+                "seconds": acc["seconds"],
+                "tau_per_row": acc["taus"] or None,
+                "tau": sum(acc["taus"]) / len(acc["taus"]) if acc["taus"] else None,
+                "lossless_rate": acc["exact_rows"] / max(acc["rows"], 1) if greedy else None,
+                "tree_nodes": _tree_nodes(method, b),
+            }
+            for (name, acc), method in zip(per_method.items(), bench_methods)
+        }
+    bar.close()
+    return {
+        "setting": {
+            "batch_sizes": batch_sizes,
+            "max_new_tokens": max_new_tokens,
+            "temperature": temperature,
+            "n_prompts": len(prompts),
+            "threads": torch.get_num_threads(),
+            "methods": {m.name: {"description": m.description, **m.settings()} for m in bench_methods},
+            "timing": "time.perf_counter around each batched generate call; prompts left padded, methods interleaved per batch",
+        },
+        "batches": results,
+    }
+
+
+def batch_table(result: dict[str, Any]) -> str:
+    """Markdown: total new tokens/s, speedup, tau and lossless rate per method and batch size."""
+    lines = ["| B | method | tree nodes | new tokens/s | speedup | tau (mean per row) | lossless rows |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for b, methods in result["batches"].items():
+        for name, s in methods.items():
+            tau = f"{s['tau']:.2f}" if s["tau"] is not None else "-"
+            lossless = f"{100 * s['lossless_rate']:.0f}%" if s["lossless_rate"] is not None else "-"
+            nodes = s.get("tree_nodes") if s.get("tree_nodes") is not None else "-"
+            lines.append(f"| {b} | {name} | {nodes} | {s['tokens_per_s']:.2f} | {s['speedup']:.2f}x | {tau} | {lossless} |")
+    return "\n".join(lines)
+
+
+def plot_batch_speedup(result: dict[str, Any], path, title: str | None = None):
+    """Speedup over plain batched generate against batch size, one line per method (PNG, matplotlib Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [int(b) for b in result["batches"]]
+    names = [n for n in next(iter(result["batches"].values())) if n != "plain"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in names:
+        ax.plot(sizes, [result["batches"][str(b)][name]["speedup"] for b in sizes], marker="o", label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes)
+    ax.set_xticklabels([str(b) for b in sizes])
+    ax.set_xlabel("batch size B")
+    ax.set_ylabel("speedup vs plain batched generate (x)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
