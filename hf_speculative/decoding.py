@@ -40,7 +40,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from .cache import attention_window, crop_to, keep_paths, prepare_tree_cache
 from .drafters.base import DraftingOptions, TargetRows, TreeDrafter, vocab_logits
 from .trees import BatchTreeMaskBuffer, DraftTree, TreeSpec, batch_tree_block
-from .verify import AcceptanceResult, accept_greedy, accept_sampling, accept_typical
+from .verify import accept_greedy, accept_sampling, accept_typical
 
 __all__ = [
     "SpeculativeStats", "SpeculativeGenerateOutput", "tree_speculative_decoding", "check_tree_attention", "attention_window",

@@ -22,7 +22,7 @@ from transformers import Trainer
 from ..paths import cache_root, model_key
 from .data import Record, tokenize_conversation
 
-__all__ = ["HiddenStates", "extract_hidden_states", "hidden_state_cache_dir", "DrafterTrainer"]
+__all__ = ["HiddenStates", "extract_hidden_states", "hidden_state_cache_dir", "DrafterTrainer", "drafter_training_args"]
 
 
 _cache_root = cache_root  # the names the training modules import
@@ -186,6 +186,46 @@ def extract_hidden_states(
     if not ids:
         raise ValueError("no conversation with an assistant answer to compute hidden states for")
     return HiddenStates(torch.cat(hs), torch.cat(xs), torch.cat(ys), torch.tensor(offsets), ids)
+
+
+def drafter_training_args(
+    output_dir: str,
+    *,
+    num_epochs: float,
+    batch_size: int,
+    learning_rate: float,
+    warmup_steps: int,
+    max_steps: int = -1,
+    time_budget: float | None = None,
+    logging_steps: int = 10,
+    seed: int = 0,
+    progress: bool = True,
+    **extra,
+):
+    """The `TrainingArguments` every drafter trains with: no checkpoints and no reporting (the train commands save
+    the drafter), CPU unless CUDA is there, the collators' own columns kept, a cosine schedule, or a constant one
+    under a ``time_budget`` (`TimeBudgetCallback` then anneals over the budget). ``extra``: further arguments
+    (``weight_decay``, ``gradient_accumulation_steps``, ...)."""
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=output_dir,
+        num_train_epochs=num_epochs,
+        max_steps=max_steps,
+        per_device_train_batch_size=batch_size,
+        learning_rate=learning_rate,
+        warmup_steps=warmup_steps,
+        lr_scheduler_type="constant" if time_budget else "cosine",
+        logging_steps=logging_steps,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        disable_tqdm=not progress,
+        seed=seed,
+        **extra,
+    )
 
 
 class DrafterTrainer(Trainer):

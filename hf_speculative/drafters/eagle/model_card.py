@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 __all__ = ["render_model_card", "write_model_card"]

@@ -180,7 +180,8 @@ class EagleDrafter(EaglePreTrainedModel):
         from the target's last decoder layer, ``fc`` as [0 ; I] (the feature passes through) for EAGLE-1/2, and
         EAGLE-3's ``lm_head`` and ``norm`` from the target's (on the ``draft_vocab_size`` lowest ids until
         `set_draft_vocab` picks the frequent ones)."""
-        emb, lm_head = input_embeddings(model, "an EagleDrafter"), output_embeddings(model, "an EagleDrafter")
+        input_embeddings(model, "an EagleDrafter")  # a clear TypeError when the target has no token embeddings
+        lm_head = output_embeddings(model, "an EagleDrafter")
         vocab, hidden = lm_head.weight.shape
         tc = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         fields = {k: getattr(tc, k) for k in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "hidden_act",

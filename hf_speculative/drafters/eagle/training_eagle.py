@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from ...training.losses import kd_loss
-from ...training.trainer import DrafterTrainer, HiddenStates
+from ...training.trainer import DrafterTrainer, HiddenStates, drafter_training_args
 from .modeling_eagle import EagleDrafter, causal_mask
 
 __all__ = ["EagleDataset", "EagleCollator", "EagleTrainer", "eagle_loss", "train_eagle", "scale_fc_to_features", "hidden_states_from_model", "STEP_DECAY", "W_CLS"]
@@ -271,8 +271,6 @@ def train_eagle(
     over the budget, `hf_speculative.training.callbacks.TimeBudgetCallback`); ``scale_fc``: EAGLE-3's ``fc`` starts from
 `scale_fc_to_features` (a fresh drafter; pass False to continue training one). Returns the trainer (its
     ``state.log_history`` holds the loss parts)."""
-    from transformers import TrainingArguments
-
     from ...training.callbacks import TimeBudgetCallback
 
     drafter._require_base()
@@ -284,23 +282,10 @@ def train_eagle(
     callbacks = list(callbacks or [])
     if time_budget:
         callbacks.append(TimeBudgetCallback(time_budget))
-    args = TrainingArguments(
-        output_dir=output_dir,
-        num_train_epochs=num_epochs,
-        max_steps=max_steps,
-        per_device_train_batch_size=batch_size,
-        learning_rate=learning_rate,
-        weight_decay=weight_decay,
-        warmup_steps=warmup_steps,
-        lr_scheduler_type="constant" if time_budget else "cosine",
-        logging_steps=logging_steps,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=not torch.cuda.is_available(),
-        dataloader_num_workers=0,
-        remove_unused_columns=False,
-        disable_tqdm=not progress,
-        seed=seed,
+    args = drafter_training_args(
+        output_dir, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
+        weight_decay=weight_decay, warmup_steps=warmup_steps, time_budget=time_budget, logging_steps=logging_steps,
+        seed=seed, progress=progress,
     )
     drafter.train()
     trainer = EagleTrainer(model=drafter, args=args, train_dataset=dataset, data_collator=EagleCollator(), callbacks=callbacks,

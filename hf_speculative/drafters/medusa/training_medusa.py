@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ...training.trainer import DrafterTrainer
+from ...training.trainer import DrafterTrainer, drafter_training_args
 
 __all__ = [
     "MEDUSA_DECAY",
@@ -204,26 +204,11 @@ def train_medusa(
     callbacks: list | None = None,
 ):
     """Train ``heads`` (a `MedusaHeadsModel` attached to its base) on cached hidden states; returns the Trainer."""
-    from transformers import TrainingArguments
-
     dataset = MedusaPositionDataset(train_states, heads.config.num_heads, max_positions=max_positions, seed=seed)
     steps = max(1, math.ceil(len(dataset) / batch_size * num_epochs))
-    args = TrainingArguments(
-        output_dir=output_dir,
-        num_train_epochs=num_epochs,
-        per_device_train_batch_size=batch_size,
-        learning_rate=learning_rate,
-        weight_decay=weight_decay,
-        warmup_steps=max(1, int(warmup_ratio * steps)),
-        lr_scheduler_type="cosine",
-        logging_steps=logging_steps,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=not torch.cuda.is_available(),
-        dataloader_num_workers=0,
-        remove_unused_columns=False,
-        disable_tqdm=not progress,
-        seed=seed,
+    args = drafter_training_args(
+        output_dir, num_epochs=num_epochs, batch_size=batch_size, learning_rate=learning_rate, weight_decay=weight_decay,
+        warmup_steps=max(1, int(warmup_ratio * steps)), logging_steps=logging_steps, seed=seed, progress=progress,
     )
     heads.train()
     trainer = MedusaTrainer(model=heads, args=args, train_dataset=dataset, data_collator=MedusaCollator(), callbacks=callbacks)

@@ -38,7 +38,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ...training.callbacks import TimeBudgetCallback
-from ...training.trainer import DrafterTrainer
+from ...training.trainer import DrafterTrainer, drafter_training_args
 from .training_medusa import IGNORE_INDEX, MEDUSA_DECAY, medusa_head_losses
 
 __all__ = [
@@ -354,26 +354,11 @@ def train_medusa2(
     time_budget_s: float | None = None,
 ) -> Medusa2Trainer:
     """Jointly train the LoRA backbone and the heads of ``model`` on ``dataset`` (`Medusa2Dataset`)."""
-    from transformers import TrainingArguments
-
     steps = max_steps if max_steps > 0 else max(1, math.ceil(len(dataset) / (batch_size * gradient_accumulation_steps) * num_epochs))
-    args = TrainingArguments(
-        output_dir=output_dir,
-        num_train_epochs=num_epochs,
-        max_steps=max_steps,
-        per_device_train_batch_size=batch_size,
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        learning_rate=learning_rate,
-        warmup_steps=max(1, int(warmup_ratio * steps)),
-        lr_scheduler_type="cosine",
-        logging_steps=logging_steps,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=not torch.cuda.is_available(),
-        dataloader_num_workers=0,
-        remove_unused_columns=False,
-        disable_tqdm=not progress,
-        seed=seed,
+    args = drafter_training_args(
+        output_dir, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
+        gradient_accumulation_steps=gradient_accumulation_steps, warmup_steps=max(1, int(warmup_ratio * steps)),
+        logging_steps=logging_steps, seed=seed, progress=progress,
     )
     callbacks = list(callbacks or []) + ([TimeBudgetCallback(time_budget_s, anneal=False)] if time_budget_s else [])
     model.train()

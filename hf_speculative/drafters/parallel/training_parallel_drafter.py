@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from ...training.callbacks import LearningCurveCallback, TimeBudgetCallback
-from ...training.trainer import DrafterTrainer
+from ...training.trainer import DrafterTrainer, drafter_training_args
 from .configuration_parallel_drafter import MASK_LOSS_DECAY
 
 __all__ = [
@@ -363,29 +363,14 @@ def train_parallel_drafter(
 ):
     """Train ``drafter`` (a `ParallelDrafter` attached to its target) on cached target states; returns the Trainer.
     ``time_budget`` (seconds): stop then, with the learning rate annealed over the budget (`TimeBudgetCallback`)."""
-    from transformers import TrainingArguments
-
     with_hidden = drafter.config.use_target_hidden_states or distill_weight > 0
     dataset = ParallelGroupDataset(train_states, with_hidden=with_hidden)
     collator = ParallelGroupCollator(drafter.config.num_mask_tokens, drafter.config.vocab_size, groups_per_sequence, seed)
     steps = max_steps if max_steps > 0 else max(1, math.ceil(len(dataset) / batch_size * num_epochs))
-    args = TrainingArguments(
-        output_dir=output_dir,
-        num_train_epochs=num_epochs,
-        max_steps=max_steps,
-        per_device_train_batch_size=batch_size,
-        learning_rate=learning_rate,
-        weight_decay=weight_decay,
-        warmup_steps=max(1, int(warmup_ratio * steps)),
-        lr_scheduler_type="constant" if time_budget else "cosine",
-        logging_steps=logging_steps,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=not torch.cuda.is_available(),
-        dataloader_num_workers=0,
-        remove_unused_columns=False,
-        disable_tqdm=not progress,
-        seed=seed,
+    args = drafter_training_args(
+        output_dir, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
+        weight_decay=weight_decay, warmup_steps=max(1, int(warmup_ratio * steps)), time_budget=time_budget,
+        logging_steps=logging_steps, seed=seed, progress=progress,
     )
     callbacks = list(callbacks or [])
     if time_budget:

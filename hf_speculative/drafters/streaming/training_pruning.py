@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ...training.callbacks import TimeBudgetCallback
-from ...training.trainer import DrafterTrainer, HiddenStates
+from ...training.trainer import DrafterTrainer, HiddenStates, drafter_training_args
 from .pruning import early_exit_states
 from .training_speculative_streaming import IGNORE_INDEX, StreamCollator, StreamSegmentDataset, stream_losses
 
@@ -59,18 +59,14 @@ def train_pruning_head(
 ):
     """Train ``ss.streams.pruning`` (the rank-theta early-exit adapter) on the base's states entering layer l
     (`extract_stream_inputs(model, tokenizer, records, layer=l)`); every other parameter stays frozen."""
-    from transformers import TrainingArguments
-
     if ss.streams.pruning is None:
         raise ValueError("the model has no pruning adapter: set config.pruning_layer (LlamaForSpeculativeStreaming.add_pruning_head)")
     dataset = _next_token_segments(train_states, segment_length)
     steps = max_steps if max_steps > 0 else max(1, math.ceil(len(dataset) / batch_size * num_epochs))
-    args = TrainingArguments(
-        output_dir=output_dir, num_train_epochs=num_epochs, max_steps=max_steps, per_device_train_batch_size=batch_size,
-        learning_rate=learning_rate, warmup_steps=max(1, int(0.05 * steps)), lr_scheduler_type="cosine", logging_steps=10,
-        save_strategy="no", report_to="none", use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
-        remove_unused_columns=False, disable_tqdm=not progress, seed=seed,
-    )  # fmt: skip
+    args = drafter_training_args(
+        output_dir, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
+        warmup_steps=max(1, int(0.05 * steps)), seed=seed, progress=progress,
+    )
     trainable = {id(p) for p in ss.streams.pruning.parameters()}
     frozen = [p for p in ss.parameters() if p.requires_grad and id(p) not in trainable]
     for p in frozen:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from ...training.callbacks import LearningCurveCallback, TimeBudgetCallback
-from ...training.trainer import DrafterTrainer, HiddenStates, _cache_root, _model_key, _record_key
+from ...training.trainer import DrafterTrainer, HiddenStates, _cache_root, _model_key, _record_key, drafter_training_args
 
 __all__ = [
     "IGNORE_INDEX",
@@ -419,28 +419,14 @@ def train_speculative_streaming(
     base's LoRA adapters, with the joint forward on tokens (`tokenize_records`), alpha_0 = 1, alpha_j = 0.1.
     ``model`` may also be a plain causal LM with trainable (e.g. PEFT LoRA) weights: then only the next-token
     term trains (alpha_0 = 1, no streams), with the same data, segments, optimizer and schedule."""
-    from transformers import TrainingArguments
-
     shared = getattr(model.config, "mode", "shared") == "shared"
     num_streams = getattr(model.config, "num_streams", 0)
     dataset = StreamSegmentDataset(train_states, num_streams, segment_length, max_tokens, shared=shared)
     steps = max_steps if max_steps > 0 else max(1, math.ceil(len(dataset) / batch_size * num_epochs))
-    args = TrainingArguments(
-        output_dir=output_dir,
-        num_train_epochs=num_epochs,
-        max_steps=max_steps,
-        per_device_train_batch_size=batch_size,
-        learning_rate=learning_rate,
-        warmup_steps=max(1, int(0.05 * steps)),
-        lr_scheduler_type="constant" if time_budget else "cosine",
-        logging_steps=logging_steps,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=not torch.cuda.is_available(),
-        dataloader_num_workers=0,
-        remove_unused_columns=False,
-        disable_tqdm=not progress,
-        seed=seed,
+    args = drafter_training_args(
+        output_dir, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
+        warmup_steps=max(1, int(0.05 * steps)), time_budget=time_budget, logging_steps=logging_steps, seed=seed,
+        progress=progress,
     )
     callbacks = list(callbacks or [])
     if time_budget:
