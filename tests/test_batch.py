@@ -40,6 +40,9 @@ def drafters_for(model, arch: str) -> dict:
         "prompt_lookup": hfs.PromptLookupDrafter(min_ngram_size=1),
         "medusa": _perturb(hfs.MedusaHeadsModel.from_base_model(model, num_heads=3)),
         "parallel": _perturb(hfs.ParallelDrafter.from_base_model(model, num_mask_tokens=2)),
+        "streaming": _perturb(hfs.LlamaForSpeculativeStreaming.from_base_model(model, num_streams=2, num_msa_layers=1)),
+        "eagle1": _perturb(hfs.EagleDrafter.from_base_model(model, variant="eagle1")),
+        "eagle3": _perturb(hfs.EagleDrafter.from_base_model(model, variant="eagle3")),
     }
     return out
 
