@@ -95,18 +95,12 @@ def run(args) -> int:
             r = s["repeats"]
             print(f"{name}: median tokens/s per repeat {[round(x, 2) for x in r['median_tokens_per_s_per_repeat']]}, "
                   f"spread {100 * r['relative_spread']:.1f}%")  # fmt: skip
-    if args.output:
-        print(f"wrote {write_json(result, args.output)}")
-    if args.plot:
-        title = f"{args.model} on {describe_prompts(args.prompts)}, {len(records)} prompts, {args.max_new_tokens} new tokens"
-        print(f"wrote {plot_results(result['methods'], args.plot, title=title)}")
-    return 0
+    return _write_outputs(args, result, len(records), lambda path, title: plot_results(result["methods"], path, title=title))
 
 
 def _run_batched(args, model, tokenizer, records, methods, options) -> int:
     from ..bench.batch import BATCH_UNSUPPORTED, batch_table, plot_batch_speedup, run_batch_benchmark
     from ..bench.prompts import describe_prompts
-    from ..bench.report import write_json
 
     sizes = [int(b) for b in str(args.batch_size).split(",") if b.strip()]
     if not sizes or min(sizes) < 1:
@@ -122,9 +116,17 @@ def _run_batched(args, model, tokenizer, records, methods, options) -> int:
                               "command": "hf-speculative " + " ".join(getattr(args, "argv", None) or sys.argv[1:])})  # fmt: skip
     print()
     print(batch_table(result))
+    return _write_outputs(args, result, len(records), lambda path, title: plot_batch_speedup(result, path, title=title))
+
+
+def _write_outputs(args, result: dict, num_prompts: int, plot) -> int:
+    """``--output`` (the result as JSON) and ``--plot`` (``plot(path, title)``), each announced."""
+    from ..bench.prompts import describe_prompts
+    from ..bench.report import write_json
+
     if args.output:
         print(f"wrote {write_json(result, args.output)}")
     if args.plot:
-        title = f"{args.model} on {describe_prompts(args.prompts)}, {len(records)} prompts, {args.max_new_tokens} new tokens"
-        print(f"wrote {plot_batch_speedup(result, args.plot, title=title)}")
+        title = f"{args.model} on {describe_prompts(args.prompts)}, {num_prompts} prompts, {args.max_new_tokens} new tokens"
+        print(f"wrote {plot(args.plot, title)}")
     return 0

@@ -80,10 +80,10 @@ def run(args) -> int:
 
         layer = LabelledShards(args.labelled[0]).manifest["num_hidden_layers"] - args.num_msa_layers
         model, tokenizer, train_states, hold_states, counts = labelled_training_states(args, layer=layer)
-        train_records, held_out = range(counts["conversations"]), range(counts["held_out_conversations"])
     else:
         model, tokenizer, records = load_model_and_records(args)
         train_records, held_out = split_records(records, args.holdout, args.seed)
+        counts = {"conversations": len(train_records), "held_out_conversations": len(held_out)}
         print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
     ss = LlamaForSpeculativeStreaming.from_base_model(
         model, num_streams=args.num_streams, num_msa_layers=args.num_msa_layers, mode=args.mode,
@@ -137,8 +137,7 @@ def run(args) -> int:
             if shared else "speculative streaming, lossless mode (frozen base, alpha_0 = 0)"
         ) + (", KD on target-labelled shards" if args.labelled else ""),
         "data": ", ".join(args.labelled) if args.labelled else str(args.data),
-        "conversations": len(train_records),
-        "held_out_conversations": len(held_out),
+        **counts,
         "train_answer_tokens": train_states.num_train_tokens,
         "epochs": args.epochs,
         "max_steps": args.max_steps,
