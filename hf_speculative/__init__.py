@@ -39,6 +39,8 @@ _PUBLIC = {
     "ParallelDrafter": "drafters.parallel",
     "EagleConfig": "drafters.eagle",
     "EagleDrafter": "drafters.eagle",
+    "SpireConfig": "drafters.spire",
+    "SpireDrafter": "drafters.spire",
     "SpeculativeStats": "decoding",
     "SpeculativeGenerateOutput": "decoding",
     "AcceptanceResult": "verify",
@@ -69,10 +71,11 @@ def register_auto_classes() -> None:
     from .drafters.eagle import EagleConfig, EagleDrafter
     from .drafters.medusa import MedusaConfig, MedusaHeadsModel
     from .drafters.parallel import ParallelDrafter, ParallelDrafterConfig
+    from .drafters.spire import SpireConfig, SpireDrafter
     from .drafters.streaming import LlamaForSpeculativeStreaming, SpeculativeStreamingConfig
 
     for config, model in ((MedusaConfig, MedusaHeadsModel), (SpeculativeStreamingConfig, LlamaForSpeculativeStreaming),
-                          (ParallelDrafterConfig, ParallelDrafter), (EagleConfig, EagleDrafter)):  # fmt: skip
+                          (ParallelDrafterConfig, ParallelDrafter), (EagleConfig, EagleDrafter), (SpireConfig, SpireDrafter)):  # fmt: skip
         AutoConfig.register(config.model_type, config, exist_ok=True)
         AutoModel.register(config, model, exist_ok=True)
 

