@@ -31,6 +31,7 @@ _PUBLIC = {
     "CausalLMDrafter": "drafters",
     "layer_cut_draft": "drafters",
     "PromptLookupDrafter": "drafters",
+    "MagicDecDrafter": "drafters",
     "MedusaConfig": "drafters.medusa",
     "MedusaHeadsModel": "drafters.medusa",
     "SpeculativeStreamingConfig": "drafters.streaming",

@@ -44,6 +44,7 @@ def drafters_for(model, arch: str) -> dict:
         "eagle1": _perturb(hfs.EagleDrafter.from_base_model(model, variant="eagle1")),
         "eagle3": _perturb(hfs.EagleDrafter.from_base_model(model, variant="eagle3")),
         "spire": _perturb(hfs.SpireDrafter.from_base_model(model, num_layers=2, sliding_window=8)),
+        "magicdec": hfs.MagicDecDrafter(model, sliding_window=8),
     }
     return out
 
@@ -221,7 +222,8 @@ def test_sliding_window_exact_past_the_window(case):
     plain = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=PAD)
     drafters = {"draft_lm": noisy_copy(model, 0.3), "prompt_lookup": hfs.PromptLookupDrafter(min_ngram_size=1),
                 "medusa": _perturb(hfs.MedusaHeadsModel.from_base_model(model, num_heads=3)),
-                "parallel": _perturb(hfs.ParallelDrafter.from_base_model(model, num_mask_tokens=2))}  # fmt: skip
+                "parallel": _perturb(hfs.ParallelDrafter.from_base_model(model, num_mask_tokens=2)),
+                "magicdec": hfs.MagicDecDrafter(model, sliding_window=6, num_sink_tokens=2, positions="original")}  # fmt: skip
     for name, drafter in drafters.items():
         out = model.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=40, do_sample=False, pad_token_id=PAD)
         assert torch.equal(out, plain), (case, name)

@@ -34,7 +34,7 @@ RECORDS = [
 
 
 def test_builtin_methods_registered():
-    for name in ("plain", "hf-assisted", "hf-prompt-lookup", "tree-layercut", "chain-layercut"):
+    for name in ("plain", "hf-assisted", "hf-prompt-lookup", "tree-layercut", "chain-layercut", "magicdec"):
         assert name in METHODS
 
 
@@ -125,6 +125,27 @@ def test_run_benchmark_engine_methods(tiny):
         assert m["tau"] >= 1.0
         assert "accepted_lengths" in result["prompts"][0]["results"][name]
     assert result["setting"]["methods"]["tree-layercut"]["tree_nodes"] == 6
+
+
+def test_run_benchmark_magicdec(tiny):
+    from hf_speculative.bench.batch import run_batch_benchmark
+
+    model, tok = tiny
+    opts = BenchOptions(magicdec_window=8, magicdec_sinks=1, chain_length=3)
+    result = run_benchmark(model, tok, RECORDS[:2], ["plain", "magicdec"], opts, max_new_tokens=10, progress=False)
+    m = result["methods"]["magicdec"]
+    assert m["lossless_rate"] == 1.0 and m["tau"] >= 1.0
+    assert "accepted_lengths" in result["prompts"][0]["results"]["magicdec"]
+    setting = result["setting"]["methods"]["magicdec"]
+    assert setting["sliding_window"] == 8 and setting["num_sink_tokens"] == 1 and setting["num_draft_tokens"] == 3
+    assert setting["positions"] == "cache" and setting["tree_nodes"] == 3  # the chain of 3
+    # batched, with --tree and text positions
+    opts = BenchOptions(magicdec_window=8, magicdec_positions="original", tree="[[0], [1], [0, 0]]")
+    batched = run_batch_benchmark(model, tok, RECORDS, ["plain", "magicdec"], [1, 2], opts, max_new_tokens=8, progress=False)
+    assert batched["setting"]["methods"]["magicdec"]["positions"] == "original"
+    for b in ("1", "2"):
+        stats = batched["batches"][b]["magicdec"]
+        assert stats["lossless_rate"] == 1.0 and len(stats["tau_per_row"]) == 3 and stats["tree_nodes"] == 3
 
 
 def test_checkpoint_after_each_prompt(tiny):

@@ -190,6 +190,32 @@ def test_generate_sampling_matches_target_distribution(sampling_models, setting,
 
 
 @pytest.mark.slow
+def test_magicdec_sampling_matches_target_distribution(sampling_models):
+    """MagicDec: the target drafts for itself over a StreamingLLM cache of window 2 and one sink (from the 4th position
+    on the draft skips context), a chain with alternatives, rotary positions within the sparse cache."""
+    from hf_speculative.drafters.spire import chain_with_alternatives
+
+    target, _ = sampling_models
+    kw = SETTINGS["temperature-0.7-top-k-4"]
+    prompt = torch.tensor([[1, 5, 2]])
+    exact = _exact_generate(target, prompt, **kw)
+    drafter = hfs.MagicDecDrafter(target, sliding_window=2, num_sink_tokens=1, num_draft_tokens=2)
+    tree = chain_with_alternatives(2, 2)
+    torch.manual_seed(1234)
+    n = 3000
+    gen_kwargs = dict(do_sample=True, max_new_tokens=NEW, top_k=kw["top_k"], temperature=kw["temperature"])
+    counts = _sample_counts(lambda: target.generate(prompt, assistant_model=drafter, speculative_tree=tree, **gen_kwargs), n)
+    assert chi_square_pvalue(counts, exact, n) > ALPHA
+    # the sparse draft really differs from the target
+    seq = torch.cat([prompt, torch.tensor([[3]])], 1)
+    with torch.no_grad():
+        drafter.begin(prompt, target(prompt, use_cache=True))
+        q = drafter.propose(seq, hfs.TreeSpec.chain(1), DraftingOptions(do_sample=True)).draft_probs[0]
+        p = torch.softmax(target(seq).logits[0, -1], -1)
+    assert 0.5 * (p - q).abs().sum() > 0.3
+
+
+@pytest.mark.slow
 def test_reference_distribution_matches_plain_sampling(sampling_models):
     """Validates the exact-distribution computation itself against transformers' plain sampling."""
     target, _ = sampling_models

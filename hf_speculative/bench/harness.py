@@ -62,7 +62,7 @@ class BenchOptions:
     Attributes:
         draft_layers: decoder layers kept by the layer-cut self-speculative draft.
         tree: ``--tree`` string for our tree methods (``None``: the drafter's own default tree).
-        chain_length: drafted tokens per step of ``chain-layercut``.
+        chain_length: drafted tokens per step of ``chain-layercut`` and ``magicdec``.
         assistant_tokens / assistant_schedule / assistant_confidence: transformers' assisted decoding
             knobs; they are set on the ASSISTANT's ``generation_config`` (that is where transformers
             reads them), ``None`` keeps transformers' defaults (20, "constant", 0.4). The defaults here
@@ -71,6 +71,8 @@ class BenchOptions:
         prompt_lookup_tokens / max_matching_ngram: transformers' prompt-lookup decoding (3 and 2 were
             the fastest tried; transformers' docs suggest 10); ``max_matching_ngram`` is also the longest
             n-gram of ``tree-prompt-lookup``.
+        magicdec_window / magicdec_sinks / magicdec_positions: ``magicdec``'s StreamingLLM draft cache: window W, S
+            sink tokens, rotary positions within the cache (``"cache"``) or of the text (``"original"``).
         drafters: ``{method name: path}`` from ``--drafter``.
     """
 
@@ -82,6 +84,9 @@ class BenchOptions:
     assistant_confidence: float | None = 0.0
     prompt_lookup_tokens: int = 3
     max_matching_ngram: int = 2
+    magicdec_window: int = 64
+    magicdec_sinks: int = 1
+    magicdec_positions: str = "cache"
     drafters: dict[str, str] = field(default_factory=dict)
 
 
@@ -315,6 +320,26 @@ class TreePromptLookupMethod(_EngineMethod):
     def settings(self):
         return {"max_ngram_size": self.draft.max_ngram_size, "max_candidates": self.draft.max_candidates,
                 "budget": "at most tree_nodes nodes, tree depth levels", **self._tree_settings()}  # fmt: skip
+
+
+@register_method
+class MagicDecMethod(_EngineMethod):
+    name = "magicdec"
+    description = "hf_speculative tree loop, MagicDec: the target drafts for itself over a StreamingLLM sparse KV cache"
+
+    def setup(self):
+        import hf_speculative as hfs
+
+        super().setup()
+        o = self.options
+        self.draft = hfs.MagicDecDrafter(self.model, sliding_window=o.magicdec_window, num_sink_tokens=o.magicdec_sinks,
+                                         num_draft_tokens=o.chain_length, positions=o.magicdec_positions)  # fmt: skip
+        self.call_tree = self.tree = parse_tree(o.tree) or self.draft.default_tree
+
+    def settings(self):
+        d = self.draft
+        return {"sliding_window": d.window, "num_sink_tokens": d.sinks, "num_draft_tokens": d.num_draft_tokens,
+                "positions": d.positions, **self._tree_settings()}  # fmt: skip
 
 
 class DrafterMethod(_EngineMethod):

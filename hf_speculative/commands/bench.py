@@ -7,7 +7,7 @@ import sys
 
 from .common import add_model_args, parse_dtype, setup_torch
 
-BUILTIN_METHODS = "plain, hf-assisted, hf-prompt-lookup, tree-layercut, chain-layercut, tree-prompt-lookup"
+BUILTIN_METHODS = "plain, hf-assisted, hf-prompt-lookup, tree-layercut, chain-layercut, tree-prompt-lookup, magicdec"
 
 
 def add_parser(subparsers) -> None:
@@ -20,7 +20,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--draft-layers", type=int, default=8, help="layers kept by the layer-cut draft (default 8)")
     p.add_argument("--tree", default=None, help="'cartesian:4,2,2,1', 'chain:5', a JSON list of choices or a JSON file "
                    "(default: the drafter's own tree)")  # fmt: skip
-    p.add_argument("--chain-length", type=int, default=4, help="drafted tokens per step for chain-layercut")
+    p.add_argument("--chain-length", type=int, default=4, help="drafted tokens per step for chain-layercut and magicdec")
+    p.add_argument("--magicdec-window", type=int, default=64, help="magicdec: sliding window W of the draft's sparse KV cache")
+    p.add_argument("--magicdec-sinks", type=int, default=1, help="magicdec: attention sink tokens S kept in the draft's cache")
+    p.add_argument("--magicdec-positions", default="cache", choices=["cache", "original"],
+                   help="magicdec: rotary positions within the sparse cache (default, as StreamingLLM) or of the text")  # fmt: skip
     p.add_argument("--assistant-tokens", type=int, default=5, help="hf-assisted num_assistant_tokens (-1: transformers default)")
     p.add_argument("--assistant-schedule", default="heuristic", choices=["default", "constant", "heuristic", "heuristic_transient"])
     p.add_argument("--assistant-confidence", type=float, default=0.0,
@@ -68,6 +72,9 @@ def run(args) -> int:
         assistant_confidence=None if args.assistant_confidence < 0 else args.assistant_confidence,
         prompt_lookup_tokens=args.prompt_lookup_tokens,
         max_matching_ngram=args.max_matching_ngram,
+        magicdec_window=args.magicdec_window,
+        magicdec_sinks=args.magicdec_sinks,
+        magicdec_positions=args.magicdec_positions,
         drafters=drafters,
     )
     model, tokenizer = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)

@@ -6,9 +6,10 @@ from transformers import PreTrainedModel
 
 from .base import DraftingOptions, TreeDrafter, fill_children
 from .draft_lm import CausalLMDrafter, layer_cut_draft
+from .magicdec import MagicDecDrafter
 from .prompt_lookup import PromptLookupDrafter
 
-__all__ = ["DraftingOptions", "TreeDrafter", "fill_children", "CausalLMDrafter", "layer_cut_draft", "PromptLookupDrafter", "resolve_drafter"]
+__all__ = ["DraftingOptions", "TreeDrafter", "fill_children", "CausalLMDrafter", "layer_cut_draft", "PromptLookupDrafter", "MagicDecDrafter", "resolve_drafter"]
 
 
 def _vocab_size(model) -> int | None:

@@ -53,6 +53,12 @@ __all__ = [
     "final_hidden_state",
     "output_embeddings",
     "input_embeddings",
+    "sparse_visibility",
+    "streaming_keep",
+    "streaming_slots",
+    "cache_columns",
+    "chain_nodes",
+    "ChainTreeFiller",
 ]
 
 
@@ -373,3 +379,114 @@ def input_embeddings(model, needed_by: str = "this drafter") -> torch.nn.Module:
     if emb is None:
         raise TypeError(f"{type(model).__name__} has no input embeddings: {needed_by} needs a causal LM target")
     return emb
+
+
+# ----------------------------------------------------------------------------- StreamingLLM sparse caches (SPIRe, MagicDec)
+
+
+def streaming_keep(positions: torch.Tensor, next_position: int | torch.Tensor, window: int, sinks: int) -> torch.Tensor:
+    """StreamingLLM's sparse KV cache (Xiao et al., "Efficient Streaming Language Models with Attention Sinks"): which
+    of the keys at text ``positions`` a query at ``next_position`` still sees: the ``sinks`` first positions and the
+    last ``window - 1`` positions before it (the query itself is the window's last entry)."""
+    return (positions < sinks) | (positions > next_position - window)
+
+
+def sparse_visibility(query_positions: torch.Tensor, key_positions: torch.Tensor, window: int, sinks: int) -> torch.Tensor:
+    """The StreamingLLM mask: ``[..., q, s]`` is True where the key at text position ``key_positions[s]`` is visible to
+    the query at ``query_positions[q]``: ``0 <= t - s < window`` or (``s < sinks`` and ``s <= t``)."""
+    t = query_positions.unsqueeze(-1)
+    s = key_positions.unsqueeze(-2)
+    return (s <= t) & streaming_keep(s, t, window, sinks)
+
+
+def streaming_slots(length: int, window: int, sinks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The StreamingLLM cache of ``length`` cached tokens (positions ``0 .. length - 1``) in ``sinks + window - 1``
+    fixed slots: ``sinks`` sink slots (positions ``0 .. sinks - 1``), then ``window - 1`` window slots, right-aligned
+    (the last holds position ``length - 1``). Returns each slot's position and whether it holds a token: a short
+    sequence leaves sink slots past its end and window slots before ``sinks`` empty (a position is never in both)."""
+    sink_positions = torch.arange(sinks)
+    window_positions = length - (window - 1) + torch.arange(window - 1)
+    positions = torch.cat([sink_positions, window_positions])
+    valid = torch.cat([sink_positions < length, window_positions >= sinks])
+    return positions, valid
+
+
+def cache_columns(cache, columns: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the keys and values ``(B, kv_heads, len(columns), head_dim)`` of the cached tokens ``columns``
+    (indices among the cached tokens). For a batch-1 row view of a batched cache (`TargetRows.row`) the indices count
+    the row's real tokens, and only those columns are gathered (not the whole row)."""
+    if isinstance(cache, _RowCache):
+        base, rows = cache.cache, slice(cache.row, cache.row + 1)
+        if cache.index is not None:
+            columns = cache.index[columns.to(cache.index.device)]
+    else:
+        base, rows = cache, slice(None)
+    out, on_device = [], {}
+    for layer in base.layers:
+        device = layer.keys.device
+        if device not in on_device:
+            on_device[device] = columns.to(device)
+        idx = on_device[device]
+        out.append((layer.keys[rows].index_select(-2, idx), layer.values[rows].index_select(-2, idx)))
+    return out
+
+
+# ----------------------------------------------------------------------------- chains drafted one token per forward
+
+
+def chain_nodes(tree: TreeSpec) -> list[int] | None:
+    """The chain of a `chain_with_alternatives`-shaped tree: node ids of the root and its rank-0 descendants, when
+    those are the tree's only inner nodes; None for another shape."""
+    chain = [0]
+    while True:
+        kids = tree.children[chain[-1]]
+        first = [c for c in kids if tree.ranks[c] == 0]
+        if not first or not tree.children[first[0]]:
+            break
+        chain.append(first[0])
+    inner = {i for i, kids in enumerate(tree.children) if kids}
+    return chain if inner <= set(chain) else None
+
+
+class ChainTreeFiller:
+    """Fills one row's static tree from a chain drafted one token per forward (SPIRe's and MagicDec's drafting).
+
+    For a `chain_with_alternatives`-shaped tree (a chain, or a chain with siblings as leaves) the chain node at depth
+    d gets its children from its own distribution: its top-i (greedy) or draws from it (sampling; the chain goes on
+    with the first draw), q kept per node for exact tree rejection sampling. Another shape is filled from the chain's
+    per-depth distributions by `tree_from_depth_logits` (the chain goes on with each depth's argmax).
+
+    Usage: for d in ``range(filler.num_forwards)``, ``next_token = filler(d, logits)`` with the chain node's logits
+    ``(vocab,)``; then ``filler.draft_tree()``.
+    """
+
+    def __init__(self, sequence: torch.LongTensor, tree: TreeSpec, scheme: str, options: DraftingOptions, vocab_size: int):
+        self.sequence, self.tree, self.scheme, self.options = sequence, tree, scheme, options
+        self.chain = chain_nodes(tree)
+        self.rows: list[torch.Tensor] = []
+        if self.chain is None:
+            self.num_forwards = tree.depth
+            return
+        self.num_forwards = len(self.chain)
+        self.tokens = torch.empty(tree.num_nodes + 1, dtype=torch.long, device=sequence.device)
+        self.tokens[0] = sequence[0, -1]
+        self.probs = None if scheme == "deterministic" else torch.zeros(tree.num_nodes + 1, vocab_size, device=sequence.device)
+
+    def __call__(self, d: int, logits: torch.Tensor) -> torch.Tensor:
+        """Depth d's chain node's logits; returns the chain's token at depth d + 1."""
+        if self.chain is None:
+            self.rows.append(logits)
+            return logits.argmax()
+        tree = self.tree
+        kids = list(tree.children[self.chain[d]])
+        chosen, q = fill_children(logits, 1 + max(tree.ranks[kid] for kid in kids), self.scheme, self.options)
+        for kid in kids:
+            self.tokens[kid] = chosen[tree.ranks[kid]]
+        if self.probs is not None:
+            self.probs[self.chain[d]] = q.to(self.probs.device)
+        return chosen[0]
+
+    def draft_tree(self) -> DraftTree:
+        if self.chain is None:
+            return tree_from_depth_logits(torch.stack(self.rows), self.sequence, self.tree, self.scheme, self.options)
+        return DraftTree.from_spec(self.tree, self.tokens, draft_probs=self.probs, sampling=self.scheme)

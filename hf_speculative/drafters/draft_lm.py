@@ -20,7 +20,7 @@ from ..cache import attention_window, full_length_cache
 from ..trees import DraftTree, TreeSpec, additive_mask
 from .base import DraftingOptions, TreeDrafter, fill_children
 
-__all__ = ["CausalLMDrafter", "layer_cut_draft"]
+__all__ = ["CausalLMDrafter", "layer_cut_draft", "windowed_mask"]
 
 DEFAULT_LM_TREE = TreeSpec.from_choices(
     [[0], [1], [2], [3], [0, 0], [0, 1], [1, 0], [2, 0], [0, 0, 0], [0, 0, 1], [0, 1, 0], [1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 0, 0]]
@@ -112,17 +112,35 @@ class CausalLMDrafter(TreeDrafter):
         return DraftTree.from_spec(tree, tokens, draft_probs=probs, sampling=scheme)
 
     def _level_mask(self, visible, positions, node_positions, committed):
-        """The level forward's additive mask; with sliding-window layers the keys ``>= window`` positions behind a
-        query are hidden too (one mask when every layer slides, a per-layer-type mapping for hybrids)."""
-        full = additive_mask(visible, self.model.dtype)
-        if self.window is None:
-            return full
+        """The level forward's additive mask, with the draft model's own sliding window (`windowed_mask`)."""
         keys = torch.cat([torch.arange(committed, device=positions.device), node_positions])
-        sliding = additive_mask(visible & (positions[:, None] - keys[None, :] < self.window), self.model.dtype)
-        return sliding if self.window_layout == "all" else {"full_attention": full, "sliding_attention": sliding}
+        return windowed_mask(visible, positions, keys, self.window, self.window_layout, self.model.dtype)
 
     def end(self) -> None:
         self.cache = None
+
+
+def windowed_mask(
+    visible: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, window: int | None, layout: str, dtype: torch.dtype
+):
+    """The additive attention mask of a draft forward over a custom cache, honouring the model's own sliding window.
+
+    ``visible`` ``(q, k)`` or ``(B, q, k)`` bool: which keys each query may see; ``query_positions`` ``(..., q)`` and
+    ``key_positions`` ``(..., k)`` the rotary positions. ``(window, layout)`` from `attention_window` of the model's
+    config: without a window the mask of ``visible`` (``(1, 1, q, k)`` or ``(B, 1, q, k)``); otherwise keys ``>= window``
+    positions behind a query are hidden too, in one mask when every layer slides (``layout == "all"``) or in a
+    ``{"full_attention", "sliding_attention"}`` mapping for hybrid models (transformers passes both through unchanged).
+    """
+
+    def additive(v: torch.Tensor) -> torch.Tensor:
+        mask = additive_mask(v, dtype)
+        return mask if v.dim() == 2 else mask[0, 0, :, None]
+
+    full = additive(visible)
+    if window is None:
+        return full
+    sliding = additive(visible & (query_positions[..., :, None] - key_positions[..., None, :] < window))
+    return sliding if layout == "all" else {"full_attention": full, "sliding_attention": sliding}
 
 
 def layer_cut_draft(model: PreTrainedModel, num_layers: int | None = None, layers: list[int] | None = None) -> PreTrainedModel:

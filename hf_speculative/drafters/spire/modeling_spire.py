@@ -34,21 +34,14 @@ from transformers.utils import ModelOutput
 
 from ...hub import resolve_name_or_path
 from ...trees import DraftTree, DynamicTree, TreeSpec
-from ..base import DraftingOptions, TreeDrafter, fill_children, input_embeddings, output_embeddings, tree_from_depth_logits, vocab_logits
+from ..base import (
+    ChainTreeFiller, DraftingOptions, TreeDrafter, input_embeddings, output_embeddings, sparse_visibility, streaming_keep, vocab_logits,
+)
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from ..hub import DrafterHubMixin
 from .configuration_spire import SpireConfig
 
 __all__ = ["SpireDrafter", "SpireTreeDrafter", "SpireOutput", "sparse_visibility", "SpirePreTrainedModel"]
-
-
-def sparse_visibility(query_positions: torch.Tensor, key_positions: torch.Tensor, window: int, sinks: int) -> torch.Tensor:
-    """The StreamingLLM mask (Sec. 3.1): ``[..., q, s]`` is True where the key at original position ``key_positions[s]``
-    is visible to the query at ``query_positions[q]``: ``0 <= t - s < window`` or (``s < sinks`` and ``s <= t``)."""
-    t = query_positions.unsqueeze(-1)
-    s = key_positions.unsqueeze(-2)
-    past = s <= t
-    return past & ((t - s < window) | (s < sinks))
 
 
 def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -387,9 +380,9 @@ class SpireTreeDrafter(TreeDrafter):
         memories = [hidden_states[i][0, rows][None] for i in layers]
         # keep only what a later query can see: the sinks and the last W - 1 positions before the next root
         next_root = int(positions[-1]) + 1
-        keep = (positions < self.sinks) | (positions > next_root - self.window)
+        keep = streaming_keep(positions, next_root, self.window, self.sinks)
         if self.kv is not None:
-            old = (self.positions < self.sinks) | (self.positions > next_root - self.window)
+            old = streaming_keep(self.positions, next_root, self.window, self.sinks)
             self.kv = [(k[:, :, old], v[:, :, old]) for k, v in self.kv]
             self.positions = self.positions[old]
         if bool(keep.any()):
@@ -450,40 +443,6 @@ class SpireTreeDrafter(TreeDrafter):
             raise ValueError("SpireDrafter drafts a static tree (its chain with candidates per depth), not a DynamicTree")
         if tree.depth > self.max_depth:
             raise ValueError(f"this SpireDrafter drafts {self.max_depth} tokens per step; the tree has depth {tree.depth}")
-        scheme = options.scheme(self.draft_sampling)
-        chain = _chain_nodes(tree)
-        if chain is None:  # another tree shape: filled from the greedy chain's per-depth distributions
-            rows: list[torch.Tensor] = []
-            self._draft_chain(sequence, tree.depth, lambda d, logits: rows.append(logits) or logits.argmax())
-            return tree_from_depth_logits(torch.stack(rows), sequence, tree, scheme, options)
-        device = sequence.device
-        n = tree.num_nodes + 1
-        tokens = torch.empty(n, dtype=torch.long, device=device)
-        tokens[0] = sequence[0, -1]
-        probs = None if scheme == "deterministic" else torch.zeros(n, self.vocab_size, device=device)
-
-        def fill(d: int, logits: torch.Tensor) -> torch.Tensor:
-            kids = list(tree.children[chain[d]])
-            chosen, q = fill_children(logits, 1 + max(tree.ranks[kid] for kid in kids), scheme, options)
-            for kid in kids:
-                tokens[kid] = chosen[tree.ranks[kid]]
-            if probs is not None:
-                probs[chain[d]] = q.to(device)
-            return chosen[0]
-
-        self._draft_chain(sequence, len(chain), fill)
-        return DraftTree.from_spec(tree, tokens, draft_probs=probs, sampling=scheme)
-
-
-def _chain_nodes(tree: TreeSpec) -> list[int] | None:
-    """The chain of a `chain_with_alternatives`-shaped tree: node ids of the root and its rank-0 descendants, when
-    those are the tree's only inner nodes; None for another shape."""
-    chain = [0]
-    while True:
-        kids = tree.children[chain[-1]]
-        first = [c for c in kids if tree.ranks[c] == 0]
-        if not first or not tree.children[first[0]]:
-            break
-        chain.append(first[0])
-    inner = {i for i, kids in enumerate(tree.children) if kids}
-    return chain if inner <= set(chain) else None
+        filler = ChainTreeFiller(sequence, tree, options.scheme(self.draft_sampling), options, self.vocab_size)
+        self._draft_chain(sequence, filler.num_forwards, filler)
+        return filler.draft_tree()
