@@ -7,6 +7,7 @@ answers at once; a command imports what it needs when it runs.
     hf-speculative distill  --model reference --prompts FILE --out data.jsonl     # self-distillation
     hf-speculative bench    --model reference --methods plain,hf-assisted,...     # speed benchmark
     hf-speculative project  --shape llama-2-7b --tau 2.5                          # projected GPU speedup
+    hf-speculative perf-model --target llama-3-8b --draft spire:2 --alpha 0.8     # roofline multiplier, B x L
     hf-speculative train medusa|parallel-drafter|streaming|streaming-pruning|eagle|spire ...  # train a drafter
     hf-speculative export FOLDER --format vllm --output OUT                       # serving-engine layout
 
@@ -25,6 +26,7 @@ COMMANDS = [
     "distill",
     "bench",
     "project",
+    "perf_model",
     "calibrate",
     "export",
     "label",
@@ -48,7 +50,7 @@ def _command(name: str):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hf-speculative",
-        description="Tree speculative decoding tools: self-distillation, speed benchmark, drafter training, export, GPU projection.",
+        description="Tree speculative decoding tools: self-distillation, speed benchmark, drafter training, export, GPU projection, roofline cost model.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:

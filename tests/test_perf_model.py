@@ -73,7 +73,7 @@ def test_get_cost_curve_measures_once_then_loads_from_disk(tmp_path, monkeypatch
         calls.append(kw)
         return real(m, nodes=(2, 4), prefix=8, repeats=1, projection_rows=(1,))
 
-    monkeypatch.setattr(perf_model, "measure_cost_curve", counting)
+    monkeypatch.setattr(perf_model.cost_curve, "measure_cost_curve", counting)  # where get_cost_curve looks it up
     assert get_cost_curve(model, measure_if_missing=False) is None
     first = get_cost_curve(model)
     assert len(calls) == 1 and list((tmp_path / "cost_curves").glob("*.json"))

@@ -12,6 +12,10 @@ attention mask) against a one-token decoding forward:
 This is **projected**, not measured: it leaves out the drafter's own time (pass ``draft_time`` to
 include it) and the engine's bookkeeping, so it is an upper bound for methods whose drafting is not
 negligible. Always label such numbers "projected".
+
+The shapes (`SHAPES`, `shape_config`) and the formula (`projected_speedup`) belong to the one cost model,
+`hf_speculative.perf_model`, and are re-exported here; its roofline half projects the same multiplier from the
+shapes alone, without a GPU (``hf-speculative perf-model``).
 """
 
 from __future__ import annotations
@@ -21,39 +25,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..perf_model import SHAPES, projected_speedup, shape_config
+
 __all__ = ["SHAPES", "shape_config", "projected_speedup", "StepTiming", "measure_step_latency", "project"]
-
-#: LlamaConfig keyword arguments of common target shapes
-SHAPES: dict[str, dict] = {
-    "llama-2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                       num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096),
-    "vicuna-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                      num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096),
-    "llama-2-13b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=40, num_attention_heads=40,
-                        num_key_value_heads=40, vocab_size=32000, max_position_embeddings=4096),
-    "llama-3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                       num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192),
-    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                         num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, tie_word_embeddings=True),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=256, max_position_embeddings=1024),
-}  # fmt: skip
-
-
-def shape_config(shape: str):
-    """A ``LlamaConfig`` of a named shape (:data:`SHAPES`)."""
-    from transformers import LlamaConfig
-
-    if shape not in SHAPES:
-        raise ValueError(f"unknown shape {shape!r}; known: {sorted(SHAPES)}")
-    return LlamaConfig(**SHAPES[shape])
-
-
-def projected_speedup(tau: float, t_tree: float, t_one: float, draft_time: float = 0.0) -> float:
-    """``tau / ((t_tree + draft_time) / t_one)``: tokens per step over the step's cost in decoding steps."""
-    if tau <= 0 or t_tree <= 0 or t_one <= 0 or draft_time < 0:
-        raise ValueError(f"need tau, t_tree, t_one > 0 and draft_time >= 0, got {tau}, {t_tree}, {t_one}, {draft_time}")
-    return tau / ((t_tree + draft_time) / t_one)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The project's cost model: what a tree step costs on this machine, in plain decoding steps.
+"""The measured cost curve: what a tree step costs on this machine, in plain decoding steps.
 
 A tree step verifies ``N + 1`` tokens (the root and N drafted nodes) in one target forward. On a GPU a
 forward over a few dozen tokens costs about as much as a one-token step (decoding is memory-bound); on a
@@ -199,10 +199,10 @@ def measure_cost_curve(
     an int times the forward with transformers' ``logits_to_keep`` instead (0: the head on every row)."""
     from transformers import DynamicCache
 
-    from .cache import crop_to
-    from .decoding import PREFETCH_ROWS
-    from .drafters.base import vocab_logits
-    from .trees import additive_mask
+    from ..cache import crop_to
+    from ..decoding import PREFETCH_ROWS
+    from ..drafters.base import vocab_logits
+    from ..trees import additive_mask
 
     nodes = sorted({1, *(int(n) for n in nodes)})
     device = next(model.parameters()).device
@@ -274,7 +274,7 @@ CURVE_VERSION = "engine-step-2"
 
 def cost_curve_path(model, prefix: int = 128) -> Path:
     """``$HF_SPECULATIVE_CACHE/cost_curves/<key>.json``, the key naming the machine, dtype and model."""
-    from .paths import cache_root, model_key
+    from ..paths import cache_root, model_key
 
     param = next(model.parameters())
     with torch.no_grad():
