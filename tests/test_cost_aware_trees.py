@@ -141,6 +141,32 @@ def test_speculative_streaming_default_tree_is_the_cost_aware_tree(cost_aware):
     set_cost_curve(ss, None)
 
 
+def test_spire_default_tree_is_the_best_chain_with_alternatives(cost_aware):
+    """SPIRe's calibration is cumulative top-i acceptance per depth; its candidates are the chain-shaped trees it
+    conditions exactly, each depth costing one drafter forward (its layers' share of a target step)."""
+    model = hfs.enable(tiny_model("llama"))
+    set_cost_curve(model, CURVE)
+    try:
+        for num_layers, per_pass, best in ((1, 0.25, CHAIN), (2, 0.5, SINGLE)):
+            drafter = hfs.SpireDrafter.from_base_model(model, num_layers=num_layers, sliding_window=8, num_draft_tokens=2)
+            drafter.config.calibration = {"depth_top_i_accuracy": [[0.8, 0.9], [0.7, 0.8]]}  # per rank: ACC
+            tree_drafter = drafter.get_tree_drafter(model)
+            assert [r for row in tree_drafter.rank_accuracies() for r in row] == pytest.approx([a for row in ACC for a in row])
+            assert tree_drafter.draft_cost(CURVE) == pytest.approx([per_pass, 2 * per_pass])
+            assert len(tree_drafter.candidate_trees(2, 10)) == 4 and len(tree_drafter.candidate_trees(2, 2)) == 3
+            # 1 layer:  {(0)} 1.8/1.35 = 1.333  {(0),(1)} 1.9/1.45 = 1.310  chain 2.36/1.7 = 1.388  4 nodes 2.54/2.9
+            # 2 layers: {(0)} 1.8/1.6 = 1.125   {(0),(1)} 1.9/1.7 = 1.118   chain 2.36/2.2 = 1.073  4 nodes 2.54/3.4
+            assert tree_drafter.default_tree == best
+        prompt = torch.tensor([[5, 3, 9, 1, 7, 2]])
+        out = model.generate(prompt, assistant_model=drafter, max_new_tokens=16, do_sample=False, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, model.generate(prompt, max_new_tokens=16, do_sample=False))
+        assert set(out.speculative_stats.tree_sizes) == {2}
+        drafter.config.cost_aware_tree = False
+        assert drafter.get_tree_drafter(model).default_tree == drafter.config.tree
+    finally:
+        set_cost_curve(model, None)
+
+
 def test_cost_aware_trees_shrink_as_the_batch_grows(cost_aware):
     """A batch of B rows verifies B x (N + 1) tokens against a plain batched step: bigger batches leave the flat
     part of the cost curve sooner, so the drafter's tree for the call's batch size shrinks."""

@@ -48,6 +48,8 @@ def cost_aware_tree(
     max_depth: int | None = None,
     max_nodes: int | None = None,
     batch_size: int = 1,
+    accuracies: list[list[float]] | None = None,
+    candidates: Callable[[int, int], list[TreeSpec]] | None = None,
 ) -> TreeSpec:
     """The drafter's default tree: ``saved`` unless ``config.calibration[accuracy_key]`` holds accuracies and
     cost-aware trees are enabled; then the tree that maximizes expected tau per unit of cost on ``target``.
@@ -56,9 +58,13 @@ def cost_aware_tree(
     per-depth list or ``g(num_nodes, depth)``, as `TreeSpec.optimize` takes) when it depends on the measured
     curve (e.g. its vocabulary projections: `CostCurve.projection_cost`). ``max_nodes`` defaults to the
     largest measured forward minus the root. ``batch_size``: the tree for B rows verified together (module
-    docstring).
+    docstring). ``accuracies``: per-rank accuracies to use instead of ``config.calibration[accuracy_key]`` (e.g.
+    converted from another form; the key still names what they come from). ``candidates(max_depth, max_nodes)``:
+    score only these trees (the shapes a drafter conditions exactly, e.g. SPIRe's chain with alternatives) instead of
+    growing one with `TreeSpec.optimize`.
     """
-    accuracies = (getattr(config, "calibration", None) or {}).get(accuracy_key)
+    if accuracies is None:
+        accuracies = (getattr(config, "calibration", None) or {}).get(accuracy_key)
     if not accuracies or target is None or not cost_aware_enabled(config):
         return saved
     from ..perf_model import get_cost_curve
@@ -69,7 +75,13 @@ def cost_aware_tree(
     cost = _per_batch(draft_cost(curve) if callable(draft_cost) else draft_cost, batch_size * curve(1) / curve(batch_size))
     accuracies = accuracies[:max_depth] if max_depth is not None else accuracies
     max_nodes = max_nodes or max(curve.max_nodes // batch_size - 1, 1)
-    tree = TreeSpec.optimize(accuracies, max_nodes, cost=curve, draft_cost=cost, batch_size=batch_size)
+    if candidates is None:
+        tree = TreeSpec.optimize(accuracies, max_nodes, cost=curve, draft_cost=cost, batch_size=batch_size)
+    else:  # the best candidate; ties go to the smaller tree
+        trees = sorted(candidates(len(accuracies), max_nodes), key=lambda t: (t.num_nodes, t.depth))
+        if not trees:
+            return saved
+        tree = max(trees, key=lambda t: t.expected_speedup(accuracies, curve, cost, batch_size=batch_size))
     speedup = tree.expected_speedup(accuracies, curve, cost, batch_size=batch_size)
     message = (f"cost-aware default tree (batch {batch_size}): {tree.num_nodes} nodes, depth {tree.depth}, "
                f"expected tau / step cost {speedup:.2f}")  # fmt: skip

@@ -45,7 +45,13 @@ class SpireConfig(LlamaConfig):
         draft_vocab_size (`int`, *optional*): an FR-Spec draft vocabulary for drafting (`DraftVocabMixin`).
         mixed_loss_omega (`float`, defaults to 0.5): omega of MixedLoss (Sec. 3.4), recorded for training.
         base_model_name_or_path (`str`, *optional*): the target the drafter was built for.
-        calibration (`dict`, *optional*): held-out measurements (e.g. per-depth top-i acceptance).
+        calibration (`dict`, *optional*): held-out measurements: ``depth_top_i_accuracy[d][i]``, the share of rows
+            whose target token at depth d + 1 is among the drafter's top-(i + 1) given the chain up to d (written by
+            ``hf-speculative train spire``).
+        cost_aware_tree (`bool`, defaults to `True`): with a calibration, the default tree is the
+            `chain_with_alternatives` shape (depth <= k, candidates per depth) with the best expected tau per unit of
+            step cost on the target's measured cost curve (SPIRe's Delta t; `hf_speculative.drafters.cost_aware`);
+            `False` keeps ``tree_choices`` / ``tree_top_i``.
     """
 
     model_type = "spire_drafter"
@@ -65,6 +71,7 @@ class SpireConfig(LlamaConfig):
         mixed_loss_omega: float = 0.5,
         base_model_name_or_path: str | None = None,
         calibration: dict | None = None,
+        cost_aware_tree: bool = True,
         num_hidden_layers: int = 2,
         **kwargs,
     ):
@@ -91,6 +98,7 @@ class SpireConfig(LlamaConfig):
         self.mixed_loss_omega = float(mixed_loss_omega)
         self.base_model_name_or_path = base_model_name_or_path
         self.calibration = calibration
+        self.cost_aware_tree = bool(cost_aware_tree)
         kwargs.pop("use_sliding_window", None)
         kwargs.pop("layer_types", None)
         kwargs.pop("max_window_layers", None)

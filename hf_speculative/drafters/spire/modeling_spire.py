@@ -22,6 +22,7 @@ with the chain's next candidates at every depth as leaves (`chain_with_alternati
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -37,9 +38,10 @@ from ...trees import DraftTree, DynamicTree, TreeSpec
 from ..base import (
     ChainTreeFiller, DraftingOptions, TreeDrafter, input_embeddings, output_embeddings, sparse_visibility, streaming_keep, vocab_logits,
 )
+from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from ..hub import DrafterHubMixin
-from .configuration_spire import SpireConfig
+from .configuration_spire import SpireConfig, chain_with_alternatives
 
 __all__ = ["SpireDrafter", "SpireTreeDrafter", "SpireOutput", "sparse_visibility", "SpirePreTrainedModel"]
 
@@ -240,7 +242,7 @@ class SpireDrafter(DraftVocabMixin, SpirePreTrainedModel):
     def get_tree_drafter(self, target: PreTrainedModel) -> "SpireTreeDrafter":
         """The per-call drafter the engine uses for ``target.generate(assistant_model=self)``."""
         self.attach_base_model(target)
-        return SpireTreeDrafter(self)
+        return SpireTreeDrafter(self, target=target)
 
     # ------------------------------------------------------------------ building blocks
     def memory_weights(self) -> torch.Tensor:
@@ -361,16 +363,43 @@ class SpireTreeDrafter(TreeDrafter):
 
     needs_target_hidden_states = True
 
-    def __init__(self, drafter: SpireDrafter, draft_sampling: str = "without_replacement"):
+    def __init__(self, drafter: SpireDrafter, draft_sampling: str = "without_replacement", target: PreTrainedModel | None = None):
         config = drafter.config
         self.drafter = drafter
         self.draft_sampling = draft_sampling
         self.max_depth = config.num_draft_tokens
-        self.default_tree = config.tree
+        self.batch_tree = functools.partial(
+            cost_aware_tree, config.tree, config, "depth_top_i_accuracy", target, self.draft_cost, self.max_depth,
+            accuracies=self.rank_accuracies(), candidates=self.candidate_trees,
+        )  # fmt: skip
+        self.default_tree = self.batch_tree(batch_size=1)
         self.vocab_size = config.vocab_size
         self.window, self.sinks = config.sliding_window, config.num_sink_tokens
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.positions: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ the cost-aware default tree
+    def rank_accuracies(self) -> list[list[float]] | None:
+        """The calibration's cumulative top-i acceptance per depth as per-rank accuracies (`TreeSpec.optimize`'s
+        form): the chance that the i-th candidate of the chain node at depth d is the target's token."""
+        cumulative = (self.drafter.config.calibration or {}).get("depth_top_i_accuracy")
+        if not cumulative:
+            return None
+        return [[b - a for a, b in zip([0.0] + list(row), row)] for row in cumulative]
+
+    def candidate_trees(self, max_depth: int, max_nodes: int) -> list[TreeSpec]:
+        """The trees this drafter conditions exactly: `chain_with_alternatives` of every depth and width that fits."""
+        width = len((self.drafter.config.calibration or {}).get("depth_top_i_accuracy", [[0]])[0])
+        shapes = [chain_with_alternatives(d, i) for d in range(1, max_depth + 1) for i in range(1, width + 1)]
+        return [t for t in shapes if t.num_nodes <= max_nodes]
+
+    def draft_cost(self, curve) -> list[float]:
+        """Drafting cost per tree depth d in plain steps: d one-token drafter forwards, each its ``n`` layers' share
+        of a target step plus one row through the shared ``lm_head`` (the draft vocabulary's share of it)."""
+        config = self.drafter.config
+        layers = config.num_hidden_layers / max(config.target_num_layers or config.num_hidden_layers, 1)
+        one = layers * curve(1) + curve.projection_cost(1, self.drafter.draft_vocab_share)
+        return [d * one for d in range(1, self.max_depth + 1)]
 
     # ------------------------------------------------------------------ the target's memory
     def _append_target(self, hidden_states, rows: torch.Tensor | slice, positions: torch.Tensor) -> None:
