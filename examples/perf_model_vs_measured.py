@@ -21,7 +21,8 @@ How a bench method maps onto the model:
 * anything else (prompt lookup, Medusa heads, ParallelSpec, EAGLE): ``verify-only`` -- drafting counted as free, so
   the prediction is an upper bound for drafters that run a network.
 
-The draft depth k is the tree's depth and the verification forward covers the tree's nodes + 1 tokens. The context L
+The draft depth k is the tree's depth and the verification forward covers the tree's nodes + 1 tokens (the measured
+mean per row, ``verified_tokens_per_row``, where the bench JSON has it). The context L
 is ``--prompt-tokens`` + half of ``max_new_tokens`` (the bench JSON does not record prompt lengths).
 
     python examples/perf_model_vs_measured.py bench_batch.json --plot perf_model_vs_measured.png
@@ -83,6 +84,8 @@ def compare(result: dict, target: ModelShape, hw: Hardware, context: int) -> lis
             nodes = s.get("tree_nodes") or settings.get("tree_nodes")
             k = _depth(settings, nodes)
             verify = int(nodes) + 1 if nodes else k + 1
+            if s.get("verified_tokens_per_row"):  # measured: a trie drafter fills only part of its tree budget
+                verify = max(1, round(float(s["verified_tokens_per_row"])))
             predicted = throughput_multiplier(method, target, draft, hw, int(b), context, k, float(s["tau"]),
                                               verify_tokens=verify, **window)  # fmt: skip
             rows.append({"method": name, "model": method, "draft": draft.name if draft is not None else None,

@@ -146,6 +146,8 @@ def test_run_benchmark_magicdec(tiny):
     for b in ("1", "2"):
         stats = batched["batches"][b]["magicdec"]
         assert stats["lossless_rate"] == 1.0 and len(stats["tau_per_row"]) == 3 and stats["tree_nodes"] == 3
+        assert stats["verified_tokens_per_row"] == 4.0  # every forward carried each row's 3 nodes and its root
+        assert batched["batches"][b]["plain"]["verified_tokens_per_row"] is None
 
 
 def test_checkpoint_after_each_prompt(tiny):

@@ -54,6 +54,15 @@ def _row_taus(output, batch_size: int) -> list[float] | None:
     return [r.mean_accepted_length for r in rows][:batch_size]
 
 
+def _row_verified_tokens(output, batch_size: int) -> list[int]:
+    """Tokens each row carried into each verification forward (its tree's nodes plus the root), over all steps."""
+    stats = getattr(output, "speculative_stats", None)
+    if stats is None:
+        return []
+    rows = stats.rows if stats.rows else [stats]
+    return [n for r in rows[:batch_size] for n in r.tree_sizes]
+
+
 def _tree_nodes(method, batch_size: int) -> int | None:
     tree_for_batch = getattr(method, "tree_for_batch", None)
     tree = tree_for_batch(batch_size) if tree_for_batch is not None else None
@@ -95,7 +104,7 @@ def run_batch_benchmark(
     total = sum((len(prompts) + b - 1) // b for b in batch_sizes) * len(bench_methods)
     bar = tqdm(total=total, desc="batch bench", unit="batch", disable=not progress)
     for b in batch_sizes:
-        per_method = {m.name: {"seconds": 0.0, "tokens": 0, "taus": [], "rows": 0, "exact_rows": 0} for m in bench_methods}
+        per_method = {m.name: {"seconds": 0.0, "tokens": 0, "taus": [], "rows": 0, "exact_rows": 0, "verified": []} for m in bench_methods}
         for start in range(0, len(prompts), b):
             group = prompts[start : start + b]
             ids, mask = pad_batch(group, pad)
@@ -117,6 +126,7 @@ def run_batch_benchmark(
                 taus = _row_taus(out, len(rows))
                 if taus is not None:
                     acc["taus"].extend(taus)
+                acc["verified"].extend(_row_verified_tokens(out, len(rows)))
                 if reference is None:
                     reference = rows
                 acc["exact_rows"] += sum(r == ref for r, ref in zip(rows, reference))
@@ -132,6 +142,8 @@ def run_batch_benchmark(
                 "tau": sum(acc["taus"]) / len(acc["taus"]) if acc["taus"] else None,
                 "lossless_rate": acc["exact_rows"] / max(acc["rows"], 1) if greedy else None,
                 "tree_nodes": _tree_nodes(method, b),
+                # what a row's verification forwards really carried (a prompt-lookup trie fills only part of its tree)
+                "verified_tokens_per_row": sum(acc["verified"]) / len(acc["verified"]) if acc["verified"] else None,
             }
             for (name, acc), method in zip(per_method.items(), bench_methods)
         }
