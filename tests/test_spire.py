@@ -156,13 +156,30 @@ def test_training_forward_matches_drafting(arch):
     memory = [hs[i] for i in drafter.config.target_layers]
     logits = drafter(ids, memory, prefix_rows=1, compute_logits=True, full_vocab=True).logits[0]
     k = drafter.config.num_draft_tokens
-    td = SpireTreeDrafter(drafter)
-    for b in range(1, 31 - k, k):  # every block's root
+    roots = list(range(1, 31 - k, k))  # every block's root; their sparse memories hold 1 to S + W - 1 entries
+    states = []
+    for b in roots:
+        td = SpireTreeDrafter(drafter)
         td.begin(ids[:, :b], _Outputs([h[:, :b] for h in hs]))
-        rows: list[torch.Tensor] = []
-        td._draft_chain(ids[:, : b + 1], k, lambda d, lg: rows.append(lg) or ids[0, b + d + 1])
-        for j, row in enumerate(rows):
-            torch.testing.assert_close(row, logits[b + j].float(), **FP32_LAYERS)
+        states.append(td)
+    # one root at a time, then all roots in one batched forward per depth (memories padded to the longest)
+    for group in [[i] for i in range(len(roots))] + [list(range(len(roots)))]:
+        teachers = [_Teacher(ids[0, roots[i] + 1 : roots[i] + 1 + k]) for i in group]
+        states[0]._draft_chains([states[i] for i in group], [ids[:, : roots[i] + 1] for i in group], teachers)
+        for i, teacher in zip(group, teachers):
+            for j, row in enumerate(teacher.rows):
+                torch.testing.assert_close(row, logits[roots[i] + j].float(), **FP32_LAYERS)
+
+
+class _Teacher:
+    """A chain filler that follows the text (teacher forcing) and keeps each depth's logits."""
+
+    def __init__(self, chain: torch.Tensor):
+        self.chain, self.num_forwards, self.rows = chain, len(chain), []
+
+    def __call__(self, d: int, logits: torch.Tensor) -> torch.Tensor:
+        self.rows.append(logits)
+        return self.chain[d]
 
 
 def test_mixed_loss_by_hand():

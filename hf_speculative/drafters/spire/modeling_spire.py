@@ -442,36 +442,56 @@ class SpireTreeDrafter(TreeDrafter):
 
     # ------------------------------------------------------------------ drafting
     @torch.no_grad()
-    def _draft_chain(self, sequence: torch.LongTensor, num_forwards: int, on_logits) -> None:
-        """``num_forwards`` one-token drafter forwards from the root; ``on_logits(d, logits)`` gets depth d's chain
-        node's distribution (logits over the vocabulary) and returns the chain's token at depth d + 1."""
+    def _draft_chains(self, states: list["SpireTreeDrafter"], sequences, fillers: list[ChainTreeFiller]) -> None:
+        """``fillers[j].num_forwards`` one-token drafter forwards from every row's root, all rows in one forward per
+        depth: row j's sparse memory (its sinks and window, padded to the longest row's and masked there) plus its
+        drafted feedback memory. ``fillers[j](d, logits)`` gets row j's chain node's distribution at depth d and
+        returns the chain's token at depth d + 1."""
         drafter = self.drafter
-        device = drafter.norm.weight.device
-        dtype = drafter.norm.weight.dtype
-        root_pos = sequence.shape[1] - 1
-        token = sequence[0, -1:].to(device)
-        drafted: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # per drafted position, per layer
-        key_pos = self.positions.to(device)
+        device, dtype = drafter.norm.weight.device, drafter.norm.weight.dtype
+        B = len(states)
+        sizes = [st.positions.numel() for st in states]
+        M = max(sizes)
+        key_pos = torch.zeros(B, M, dtype=torch.long, device=device)
+        key_ok = torch.zeros(B, M, dtype=torch.bool, device=device)
+        kv = []
+        for i, (k0, _) in enumerate(states[0].kv):
+            keys = k0.new_zeros(B, k0.shape[1], M, k0.shape[3])
+            values = keys.clone()
+            for j, (st, m) in enumerate(zip(states, sizes)):
+                keys[j, :, :m], values[j, :, :m] = st.kv[i][0][0], st.kv[i][1][0]
+            kv.append((keys, values))
+        for j, (st, m) in enumerate(zip(states, sizes)):
+            key_pos[j, :m], key_ok[j, :m] = st.positions.to(device), True
+        query = torch.tensor([[seq.shape[1] - 1] for seq in sequences], device=device)  # (B, 1): the roots' positions
+        tokens = torch.stack([seq[0, -1] for seq in sequences]).to(device)
+        num_forwards = fillers[0].num_forwards
         for d in range(num_forwards):
-            pos = root_pos + d
-            mask = _additive(sparse_visibility(torch.tensor([pos], device=device), key_pos, self.window, self.sinks), dtype)
-            kv = self.kv
-            if drafted:
-                kv = [(torch.cat([k] + [e[i][0] for e in drafted], 2), torch.cat([v] + [e[i][1] for e in drafted], 2))
-                      for i, (k, v) in enumerate(self.kv)]  # fmt: skip
-            position_ids = torch.tensor([[pos]], device=device)
-            hidden, acts = drafter.step(drafter.embed(token[None]), position_ids, kv, mask[None, None])
-            next_token = on_logits(d, drafter.compute_logits(hidden)[0, 0].float())
-            if d + 1 < num_forwards:
-                drafted.append(drafter.target_memory_kv(drafter.feedback_memory(acts), position_ids))
-                key_pos = torch.cat([key_pos, key_pos.new_tensor([pos])])
-                token = next_token.reshape(1).to(device)
+            visible = key_ok[:, None] & sparse_visibility(query, key_pos, self.window, self.sinks)  # (B, 1, M + d)
+            hidden, acts = drafter.step(drafter.embed(tokens[:, None]), query, kv, _additive(visible, dtype)[:, None])
+            logits = drafter.compute_logits(hidden)[:, 0].float()
+            next_tokens = [fill(d, logits[j]) for j, fill in enumerate(fillers)]
+            if d + 1 < num_forwards:  # the drafted position's feedback memory joins every row's keys
+                new = drafter.target_memory_kv(drafter.feedback_memory(acts), query)
+                kv = [(torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(kv, new)]
+                key_pos = torch.cat([key_pos, query], 1)
+                key_ok = torch.cat([key_ok, key_ok.new_ones(B, 1)], 1)
+                tokens = torch.stack(next_tokens).reshape(B).to(device)
+                query = query + 1
 
     def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
+        return self._propose([self], [sequence], tree, options)[0]
+
+    def propose_batch(self, sequences, rows, tree, options) -> list[DraftTree]:
+        """All rows' chains in one batched drafter forward per depth."""
+        return self._propose([self._row_drafter(r) for r in rows], sequences, tree, options)
+
+    def _propose(self, states: list["SpireTreeDrafter"], sequences, tree: TreeSpec, options: DraftingOptions) -> list[DraftTree]:
         if isinstance(tree, DynamicTree):
             raise ValueError("SpireDrafter drafts a static tree (its chain with candidates per depth), not a DynamicTree")
         if tree.depth > self.max_depth:
             raise ValueError(f"this SpireDrafter drafts {self.max_depth} tokens per step; the tree has depth {tree.depth}")
-        filler = ChainTreeFiller(sequence, tree, options.scheme(self.draft_sampling), options, self.vocab_size)
-        self._draft_chain(sequence, filler.num_forwards, filler)
-        return filler.draft_tree()
+        scheme = options.scheme(self.draft_sampling)
+        fillers = [ChainTreeFiller(seq, tree, scheme, options, self.vocab_size) for seq in sequences]
+        self._draft_chains(states, sequences, fillers)
+        return [f.draft_tree() for f in fillers]
