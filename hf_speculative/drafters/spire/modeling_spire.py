@@ -450,19 +450,7 @@ class SpireTreeDrafter(TreeDrafter):
         drafter = self.drafter
         device, dtype = drafter.norm.weight.device, drafter.norm.weight.dtype
         B = len(states)
-        sizes = [st.positions.numel() for st in states]
-        M = max(sizes)
-        key_pos = torch.zeros(B, M, dtype=torch.long, device=device)
-        key_ok = torch.zeros(B, M, dtype=torch.bool, device=device)
-        kv = []
-        for i, (k0, _) in enumerate(states[0].kv):
-            keys = k0.new_zeros(B, k0.shape[1], M, k0.shape[3])
-            values = keys.clone()
-            for j, (st, m) in enumerate(zip(states, sizes)):
-                keys[j, :, :m], values[j, :, :m] = st.kv[i][0][0], st.kv[i][1][0]
-            kv.append((keys, values))
-        for j, (st, m) in enumerate(zip(states, sizes)):
-            key_pos[j, :m], key_ok[j, :m] = st.positions.to(device), True
+        kv, key_pos, key_ok = self._stacked_memory(states, device)
         query = torch.tensor([[seq.shape[1] - 1] for seq in sequences], device=device)  # (B, 1): the roots' positions
         tokens = torch.stack([seq[0, -1] for seq in sequences]).to(device)
         num_forwards = fillers[0].num_forwards
@@ -478,6 +466,28 @@ class SpireTreeDrafter(TreeDrafter):
                 key_ok = torch.cat([key_ok, key_ok.new_ones(B, 1)], 1)
                 tokens = torch.stack(next_tokens).reshape(B).to(device)
                 query = query + 1
+
+    @staticmethod
+    def _stacked_memory(states: list["SpireTreeDrafter"], device):
+        """The rows' sparse memories as one batch: per layer keys and values ``(B, kv_heads, M, d)``, key positions and
+        validity ``(B, M)``; shorter rows are padded at the end and masked there (a single row is used as it is)."""
+        if len(states) == 1:
+            positions = states[0].positions.to(device)[None]
+            return list(states[0].kv), positions, torch.ones_like(positions, dtype=torch.bool)
+        sizes = [st.positions.numel() for st in states]
+        B, M = len(states), max(sizes)
+        key_pos = torch.zeros(B, M, dtype=torch.long, device=device)
+        key_ok = torch.zeros(B, M, dtype=torch.bool, device=device)
+        kv = []
+        for i, (k0, _) in enumerate(states[0].kv):
+            keys = k0.new_zeros(B, k0.shape[1], M, k0.shape[3])
+            values = keys.clone()
+            for j, (st, m) in enumerate(zip(states, sizes)):
+                keys[j, :, :m], values[j, :, :m] = st.kv[i][0][0], st.kv[i][1][0]
+            kv.append((keys, values))
+        for j, (st, m) in enumerate(zip(states, sizes)):
+            key_pos[j, :m], key_ok[j, :m] = st.positions.to(device), True
+        return kv, key_pos, key_ok
 
     def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
         return self._propose([self], [sequence], tree, options)[0]
