@@ -33,24 +33,17 @@ import os
 from pathlib import Path
 
 import torch
-from transformers.utils import logging
 
 from ..trees import DraftTree, TreeSpec
 from .base import DraftingOptions, TargetRows, TreeDrafter
+from .cost_aware import target_cost_curve
 from .online_accuracy import OnlineAccuracy
 
-__all__ = ["TokenRecyclingDrafter", "DEFAULT_COST_CURVE_POINTS"]
-
-logger = logging.get_logger(__name__)
+__all__ = ["TokenRecyclingDrafter"]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 DRAFTER_TYPE = "token_recycling"
-
-#: ``c(n)`` used when the target has no measured cost curve (`hf_speculative.perf_model.get_cost_curve`): a forward
-#: over n tokens in one-token steps, between the fp32 curves measured on this project's 2-core AMD EPYC and Intel
-#: Xeon machines (SmolLM2-135M). Calibrate with ``hf-speculative calibrate`` or ``perf_model.get_cost_curve(model)``.
-DEFAULT_COST_CURVE_POINTS = {1: 1.0, 2: 1.1, 4: 1.25, 8: 1.35, 16: 1.6, 32: 2.2, 64: 3.4}
 
 #: hit-rate prior per rank before any observation (worth `OnlineAccuracy.prior_weight` observations)
 DEFAULT_PRIOR = (0.35, 0.12, 0.06, 0.04, 0.03, 0.02, 0.015, 0.01)
@@ -65,7 +58,7 @@ class TokenRecyclingDrafter(TreeDrafter):
         max_depth: deepest level of the cost-aware tree (and of the measured hit-rate table).
         refresh_every: decoding steps between re-choosing the cost-aware tree from the latest hit rates.
         cost_curve: the target's cost curve ``c(n)`` (a `CostCurve` or a callable); None: the target's cached curve,
-            else `DEFAULT_COST_CURVE_POINTS` with a one-line notice.
+            else a documented default (`cost_aware.target_cost_curve`).
     """
 
     def __init__(
@@ -121,19 +114,7 @@ class TokenRecyclingDrafter(TreeDrafter):
         head = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
         vocab = head.weight.shape[0] if head is not None else target.config.vocab_size
         self._ensure_matrix(int(vocab), next(target.parameters()).device)
-        if self.cost_curve is not None:
-            self._curve = self.cost_curve
-        else:
-            from ..perf_model import CostCurve, get_cost_curve
-
-            self._curve = get_cost_curve(target, measure_if_missing=False)
-            if self._curve is None:
-                logger.warning_once(
-                    "Token Recycling sizes its tree with a default cost curve; measure this machine's with "
-                    "`hf-speculative calibrate` or `hf_speculative.perf_model.get_cost_curve(model)`"
-                )
-                points = DEFAULT_COST_CURVE_POINTS
-                self._curve = CostCurve(nodes=tuple(points), ratios=tuple(points.values()), meta={"source": "default"})
+        self._curve = target_cost_curve(target, self.cost_curve)
 
     def cost_aware_tree(self, batch_size: int = 1) -> TreeSpec:
         """The tree with the best expected tau per step cost for the hit rates measured so far."""
