@@ -74,6 +74,8 @@ class BenchOptions:
         magicdec_window / magicdec_sinks / magicdec_positions: ``magicdec``'s StreamingLLM draft cache: window W, S
             sink tokens, rotary positions within the cache (``"cache"``) or of the text (``"original"``).
         drafters: ``{method name: path}`` from ``--drafter``.
+        recycling: a saved `TokenRecyclingDrafter` folder that ``token-recycling`` and ``hybrid`` start from (None:
+            an empty matrix, which learns over the run's prompts in their order).
     """
 
     draft_layers: int = 8
@@ -88,6 +90,7 @@ class BenchOptions:
     magicdec_sinks: int = 1
     magicdec_positions: str = "cache"
     drafters: dict[str, str] = field(default_factory=dict)
+    recycling: str | None = None
 
 
 def parse_tree(spec: str | None):
@@ -268,7 +271,9 @@ class _EngineMethod(BenchMethod):
             return self.call_tree or self.tree
         from hf_speculative.drafters import resolve_drafter
 
-        return resolve_drafter(self.model, self.draft).tree_for_batch(batch_size)
+        drafter = resolve_drafter(self.model, self.draft)
+        drafter.attach_target(self.model)
+        return drafter.tree_for_batch(batch_size)
 
 
 @register_method
@@ -340,6 +345,49 @@ class MagicDecMethod(_EngineMethod):
         d = self.draft
         return {"sliding_window": d.window, "num_sink_tokens": d.sinks, "num_draft_tokens": d.num_draft_tokens,
                 "positions": d.positions, **self._tree_settings()}  # fmt: skip
+
+
+def _recycling_drafter(options: BenchOptions):
+    import hf_speculative as hfs
+
+    if options.recycling:
+        return hfs.TokenRecyclingDrafter.from_pretrained(options.recycling)
+    return hfs.TokenRecyclingDrafter()
+
+
+@register_method
+class TokenRecyclingMethod(_EngineMethod):
+    name = "token-recycling"
+    description = "hf_speculative tree loop, Token Recycling (adjacency matrix of the target's verified top-k; no model)"
+
+    def setup(self):
+        super().setup()
+        self.draft = _recycling_drafter(self.options)
+        self.call_tree = self.tree = parse_tree(self.options.tree)
+
+    def settings(self):
+        d = self.draft
+        return {"num_successors": d.num_successors, "max_nodes": d.max_nodes, "recycling": self.options.recycling,
+                "tree": "cost-aware, re-chosen online" if self.tree is None else self._tree_settings()["tree"]}  # fmt: skip
+
+
+@register_method
+class HybridMethod(_EngineMethod):
+    name = "hybrid"
+    description = "hf_speculative tree loop, one merged tree from tree prompt lookup, Token Recycling and every --drafter"
+
+    def setup(self):
+        import hf_speculative as hfs
+
+        super().setup()
+        parts = [hfs.PromptLookupDrafter(max_ngram_size=self.options.max_matching_ngram), _recycling_drafter(self.options)]
+        parts += [load_drafter(path, self.model) for path in self.options.drafters.values()]
+        self.draft = hfs.HybridDrafter(parts)
+        self.call_tree = self.tree = parse_tree(self.options.tree)
+
+    def settings(self):
+        return {"parts": ["prompt-lookup", "token-recycling", *self.options.drafters.values()],
+                "max_nodes": self.draft.max_nodes, "max_depth": self.draft.tree_depth}  # fmt: skip
 
 
 class DrafterMethod(_EngineMethod):

@@ -51,7 +51,7 @@ def target_cost_curve(target, curve=None):
         return cached
     logger.warning_once(
         "no measured cost curve for this model: trees are sized with a default one; measure this machine's once with "
-        "`hf-speculative calibrate` or `hf_speculative.perf_model.get_cost_curve(model)`"
+        "`hf-speculative calibrate --model M` or `hf_speculative.perf_model.get_cost_curve(model)`"
     )
     points = DEFAULT_COST_CURVE_POINTS
     return CostCurve(nodes=tuple(points), ratios=tuple(points.values()), meta={"source": "default"})
