@@ -201,7 +201,7 @@ def test_sampling_matches_target_distribution(make):
     exact = _exact_generate(target, prompt, **kw)
     target.generate(prompt, assistant_model=drafter, max_new_tokens=8, do_sample=False)  # rows to draft from
     torch.manual_seed(1234)
-    n = 3000
+    n = 2000
     gen_kwargs = dict(do_sample=True, max_new_tokens=NEW, top_k=kw["top_k"], temperature=kw["temperature"])
     sizes = []
 
