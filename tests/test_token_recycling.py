@@ -238,8 +238,9 @@ def test_warm_recycling_and_bench_methods(tmp_path, capsys):
     warmed = hfs.TokenRecyclingDrafter.from_pretrained(tmp_path / "tr")
     assert warmed.filled_rows == report["filled_rows"]
     out = tmp_path / "b.json"
-    assert main(["bench", *common, "--prompts", str(prompts), "--methods", "plain,token-recycling,hybrid",
+    assert main(["bench", *common, "--prompts", str(prompts), "--methods", "plain,token-recycling,hybrid,hybrid:pl+tr",
                  "--recycling", str(tmp_path / "tr"), "--max-new-tokens", "6", "--output", str(out)]) == 0  # fmt: skip
     data = json.loads(out.read_text())
-    for name in ("token-recycling", "hybrid"):
+    assert data["setting"]["methods"]["hybrid:pl+tr"]["parts"] == ["pl", "tr"]
+    for name in ("token-recycling", "hybrid", "hybrid:pl+tr"):
         assert data["methods"][name]["lossless_rate"] == 1.0, name
