@@ -55,10 +55,9 @@ def _fail(message: str) -> int:
 def run(args) -> int:
     from pathlib import Path
 
-    from ..drafters.medusa.fasterdecoding import fasterdecoding_config
-
     from ..drafters.eagle.configuration_eagle import EagleConfig
     from ..drafters.eagle.modeling_eagle import is_public_checkpoint
+    from ..drafters.medusa.fasterdecoding import fasterdecoding_config
 
     folder = Path(args.folder)
     if not (folder / "config.json").is_file():

@@ -41,9 +41,7 @@ import torch
 from ..serving import save_server_folder
 from .configuration_eagle import eagle3_feature_layers
 
-__all__ = ["FORMATS", "server_architecture", "server_config", "server_state_dict", "save_for_server"]
-
-FORMATS = ("vllm", "sglang")
+__all__ = ["server_architecture", "server_config", "server_state_dict", "save_for_server"]
 
 _ARCHITECTURES = {
     ("vllm", False): "EagleLlamaForCausalLM",
@@ -55,8 +53,8 @@ _ARCHITECTURES = {
 
 def server_architecture(fmt: str, eagle3: bool) -> str:
     """The ``architectures`` entry that makes engine ``fmt`` build its EAGLE (or EAGLE-3) drafter class."""
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown serving format {fmt!r}: expected one of {FORMATS}")
+    if (fmt, bool(eagle3)) not in _ARCHITECTURES:
+        raise ValueError(f"unknown serving format {fmt!r}: expected 'vllm' or 'sglang'")
     return _ARCHITECTURES[fmt, bool(eagle3)]
 
 
@@ -71,6 +69,7 @@ def _custom_feature_layers(drafter) -> list[int] | None:
 
 
 def _check_exportable(drafter, fmt: str) -> None:
+    server_architecture(fmt, drafter.config.is_eagle3)  # a known format
     c = drafter.config
     server = "vLLM" if fmt == "vllm" else "SGLang"
     qkv, o = c.use_qkv_bias, bool(c.attention_bias)
