@@ -167,16 +167,23 @@ def test_export_round_trip(fmt, variant, tmp_path):
         assert outs[0].speculative_stats.accepted_lengths == outs[1].speculative_stats.accepted_lengths
 
 
-def test_exported_folder_exports_again(tmp_path):
-    """A public EAGLE folder (here vLLM's, whose architecture ends in ForCausalLM) is read as EAGLE, not as a plain
-    draft model, and converts to the other engine's layout unchanged."""
+def test_public_folders_export_again(tmp_path):
+    """A public EAGLE folder (vLLM's export, or the EAGLE repository's ``LlamaForCausalLM`` + ``pytorch_model.bin``,
+    architectures that end in ForCausalLM) is read as EAGLE, not as a plain draft model, and converts unchanged."""
     model = _target()
     _drafter(model, "eagle").save_pretrained(tmp_path / "ours")
     assert _export(tmp_path / "ours", "vllm", tmp_path / "vllm") == 0
     assert _export(tmp_path / "vllm", "sglang", tmp_path / "sglang") == 0
     assert json.loads((tmp_path / "sglang" / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle"]
+    (tmp_path / "repo").mkdir()
+    config = json.loads((tmp_path / "vllm" / "config.json").read_text()) | {"architectures": ["LlamaForCausalLM"]}
+    (tmp_path / "repo" / "config.json").write_text(json.dumps(config))
+    torch.save(load_file(str(tmp_path / "vllm" / "model.safetensors")), tmp_path / "repo" / "pytorch_model.bin")
+    assert _export(tmp_path / "repo", "vllm", tmp_path / "again") == 0
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["architectures"] == ["EagleLlamaForCausalLM"]
     a = EagleDrafter.from_pretrained(tmp_path / "vllm", base_model=model)
-    _assert_same_drafter(a, EagleDrafter.from_pretrained(tmp_path / "sglang", base_model=model), model)
+    for folder in ("sglang", "again"):
+        _assert_same_drafter(a, EagleDrafter.from_pretrained(tmp_path / folder, base_model=model), model)
 
 
 def test_fc_bias_goes_where_the_engine_has_one(tmp_path, capsys):

@@ -576,7 +576,10 @@ def is_public_checkpoint(path) -> bool:
         with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
             keys = set(f.keys())
     elif (folder / "pytorch_model.bin").is_file():
-        keys = set(torch.load(str(folder / "pytorch_model.bin"), map_location="cpu", weights_only=True, mmap=True))
+        try:  # names only: the tensors stay on disk (zip-format files)
+            keys = set(torch.load(str(folder / "pytorch_model.bin"), map_location="cpu", weights_only=True, mmap=True))
+        except RuntimeError:  # a legacy-format file cannot be mapped
+            keys = set(torch.load(str(folder / "pytorch_model.bin"), map_location="cpu", weights_only=True))
     else:
         return False
     keys = {k.removeprefix("model.") for k in keys}
