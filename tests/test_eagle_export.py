@@ -214,6 +214,8 @@ def test_eagle3_other_target_layers_in_each_engines_convention(tmp_path):
         loaded = EagleDrafter.from_pretrained(tmp_path / fmt, base_model=model)
         assert loaded.config.feature_layers() == [1, 3, 4]
         _assert_same_drafter(drafter, loaded, model)
+    assert _export(tmp_path / "sglang", "vllm", tmp_path / "again") == 0  # layers read from SGLang's field, kept
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
 
 
 def test_what_the_engines_cannot_load_is_refused(tmp_path, capsys):

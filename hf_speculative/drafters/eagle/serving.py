@@ -59,12 +59,13 @@ def server_architecture(fmt: str, eagle3: bool) -> str:
 
 
 def _custom_feature_layers(drafter) -> list[int] | None:
-    """The target layers the drafter reads when they are not the engines' default, else None."""
+    """The target layers the drafter reads when they are not the engines' default (or the target's depth, which
+    decides the default, is unknown), else None."""
     c = drafter.config
     n = c.target_num_layers or drafter.num_target_layers
-    if c.target_layers is None or n is None:
+    if c.target_layers is None:
         return None
-    default = eagle3_feature_layers(n) if c.is_eagle3 else [int(n)]
+    default = None if n is None else eagle3_feature_layers(n) if c.is_eagle3 else [int(n)]
     return None if list(c.target_layers) == default else list(c.target_layers)
 
 
