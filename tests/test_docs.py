@@ -14,6 +14,7 @@ MARKDOWN = [
     *sorted((ROOT / "docs").rglob("*.md")),
     *sorted((ROOT / "model_cards").rglob("README.md")),
     *sorted((ROOT / "examples").rglob("*.md")),
+    *sorted((ROOT / "scripts").rglob("*.md")),
 ]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 REPO_PATH = re.compile(r"(?<![\w/.~-])((?:docs|scripts|examples|model_cards|hf_speculative|tests)/[A-Za-z0-9_./*-]+)")
