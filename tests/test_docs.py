@@ -69,7 +69,7 @@ def test_usage_snippet_for_another_base_loads_it_from_the_hub():
 
 
 def test_no_process_words_in_the_product():
-    words = re.compile(r"issue ?#?\d|\bsession\b|\bthe lead\b", re.IGNORECASE)
+    words = re.compile(r"issue ?#?\d|\bsessions?\b|\bthe\s+lead\b", re.IGNORECASE)
     files = [ROOT / "README.md", ROOT / "setup.cfg"]
     for folder in ("docs", "model_cards", "examples", "scripts", "hf_speculative"):
         files += [p for p in (ROOT / folder).rglob("*") if p.suffix in {".md", ".py", ".sh", ".yaml", ".cfg"}]
