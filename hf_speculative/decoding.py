@@ -374,6 +374,7 @@ def _acceptance(drafter: TreeDrafter, acceptance: str | None, do_sample: bool, g
 def _check_call(model, input_ids, drafter: TreeDrafter, tree, synced_gpus: bool, streamer) -> TreeSpec:
     if synced_gpus:
         raise ValueError("tree speculative decoding does not support synced_gpus (ZeRO-3/FSDP) generation")
+    drafter.attach_target(model)
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError(f"a streamer takes one sequence, got a batch of {input_ids.shape[0]}")
     check_tree_attention(model)
@@ -405,8 +406,9 @@ def _node_scores(logits: NodeLogits, draft: DraftTree, prefix_ids, logits_proces
 # ----------------------------------------------------------------------------- the steps of the loop
 
 
-def _prefill(model, input_ids, cache, model_kwargs):
-    """One target forward over the prompts (what generate's first step does)."""
+def _prefill(model, input_ids, cache, model_kwargs, all_logits: bool = False):
+    """One target forward over the prompts (what generate's first step does). ``all_logits``: the logits of every
+    prompt position, for a drafter that learns from them (`TreeDrafter.verified_top_k`); else the last only."""
     past_length = cache.get_seq_length()
     kwargs = {}
     if model_kwargs.get("attention_mask") is not None:
@@ -415,8 +417,16 @@ def _prefill(model, input_ids, cache, model_kwargs):
         kwargs["position_ids"] = model_kwargs["position_ids"][:, past_length:]
     return model(
         input_ids=input_ids[:, past_length:], past_key_values=cache, use_cache=True,
-        output_hidden_states=True, logits_to_keep=1, **kwargs,
+        output_hidden_states=True, logits_to_keep=0 if all_logits else 1, **kwargs,
     )  # fmt: skip
+
+
+def _top_k(logits: torch.Tensor, k: int, spans: list[tuple[int, int]]) -> list[torch.Tensor] | None:
+    """Per row a, the top-``k`` token ids ``(end - start, k)`` of ``logits[a, start:end]``; None when k is 0."""
+    if not k:
+        return None
+    top = torch.topk(logits, min(k, logits.shape[-1]), dim=-1).indices
+    return [top[a, start:end] for a, (start, end) in enumerate(spans)]
 
 
 def _draft(drafter: TreeDrafter, batch: _Batch, tree: TreeSpec, options: DraftingOptions) -> list[DraftTree]:
@@ -481,14 +491,17 @@ def _rows_going_on(stopping: _Stopping, batch: _Batch) -> list[int]:
 
 
 def _advance_drafter(drafter: TreeDrafter, batch: _Batch, going_on: list[int], drafts, results, outputs) -> None:
-    """6. the drafter catches up with the committed sequences of the rows that go on."""
+    """6. the drafter catches up with the committed sequences of the rows that go on (with the verified logits'
+    top-k of their tree nodes when it asked for them)."""
     if going_on:
+        k = drafter.verified_top_k
+        top_k = _top_k(outputs.logits[going_on], k, [(0, len(drafts[a])) for a in going_on]) if k else None
         drafter.advance_batch(
             [batch.rows[batch.active[a]].sequence for a in going_on],
             [batch.active[a] for a in going_on],
             [drafts[a] for a in going_on],
             [results[a] for a in going_on],
-            TargetRows(outputs, rows=going_on, columns=batch.visible),
+            TargetRows(outputs, rows=going_on, columns=batch.visible, top_k=top_k),
         )
 
 
@@ -566,13 +579,20 @@ def tree_speculative_decoding(
     # Prefill: one target forward over the prompts commits each row's first new token, exactly as plain generate.
     batch = _start(input_ids, model_kwargs, keep_positions=masks.window is not None)
     stats.rows = [row.stats for row in batch.rows]
+    top_k = drafter.verified_top_k
     with _Timer(stats.timings, "target", device):
-        outputs = _prefill(model, input_ids, cache, model_kwargs)
-    lazy_head = NodeLogits.lazy_head(model, outputs)
+        outputs = _prefill(model, input_ids, cache, model_kwargs, all_logits=bool(top_k))
+    # a drafter that reads every node's logits gets them from the verification forward itself (no lazy head)
+    lazy_head = None if top_k else NodeLogits.lazy_head(model, outputs)
     first, scores, raw = _first_tokens(outputs, input_ids, logits_processor, do_sample, generator)
     with _Timer(stats.timings, "draft", device):
         pads = [row.pad for row in batch.rows]
-        drafter.begin_batch([row.sequence for row in batch.rows], TargetRows(outputs, starts=pads, columns=batch.visible))
+        width = outputs.logits.shape[1]  # the prompt positions this forward computed (a cached prefix is not among them)
+        spans = [(max(pad - (input_ids.shape[1] - width), 0), width) for pad in pads]
+        prompt_top_k = _top_k(outputs.logits, top_k, spans) if top_k else None
+        drafter.begin_batch(
+            [row.sequence for row in batch.rows], TargetRows(outputs, starts=pads, columns=batch.visible, top_k=prompt_top_k)
+        )
     for b, row in enumerate(batch.rows):
         row.stats.accepted_lengths.append(stopping.commit(row, [first[b]], [scores[b]], [raw[b]]))
     stats.accepted_lengths.append(len(batch.rows))

@@ -74,6 +74,8 @@ class BenchOptions:
         magicdec_window / magicdec_sinks / magicdec_positions: ``magicdec``'s StreamingLLM draft cache: window W, S
             sink tokens, rotary positions within the cache (``"cache"``) or of the text (``"original"``).
         drafters: ``{method name: path}`` from ``--drafter``.
+        recycling: a saved `TokenRecyclingDrafter` folder that ``token-recycling`` and ``hybrid`` start from (None:
+            an empty matrix, which learns over the run's prompts in their order).
     """
 
     draft_layers: int = 8
@@ -88,6 +90,7 @@ class BenchOptions:
     magicdec_sinks: int = 1
     magicdec_positions: str = "cache"
     drafters: dict[str, str] = field(default_factory=dict)
+    recycling: str | None = None
 
 
 def parse_tree(spec: str | None):
@@ -268,7 +271,9 @@ class _EngineMethod(BenchMethod):
             return self.call_tree or self.tree
         from hf_speculative.drafters import resolve_drafter
 
-        return resolve_drafter(self.model, self.draft).tree_for_batch(batch_size)
+        drafter = resolve_drafter(self.model, self.draft)
+        drafter.attach_target(self.model)
+        return drafter.tree_for_batch(batch_size)
 
 
 @register_method
@@ -342,6 +347,64 @@ class MagicDecMethod(_EngineMethod):
                 "positions": d.positions, **self._tree_settings()}  # fmt: skip
 
 
+def _recycling_drafter(options: BenchOptions):
+    import hf_speculative as hfs
+
+    if options.recycling:
+        return hfs.TokenRecyclingDrafter.from_pretrained(options.recycling)
+    return hfs.TokenRecyclingDrafter()
+
+
+@register_method
+class TokenRecyclingMethod(_EngineMethod):
+    name = "token-recycling"
+    description = "hf_speculative tree loop, Token Recycling (adjacency matrix of the target's verified top-k; no model)"
+
+    def setup(self):
+        super().setup()
+        self.draft = _recycling_drafter(self.options)
+        self.call_tree = self.tree = parse_tree(self.options.tree)
+
+    def settings(self):
+        d = self.draft
+        return {"num_successors": d.num_successors, "max_nodes": d.max_nodes, "recycling": self.options.recycling,
+                "tree": "cost-aware, re-chosen online" if self.tree is None else self._tree_settings()["tree"]}  # fmt: skip
+
+
+@register_method
+class HybridMethod(_EngineMethod):
+    """``hybrid``: tree prompt lookup, Token Recycling and every ``--drafter`` in one merged tree; ``hybrid:A+B+...``
+    merges only the named parts (``pl``: prompt lookup, ``tr``: Token Recycling, or a ``--drafter`` method name)."""
+
+    name = "hybrid"
+    description = "hf_speculative tree loop, one merged tree from tree prompt lookup, Token Recycling and every --drafter"
+    parts: ClassVar[tuple[str, ...] | None] = None
+
+    def setup(self):
+        import hf_speculative as hfs
+
+        super().setup()
+        names = self.parts or ("pl", "tr", *self.options.drafters)
+        unknown = [n for n in names if n not in ("pl", "tr", *self.options.drafters)]
+        if unknown:
+            raise ValueError(f"unknown hybrid part(s) {unknown}: use pl, tr or a --drafter name {sorted(self.options.drafters)}")
+        build = {"pl": lambda: hfs.PromptLookupDrafter(max_ngram_size=self.options.max_matching_ngram),
+                 "tr": lambda: _recycling_drafter(self.options)}  # fmt: skip
+        self.part_names = list(names)
+        self.draft = hfs.HybridDrafter([build[n]() if n in build else load_drafter(self.options.drafters[n], self.model) for n in names])
+        self.call_tree = self.tree = parse_tree(self.options.tree)
+
+    def settings(self):
+        return {"parts": self.part_names, "max_nodes": self.draft.max_nodes, "max_depth": self.draft.tree_depth}
+
+
+def make_hybrid_method(name: str) -> type[BenchMethod]:
+    """Register the ``hybrid:A+B`` method ``name``."""
+    parts = tuple(p for p in name.partition(":")[2].split("+") if p)
+    cls = type(f"HybridMethod_{'_'.join(parts)}", (HybridMethod,), {"name": name, "parts": parts, "description": f"hybrid of {parts}"})
+    return register_method(cls)
+
+
 class DrafterMethod(_EngineMethod):
     """A trained drafter from ``--drafter [NAME=]PATH`` (Medusa heads, ParallelSpec, SPIRe, a small LM...).
 
@@ -403,6 +466,9 @@ def make_drafter_method(name: str, path: str) -> type[BenchMethod]:
 def build_methods(names: list[str], model, tokenizer, options: BenchOptions) -> list[BenchMethod]:
     for name, path in options.drafters.items():
         make_drafter_method(name, path)
+    for name in names:
+        if name.startswith("hybrid:") and name not in METHODS:
+            make_hybrid_method(name)
     unknown = [n for n in names if n not in METHODS]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; known: {sorted(METHODS)}")

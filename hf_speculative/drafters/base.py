@@ -153,13 +153,25 @@ class TargetRows:
         starts: per entry, the first position that belongs to the row (its left padding on the prefill).
         columns: ``(A, C)`` bool, which columns of ``outputs.past_key_values`` hold each row's real tokens
             (None: every column).
+        top_k: per entry, the ids of the ``TreeDrafter.verified_top_k`` most likely next tokens at each of the
+            row's positions, ``(n_j, k)`` long, from the logits this forward computed: the prompt's real
+            positions on the prefill, the row's tree nodes (node order) on a verification. None when the
+            drafter asked for none.
     """
 
-    def __init__(self, outputs, rows: list[int] | None = None, starts: list[int] | None = None, columns: torch.Tensor | None = None):
+    def __init__(
+        self,
+        outputs,
+        rows: list[int] | None = None,
+        starts: list[int] | None = None,
+        columns: torch.Tensor | None = None,
+        top_k: list[torch.Tensor] | None = None,
+    ):
         self.outputs = outputs
         self.rows = list(range(_batch_size(outputs))) if rows is None else list(rows)
         self.starts = starts if starts is not None else [0] * len(self.rows)
         self.columns = columns
+        self.top_k = top_k
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -198,6 +210,13 @@ class TreeDrafter(ABC):
     posterior_alpha: float = 0.3
     #: drafters with a cost-aware default tree set ``batch_tree(batch_size) -> TreeSpec`` (see `tree_for_batch`)
     batch_tree = None
+    #: how many of the target's most likely next tokens per verified position this drafter reads
+    #: (``TargetRows.top_k``; Token Recycling learns from them); 0: none, and the engine computes no extra logits
+    verified_top_k: int = 0
+
+    def attach_target(self, target) -> None:
+        """Called once per `generate` call, before anything else, with the target model (never to run it: only
+        the engine runs the target). Drafters that size their tree by the target's cost curve read it here."""
 
     def tree_for_batch(self, batch_size: int) -> TreeSpec | None:
         """The tree of a call over ``batch_size`` rows when it gives no ``speculative_tree``: `default_tree`, or

@@ -1,0 +1,54 @@
+"""``hf-speculative warm-recycling``: fill a Token Recycling matrix by decoding a prompt set, and save it.
+
+    hf-speculative warm-recycling --model reference --prompts alpaca --limit 200 --out tr-smollm2
+
+The saved folder loads with ``TokenRecyclingDrafter.from_pretrained`` (and ``bench --recycling``). Decoding is exact
+greedy generation, so the matrix holds the target's own top-k successors of the tokens it met.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .common import add_model_args, parse_dtype, setup_torch
+
+
+def add_parser(subparsers) -> None:
+    c = subparsers.add_parser("warm-recycling", help="fill a Token Recycling matrix from a prompt set and save it")
+    add_model_args(c)
+    c.add_argument("--prompts", required=True, help="a built-in prompt set, a prompt file or a datasets id (as bench takes)")
+    c.add_argument("--limit", type=int, default=None, help="first N prompts")
+    c.add_argument("--max-new-tokens", type=int, default=128)
+    c.add_argument("--num-successors", type=int, default=8, help="k, candidates per token")
+    c.add_argument("--start", default=None, help="a saved TokenRecyclingDrafter folder to continue from")
+    c.add_argument("--out", required=True, help="output folder")
+    c.set_defaults(func=run)
+
+
+def run(args) -> int:
+    setup_torch(args)
+    import torch
+    from tqdm.auto import tqdm
+
+    import hf_speculative as hfs
+
+    from ..bench.prompts import load_prompts, prepare_prompts
+    from ..bench.reference import resolve_model
+    from ..hub import resolve_name_or_path
+
+    start = resolve_name_or_path(args.start, what="Token Recycling drafter") if args.start else None
+    records = load_prompts(args.prompts, limit=args.limit)
+    model, tokenizer = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)
+    hfs.enable(model)
+    drafter = hfs.TokenRecyclingDrafter.from_pretrained(start) if start else hfs.TokenRecyclingDrafter(args.num_successors)
+    tokens = forwards = 0
+    with torch.no_grad():
+        for prompt in tqdm(prepare_prompts(records, tokenizer, model.device), desc="warm-recycling", unit="prompt"):
+            out = model.generate(prompt.input_ids, assistant_model=drafter, max_new_tokens=args.max_new_tokens,
+                                 do_sample=False, return_dict_in_generate=True)  # fmt: skip
+            stats = out.speculative_stats
+            tokens, forwards = tokens + stats.num_new_tokens, forwards + stats.num_target_forwards
+    drafter.save_pretrained(args.out)
+    print(json.dumps({"out": str(args.out), "prompts": len(records), "filled_rows": drafter.filled_rows,
+                      "tau": round(tokens / max(forwards, 1), 3)}))  # fmt: skip
+    return 0

@@ -1,0 +1,241 @@
+"""Token Recycling: a model-free drafter that learns from the target's own verified logits.
+
+Luo et al., "Turning Trash into Treasure: Accelerating Inference of Large Language Models with Token Recycling"
+(ACL 2025, arXiv 2408.08696), Sec. 3:
+
+* **Adjacency matrix** (Sec. 3.1): ``M`` of shape ``[vocab, k]`` holds, for each token t, the k tokens the target
+  last ranked most likely to follow t. Rows start empty (-1): a token never seen drafts nothing.
+* **Update** (Sec. 3.3): after every verification forward, the row of every tree node's token is overwritten with
+  the top-k of the logits the forward computed at that node -- accepted and rejected nodes alike, so the
+  candidates a step throws away (its "trash") become next steps' drafts. The prefill's positions update their
+  rows the same way. The engine hands these top-k ids to the drafter (`TreeDrafter.verified_top_k`,
+  `TargetRows.top_k`): no second LM-head pass.
+* **Drafting** (Sec. 3.2): a breadth-first expansion over ``M`` from the last committed token along a static tree
+  template: the rank-r child of a node holding token t is ``M[t, r]``. Nodes whose row is empty are dropped with
+  their subtrees.
+
+The template here is sized for the machine (the paper uses one large static tree on a GPU): by default it is the
+tree that maximizes expected tau per step cost (`TreeSpec.optimize` with the target's cost curve, Medusa Sec. 2.3.3
+with Sequoia's cost term), from the per-depth, per-rank hit rates of ``M`` measured online (`OnlineAccuracy`; each
+committed token tells at which rank of its predecessor's row it stood). The tree is re-chosen every
+``refresh_every`` steps. A call's ``speculative_tree=`` is used as the template as it is.
+
+The matrix and the hit rates persist across `generate()` calls (that is how the drafter learns), are shared by
+the rows of a batch, and save with `save_pretrained` (``config.json`` + ``model.safetensors``, about
+``vocab x k x 4`` bytes: 1.5 MB for a 49K vocabulary at k = 8). Drafts are fixed tokens (point-mass proposals), so
+sampling stays exact through the engine's tree rejection sampling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from ..trees import DraftTree, TreeSpec
+from .base import DraftingOptions, TargetRows, TreeDrafter
+from .cost_aware import target_cost_curve
+from .online_accuracy import OnlineAccuracy
+
+__all__ = ["TokenRecyclingDrafter"]
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+DRAFTER_TYPE = "token_recycling"
+
+#: hit-rate prior per rank before any observation (worth `OnlineAccuracy.prior_weight` observations)
+DEFAULT_PRIOR = (0.35, 0.12, 0.06, 0.04, 0.03, 0.02, 0.015, 0.01)
+
+
+class TokenRecyclingDrafter(TreeDrafter):
+    """Token Recycling (see the module docstring): ``model.generate(ids, assistant_model=TokenRecyclingDrafter())``.
+
+    Args:
+        num_successors: k, candidates kept per token (columns of the adjacency matrix; the paper's 8).
+        max_nodes: most drafted nodes of the cost-aware tree.
+        max_depth: deepest level of the cost-aware tree (and of the measured hit-rate table).
+        refresh_every: decoding steps between re-choosing the cost-aware tree from the latest hit rates.
+        cost_curve: the target's cost curve ``c(n)`` (a `CostCurve` or a callable); None: the target's cached curve,
+            else a documented default (`cost_aware.target_cost_curve`).
+    """
+
+    def __init__(
+        self,
+        num_successors: int = 8,
+        max_nodes: int = 24,
+        max_depth: int = 8,
+        refresh_every: int = 16,
+        cost_curve=None,
+    ):
+        if num_successors < 1 or max_nodes < 1 or max_depth < 1 or refresh_every < 1:
+            raise ValueError("num_successors, max_nodes, max_depth and refresh_every must be >= 1")
+        self.num_successors = int(num_successors)
+        self.verified_top_k = self.num_successors
+        self.max_nodes = int(max_nodes)
+        self.tree_depth = int(max_depth)
+        self.refresh_every = int(refresh_every)
+        self.cost_curve = cost_curve
+        self.adjacency: torch.Tensor | None = None  # [vocab, k] long, -1 = empty
+        self.vocab_size: int | None = None
+        self.hit_rates = OnlineAccuracy(self.tree_depth, self.num_successors, list(DEFAULT_PRIOR) + [0.01] * 64)
+        self._curve = None
+        self._handed: TreeSpec | None = None  # the tree tree_for_batch gave this call (the engine passes it back)
+        self._current: TreeSpec | None = None  # that tree, re-chosen every refresh_every steps
+        self._steps = 0
+
+    # ------------------------------------------------------------------ the matrix
+    def _ensure_matrix(self, vocab_size: int, device: torch.device) -> None:
+        if self.adjacency is None:
+            self.adjacency = torch.full((vocab_size, self.num_successors), -1, dtype=torch.long, device=device)
+            self.vocab_size = vocab_size
+        elif self.adjacency.shape[0] != vocab_size:
+            raise ValueError(
+                f"vocabulary mismatch: this Token Recycling matrix has {self.adjacency.shape[0]} rows but the target "
+                f"predicts {vocab_size} tokens; use a fresh TokenRecyclingDrafter() for this model"
+            )
+        elif self.adjacency.device != device:
+            self.adjacency = self.adjacency.to(device)
+
+    @torch.no_grad()
+    def update(self, tokens: torch.Tensor, top_k: torch.Tensor) -> None:
+        """Sec. 3.3: ``M[tokens[i]] = top_k[i]`` (the target's most likely successors of each position's token)."""
+        if tokens.numel():
+            self.adjacency[tokens.to(self.adjacency.device)] = top_k[:, : self.num_successors].to(self.adjacency.device)
+
+    @property
+    def filled_rows(self) -> int:
+        """Tokens whose successors the matrix knows."""
+        return 0 if self.adjacency is None else int((self.adjacency[:, 0] >= 0).sum())
+
+    # ------------------------------------------------------------------ the tree
+    def attach_target(self, target) -> None:
+        head = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
+        vocab = head.weight.shape[0] if head is not None else target.config.vocab_size
+        self._ensure_matrix(int(vocab), next(target.parameters()).device)
+        self._curve = target_cost_curve(target, self.cost_curve)
+
+    def cost_aware_tree(self, batch_size: int = 1) -> TreeSpec:
+        """The tree with the best expected tau per step cost for the hit rates measured so far."""
+        cost = self._curve if self._curve is not None else (lambda n: 1.0)
+        return TreeSpec.optimize(self.hit_rates.accuracy(), self.max_nodes, cost=cost, batch_size=batch_size)
+
+    def candidate_tree(self, num_nodes: int | None = None) -> TreeSpec:
+        """The ``num_nodes`` nodes most likely to be accepted, whatever they cost (Medusa Sec. 2.3.3): the candidates
+        this drafter offers a `HybridDrafter`, which prices the merged tree itself."""
+        return TreeSpec.optimize(self.hit_rates.accuracy(), num_nodes or self.max_nodes)
+
+    @property
+    def default_tree(self) -> TreeSpec:
+        return self.cost_aware_tree()
+
+    def tree_for_batch(self, batch_size: int) -> TreeSpec:
+        self._handed = self._current = self.cost_aware_tree(batch_size)
+        return self._handed
+
+    def _template(self, tree: TreeSpec, batch_size: int) -> TreeSpec:
+        """The call's tree, or the refreshed cost-aware tree when the call uses the one `tree_for_batch` gave."""
+        if tree is not self._handed:
+            return tree
+        if self._steps and self._steps % self.refresh_every == 0:
+            self._current = self.cost_aware_tree(batch_size)
+        return self._current
+
+    @torch.no_grad()
+    def draft(self, root: int, tree: TreeSpec) -> DraftTree:
+        """Sec. 3.2: breadth-first over the matrix along ``tree``; empty rows drop their subtrees."""
+        m = self.adjacency
+        parents = torch.tensor(tree.parents[1:], dtype=torch.long, device=m.device)
+        ranks = torch.tensor(tree.ranks[1:], dtype=torch.long, device=m.device)
+        tokens = torch.full((tree.num_nodes + 1,), -1, dtype=torch.long, device=m.device)
+        tokens[0] = root
+        for level in _levels(tree):  # node ids of one depth (parents are filled)
+            p = tokens[parents[level - 1]]
+            tokens[level] = torch.where(p >= 0, m[p.clamp_min(0), ranks[level - 1]], -1)
+        keep = (tokens >= 0).nonzero().squeeze(-1).tolist()
+        draft = DraftTree.from_spec(tree, tokens) if len(keep) == len(tokens) else DraftTree.from_spec(tree, tokens).select(keep)
+        return draft
+
+    # ------------------------------------------------------------------ the drafter protocol
+    def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
+        return self.draft(int(sequence[0, -1]), tree)
+
+    def begin_batch(self, prompts: list[torch.LongTensor], target_outputs: TargetRows) -> None:
+        self._steps = 0
+        if self.adjacency is None:
+            raise RuntimeError("TokenRecyclingDrafter was not attached to a target (the engine calls attach_target)")
+        for j, prompt in enumerate(prompts):
+            if target_outputs.top_k is not None:
+                top = target_outputs.top_k[j]
+                self.update(prompt[0, prompt.shape[1] - top.shape[0] :], top)
+
+    def propose_batch(self, sequences, rows, tree, options):
+        template = self._template(tree, len(sequences))
+        self._steps += 1
+        return [self.draft(int(seq[0, -1]), template) for seq in sequences]
+
+    @torch.no_grad()
+    def advance_batch(self, sequences, rows, drafts, results, target_outputs: TargetRows) -> None:
+        m = self.adjacency
+        # hit rates first, against the matrix the step drafted from: the rank of each committed token in its
+        # predecessor's row (an empty row is a miss at every rank)
+        for draft, result in zip(drafts, results):
+            committed = torch.tensor(result.tokens, dtype=torch.long, device=m.device)
+            before = torch.cat([draft.tokens[:1].to(m.device), committed[:-1]])
+            match = (m[before] == committed[:, None]).int()
+            found, rank = match.max(-1)
+            for depth, (f, r) in enumerate(zip(found.tolist(), rank.tolist()), start=1):
+                self.hit_rates.observe_ranks(depth, r if f else None)
+        if target_outputs.top_k is not None:
+            for draft, top in zip(drafts, target_outputs.top_k):
+                self.update(draft.tokens, top)
+
+    def end_batch(self) -> None:
+        self._steps = 0
+
+    # ------------------------------------------------------------------ saving
+    def save_pretrained(self, save_directory: str | os.PathLike) -> None:
+        """``config.json`` (the arguments) and ``model.safetensors`` (the matrix and the measured hit rates)."""
+        from safetensors.torch import save_file
+
+        folder = Path(save_directory)
+        folder.mkdir(parents=True, exist_ok=True)
+        config = {"drafter_type": DRAFTER_TYPE, "num_successors": self.num_successors, "max_nodes": self.max_nodes,
+                  "max_depth": self.tree_depth, "refresh_every": self.refresh_every, "vocab_size": self.vocab_size}  # fmt: skip
+        (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+        tensors = {f"hit_rates.{k}": v for k, v in self.hit_rates.state_dict().items()}
+        if self.adjacency is not None:
+            tensors["adjacency"] = self.adjacency.to(torch.int32).cpu().contiguous()
+        save_file(tensors, str(folder / WEIGHTS_NAME))
+
+    @classmethod
+    def from_pretrained(cls, pretrained_path: str | os.PathLike, **kwargs) -> "TokenRecyclingDrafter":
+        """Load a folder written by `save_pretrained`; ``kwargs`` override its saved arguments."""
+        from safetensors.torch import load_file
+
+        folder = Path(pretrained_path).expanduser()
+        if not (folder / CONFIG_NAME).is_file():
+            raise FileNotFoundError(f"no Token Recycling drafter at {str(folder)!r} (expected {CONFIG_NAME} there)")
+        config = json.loads((folder / CONFIG_NAME).read_text())
+        if config.get("drafter_type") != DRAFTER_TYPE:
+            raise ValueError(f"{str(folder)!r} holds a {config.get('drafter_type')!r} drafter, not Token Recycling")
+        args = {k: config[k] for k in ("num_successors", "max_nodes", "max_depth", "refresh_every") if k in config}
+        drafter = cls(**{**args, **kwargs})
+        tensors = load_file(str(folder / WEIGHTS_NAME)) if (folder / WEIGHTS_NAME).is_file() else {}
+        if "adjacency" in tensors:
+            drafter.adjacency = tensors["adjacency"].long()[:, : drafter.num_successors]
+            drafter.vocab_size = drafter.adjacency.shape[0]
+        if "hit_rates.hits" in tensors:
+            drafter.hit_rates.load_state_dict({"hits": tensors["hit_rates.hits"], "trials": tensors["hit_rates.trials"]})
+        return drafter
+
+
+def _levels(tree: TreeSpec) -> list[torch.Tensor]:
+    """Node ids per depth 1..D (cached on the spec)."""
+    cached = tree.__dict__.get("_levels")
+    if cached is None:
+        depths = tree.depths.tolist()
+        cached = [torch.tensor([i for i, d in enumerate(depths) if d == level]) for level in range(1, tree.depth + 1)]
+        object.__setattr__(tree, "_levels", cached)
+    return cached
