@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HEADS = ROOT / "model_cards" / "medusa-smollm2-135m-instruct"
 
 #: The demo's drafters, when --drafter is not given: a comma list of "prompt-lookup" | "medusa" | a drafter folder.
-#: The defaults are the fastest model-free drafter and the fastest trained one on this CPU (README, Benchmark).
+#: The defaults are the fastest model-free drafter and the fastest trained one on a 2-core CPU (docs/results/2026-11-23-amd-epyc-speed.md).
 DEFAULT_DRAFTER = "prompt-lookup,medusa"
 
 
