@@ -260,3 +260,29 @@ def test_table_renders(tmp_path):
     assert lines[2].startswith("| E2E NLG | LoRA") and "1.10x" in lines[2] and "rougeL 45.0" in lines[2]
     assert "| WikiSQL | Speculative Streaming" in lines[3] and "3.10" in lines[3] and "12.0K" in lines[3] and "2.0 min" in lines[3]
     assert png.stat().st_size > 1000
+
+
+def test_time_budget_counts_earlier_runs_and_bounds_warmup(tmp_path):
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl
+
+    from hf_speculative.training.callbacks import TimeBudgetCallback, budget_warmup_steps
+
+    assert budget_warmup_steps(100_000, 0.05) == 5000
+    assert budget_warmup_steps(100_000, 0.05, time_budget=60) == 100  # many planned epochs must not stall the rate
+    assert budget_warmup_steps(10, 0.05, time_budget=60) == 1
+    checkpoint = tmp_path / "checkpoint-7"
+    checkpoint.mkdir()
+    args, state = SimpleNamespace(output_dir=str(tmp_path), save_strategy="steps"), SimpleNamespace(global_step=7, max_steps=100)
+    earlier = TimeBudgetCallback(100.0, spent=42.0)
+    earlier.on_save(args, state, TrainerControl())
+    assert 42.0 <= TimeBudgetCallback.spent_in(checkpoint) < 43.0
+    resumed = TimeBudgetCallback(42.5, spent=TimeBudgetCallback.spent_in(checkpoint))
+    control = TrainerControl()
+    resumed.on_train_begin(args, state, control)
+    resumed.on_step_end(args, state, control)
+    assert not control.should_training_stop or resumed.elapsed() > 42.5
+    resumed.spent = 50.0
+    resumed.on_step_end(args, state, control)
+    assert control.should_training_stop and control.should_save  # the budget ended: stop, with a checkpoint to resume

@@ -46,6 +46,7 @@ __all__ = [
 ]
 
 METHODS = ("lora", "medusa2", "streaming", "eagle")
+LAMBDA0_WARMUP_STEPS = 100
 INFO_FILE = "downstream.json"
 ADAPTER_SUBFOLDER = "adapter"  # the PEFT adapter of the lora, medusa2 and eagle folders (streaming: lora/)
 
@@ -64,7 +65,9 @@ class DownstreamTrainingConfig:
         calibration_prompts: training prompts set aside to calibrate the draft tree (never trained on).
         tree_nodes: node budget of the calibrated tree (Speculative Streaming, Medusa-2).
         num_streams / num_msa_layers: gamma and N_s of Speculative Streaming (Sec. 3.1.1).
-        num_heads / lambda0: Medusa-2's heads and the final weight of ``L_Medusa``.
+        num_heads / lambda0: Medusa-2's heads and the final weight of ``L_Medusa``; it rises over the first 30% of
+            the steps, or under a ``time_budget`` (where the step count is not known) over the first
+            `LAMBDA0_WARMUP_STEPS` steps.
         eagle_max_tokens / eagle_draft_vocab: EAGLE-3's labelled training tokens and its draft vocabulary.
     """
 
@@ -242,7 +245,8 @@ def train_medusa2(model, tokenizer, train: list[Record], calib: list[Record], ou
     t0 = time.perf_counter()
     trainer = fit(
         joint, data, output_dir=_trainer_dir(out), num_epochs=cfg.epochs, max_steps=cfg.max_steps,
-        learning_rate=cfg.learning_rate, batch_size=cfg.batch_size, lambda0=cfg.lambda0, lambda0_warmup=0.3,
+        learning_rate=cfg.learning_rate, batch_size=cfg.batch_size, lambda0=cfg.lambda0,
+        lambda0_warmup=LAMBDA0_WARMUP_STEPS if cfg.time_budget else 0.3,
         lm_loss="ce", pad_token_id=tokenizer.pad_token_id or 0, seed=cfg.seed, progress=cfg.progress,
         time_budget_s=cfg.time_budget, save_steps=cfg.save_steps, resume=cfg.resume,
     )  # fmt: skip

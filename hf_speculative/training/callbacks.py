@@ -9,7 +9,17 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-__all__ = ["LearningCurveCallback", "TimeBudgetCallback"]
+__all__ = ["LearningCurveCallback", "TimeBudgetCallback", "budget_warmup_steps"]
+
+MAX_BUDGET_WARMUP_STEPS = 100
+
+
+def budget_warmup_steps(total_steps: int, share: float = 0.05, time_budget: float | None = None) -> int:
+    """Warm-up steps: ``share`` of ``total_steps``; under a ``time_budget`` at most `MAX_BUDGET_WARMUP_STEPS`, since
+    ``total_steps`` then only bounds the run (many epochs planned, the budget ends it) and a share of it would keep
+    the learning rate near zero for the whole budget."""
+    steps = max(1, int(share * total_steps))
+    return min(steps, MAX_BUDGET_WARMUP_STEPS) if time_budget else steps
 
 
 class LearningCurveCallback(TrainerCallback):

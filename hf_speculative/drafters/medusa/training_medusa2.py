@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from ...training.callbacks import TimeBudgetCallback
+from ...training.callbacks import TimeBudgetCallback, budget_warmup_steps
 from ...training.trainer import DrafterTrainer, drafter_training_args, train_resumable
 from .training_medusa import IGNORE_INDEX, MEDUSA_DECAY, medusa_head_losses
 
@@ -360,7 +360,7 @@ def train_medusa2(
     steps = max_steps if max_steps > 0 else max(1, math.ceil(len(dataset) / (batch_size * gradient_accumulation_steps) * num_epochs))
     args = drafter_training_args(
         output_dir, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
-        gradient_accumulation_steps=gradient_accumulation_steps, warmup_steps=max(1, int(warmup_ratio * steps)),
+        gradient_accumulation_steps=gradient_accumulation_steps, warmup_steps=budget_warmup_steps(steps, warmup_ratio, time_budget_s),
         logging_steps=logging_steps, seed=seed, progress=progress, save_steps=save_steps,
     )
     callbacks = list(callbacks or []) + ([TimeBudgetCallback(time_budget_s, anneal=False)] if time_budget_s else [])

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ...training.callbacks import LearningCurveCallback, TimeBudgetCallback
+from ...training.callbacks import LearningCurveCallback, TimeBudgetCallback, budget_warmup_steps
 from ...training.trainer import DrafterTrainer, HiddenStates, _cache_root, _model_key, _record_key, drafter_training_args, train_resumable
 
 __all__ = [
@@ -427,14 +427,15 @@ def train_speculative_streaming(
     num_streams = getattr(model.config, "num_streams", 0)
     dataset = StreamSegmentDataset(train_states, num_streams, segment_length, max_tokens, shared=shared)
     steps = max_steps if max_steps > 0 else max(1, math.ceil(len(dataset) / batch_size * num_epochs))
+    warmup = budget_warmup_steps(steps, 0.05, time_budget)
     args = drafter_training_args(
         output_dir, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
-        warmup_steps=max(1, int(0.05 * steps)), time_budget=time_budget, logging_steps=logging_steps, seed=seed,
+        warmup_steps=warmup, time_budget=time_budget, logging_steps=logging_steps, seed=seed,
         progress=progress, save_steps=save_steps,
     )
     callbacks = list(callbacks or [])
     if time_budget:
-        callbacks.append(TimeBudgetCallback(time_budget, warmup_steps=max(1, int(0.05 * steps))))
+        callbacks.append(TimeBudgetCallback(time_budget, warmup_steps=warmup))
     model.train()
     # shared mode: the optimizer also holds the base's LoRA weights (not submodules of ``model``)
     if hasattr(model, "trainable_parameters"):
