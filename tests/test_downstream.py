@@ -231,7 +231,7 @@ def test_time_budget_stops_training(work, tmp_path):
 def test_eval_json_is_complete_and_lossless(work, trained, method, tmp_path):
     out = tmp_path / f"{method}.json"
     argv = ["downstream", "eval", str(trained[method]), "--task", "e2e_nlg", "--data", str(work["e2e_nlg"]),
-            "--limit", "3", "--max-new-tokens", "12", "--output", str(out), "--no-progress"]  # fmt: skip
+            "--limit", "3", "--max-new-tokens", "12", "--output", str(out), "--no-progress", "--write-card"]  # fmt: skip
     assert main(argv) == 0
     result = json.loads(out.read_text())
     assert all(k in result for k in EVAL_FIELDS)
@@ -240,6 +240,8 @@ def test_eval_json_is_complete_and_lossless(work, trained, method, tmp_path):
     assert result["tau"] >= 1.0 and result["speedup"] > 0
     assert set(result["metric"]) == {"rougeL", "rouge1"} and all(0.0 <= v <= 1.0 for v in result["metric"].values())
     assert (result["extra_parameters"] > 0) == (method != "lora")
+    card = (trained[method] / "README.md").read_text()
+    assert "E2E NLG" in card and f"| {result['tau']:.2f} |" in card and "downstream train" in card
 
 
 def test_table_renders(tmp_path):

@@ -62,6 +62,7 @@ def add_parser(subparsers) -> None:
     e.add_argument("--limit", type=int, default=None, help="the first N test prompts")
     e.add_argument("--max-new-tokens", type=int, default=None, help="default: the task's")
     e.add_argument("--output", default=None, help="write the JSON here (default: print it)")
+    e.add_argument("--write-card", action="store_true", help="also write the folder's model card (README.md) with these results")
     e.add_argument("--device", default=None)
     e.add_argument("--threads", type=int, default=None)
     e.add_argument("--seed", type=int, default=0)
@@ -104,6 +105,11 @@ def run_eval(args) -> int:
     result["threads"] = args.threads
     result["command"] = command_line(args)
     text = json.dumps(result, indent=1)
+    if args.write_card:
+        from ..downstream.model_card import write_model_card
+        from ..downstream.training import read_downstream_info
+
+        print(f"written {write_model_card(args.folder, read_downstream_info(args.folder), result)}", file=sys.stderr)
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(text + "\n", encoding="utf-8")
