@@ -149,7 +149,7 @@ def _wikisql(data_dir: Path, split: str) -> list[Record]:
 TASKS: dict[str, DownstreamTask] = {
     "e2e_nlg": DownstreamTask("e2e_nlg", ("devset.csv", "testset_w_refs.csv"), "rouge", ("rougeL", "rouge1"), 80, 256, _e2e),
     "wikisql": DownstreamTask("wikisql", ("dev.jsonl", "dev_results.jsonl"), "sql_exact_match", ("exact_match",), 64, 384, _wikisql),
-    "dialogsum": DownstreamTask("dialogsum", ("DialogSum_Data.zip",), "rouge", ("rougeL", "rouge1"), 96, 768, _dialogsum),
+    "dialogsum": DownstreamTask("dialogsum", ("DialogSum_Data.zip",), "rouge", ("rougeL", "rouge1"), 96, 1024, _dialogsum),
 }
 
 
