@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
+from pathlib import Path
 
 from transformers import TrainerCallback
 
-__all__ = ["LearningCurveCallback", "TimeBudgetCallback"]
+__all__ = ["LearningCurveCallback", "TimeBudgetCallback", "budget_warmup_steps"]
+
+MAX_BUDGET_WARMUP_STEPS = 100
+
+
+def budget_warmup_steps(total_steps: int, share: float = 0.05, time_budget: float | None = None) -> int:
+    """Warm-up steps: ``share`` of ``total_steps``; under a ``time_budget`` at most `MAX_BUDGET_WARMUP_STEPS`, since
+    ``total_steps`` then only bounds the run (many epochs planned, the budget ends it) and a share of it would keep
+    the learning rate near zero for the whole budget."""
+    steps = max(1, int(share * total_steps))
+    return min(steps, MAX_BUDGET_WARMUP_STEPS) if time_budget else steps
 
 
 class LearningCurveCallback(TrainerCallback):
@@ -32,26 +44,46 @@ class TimeBudgetCallback(TrainerCallback):
     """Stops training once ``seconds`` have passed (a shared CPU's time slot). With ``anneal`` the learning rate
     follows a cosine over the budget: ``lr = base * warmup * 0.5 (1 + cos(pi f))`` with ``f`` the larger of the
     elapsed share of the time budget and of ``max_steps`` (so a run cut by time still ends with a small rate);
-    use it with ``lr_scheduler_type="constant"``."""
+    use it with ``lr_scheduler_type="constant"``.
 
-    def __init__(self, seconds: float, anneal: bool = True, warmup_steps: int = 5):
-        self.seconds, self.anneal, self.warmup_steps = seconds, anneal, warmup_steps
+    The budget spans resumed runs: each checkpoint records the seconds spent so far (``time_budget.json``), and
+    ``spent`` (set from it by `hf_speculative.training.trainer.train_resumable`) counts against the budget."""
+
+    FILE = "time_budget.json"
+
+    def __init__(self, seconds: float, anneal: bool = True, warmup_steps: int = 5, spent: float = 0.0):
+        self.seconds, self.anneal, self.warmup_steps, self.spent = seconds, anneal, warmup_steps, spent
         self.start = time.perf_counter()
         self.base: list[float] | None = None
 
+    @classmethod
+    def spent_in(cls, checkpoint) -> float:
+        """The training seconds a checkpoint folder records (0 when it records none)."""
+        path = Path(checkpoint) / cls.FILE
+        return float(json.loads(path.read_text())["seconds"]) if path.is_file() else 0.0
+
+    def elapsed(self) -> float:
+        return self.spent + time.perf_counter() - self.start
+
     def on_train_begin(self, args, state, control, **kwargs):
         self.start = time.perf_counter()
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if folder.is_dir():
+            (folder / self.FILE).write_text(json.dumps({"seconds": round(self.elapsed(), 3)}))
 
     def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
         if not self.anneal or optimizer is None:
             return
         if self.base is None:
             self.base = [g["lr"] for g in optimizer.param_groups]
-        frac = min(1.0, max((time.perf_counter() - self.start) / self.seconds, state.global_step / max(state.max_steps, 1)))
+        frac = min(1.0, max(self.elapsed() / self.seconds, state.global_step / max(state.max_steps, 1)))
         factor = min(1.0, (state.global_step + 1) / self.warmup_steps) * 0.5 * (1 + math.cos(math.pi * frac))
         for group, base in zip(optimizer.param_groups, self.base):
             group["lr"] = base * factor
 
     def on_step_end(self, args, state, control, **kwargs):
-        if time.perf_counter() - self.start > self.seconds:
+        if self.elapsed() > self.seconds:
             control.should_training_stop = True
+            control.should_save = bool(args.save_strategy != "no")  # a resumed run starts where the budget ended

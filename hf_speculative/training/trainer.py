@@ -22,7 +22,9 @@ from transformers import Trainer
 from ..paths import cache_root, model_key
 from .data import Record, tokenize_conversation
 
-__all__ = ["HiddenStates", "extract_hidden_states", "hidden_state_cache_dir", "DrafterTrainer", "drafter_training_args"]
+__all__ = ["HiddenStates", "extract_hidden_states", "hidden_state_cache_dir", "DrafterTrainer", "drafter_training_args", "train_resumable"]
+
+TRAINABLE_CHECKPOINT = "trainable.safetensors"  # a DrafterTrainer checkpoint's weights: the trainable tensors only
 
 
 _cache_root = cache_root  # the names the training modules import
@@ -200,11 +202,13 @@ def drafter_training_args(
     logging_steps: int = 10,
     seed: int = 0,
     progress: bool = True,
+    save_steps: int | None = None,
     **extra,
 ):
-    """The `TrainingArguments` every drafter trains with: no checkpoints and no reporting (the train commands save
-    the drafter), CPU unless CUDA is there, the collators' own columns kept, a cosine schedule, or a constant one
-    under a ``time_budget`` (`TimeBudgetCallback` then anneals over the budget). ``extra``: further arguments
+    """The `TrainingArguments` every drafter trains with: no reporting, no checkpoints unless ``save_steps`` (then
+    one resumable checkpoint every ``save_steps`` steps, the last kept: `train_resumable`; the train commands save
+    the drafter itself), CPU unless CUDA is there, the collators' own columns kept, a cosine schedule, or a constant
+    one under a ``time_budget`` (`TimeBudgetCallback` then anneals over the budget). ``extra``: further arguments
     (``weight_decay``, ``gradient_accumulation_steps``, ...)."""
     from transformers import TrainingArguments
 
@@ -217,7 +221,9 @@ def drafter_training_args(
         warmup_steps=warmup_steps,
         lr_scheduler_type="constant" if time_budget else "cosine",
         logging_steps=logging_steps,
-        save_strategy="no",
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500,
+        save_total_limit=1 if save_steps else None,
         report_to="none",
         use_cpu=not torch.cuda.is_available(),
         dataloader_num_workers=0,
@@ -240,9 +246,59 @@ class DrafterTrainer(Trainer):
         for name, value in parts.items():
             self._parts.setdefault(name, []).append(float(value))
 
+    # ---- checkpoints hold the trainable tensors only (a drafter's base is frozen and never saved)
+    @staticmethod
+    def trainable_tensors(model) -> list[torch.nn.Parameter]:
+        """What training updates, in a fixed order: ``model.trainable_parameters()`` where the model defines it
+        (shared-mode Speculative Streaming: the streams and the base's LoRA weights, which are not submodules),
+        else every parameter with ``requires_grad``."""
+        if hasattr(model, "trainable_parameters"):
+            return list(model.trainable_parameters())
+        return [p for p in model.parameters() if p.requires_grad]
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        from safetensors.torch import save_file
+
+        output_dir = Path(output_dir or self.args.output_dir)
+        if not self.args.should_save:
+            return
+        output_dir.mkdir(parents=True, exist_ok=True)
+        tensors = {str(i): p.detach().to("cpu").contiguous() for i, p in enumerate(self.trainable_tensors(self.model))}
+        save_file(tensors, str(output_dir / TRAINABLE_CHECKPOINT), metadata={"format": "pt"})
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        from safetensors.torch import load_file
+
+        path = Path(resume_from_checkpoint) / TRAINABLE_CHECKPOINT
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: not a checkpoint of this trainer (no {TRAINABLE_CHECKPOINT})")
+        saved = load_file(str(path))
+        params = self.trainable_tensors(self.model)
+        if len(saved) != len(params) or any(saved[str(i)].shape != p.shape for i, p in enumerate(params)):
+            raise ValueError(f"{path} does not hold this model's trainable weights ({len(saved)} tensors, model has {len(params)})")
+        with torch.no_grad():
+            for i, p in enumerate(params):
+                p.copy_(saved[str(i)].to(p.device, p.dtype))
+
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
         if self._parts and "loss" in logs:
             for name, values in self._parts.items():
                 logs[name] = round(sum(values) / len(values), 4)
             self._parts = {}
         super().log(logs, *args, **kwargs)
+
+
+def train_resumable(trainer: Trainer, resume: bool = False):
+    """``trainer.train()``, or with ``resume`` from the last checkpoint in its output folder when there is one (the
+    trainable weights, optimizer, schedule, RNG and step; a `TimeBudgetCallback` counts the seconds already spent)."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from .callbacks import TimeBudgetCallback
+
+    folder = Path(trainer.args.output_dir)
+    checkpoint = get_last_checkpoint(str(folder)) if resume and folder.is_dir() else None
+    if checkpoint is not None:
+        for cb in trainer.callback_handler.callbacks:
+            if isinstance(cb, TimeBudgetCallback):
+                cb.spent = TimeBudgetCallback.spent_in(checkpoint)
+    return trainer.train(resume_from_checkpoint=checkpoint)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from ...training.losses import kd_loss
-from ...training.trainer import DrafterTrainer, HiddenStates, drafter_training_args
+from ...training.trainer import DrafterTrainer, HiddenStates, drafter_training_args, train_resumable
 from .modeling_eagle import EagleDrafter, causal_mask
 
 __all__ = ["EagleDataset", "EagleCollator", "EagleTrainer", "eagle_loss", "train_eagle", "scale_fc_to_features", "hidden_states_from_model", "STEP_DECAY", "W_CLS"]
@@ -265,12 +265,15 @@ def train_eagle(
     progress: bool = True,
     seed: int = 0,
     scale_fc: bool = True,
+    save_steps: int | None = None,
+    resume: bool = False,
 ) -> EagleTrainer:
     """Train ``drafter`` (attached to its target) on labelled ``states`` with the `EagleTrainer`; ``steps`` unrolled
     drafting steps (default 1 for EAGLE-1/2, 4 for EAGLE-3); ``time_budget`` seconds stop it early (with a cosine
     over the budget, `hf_speculative.training.callbacks.TimeBudgetCallback`); ``scale_fc``: EAGLE-3's ``fc`` starts from
 `scale_fc_to_features` (a fresh drafter; pass False to continue training one). Returns the trainer (its
-    ``state.log_history`` holds the loss parts)."""
+    ``state.log_history`` holds the loss parts). ``save_steps`` / ``resume``: resumable checkpoints in ``output_dir``
+    (`hf_speculative.training.trainer.train_resumable`)."""
     from ...training.callbacks import TimeBudgetCallback
 
     drafter._require_base()
@@ -285,11 +288,11 @@ def train_eagle(
     args = drafter_training_args(
         output_dir, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
         weight_decay=weight_decay, warmup_steps=warmup_steps, time_budget=time_budget, logging_steps=logging_steps,
-        seed=seed, progress=progress,
+        seed=seed, progress=progress, save_steps=save_steps,
     )
     drafter.train()
     trainer = EagleTrainer(model=drafter, args=args, train_dataset=dataset, data_collator=EagleCollator(), callbacks=callbacks,
                            steps=steps, feature_noise=drafter.config.feature_noise)  # fmt: skip
-    trainer.train()
+    train_resumable(trainer, resume)
     drafter.eval()
     return trainer

@@ -37,8 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from ...training.callbacks import TimeBudgetCallback
-from ...training.trainer import DrafterTrainer, drafter_training_args
+from ...training.callbacks import TimeBudgetCallback, budget_warmup_steps
+from ...training.trainer import DrafterTrainer, drafter_training_args, train_resumable
 from .training_medusa import IGNORE_INDEX, MEDUSA_DECAY, medusa_head_losses
 
 __all__ = [
@@ -352,13 +352,16 @@ def train_medusa2(
     progress: bool = True,
     callbacks: list | None = None,
     time_budget_s: float | None = None,
+    save_steps: int | None = None,
+    resume: bool = False,
 ) -> Medusa2Trainer:
-    """Jointly train the LoRA backbone and the heads of ``model`` on ``dataset`` (`Medusa2Dataset`)."""
+    """Jointly train the LoRA backbone and the heads of ``model`` on ``dataset`` (`Medusa2Dataset`); ``save_steps`` /
+    ``resume``: resumable checkpoints in ``output_dir`` (`hf_speculative.training.trainer.train_resumable`)."""
     steps = max_steps if max_steps > 0 else max(1, math.ceil(len(dataset) / (batch_size * gradient_accumulation_steps) * num_epochs))
     args = drafter_training_args(
         output_dir, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
-        gradient_accumulation_steps=gradient_accumulation_steps, warmup_steps=max(1, int(warmup_ratio * steps)),
-        logging_steps=logging_steps, seed=seed, progress=progress,
+        gradient_accumulation_steps=gradient_accumulation_steps, warmup_steps=budget_warmup_steps(steps, warmup_ratio, time_budget_s),
+        logging_steps=logging_steps, seed=seed, progress=progress, save_steps=save_steps,
     )
     callbacks = list(callbacks or []) + ([TimeBudgetCallback(time_budget_s, anneal=False)] if time_budget_s else [])
     model.train()
@@ -367,7 +370,7 @@ def train_medusa2(
         lambda0=lambda0, lambda0_warmup=lambda0_warmup, lambda0_kind=lambda0_kind, heads_lr_ratio=heads_lr_ratio, lm_loss=lm_loss,
         max_head_positions=max_head_positions,
     )  # fmt: skip
-    trainer.train()
+    train_resumable(trainer, resume)
     model.eval()
     return trainer
 

@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ...training.callbacks import LearningCurveCallback, TimeBudgetCallback
-from ...training.trainer import DrafterTrainer, HiddenStates, _cache_root, _model_key, _record_key, drafter_training_args
+from ...training.callbacks import LearningCurveCallback, TimeBudgetCallback, budget_warmup_steps
+from ...training.trainer import DrafterTrainer, HiddenStates, _cache_root, _model_key, _record_key, drafter_training_args, train_resumable
 
 __all__ = [
     "IGNORE_INDEX",
@@ -412,9 +412,13 @@ def train_speculative_streaming(
     progress: bool = True,
     callbacks: list | None = None,
     time_budget: float | None = None,
+    save_steps: int | None = None,
+    resume: bool = False,
 ):
     """Train ``model`` (a `LlamaForSpeculativeStreaming` attached to its base); returns the Trainer.
-    ``time_budget`` (seconds): stop then, with the learning rate annealed over the budget (`TimeBudgetCallback`). Lossless: the
+    ``time_budget`` (seconds): stop then, with the learning rate annealed over the budget (`TimeBudgetCallback`).
+    ``save_steps``: a resumable checkpoint in ``output_dir`` every that many steps; ``resume``: continue from the last
+    one (`hf_speculative.training.trainer.train_resumable`). Lossless: the
     streams, on cached states entering layer N - N_s (`extract_stream_inputs`). Shared: the streams and the
     base's LoRA adapters, with the joint forward on tokens (`tokenize_records`), alpha_0 = 1, alpha_j = 0.1.
     ``model`` may also be a plain causal LM with trainable (e.g. PEFT LoRA) weights: then only the next-token
@@ -423,14 +427,15 @@ def train_speculative_streaming(
     num_streams = getattr(model.config, "num_streams", 0)
     dataset = StreamSegmentDataset(train_states, num_streams, segment_length, max_tokens, shared=shared)
     steps = max_steps if max_steps > 0 else max(1, math.ceil(len(dataset) / batch_size * num_epochs))
+    warmup = budget_warmup_steps(steps, 0.05, time_budget)
     args = drafter_training_args(
         output_dir, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
-        warmup_steps=max(1, int(0.05 * steps)), time_budget=time_budget, logging_steps=logging_steps, seed=seed,
-        progress=progress,
+        warmup_steps=warmup, time_budget=time_budget, logging_steps=logging_steps, seed=seed,
+        progress=progress, save_steps=save_steps,
     )
     callbacks = list(callbacks or [])
     if time_budget:
-        callbacks.append(TimeBudgetCallback(time_budget, warmup_steps=max(1, int(0.05 * steps))))
+        callbacks.append(TimeBudgetCallback(time_budget, warmup_steps=warmup))
     model.train()
     # shared mode: the optimizer also holds the base's LoRA weights (not submodules of ``model``)
     if hasattr(model, "trainable_parameters"):
@@ -442,6 +447,6 @@ def train_speculative_streaming(
         model=model, args=args, train_dataset=dataset, data_collator=StreamCollator(), callbacks=callbacks,
         stream_weights=stream_weights, optimizers=optimizers,
     )  # fmt: skip
-    trainer.train()
+    train_resumable(trainer, resume)
     model.eval()
     return trainer

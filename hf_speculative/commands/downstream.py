@@ -1,0 +1,139 @@
+"""``hf-speculative downstream train|eval|table``: task fine-tuning with speculative decoding (Speculative Streaming,
+Sec. 4.1, Table 1) on E2E NLG, WikiSQL and DialogSum (`hf_speculative.downstream`).
+
+    hf-speculative downstream train --task e2e_nlg --method streaming --data ../shared/data/e2e_nlg \\
+        --out model_cards/speculative-streaming-smollm2-135m-e2e-nlg --time-budget 600
+    hf-speculative downstream train --task e2e_nlg --method eagle --adapter model_cards/lora-smollm2-135m-e2e-nlg ...
+    hf-speculative downstream eval model_cards/speculative-streaming-smollm2-135m-e2e-nlg --task e2e_nlg \\
+        --data ../shared/data/e2e_nlg --limit 50 --threads 2 --output results/downstream/e2e_streaming.json
+    hf-speculative downstream table --results results/downstream --output docs/downstream_table.md --plot docs/downstream.png
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .common import command_line, setup_torch
+
+TASKS = ("e2e_nlg", "wikisql", "dialogsum")
+METHODS = ("lora", "medusa2", "streaming", "eagle")
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("downstream", help="task fine-tuning arms (LoRA, Medusa-2, Speculative Streaming, EAGLE-3): train, eval, table")
+    sub = p.add_subparsers(dest="downstream_command", required=True)
+
+    t = sub.add_parser("train", help="fine-tune one arm on one task; writes a folder that 'downstream eval' loads")
+    t.add_argument("--task", required=True, choices=TASKS)
+    t.add_argument("--method", required=True, choices=METHODS)
+    t.add_argument("--data", required=True, help="the task's data folder (e.g. ../shared/data/e2e_nlg)")
+    t.add_argument("--out", required=True, help="output folder (adapter / streams / heads / drafter + downstream.json)")
+    t.add_argument("--model", default="reference", help="base model: 'reference' (default), a local folder or a Hub id")
+    t.add_argument("--adapter", default=None, help="--method eagle: the folder of a 'lora' run whose model EAGLE drafts for")
+    t.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds (all resumed runs together)")
+    t.add_argument("--max-steps", type=int, default=-1, help="stop after N optimizer steps (default: --epochs)")
+    t.add_argument("--epochs", type=float, default=1.0)
+    t.add_argument("--batch-size", type=int, default=16, help="examples per optimizer step")
+    t.add_argument("--lr", type=float, default=1e-3, help="learning rate (LoRA, streams; Medusa heads x4)")
+    t.add_argument("--lora-rank", type=int, default=8)
+    t.add_argument("--lora-alpha", type=float, default=16.0)
+    t.add_argument("--max-length", type=int, default=None, help="tokens per training example (default: the task's)")
+    t.add_argument("--limit", type=int, default=None, help="train on the first N pairs only (smoke runs)")
+    t.add_argument("--calibration-prompts", type=int, default=48, help="training prompts set aside to calibrate the tree")
+    t.add_argument("--tree-nodes", type=int, default=16, help="node budget of the calibrated tree (streaming, medusa2)")
+    t.add_argument("--num-streams", type=int, default=3, help="streaming: gamma")
+    t.add_argument("--num-msa-layers", type=int, default=4, help="streaming: N_s")
+    t.add_argument("--num-heads", type=int, default=4, help="medusa2: heads")
+    t.add_argument("--eagle-max-tokens", type=int, default=400_000, help="eagle: labelled training tokens")
+    t.add_argument("--save-steps", type=int, default=200, help="a resumable checkpoint every N steps (0: none)")
+    t.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
+    t.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    t.add_argument("--threads", type=int, default=None)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.set_defaults(func=run_train)
+
+    e = sub.add_parser("eval", help="plain vs speculative greedy decoding of a trained folder on the task's test prompts")
+    e.add_argument("folder", help="a 'downstream train' folder")
+    e.add_argument("--task", required=True, choices=TASKS)
+    e.add_argument("--data", required=True, help="the task's data folder")
+    e.add_argument("--limit", type=int, default=None, help="the first N test prompts")
+    e.add_argument("--max-new-tokens", type=int, default=None, help="default: the task's")
+    e.add_argument("--output", default=None, help="write the JSON here (default: print it)")
+    e.add_argument("--write-card", action="store_true", help="also write the folder's model card (README.md) with these results")
+    e.add_argument("--device", default=None)
+    e.add_argument("--threads", type=int, default=None)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--no-progress", action="store_true")
+    e.set_defaults(func=run_eval)
+
+    b = sub.add_parser("table", help="gather eval JSONs into a Table-1-style markdown table and a plot")
+    b.add_argument("--results", default="results/downstream", help="folder of eval JSONs")
+    b.add_argument("--output", default=None, help="write the markdown table here (default: print it)")
+    b.add_argument("--plot", default=None, help="also save a PNG plot here")
+    b.set_defaults(func=run_table)
+
+
+def run_train(args) -> int:
+    setup_torch(args)
+    from ..downstream.tasks import get_task
+    from ..downstream.training import DownstreamTrainingConfig, train_arm
+
+    cfg = DownstreamTrainingConfig(
+        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, learning_rate=args.lr, batch_size=args.batch_size,
+        epochs=args.epochs, max_steps=args.max_steps, time_budget=args.time_budget, save_steps=args.save_steps or None,
+        resume=args.resume, max_length=args.max_length or get_task(args.task).max_length,
+        calibration_prompts=args.calibration_prompts, tree_nodes=args.tree_nodes, num_streams=args.num_streams,
+        num_msa_layers=args.num_msa_layers, num_heads=args.num_heads, eagle_max_tokens=args.eagle_max_tokens,
+        seed=args.seed, progress=not args.no_progress,
+    )  # fmt: skip
+    info = train_arm(args.method, args.task, args.data, args.out, cfg, base_model=args.model, device=args.device,
+                     adapter_folder=args.adapter, limit=args.limit, command=command_line(args))  # fmt: skip
+    report = {k: v for k, v in info["training"].items() if k != "settings"}
+    print(json.dumps({"task": info["task"], "method": info["method"], "out": args.out, **report}, indent=1))
+    return 0
+
+
+def run_eval(args) -> int:
+    setup_torch(args)
+    from ..downstream.evaluation import evaluate_folder
+
+    result = evaluate_folder(args.folder, args.task, args.data, limit=args.limit, max_new_tokens=args.max_new_tokens,
+                             device=args.device, progress=not args.no_progress)  # fmt: skip
+    result["threads"] = args.threads
+    result["command"] = command_line(args)
+    text = json.dumps(result, indent=1)
+    if args.write_card:
+        from ..downstream.model_card import write_model_card
+        from ..downstream.training import read_downstream_info
+
+        print(f"written {write_model_card(args.folder, read_downstream_info(args.folder), result)}", file=sys.stderr)
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(text + "\n", encoding="utf-8")
+        print(f"written {args.output}: tau {result['tau']}, speedup {result['speedup']}x, lossless {result['lossless_rate']}, "
+              f"metric {result['metric']}", file=sys.stderr)  # fmt: skip
+    else:
+        print(text)
+    return 0
+
+
+def run_table(args) -> int:
+    from ..downstream.table import markdown_table, plot_results, read_results
+
+    rows = read_results(args.results)
+    if not rows:
+        raise SystemExit(f"no eval JSONs in {args.results}")
+    table = markdown_table(rows)
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(table, encoding="utf-8")
+        print(f"written {args.output} ({len(rows)} rows)", file=sys.stderr)
+    else:
+        print(table)
+    if args.plot:
+        plot_results(rows, args.plot)
+        print(f"written {args.plot}", file=sys.stderr)
+    return 0

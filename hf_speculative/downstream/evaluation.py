@@ -1,0 +1,187 @@
+"""``downstream eval``: a trained folder loaded as a user would, its plain greedy decoding against its speculative
+decoding on the task's test prompts, interleaved per prompt in one process (Speculative Streaming, Sec. 4.1,
+Table 1: speedup, tokens per step, task metric, extra parameters).
+
+What each folder decodes with (the model is always the fine-tuned one: base + the folder's LoRA):
+
+=============  =================================================  ===============================================
+method         plain                                              speculative
+=============  =================================================  ===============================================
+``lora``       base + adapter (merged), ``generate()``             the same model with tree prompt lookup (no
+                                                                  drafter weights: training-free drafting)
+``medusa2``    base + adapter (merged), ``generate()``             the same model with its Medusa-2 heads
+``streaming``  ``ss.generate_autoregressive`` (the joint forward,  ``ss.generate``: drafts itself
+               one token per forward)
+``eagle``      base + the lora adapter (merged), ``generate()``    the same model with its EAGLE-3 drafter
+=============  =================================================  ===============================================
+
+tau is the mean number of tokens committed per target forward (bonus included); speedup is the speculative
+tokens/s over the same model's plain tokens/s on the same prompts; lossless_rate the share of prompts whose
+speculative greedy output equals the plain one token for token; the metric is computed on the plain outputs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .training import ADAPTER_SUBFOLDER, read_downstream_info
+
+__all__ = ["DownstreamModel", "load_downstream", "evaluate_folder", "compute_metric"]
+
+
+@dataclass
+class DownstreamModel:
+    """A loaded folder: ``plain(ids)`` and ``speculative(ids)`` return generate outputs (``return_dict_in_generate``;
+    the speculative one carries ``speculative_stats``), for greedy decoding of ``max_new_tokens``."""
+
+    info: dict
+    tokenizer: object
+    plain: Callable
+    speculative: Callable
+    drafter: str
+    extra_parameters: int
+    device: torch.device
+
+
+def _merged(base, folder: Path):
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(base, str(folder / ADAPTER_SUBFOLDER)).merge_and_unload().eval()
+
+
+def load_downstream(folder: str | Path, device: str | None = None, dtype: torch.dtype = torch.float32) -> DownstreamModel:
+    """Load a ``downstream train`` folder: its base (``"reference"``: the reference package) and what the folder adds."""
+    import hf_speculative as hfs
+
+    from ..bench.reference import resolve_model
+
+    folder = Path(folder)
+    info = read_downstream_info(folder)
+    method = info["method"]
+    base, tokenizer = resolve_model(info["base_model"], dtype=dtype, device=device)
+    gen = dict(do_sample=False, return_dict_in_generate=True)
+
+    if method == "streaming":
+        from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
+
+        ss = LlamaForSpeculativeStreaming.from_pretrained(folder, base_model=base)
+        ss.streams.to(device=base.device)
+        return DownstreamModel(
+            info, tokenizer,
+            plain=lambda ids, n: ss.generate_autoregressive(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, **gen),
+            speculative=lambda ids, n: ss.generate(ids, max_new_tokens=n, **gen),
+            drafter="speculative streaming (shared mode, self-drafting)", extra_parameters=ss.num_stream_parameters(), device=base.device,
+        )  # fmt: skip
+    if method == "medusa2":
+        from ..drafters.medusa.training_medusa2 import load_medusa2
+
+        model, heads = load_medusa2(folder, base, merge=True)
+        drafter, name, extra = heads, "medusa-2 heads", sum(p.numel() for p in heads.parameters())
+    elif method == "eagle":
+        from ..drafters.eagle.modeling_eagle import EagleDrafter
+
+        model = _merged(base, folder)
+        eagle = EagleDrafter.from_pretrained(folder, base_model=model).to(device=model.device, dtype=model.dtype).eval()
+        drafter, name, extra = eagle, "eagle-3", sum(p.numel() for p in eagle.parameters())
+    else:  # lora: training-free drafting on the fine-tuned model
+        model = _merged(base, folder)
+        drafter, name, extra = hfs.PromptLookupDrafter(), "tree prompt lookup", 0
+    hfs.enable(model)
+    return DownstreamModel(
+        info, tokenizer,
+        plain=lambda ids, n: model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, **gen),
+        speculative=lambda ids, n: model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=drafter, max_new_tokens=n, **gen),
+        drafter=name, extra_parameters=extra, device=model.device,
+    )  # fmt: skip
+
+
+def compute_metric(task: str, predictions: list[str], references: list[list[str]]) -> dict:
+    """The task's metric through `evaluate` (the local modules of `hf_speculative.bench.metrics`): ``rougeL`` and
+    ``rouge1`` (best reference per prediction) for E2E NLG and DialogSum, ``exact_match`` for WikiSQL."""
+    from ..bench.metrics import load_metric
+    from .tasks import get_task
+
+    spec = get_task(task)
+    result = load_metric(spec.metric).compute(predictions=predictions, references=references)
+    return {k: round(float(result[k]), 4) for k in spec.metric_keys}
+
+
+@torch.inference_mode()
+def evaluate_folder(folder: str | Path, task: str, data_dir, limit: int | None = None, max_new_tokens: int | None = None,
+                    device: str | None = None, progress: bool = True) -> dict:  # fmt: skip
+    """Decode the test prompts of ``task`` with the folder's plain and speculative greedy decoding, interleaved per
+    prompt (the order alternates from prompt to prompt; one warm-up prompt first, not counted); returns the eval
+    record (`hf_speculative.commands.downstream` writes it as JSON)."""
+    from ..bench.harness import machine_info
+    from ..training.data import encode_chat
+    from .tasks import get_task
+
+    spec = get_task(task)
+    loaded = load_downstream(folder, device=device)
+    if loaded.info["task"] != task:
+        print(f"note: {folder} was trained on {loaded.info['task']!r}, evaluated on {task!r}")
+    records = spec.load(data_dir, "test")[: limit or None]
+    if not records:
+        raise ValueError(f"no test prompts for {task} in {data_dir}")
+    n_new = max_new_tokens or spec.max_new_tokens
+    tok = loaded.tokenizer
+    prompts = [torch.tensor([encode_chat(tok, r.messages)], device=loaded.device) for r in records]
+    loaded.plain(prompts[0], 8)  # warm-up
+    loaded.speculative(prompts[0], 8)
+    times = {"plain": 0.0, "speculative": 0.0}
+    tokens = {"plain": 0, "speculative": 0}
+    texts, same, accepted, forwards = [], 0, [], 0
+    iterator = enumerate(prompts)
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(iterator, total=len(prompts), desc=f"eval {loaded.info['method']} on {task}", unit="prompt")
+    for i, ids in iterator:
+        outs = {}
+        for kind in ("plain", "speculative") if i % 2 == 0 else ("speculative", "plain"):
+            fn = loaded.plain if kind == "plain" else loaded.speculative
+            if loaded.device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = fn(ids, n_new)
+            if loaded.device.type == "cuda":
+                torch.cuda.synchronize()
+            times[kind] += time.perf_counter() - t0
+            outs[kind] = out.sequences[0, ids.shape[1] :].cpu()
+            tokens[kind] += outs[kind].numel()
+            if kind == "speculative":
+                stats = out.speculative_stats
+                accepted += list(stats.accepted_lengths)
+                forwards += getattr(stats, "num_target_forwards", len(stats.accepted_lengths))
+        same += int(torch.equal(outs["plain"], outs["speculative"]))
+        texts.append(tok.decode(outs["plain"], skip_special_tokens=True).strip())
+    plain_tps = tokens["plain"] / max(times["plain"], 1e-9)
+    spec_tps = tokens["speculative"] / max(times["speculative"], 1e-9)
+    training = loaded.info.get("training") or {}
+    return {
+        "task": task,
+        "method": loaded.info["method"],
+        "folder": str(folder),
+        "drafter": loaded.drafter,
+        "n": len(records),
+        "tau": round(sum(accepted) / max(len(accepted), 1), 4),
+        "speedup": round(spec_tps / plain_tps, 4),
+        "lossless_rate": round(same / len(records), 4),
+        "metric": compute_metric(task, texts, [list(r.reference) for r in records]),
+        "extra_parameters": loaded.extra_parameters,
+        "lora_parameters": training.get("lora_parameters"),
+        "train_seconds": training.get("train_seconds"),
+        "train_device": training.get("device"),
+        "plain_tokens_per_s": round(plain_tps, 3),
+        "speculative_tokens_per_s": round(spec_tps, 3),
+        "new_tokens": tokens,
+        "target_forwards": forwards,
+        "max_new_tokens": n_new,
+        "machine": machine_info(loaded.device),
+        "samples": [{"prompt": r.prompt[-200:], "output": t, "reference": list(r.reference)[0]} for r, t in zip(records[:3], texts[:3])],
+    }

@@ -1,0 +1,376 @@
+"""Task fine-tuning arms of Speculative Streaming's Table 1 (Bhendawade et al., 2024, Sec. 4.1), each built from the
+library's own training code, with one PEFT LoRA setup and one wall-time budget for every arm:
+
+* ``lora``: LoRA next-token fine-tuning (the baseline; `train_speculative_streaming` on the plain PEFT model, the
+  same data path, segments, optimizer and schedule as shared-mode Speculative Streaming, with alpha_0 = 1 and no
+  streams). Decoded plainly, and speculatively with training-free tree prompt lookup.
+* ``streaming``: shared-mode Speculative Streaming (Sec. 3.1: streams + stream embeddings on the top N_s layers, the
+  same LoRA on the base, alpha_0 = 1, alpha_j = 0.1, gamma = 3, N_s = 4), tree calibrated on held-out pairs.
+* ``medusa2``: Medusa-2 (Cai et al., 2024, Sec. 2.2.2): the same LoRA and Medusa heads trained jointly, next-token
+  CE on the task's references plus ``lambda_0 * L_Medusa``; tree calibrated on the adapted model's states.
+* ``eagle``: EAGLE-3 (Li et al., 2025) trained on the frozen model of a ``lora`` folder (base + its adapter merged),
+  on that model's features and top-k over the task's training sequences.
+
+A trained folder holds what the arm adds to the base and ``downstream.json`` (task, method, base, training record);
+the base itself is never saved (``"reference"`` comes from the reference package). `write_downstream_info` /
+`read_downstream_info` read and write that file; ``hf_speculative.downstream.evaluation`` loads the folders.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..drafters.streaming.configuration_speculative_streaming import LORA_TARGET_MODULES
+from ..training.data import Record
+
+__all__ = [
+    "METHODS",
+    "INFO_FILE",
+    "ADAPTER_SUBFOLDER",
+    "DownstreamTrainingConfig",
+    "write_downstream_info",
+    "read_downstream_info",
+    "lora_config",
+    "train_lora",
+    "train_streaming",
+    "train_medusa2",
+    "train_eagle",
+    "train_arm",
+]
+
+METHODS = ("lora", "medusa2", "streaming", "eagle")
+LAMBDA0_WARMUP_STEPS = 100
+INFO_FILE = "downstream.json"
+ADAPTER_SUBFOLDER = "adapter"  # the PEFT adapter of the lora, medusa2 and eagle folders (streaming: lora/)
+
+
+@dataclass
+class DownstreamTrainingConfig:
+    """The settings every arm shares (same LoRA, learning rate, batch and budget) and each arm's own.
+
+    Args:
+        lora_rank / lora_alpha: the PEFT LoRA adapters on the base (every arm; q/k/v/o and gate/up/down).
+        learning_rate: AdamW learning rate of the LoRA weights (and of the streams; Medusa heads x4, Medusa-2 2.2.2).
+        batch_size: examples per optimizer step.
+        epochs / max_steps: the training length (``max_steps`` > 0 wins); ``time_budget`` (seconds) stops earlier.
+        save_steps / resume: a resumable `Trainer` checkpoint every ``save_steps`` steps; continue from the last one.
+        max_length: tokens per training example (prompt + answer).
+        calibration_prompts: training prompts set aside to calibrate the draft tree (never trained on).
+        tree_nodes: node budget of the calibrated tree (Speculative Streaming, Medusa-2).
+        num_streams / num_msa_layers: gamma and N_s of Speculative Streaming (Sec. 3.1.1).
+        num_heads / lambda0: Medusa-2's heads and the final weight of ``L_Medusa``; it rises over the first 30% of
+            the steps, or under a ``time_budget`` (where the step count is not known) over the first
+            `LAMBDA0_WARMUP_STEPS` steps.
+        eagle_max_tokens / eagle_draft_vocab: EAGLE-3's labelled training tokens and its draft vocabulary.
+    """
+
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    learning_rate: float = 1e-3
+    batch_size: int = 16
+    epochs: float = 1.0
+    max_steps: int = -1
+    time_budget: float | None = None
+    save_steps: int | None = 200
+    resume: bool = False
+    max_length: int = 512
+    calibration_prompts: int = 48
+    tree_nodes: int = 16
+    num_streams: int = 3
+    num_msa_layers: int = 4
+    num_heads: int = 4
+    lambda0: float = 0.2
+    eagle_max_tokens: int = 400_000
+    eagle_draft_vocab: int = 8192
+    seed: int = 0
+    progress: bool = True
+
+
+# ---------------------------------------------------------------------------------------------- folder record
+
+
+def write_downstream_info(folder: str | Path, info: dict) -> Path:
+    """``downstream.json`` in ``folder`` (``task``, ``method``, ``base_model`` and the training record)."""
+    path = Path(folder) / INFO_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def read_downstream_info(folder: str | Path) -> dict:
+    """The ``downstream.json`` of a trained folder (a clear error when the folder is not one)."""
+    path = Path(folder) / INFO_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} is not a 'hf-speculative downstream train' folder (no {INFO_FILE})")
+    info = json.loads(path.read_text(encoding="utf-8"))
+    if info.get("method") not in METHODS:
+        raise ValueError(f"{path}: unknown method {info.get('method')!r} (known: {', '.join(METHODS)})")
+    return info
+
+
+def _hub_base_name(base_model: str) -> str:
+    """The base model as a folder records it: the reference's Hub id, else the name given."""
+    from ..bench.reference import is_reference
+    from ..drafters.streaming.modeling_speculative_streaming import REFERENCE_HUB_ID
+
+    return REFERENCE_HUB_ID if is_reference(base_model) else str(base_model)
+
+
+def lora_config(cfg: DownstreamTrainingConfig):
+    """The one PEFT `LoraConfig` of every arm (the shared-mode streaming default targets)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, target_modules=list(LORA_TARGET_MODULES), task_type="CAUSAL_LM")
+
+
+def _last_loss(trainer) -> dict:
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    return {
+        "first_logged": {k: v for k, v in logs[0].items() if k != "epoch"} if logs else None,
+        "last_logged": {k: v for k, v in logs[-1].items() if k != "epoch"} if logs else None,
+    }
+
+
+def _training_record(cfg: DownstreamTrainingConfig, trainer, seconds: float, train: list[Record], calib: list[Record]) -> dict:
+    return {
+        "train_examples": len(train),
+        "calibration_examples": len(calib),
+        "steps": trainer.state.global_step,
+        "train_seconds": round(seconds, 1),
+        "device": _device_name(),
+        **_last_loss(trainer),
+        "settings": asdict(cfg),
+    }
+
+
+def _device_name() -> str:
+    from ..perf_model.cost_curve import machine_description
+
+    return machine_description("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _trainer_dir(out: Path) -> str:
+    return str(out / "trainer_state")
+
+
+# ---------------------------------------------------------------------------------------------- the arms
+
+
+def train_lora(model, tokenizer, train: list[Record], calib: list[Record], out: str | Path, cfg: DownstreamTrainingConfig, base_model: str) -> dict:
+    """(a) LoRA next-token fine-tuning; saves the PEFT adapter in ``out/adapter``."""
+    from peft import get_peft_model
+
+    from ..drafters.streaming.training_speculative_streaming import tokenize_records, train_speculative_streaming
+
+    out = Path(out)
+    peft_model = get_peft_model(model, lora_config(cfg))
+    states = tokenize_records(tokenizer, train, max_length=cfg.max_length)
+    t0 = time.perf_counter()
+    trainer = train_speculative_streaming(
+        peft_model, states, output_dir=_trainer_dir(out), num_epochs=cfg.epochs, learning_rate=cfg.learning_rate,
+        batch_size=cfg.batch_size, segment_length=cfg.max_length, max_steps=cfg.max_steps, seed=cfg.seed,
+        progress=cfg.progress, time_budget=cfg.time_budget, save_steps=cfg.save_steps, resume=cfg.resume,
+    )  # fmt: skip
+    seconds = time.perf_counter() - t0
+    for c in peft_model.peft_config.values():
+        c.base_model_name_or_path = _hub_base_name(base_model)
+    peft_model.save_pretrained(out / ADAPTER_SUBFOLDER)
+    lora_params = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    record = {**_training_record(cfg, trainer, seconds, train, calib), "lora_parameters": lora_params, "extra_parameters": 0}
+    return record
+
+
+def train_streaming(model, tokenizer, train: list[Record], calib: list[Record], out: str | Path, cfg: DownstreamTrainingConfig, base_model: str) -> dict:
+    """(c) shared-mode Speculative Streaming; saves config + streams + ``lora/`` (``ss.save_pretrained``)."""
+    from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
+    from ..drafters.streaming.training_speculative_streaming import stream_accuracies, tokenize_records, train_speculative_streaming
+    from ..trees import TreeSpec, expected_acceptance_length
+
+    out = Path(out)
+    ss = LlamaForSpeculativeStreaming.from_base_model(
+        model, num_streams=cfg.num_streams, num_msa_layers=cfg.num_msa_layers, mode="shared",
+        lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
+    )  # fmt: skip
+    ss.config.base_model_name_or_path = _hub_base_name(base_model)
+    states = tokenize_records(tokenizer, train, max_length=cfg.max_length)
+    t0 = time.perf_counter()
+    trainer = train_speculative_streaming(
+        ss, states, output_dir=_trainer_dir(out), num_epochs=cfg.epochs, learning_rate=cfg.learning_rate,
+        batch_size=cfg.batch_size, segment_length=cfg.max_length, max_steps=cfg.max_steps, seed=cfg.seed,
+        progress=cfg.progress, time_budget=cfg.time_budget, save_steps=cfg.save_steps, resume=cfg.resume,
+    )  # fmt: skip
+    seconds = time.perf_counter() - t0
+    calibration = {}
+    if calib:
+        acc = stream_accuracies(ss, tokenize_records(tokenizer, calib, max_length=cfg.max_length), segment_length=cfg.max_length)
+        tree = TreeSpec.optimize(acc, cfg.tree_nodes)
+        ss.config.stream_tree = tree.to_list()
+        calibration = {
+            "stream_top_i_accuracy": [[round(a, 4) for a in r] for r in acc],
+            "num_nodes": cfg.tree_nodes,
+            "expected_acceptance_length": round(expected_acceptance_length(tree, acc), 4),
+        }
+        ss.config.calibration = calibration
+        print(f"calibrated stream tree: {tree.num_nodes} nodes, expected tau {calibration['expected_acceptance_length']}", file=sys.stderr)
+    ss.save_pretrained(out)
+    lora_params = sum(p.numel() for p in ss.trainable_parameters()) - ss.num_stream_parameters()
+    return {
+        **_training_record(cfg, trainer, seconds, train, calib),
+        "lora_parameters": lora_params,
+        "extra_parameters": ss.num_stream_parameters(),
+        "calibration": calibration,
+    }
+
+
+def train_medusa2(model, tokenizer, train: list[Record], calib: list[Record], out: str | Path, cfg: DownstreamTrainingConfig, base_model: str) -> dict:
+    """(b) Medusa-2: the LoRA and the heads trained jointly; saves heads + ``adapter/`` (`save_medusa2`)."""
+    from ..drafters.medusa.modeling_medusa import MedusaHeadsModel
+    from ..drafters.medusa.training_medusa2 import Medusa2Dataset, Medusa2Model, add_lora, save_medusa2, train_medusa2 as fit
+    from ..drafters.medusa.tree_calibration import calibrate_tree
+    from ..training.trainer import extract_hidden_states
+
+    out = Path(out)
+    heads = MedusaHeadsModel.from_base_model(model, num_heads=cfg.num_heads)
+    heads.config.base_model_name_or_path = _hub_base_name(base_model)
+    peft_model = add_lora(model, r=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=0.0, target_modules=LORA_TARGET_MODULES)
+    joint = Medusa2Model(peft_model, heads)
+    data = Medusa2Dataset(tokenizer, train, max_length=cfg.max_length)
+    t0 = time.perf_counter()
+    trainer = fit(
+        joint, data, output_dir=_trainer_dir(out), num_epochs=cfg.epochs, max_steps=cfg.max_steps,
+        learning_rate=cfg.learning_rate, batch_size=cfg.batch_size, lambda0=cfg.lambda0,
+        lambda0_warmup=LAMBDA0_WARMUP_STEPS if cfg.time_budget else 0.3,
+        lm_loss="ce", pad_token_id=tokenizer.pad_token_id or 0, seed=cfg.seed, progress=cfg.progress,
+        time_budget_s=cfg.time_budget, save_steps=cfg.save_steps, resume=cfg.resume,
+    )  # fmt: skip
+    seconds = time.perf_counter() - t0
+    if calib:
+        states = extract_hidden_states(peft_model.get_base_model(), tokenizer, calib, max_length=cfg.max_length, cache=False, progress=False)
+        tree = calibrate_tree(heads, states, num_nodes=cfg.tree_nodes)
+        print(f"calibrated Medusa tree: {tree.num_nodes} nodes, expected tau {heads.config.calibration['expected_acceptance_length']}", file=sys.stderr)
+    save_medusa2(joint, out)
+    return {
+        **_training_record(cfg, trainer, seconds, train, calib),
+        "lora_parameters": sum(p.numel() for p in peft_model.parameters() if p.requires_grad),
+        "extra_parameters": sum(p.numel() for p in heads.parameters()),
+        "calibration": getattr(heads.config, "calibration", None),
+    }
+
+
+def _eagle_states(model, tokenizer, records: list[Record], layers: list[int], max_length: int, max_tokens: int, chunk: int = 128):
+    """The frozen fine-tuned model's features (``layers``), final states and top-k over the records' (prompt,
+    answer) sequences, labels on the answer tokens only, stored in fp16 (`hidden_states_from_model`, in chunks)."""
+    from dataclasses import replace
+
+    from ..drafters.eagle.training_eagle import hidden_states_from_model
+    from ..drafters.streaming.training_speculative_streaming import tokenize_records
+    from ..training.trainer import HiddenStates
+
+    tokens = tokenize_records(tokenizer, records, max_length=max_length)
+    offsets = tokens.offsets.tolist()
+    n = next((i for i in range(1, len(offsets)) if offsets[i] >= max_tokens), len(offsets) - 1)
+    parts = []
+    for a in range(0, n, chunk):
+        seqs = [tokens.input_ids[offsets[i] : offsets[i + 1]] for i in range(a, min(a + chunk, n))]
+        part = hidden_states_from_model(model, seqs, layers)
+        half = lambda t: t.to("cpu", torch.float16)  # noqa: E731
+        parts.append(replace(part, hidden=half(part.hidden), topk_ids=part.topk_ids.cpu(), topk_logprobs=part.topk_logprobs.cpu(),
+                             input_ids=part.input_ids.cpu(), labels=part.labels.cpu(), layers={k: half(v) for k, v in part.layers.items()}))  # fmt: skip
+    states = HiddenStates.concat(parts)
+    states.labels = tokens.labels[: offsets[n]].clone()
+    return states
+
+
+def train_eagle(
+    model, tokenizer, train: list[Record], calib: list[Record], out: str | Path, cfg: DownstreamTrainingConfig, base_model: str,
+    adapter_folder: str | Path,
+) -> dict:  # fmt: skip
+    """(d) EAGLE-3 on the frozen model of the ``lora`` folder ``adapter_folder`` (base + adapter, merged); saves the
+    drafter (bf16) and a copy of that adapter in ``out/adapter``."""
+    from peft import PeftModel
+
+    from ..drafters.draft_vocab import frequent_tokens
+    from ..drafters.eagle.modeling_eagle import EagleDrafter
+    from ..drafters.eagle.training_eagle import train_eagle as fit
+
+    out = Path(out)
+    info = read_downstream_info(adapter_folder)
+    if info["method"] != "lora":
+        raise ValueError(f"--adapter {adapter_folder}: EAGLE trains on the model of a 'lora' folder, this one is {info['method']!r}")
+    tuned = PeftModel.from_pretrained(model, str(Path(adapter_folder) / ADAPTER_SUBFOLDER)).merge_and_unload().eval()
+    for p in tuned.parameters():
+        p.requires_grad_(False)
+    drafter = EagleDrafter.from_base_model(tuned, variant="eagle3", draft_vocab_size=min(cfg.eagle_draft_vocab, tuned.config.vocab_size))
+    drafter.config.base_model_name_or_path = _hub_base_name(base_model)
+    L = tuned.config.num_hidden_layers
+    layers = [i for i in drafter.config.feature_layers(L) if i != L]
+    with torch.no_grad():
+        states = _eagle_states(tuned, tokenizer, train, layers, cfg.max_length, cfg.eagle_max_tokens)
+    print(f"EAGLE labelling: {len(states)} sequences, {int(states.input_ids.numel())} tokens", file=sys.stderr)
+    drafter.set_draft_vocab(frequent_tokens(states.topk_ids[:, 0].long(), drafter.config.draft_vocab_size, tuned.config.vocab_size))
+    t0 = time.perf_counter()
+    trainer = fit(
+        drafter, states, output_dir=_trainer_dir(out), num_epochs=cfg.epochs, max_steps=cfg.max_steps,
+        batch_size=cfg.batch_size, max_length=cfg.max_length, learning_rate=cfg.learning_rate, time_budget=cfg.time_budget,
+        final_layer=L, seed=cfg.seed, progress=cfg.progress, save_steps=cfg.save_steps, resume=cfg.resume,
+    )  # fmt: skip
+    seconds = time.perf_counter() - t0
+    drafter.config.base_adapter = ADAPTER_SUBFOLDER
+    extra = sum(p.numel() for p in drafter.parameters())
+    drafter.to(torch.bfloat16).save_pretrained(out)
+    shutil.copytree(Path(adapter_folder) / ADAPTER_SUBFOLDER, out / ADAPTER_SUBFOLDER, dirs_exist_ok=True)
+    return {
+        **_training_record(cfg, trainer, seconds, train, calib),
+        "labelled_tokens": int(states.input_ids.numel()),
+        "adapter_from": str(adapter_folder),
+        "adapter_train_seconds": (info.get("training") or {}).get("train_seconds"),
+        "extra_parameters": extra,
+    }
+
+
+def train_arm(method: str, task: str, data_dir, out, cfg: DownstreamTrainingConfig, base_model: str = "reference", device=None,
+              adapter_folder=None, limit: int | None = None, command: str | None = None) -> dict:  # fmt: skip
+    """Train one arm on one task and write its folder ``out`` (weights + ``downstream.json``); returns the record."""
+    from ..bench.reference import resolve_model
+    from .tasks import calibration_split, get_task
+
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
+    if method == "eagle" and adapter_folder is None:
+        raise ValueError("method 'eagle' trains on a fine-tuned model: pass the folder of a 'lora' run (--adapter)")
+    spec = get_task(task)
+    records = spec.load(data_dir, "train")
+    train, calib = calibration_split(records, cfg.calibration_prompts, seed=cfg.seed)
+    if limit:
+        train = train[:limit]
+    print(f"{task}: {len(train)} training pairs, {len(calib)} calibration pairs", file=sys.stderr)
+    model, tokenizer = resolve_model(base_model, device=device)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if method == "eagle":
+        record = train_eagle(model, tokenizer, train, calib, out, cfg, base_model, adapter_folder)
+    else:
+        fn = {"lora": train_lora, "streaming": train_streaming, "medusa2": train_medusa2}[method]
+        record = fn(model, tokenizer, train, calib, out, cfg, base_model)
+    from ..bench.reference import is_reference
+
+    info = {
+        "task": task,
+        "method": method,
+        "base_model": "reference" if is_reference(base_model) else str(base_model),
+        "base_model_hub_id": _hub_base_name(base_model),
+        "data": str(data_dir),
+        "split": "train (calibration prompts set aside)",
+        "training": record,
+        "command": command,
+    }
+    write_downstream_info(out, info)
+    shutil.rmtree(out / "trainer_state", ignore_errors=True)
+    return info

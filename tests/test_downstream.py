@@ -1,0 +1,290 @@
+"""`hf-speculative downstream train|eval|table` on a tiny random Llama and a few rows of each task's format written
+here: the task loaders and splits, training of every arm (loss falls), resumable checkpoints and the time budget,
+the eval JSON (every field; speculative output identical to the model's own plain greedy output), the table."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_speculative.bench.tiny import tiny_chat_tokenizer, tiny_llama
+from hf_speculative.cli import main
+from hf_speculative.downstream import calibration_split, load_task
+from hf_speculative.downstream.tasks import wikisql_records
+
+ANSWERS = [
+    "the cat sat on the mat .",
+    "the dog sat on the mat .",
+    "a big red cat is good .",
+    "the small blue dog was bad .",
+    "i run and jump in the world .",
+    "you tell me a short story .",
+]
+EVAL_FIELDS = ("tau", "speedup", "lossless_rate", "metric", "extra_parameters", "n", "method", "task", "machine")
+
+
+# ------------------------------------------------------------------------------------------- tiny task files
+
+
+def _e2e(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, n_mr in (("devset.csv", 6), ("testset_w_refs.csv", 3)):
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(["mr", "ref"])
+        for i in range(n_mr):
+            for k in range(2):  # two references per meaning representation
+                w.writerow([f"name[cat {i}], food[red]", ANSWERS[(i + k) % len(ANSWERS)]])
+        (folder / name).write_text(buf.getvalue(), encoding="utf-8")
+    return folder
+
+
+def _wikisql(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    rows, results = [], []
+    for q in range(24):
+        table = f"1-{q % 8}"
+        cols = ["Player", "Team"] if q % 2 else ["Player", "No."]
+        rows.append({"table_id": table, "question": f"what is the cat {q} ?", "question_id": q,
+                     "sql": {"sel": cols[0], "conds": [[cols[1], "=", str(q)]], "agg": ""}})  # fmt: skip
+        results.append({"question_id": q, "table_id": table, "query": f"SELECT \"{cols[0]}\" FROM \"{table}\" WHERE \"{cols[1]}\" = '{q}';"})
+    (folder / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    (folder / "dev_results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results), encoding="utf-8")
+    return folder
+
+
+def _dialogsum(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    train = [repr({"fname": f"train_{i}", "dialogue": f"#Person1#: hello world {i} ?\n#Person2#: yes .", "summary": ANSWERS[i % 6], "topic": "t"}) for i in range(8)]
+    test = [repr({"fname": f"test_{i}", "dialogue": "#Person1#: tell me ?", "summary1": ANSWERS[i], "summary2": ANSWERS[i + 1],
+                  "summary3": ANSWERS[i + 2], "topic1": "t"}) for i in range(3)]  # fmt: skip
+    with zipfile.ZipFile(folder / "DialogSum_Data.zip", "w") as zf:
+        zf.writestr("DialogSum_Data/dialogsum.train.jsonl", "\n".join(train) + "\n")
+        zf.writestr("DialogSum_Data/dialogsum.test.jsonl", "\n".join(test) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """A tiny base model folder (model + chat tokenizer) and one data folder per task."""
+    root = tmp_path_factory.mktemp("downstream")
+    tok = tiny_chat_tokenizer()
+    model = tiny_llama(tokenizer=tok, num_layers=4, hidden_size=32, seed=0)
+    model.save_pretrained(root / "base")
+    tok.save_pretrained(root / "base")
+    return {
+        "root": root,
+        "base": str(root / "base"),
+        "e2e_nlg": _e2e(root / "e2e"),
+        "wikisql": _wikisql(root / "wikisql"),
+        "dialogsum": _dialogsum(root / "dialogsum"),
+    }
+
+
+def _train(work, task, method, out, *extra):
+    argv = ["downstream", "train", "--task", task, "--method", method, "--data", str(work[task]), "--out", str(out),
+            "--model", work["base"], "--batch-size", "4", "--lr", "3e-2", "--calibration-prompts", "1",
+            "--num-msa-layers", "2", "--tree-nodes", "6", "--no-progress", *extra]  # fmt: skip
+    assert main(argv) == 0
+    return json.loads((Path(out) / "downstream.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def trained(work):
+    """Every arm trained on the tiny E2E rows (EAGLE on the LoRA folder's model)."""
+    folders = {}
+    for method in ("lora", "streaming", "medusa2", "eagle"):
+        out = work["root"] / f"e2e-{method}"
+        extra = ["--adapter", str(folders["lora"])] if method == "eagle" else []
+        _train(work, "e2e_nlg", method, out, "--max-steps", "30", *extra)
+        folders[method] = out
+    return folders
+
+
+# ------------------------------------------------------------------------------------------- data
+
+
+def test_task_loaders_and_fixed_splits(work):
+    train = load_task("e2e_nlg", work["e2e_nlg"], "train")
+    test = load_task("e2e_nlg", work["e2e_nlg"], "test")
+    assert len(train) == 12 and all(len(r.answers) == 1 for r in train)  # one record per (MR, reference) pair
+    assert len(test) == 3 and all(len(r.reference) == 2 for r in test)  # grouped by MR, every reference
+    assert "name[cat 0], food[red]" in test[0].prompt
+
+    wtrain, wtest = wikisql_records(work["wikisql"])
+    train_tables = {r.answers[0].split('FROM "')[1].split('"')[0] for r in wtrain}
+    test_tables = {r.reference[0].split('FROM "')[1].split('"')[0] for r in wtest}
+    assert wtest and not train_tables & test_tables  # split by table: no test table is trained on
+    assert len(wtrain) + len(wtest) == 24
+    # the schema: the union of the columns the table's questions use, as a CREATE TABLE line
+    assert 'CREATE TABLE "1-1" ("Player" TEXT, "Team" TEXT)' in next(r for r in wtrain + wtest if '"1-1"' in r.prompt).prompt
+    assert wikisql_records(work["wikisql"])[1][0].id == wtest[0].id  # fixed
+
+    dtrain = load_task("dialogsum", work["dialogsum"], "train")
+    dtest = load_task("dialogsum", work["dialogsum"], "test")
+    assert len(dtrain) == 8 and dtrain[0].answers == [ANSWERS[0]]
+    assert len(dtest) == 3 and dtest[0].reference == ANSWERS[0:3]
+
+    kept, calib = calibration_split(train, 2)
+    assert calib and {r.prompt for r in kept}.isdisjoint({r.prompt for r in calib})
+    with pytest.raises(FileNotFoundError, match="devset.csv"):
+        load_task("e2e_nlg", work["wikisql"], "train")
+    with pytest.raises(ValueError, match="unknown task"):
+        load_task("sqlctx", work["wikisql"], "train")
+
+
+# ------------------------------------------------------------------------------------------- training
+
+
+@pytest.mark.parametrize("method", ["lora", "streaming", "medusa2", "eagle"])
+def test_training_loss_falls(trained, method):
+    info = json.loads((trained[method] / "downstream.json").read_text())
+    record = info["training"]
+    assert info["task"] == "e2e_nlg" and info["method"] == method
+    assert record["steps"] == 30
+    # the losses each arm trains on (Medusa-2's total grows with its lambda_0 warm-up: its parts fall)
+    keys = {"lora": ["loss"], "streaming": ["loss_main", "loss_stream1"], "medusa2": ["loss_lm_ce", "loss_medusa"], "eagle": ["loss"]}[method]
+    for key in keys:
+        assert record["last_logged"][key] < record["first_logged"][key] - 0.02, key
+    assert not (trained[method] / "trainer_state").exists()  # the Trainer's scratch folder is gone
+    files = {p.relative_to(trained[method]).as_posix() for p in trained[method].rglob("*") if p.is_file()}
+    expected = {
+        "lora": {"adapter/adapter_model.safetensors"},
+        "streaming": {"model.safetensors", "lora/adapter_model.safetensors"},
+        "medusa2": {"model.safetensors", "adapter/adapter_model.safetensors"},
+        "eagle": {"model.safetensors", "adapter/adapter_model.safetensors"},
+    }[method]
+    assert expected <= files
+
+
+def test_eagle_needs_a_lora_folder(work, trained, tmp_path):
+    with pytest.raises(ValueError, match="lora"):
+        _train(work, "e2e_nlg", "eagle", tmp_path / "x", "--max-steps", "1", "--adapter", str(trained["streaming"]))
+    with pytest.raises(ValueError, match="--adapter"):
+        _train(work, "e2e_nlg", "eagle", tmp_path / "y", "--max-steps", "1")
+
+
+def test_other_tasks_train(work, tmp_path):
+    for task in ("wikisql", "dialogsum"):
+        info = _train(work, task, "streaming", tmp_path / task, "--max-steps", "4")
+        assert info["task"] == task and info["training"]["steps"] == 4
+
+
+def test_resume_restores_trainable_weights(work, tmp_path):
+    """A checkpoint holds the trainable tensors only (streams and the base's LoRA); a run stopped at step 2 and
+    resumed starts from exactly those weights and continues to the planned step."""
+    from transformers import TrainerCallback
+
+    from hf_speculative.bench.reference import resolve_model
+    from hf_speculative.drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
+    from hf_speculative.drafters.streaming.training_speculative_streaming import tokenize_records, train_speculative_streaming
+    from hf_speculative.training.trainer import DrafterTrainer
+
+    records = load_task("e2e_nlg", work["e2e_nlg"], "train")
+    seen = {}
+
+    class Probe(TrainerCallback):
+        def __init__(self, ss, stop_at=None):
+            self.ss, self.stop_at = ss, stop_at
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            seen["begin"] = [p.detach().clone() for p in DrafterTrainer.trainable_tensors(self.ss)]
+
+        def on_step_end(self, args, state, control, **kwargs):
+            seen[state.global_step] = [p.detach().clone() for p in DrafterTrainer.trainable_tensors(self.ss)]
+            if state.global_step == self.stop_at:
+                control.should_training_stop = True
+
+    def run(seed, resume=False, stop_at=None):
+        model, tok = resolve_model(work["base"])
+        torch.manual_seed(seed)
+        ss = LlamaForSpeculativeStreaming.from_base_model(model, num_streams=2, num_msa_layers=2, mode="shared", lora_rank=4)
+        trainer = train_speculative_streaming(
+            ss, tokenize_records(tok, records), str(tmp_path / "ckpt"), max_steps=4, batch_size=4, learning_rate=1e-2,
+            save_steps=2, resume=resume, callbacks=[Probe(ss, stop_at)], progress=False,
+        )  # fmt: skip
+        return trainer.state.global_step
+
+    assert run(0, stop_at=2) == 2
+    assert (tmp_path / "ckpt" / "checkpoint-2" / "trainable.safetensors").is_file()
+    stopped = seen[2]
+    assert run(1, resume=True) == 4  # another seed: only the checkpoint can make the weights equal
+    assert all(torch.equal(a, b) for a, b in zip(seen["begin"], stopped))
+    assert not all(torch.equal(a, b) for a, b in zip(seen[4], stopped))
+
+
+def test_time_budget_stops_training(work, tmp_path):
+    info = _train(work, "e2e_nlg", "lora", tmp_path / "b", "--max-steps", "500", "--time-budget", "0.5")
+    assert 1 <= info["training"]["steps"] < 500
+
+
+# ------------------------------------------------------------------------------------------- eval and table
+
+
+@pytest.mark.parametrize("method", ["lora", "streaming", "medusa2", "eagle"])
+def test_eval_json_is_complete_and_lossless(work, trained, method, tmp_path):
+    out = tmp_path / f"{method}.json"
+    argv = ["downstream", "eval", str(trained[method]), "--task", "e2e_nlg", "--data", str(work["e2e_nlg"]),
+            "--limit", "3", "--max-new-tokens", "12", "--output", str(out), "--no-progress", "--write-card"]  # fmt: skip
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert all(k in result for k in EVAL_FIELDS)
+    assert result["n"] == 3 and result["method"] == method
+    assert result["lossless_rate"] == 1.0  # every speculative output equals the fine-tuned model's own plain one
+    assert result["tau"] >= 1.0 and result["speedup"] > 0
+    assert set(result["metric"]) == {"rougeL", "rouge1"} and all(0.0 <= v <= 1.0 for v in result["metric"].values())
+    assert (result["extra_parameters"] > 0) == (method != "lora")
+    card = (trained[method] / "README.md").read_text()
+    assert "E2E NLG" in card and f"| {result['tau']:.2f} |" in card and "downstream train" in card
+
+
+def test_table_renders(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    base = {"lossless_rate": 1.0, "n": 50, "train_seconds": 120.0, "drafter": "x"}
+    rows = [
+        {"task": "wikisql", "method": "streaming", "tau": 3.1, "speedup": 2.2, "metric": {"exact_match": 0.5}, "extra_parameters": 12000, **base},
+        {"task": "e2e_nlg", "method": "lora", "tau": 1.4, "speedup": 1.1, "metric": {"rougeL": 0.45, "rouge1": 0.6}, "extra_parameters": 0, **base},
+    ]
+    for i, r in enumerate(rows):
+        (results / f"{i}.json").write_text(json.dumps(r))
+    (results / "other.json").write_text(json.dumps({"not": "an eval"}))
+    md, png = tmp_path / "table.md", tmp_path / "plot.png"
+    assert main(["downstream", "table", "--results", str(results), "--output", str(md), "--plot", str(png)]) == 0
+    lines = md.read_text().splitlines()
+    assert len(lines) == 4  # header, rule, two rows (the non-eval JSON skipped)
+    assert lines[2].startswith("| E2E NLG | LoRA") and "1.10x" in lines[2] and "rougeL 45.0" in lines[2]
+    assert "| WikiSQL | Speculative Streaming" in lines[3] and "3.10" in lines[3] and "12.0K" in lines[3] and "2.0 min" in lines[3]
+    assert png.stat().st_size > 1000
+
+
+def test_time_budget_counts_earlier_runs_and_bounds_warmup(tmp_path):
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl
+
+    from hf_speculative.training.callbacks import TimeBudgetCallback, budget_warmup_steps
+
+    assert budget_warmup_steps(100_000, 0.05) == 5000
+    assert budget_warmup_steps(100_000, 0.05, time_budget=60) == 100  # many planned epochs must not stall the rate
+    assert budget_warmup_steps(10, 0.05, time_budget=60) == 1
+    checkpoint = tmp_path / "checkpoint-7"
+    checkpoint.mkdir()
+    args, state = SimpleNamespace(output_dir=str(tmp_path), save_strategy="steps"), SimpleNamespace(global_step=7, max_steps=100)
+    earlier = TimeBudgetCallback(100.0, spent=42.0)
+    earlier.on_save(args, state, TrainerControl())
+    assert 42.0 <= TimeBudgetCallback.spent_in(checkpoint) < 43.0
+    resumed = TimeBudgetCallback(42.5, spent=TimeBudgetCallback.spent_in(checkpoint))
+    control = TrainerControl()
+    resumed.on_train_begin(args, state, control)
+    resumed.on_step_end(args, state, control)
+    assert not control.should_training_stop or resumed.elapsed() > 42.5
+    resumed.spent = 50.0
+    resumed.on_step_end(args, state, control)
+    assert control.should_training_stop and control.should_save  # the budget ended: stop, with a checkpoint to resume
