@@ -189,3 +189,18 @@ def test_checkpoint_after_each_prompt(tiny):
     run_benchmark(model, tok, RECORDS, ["plain"], max_new_tokens=2, progress=False, checkpoint=seen.append)
     assert [c["setting"]["n_prompts"] for c in seen] == [1, 2]
     assert all(c["setting"]["partial"] for c in seen)
+
+
+def test_floor_outputs_equal_plain_in_float32(tiny):
+    """Both floor shapes reproduce plain batch-of-one greedy decoding in fp32, a one-token prompt included."""
+    import torch
+    import transformers
+
+    from hf_speculative.bench.numerics import floor_outputs
+
+    model, tok = tiny
+    common = dict(max_new_tokens=10, do_sample=False, eos_token_id=model.generation_config.eos_token_id)
+    for ids in (tok("tell me a story about the dog", return_tensors="pt").input_ids, torch.tensor([[5]])):
+        plain = transformers.GenerationMixin.generate(model, ids, **common)[0, ids.shape[1] :].tolist()
+        outputs = floor_outputs(model, ids, common)
+        assert outputs == {"batch_of_two": plain, "split_prefill": plain}

@@ -78,7 +78,8 @@ def floor_outputs(model, input_ids: torch.LongTensor, common: dict) -> dict[str,
     eos = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
     outputs = {"batch_of_two": _until_eos(generate(input_ids.expand(2, -1).contiguous()), eos)}
     cache = DynamicCache(config=model.config)
-    model(input_ids[:, : max(1, length // 2)], **cache_arg(cache), use_cache=True)
+    if length > 1:  # a one-token prompt has nothing to split: its plain prefill
+        model(input_ids[:, : length // 2], **cache_arg(cache), use_cache=True)
     outputs["split_prefill"] = _until_eos(generate(input_ids, **cache_arg(cache)), eos)
     return outputs
 
