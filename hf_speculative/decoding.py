@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from ._compat import cache_arg, model_kwargs_cache
 from .cache import attention_window, crop_to, keep_paths, prepare_tree_cache
 from .drafters.base import DraftingOptions, TargetRows, TreeDrafter, vocab_logits
 from .trees import BatchTreeMaskBuffer, DraftTree, TreeSpec, batch_tree_block
@@ -416,7 +417,7 @@ def _prefill(model, input_ids, cache, model_kwargs, all_logits: bool = False):
     if model_kwargs.get("position_ids") is not None:
         kwargs["position_ids"] = model_kwargs["position_ids"][:, past_length:]
     return model(
-        input_ids=input_ids[:, past_length:], past_key_values=cache, use_cache=True,
+        input_ids=input_ids[:, past_length:], **cache_arg(cache), use_cache=True,
         output_hidden_states=True, logits_to_keep=0 if all_logits else 1, **kwargs,
     )  # fmt: skip
 
@@ -445,7 +446,7 @@ def _verify(model, drafter: TreeDrafter, batch: _Batch, drafts, masks: _TreeMask
         input_ids=input_ids,
         attention_mask=masks(batch, drafts, position_ids),
         position_ids=position_ids,
-        past_key_values=cache,
+        **cache_arg(cache),
         use_cache=True,
         output_hidden_states=want_hidden or lazy_head is not None,
         # with the lazy head the forward computes no logits itself: `NodeLogits` computes the rows the walk reads
@@ -559,7 +560,7 @@ def tree_speculative_decoding(
     cache to the accepted paths, (6) let the drafter catch up, (7) drop the rows that are done.
     """
     tree = _check_call(model, input_ids, drafter, tree, synced_gpus, streamer)
-    cache = model_kwargs.get("past_key_values")
+    cache = model_kwargs_cache(model_kwargs)
     prepare_tree_cache(cache)
     device = input_ids.device
     do_sample = bool(generation_config.do_sample)
@@ -629,7 +630,7 @@ def tree_speculative_decoding(
             scores=_per_step(batch.rows, "scores", sequences.shape[1] - input_ids.shape[1]) if stopping.keep_scores else None,
             logits=_per_step(batch.rows, "logits", sequences.shape[1] - input_ids.shape[1]) if stopping.keep_logits else None,
             # with a batch, finished rows left the cache: it is returned for a single sequence only
-            past_key_values=cache if generation_config.use_cache and len(batch.rows) == 1 else None,
+            **cache_arg(cache if generation_config.use_cache and len(batch.rows) == 1 else None),
             speculative_stats=stats,
         )
     return sequences

@@ -9,6 +9,7 @@ import torch
 from transformers import DynamicCache, StaticCache, StoppingCriteria, StoppingCriteriaList
 
 import hf_speculative as hfs
+from hf_speculative._compat import cache_arg
 from hf_speculative.drafters.base import TreeDrafter
 
 from conftest import noisy_copy, tiny_model
@@ -229,7 +230,7 @@ def test_sliding_window_exact_past_the_window(case):
         assert torch.equal(out, plain), (case, name)
         # batch of one, no padding, and a user cache built without a config (it must not lose the window)
         single = model.generate(ids[:1], max_new_tokens=40, do_sample=False)
-        out = model.generate(ids[:1], assistant_model=drafter, max_new_tokens=40, do_sample=False, past_key_values=DynamicCache())
+        out = model.generate(ids[:1], assistant_model=drafter, max_new_tokens=40, do_sample=False, **cache_arg(DynamicCache()))
         assert torch.equal(out, single), (case, name)
 
 
@@ -266,15 +267,15 @@ def test_caches_that_cannot_work_are_named():
     prompt = torch.tensor([ROWS[0]])
     with pytest.raises(ValueError, match="StaticCache"):
         model.generate(prompt, assistant_model=hfs.PromptLookupDrafter(), max_new_tokens=4,
-                       past_key_values=StaticCache(config=model.config, max_cache_len=64))  # fmt: skip
+                       **cache_arg(StaticCache(config=model.config, max_cache_len=64)))  # fmt: skip
     # a sliding layer that already evicted tokens
     cache = DynamicCache(config=model.config)
     long_prompt = torch.tensor([ROWS[0] * 3])
     with torch.no_grad():
-        model(long_prompt, past_key_values=cache, use_cache=True)
+        model(long_prompt, **cache_arg(cache), use_cache=True)
     with pytest.raises(ValueError, match="DynamicSlidingWindowLayer"):
         model.generate(torch.cat([long_prompt, prompt], -1), assistant_model=hfs.PromptLookupDrafter(), max_new_tokens=4,
-                       past_key_values=cache)  # fmt: skip
+                       **cache_arg(cache))  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- sampling, per row

@@ -54,7 +54,7 @@ def test_run_benchmark_transformers_methods(tiny):
     result = run_benchmark(model, tok, RECORDS, ["hf-prompt-lookup", "plain", "hf-assisted"], opts,
                            max_new_tokens=12, progress=False, save_text=True)  # fmt: skip
     json.dumps(result)
-    assert set(result) == {"setting", "methods", "prompts"}
+    assert set(result) == {"setting", "methods", "prompts", "numerics_floor"}
     s = result["setting"]
     assert s["n_prompts"] == 3 and s["max_new_tokens"] == 12 and s["temperature"] == 0.0
     assert {"platform", "cpu_count", "torch", "transformers"} <= set(s["machine"])
@@ -79,6 +79,39 @@ def test_sampling_has_no_lossless_rate(tiny):
                            temperature=0.8, progress=False)  # fmt: skip
     assert result["methods"]["hf-prompt-lookup"]["lossless_rate"] is None
     assert result["setting"]["greedy"] is False
+    assert "numerics_floor" not in result  # greedy only
+
+
+def test_identical_rate_and_numerics_floor_float32(tiny):
+    """fp32: every method identical to plain, and plain itself unchanged as a row of a batch of 2 and with
+    its prefill split in two (the floor is 100%); the fields are in the JSON per method and per prompt."""
+    model, tok = tiny
+    result = run_benchmark(model, tok, RECORDS, ["plain", "tree-prompt-lookup"], max_new_tokens=12, progress=False)
+    m = result["methods"]["tree-prompt-lookup"]
+    assert m["lossless_rate"] == 1.0 and m["first_divergence_min"] is None and "first_divergence_mean" in m
+    floor = result["numerics_floor"]
+    for variant in ("batch_of_two", "split_prefill", "any"):
+        assert floor[variant]["identical_rate"] == 1.0 and floor[variant]["n"] == 3
+    for row in result["prompts"]:
+        assert row["numerics_floor"] == {"batch_of_two": None, "split_prefill": None}
+        assert row["results"]["tree-prompt-lookup"]["first_divergence"] is None
+    no_floor = run_benchmark(model, tok, RECORDS[:1], ["tree-prompt-lookup"], max_new_tokens=4, progress=False,
+                             numerics_floor=False)  # fmt: skip
+    assert "numerics_floor" not in no_floor
+
+
+def test_numerics_floor_bfloat16_runs(tiny):
+    """bf16: the floor and the first divergence are reported (their values depend on the CPU's rounding)."""
+    import copy
+
+    import torch
+
+    model, tok = tiny
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    result = run_benchmark(bf16, tok, RECORDS[:2], ["tree-prompt-lookup"], max_new_tokens=8, progress=False)
+    assert result["setting"]["dtype"] == "torch.bfloat16"
+    assert result["numerics_floor"]["batch_of_two"]["n"] == 2  # without a plain method: one untimed plain call
+    assert set(result["prompts"][0]["numerics_floor"]) == {"batch_of_two", "split_prefill"}
 
 
 def test_repeats_reported(tiny):
@@ -156,3 +189,18 @@ def test_checkpoint_after_each_prompt(tiny):
     run_benchmark(model, tok, RECORDS, ["plain"], max_new_tokens=2, progress=False, checkpoint=seen.append)
     assert [c["setting"]["n_prompts"] for c in seen] == [1, 2]
     assert all(c["setting"]["partial"] for c in seen)
+
+
+def test_floor_outputs_equal_plain_in_float32(tiny):
+    """Both floor shapes reproduce plain batch-of-one greedy decoding in fp32, a one-token prompt included."""
+    import torch
+    import transformers
+
+    from hf_speculative.bench.numerics import floor_outputs
+
+    model, tok = tiny
+    common = dict(max_new_tokens=10, do_sample=False, eos_token_id=model.generation_config.eos_token_id)
+    for ids in (tok("tell me a story about the dog", return_tensors="pt").input_ids, torch.tensor([[5]])):
+        plain = transformers.GenerationMixin.generate(model, ids, **common)[0, ids.shape[1] :].tolist()
+        outputs = floor_outputs(model, ids, common)
+        assert outputs == {"batch_of_two": plain, "split_prefill": plain}

@@ -127,13 +127,13 @@ def test_training_time_test_unrolled_steps_match_drafting():
     j, feats = 2, batch["features"][0]
     with torch.no_grad():
         out = drafter(seq[None, 1 : j + 2], target_features=feats[None, : j + 1], use_cache=True)
-        kv, hidden = out.past_key_values, out.hidden_states[0, -1]
+        kv, hidden = out.cache, out.hidden_states[0, -1]
         torch.testing.assert_close(calls[0][j], hidden, **FP32_LAYERS)
         for s in range(1, steps):
             mask = torch.zeros(1, 1, 1, kv[0].shape[2] + 1)  # the committed rows <= j and the chain: all visible
             o = drafter(seq[None, j + 1 + s : j + 2 + s], hidden=hidden[None, None], position_ids=torch.tensor([[j + s]]),
-                        attention_mask=mask, past_key_values=kv, use_cache=True)  # fmt: skip
-            kv, hidden = o.past_key_values, o.hidden_states[0, 0]
+                        attention_mask=mask, cache=kv, use_cache=True)  # fmt: skip
+            kv, hidden = o.cache, o.hidden_states[0, 0]
             # step s's loss projected its valid rows in order; row j is the j-th (all rows of one sequence are valid)
             torch.testing.assert_close(calls[s][j], hidden, **FP32_LAYERS)
 

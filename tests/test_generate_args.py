@@ -12,6 +12,7 @@ from transformers import (
 from transformers.generation.streamers import BaseStreamer
 
 import hf_speculative as hfs
+from hf_speculative._compat import cache_arg, get_cache
 
 from conftest import FP32_LAYERS, noisy_copy, tiny_model
 
@@ -109,7 +110,7 @@ def test_return_dict_scores_logits_and_cache(pair):
     stats = out.speculative_stats
     assert sum(stats.accepted_lengths) == 10 and stats.accepted_lengths[0] == 1
     assert stats.mean_accepted_length == pytest.approx(10 / len(stats.accepted_lengths))
-    assert out.past_key_values.get_seq_length() == out.sequences.shape[1] - 1
+    assert get_cache(out).get_seq_length() == out.sequences.shape[1] - 1
     assert set(stats.timings) == {"draft", "target", "engine"}
 
 
@@ -154,7 +155,7 @@ def test_static_cache_rejected(pair):
         target.generate(PROMPT, assistant_model=draft, max_new_tokens=4, cache_implementation="static")
     cache = StaticCache(config=target.config, max_cache_len=64)
     with pytest.raises(ValueError, match="DynamicCache"):
-        target.generate(PROMPT, assistant_model=draft, max_new_tokens=4, past_key_values=cache)
+        target.generate(PROMPT, assistant_model=draft, max_new_tokens=4, **cache_arg(cache))
 
 
 def test_flash_attention_rejected(pair):

@@ -19,6 +19,7 @@ ROOT = "hf_speculative"
 
 #: layer of a module (by longest matching prefix): a module may import only modules of its own layer or below
 LAYERS = [
+    ("hf_speculative._compat", 0),  # what differs between the supported transformers releases
     ("hf_speculative.trees", 0),
     ("hf_speculative.verify", 0),
     ("hf_speculative.cache", 0),

@@ -5,11 +5,14 @@ sparse-cache implementation, batched ragged rows, clear errors."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers import DynamicCache
 
 import hf_speculative as hfs
+from hf_speculative._compat import cache_arg, get_cache
 from hf_speculative.drafters.base import DraftingOptions, TargetRows, cache_columns, streaming_slots
 from hf_speculative.drafters.magicdec import rerotate_keys
 from hf_speculative.drafters.spire import chain_with_alternatives
@@ -82,13 +85,10 @@ def test_sink_and_window_columns_by_hand():
     batched.update(keys, keys, 0)
     real = torch.tensor([[True] * 10, [False, False, True, True, False, True, True, True, True, True]])
 
-    class Out:
-        logits = torch.zeros(2, 1, 5)
-        past_key_values = batched
-
-    row = TargetRows(Out(), columns=real).row(1)
-    assert row.past_key_values.get_seq_length() == 7
-    (k, _), = cache_columns(row.past_key_values, torch.tensor([0, 4, 5, 6]))
+    out = SimpleNamespace(logits=torch.zeros(2, 1, 5), **cache_arg(batched))
+    row = TargetRows(out, columns=real).row(1)
+    assert get_cache(row).get_seq_length() == 7
+    (k, _), = cache_columns(get_cache(row), torch.tensor([0, 4, 5, 6]))
     assert k[0, 0, :, 0].tolist() == [12, 17, 18, 19]
 
     # the drafter copies exactly those columns out of the target's cache
@@ -98,7 +98,7 @@ def test_sink_and_window_columns_by_hand():
     drafter = hfs.MagicDecDrafter(model, sliding_window=WINDOW, num_sink_tokens=2)
     drafter.begin(ids, out)
     assert drafter.slot_positions.tolist() == [0, 1, 13, 14, 15, 16, 17, 18, 19]
-    for (k, v), layer in zip(drafter.kv, out.past_key_values.layers):
+    for (k, v), layer in zip(drafter.kv, get_cache(out).layers):
         assert torch.equal(k, layer.keys[:, :, [0, 1, 13, 14, 15, 16, 17, 18, 19]])
         assert torch.equal(v, layer.values[:, :, [0, 1, 13, 14, 15, 16, 17, 18, 19]])
 
@@ -109,10 +109,10 @@ def test_sink_rerotation_equals_keys_recomputed_at_new_positions(arch):
     positions delta, delta + 1 (their hidden states depend on relative positions only), in every layer."""
     model = _target(arch)
     sinks = torch.tensor([[5, 17]])
-    at_zero = model(sinks, position_ids=torch.tensor([[0, 1]]), use_cache=True).past_key_values
+    at_zero = get_cache(model(sinks, position_ids=torch.tensor([[0, 1]]), use_cache=True))
     inv_freq = model.model.rotary_emb.inv_freq
     for delta in (1, 7, 300):
-        moved = model(sinks, position_ids=torch.tensor([[delta, delta + 1]]), use_cache=True).past_key_values
+        moved = get_cache(model(sinks, position_ids=torch.tensor([[delta, delta + 1]]), use_cache=True))
         for layer, ref in zip(at_zero.layers, moved.layers):
             rotated = rerotate_keys(layer.keys, torch.tensor([delta]), inv_freq)
             torch.testing.assert_close(rotated, ref.keys, rtol=1e-5, atol=1e-5)
@@ -141,7 +141,7 @@ def _literal_chain_probs(model, cache, tokens, root: int, window: int, sinks: in
                 keys.append(rerotate_keys(k, torch.tensor([idx - p]), inv_freq) if cache_positions else k)
             fresh.update(torch.cat(keys, 2), torch.cat([entries[p][i][1] for p in visible], 2), i)
         position = len(visible) if cache_positions else query
-        out = model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[position]]), past_key_values=fresh, use_cache=True)
+        out = model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[position]]), **cache_arg(fresh), use_cache=True)
         probs.append(torch.softmax(out.logits[0, -1].float(), -1))
         # the drafted token's key, stored at its text position
         new = [(layer.keys[:, :, -1:], layer.values[:, :, -1:]) for layer in fresh.layers]
@@ -163,7 +163,7 @@ def test_drafting_equals_a_literal_sparse_cache(positions):
         tree = hfs.TreeSpec.chain(4)
         draft = drafter.propose(seq, tree, DraftingOptions(do_sample=True, generator=torch.Generator().manual_seed(0)))
         chain = draft.tokens[:4].tolist()  # the root and the drafted tokens each chain forward reads
-        ref = _literal_chain_probs(model, out.past_key_values, chain, ids.shape[1], WINDOW, sinks, positions == "cache")
+        ref = _literal_chain_probs(model, get_cache(out), chain, ids.shape[1], WINDOW, sinks, positions == "cache")
         torch.testing.assert_close(draft.draft_probs[:4], torch.stack(ref), **FP32_LAYERS)
     # the two modes really differ once the window has left a gap after the sinks
     other = hfs.MagicDecDrafter(model, sliding_window=WINDOW, positions="original" if positions == "cache" else "cache")

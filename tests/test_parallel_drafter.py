@@ -144,7 +144,7 @@ def test_mask_tokens_never_stay_in_the_drafter_cache(hidden):
     fresh = DynamicCache(config=drafter.decoder.config)
     prev = torch.cat([torch.zeros(1, H), target_hidden[: L - 1]])[None] if hidden else None
     with torch.no_grad():
-        drafter(sequence, position_ids=torch.arange(L)[None], target_hidden_states=prev, past_key_values=fresh, use_cache=True)
+        drafter(sequence, position_ids=torch.arange(L)[None], target_hidden_states=prev, cache=fresh, use_cache=True)
     torch.testing.assert_close(keys, fresh.layers[0].keys, **FP32_LAYERS)
     if hidden:  # the drafter's record of the target's states equals a plain target forward's
         with torch.no_grad():

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from transformers import AutoConfig, AutoModel, DynamicCache
 
 import hf_speculative as hfs
+from hf_speculative._compat import cache_arg, get_cache
 from hf_speculative.drafters.streaming import LlamaForSpeculativeStreaming, SpeculativeStreamingConfig
 from hf_speculative.drafters.streaming.modeling_speculative_streaming import (
     causal_key_mask,
@@ -69,8 +70,8 @@ def test_main_stream_is_the_base_model_and_the_cache_stays_the_base_models(arch)
     ids = torch.randint(0, 96, (1, 11), generator=torch.Generator().manual_seed(1))
     c_base, c_ss = DynamicCache(config=base.config), DynamicCache(config=base.config)
     with torch.no_grad():
-        ref = base(ids, past_key_values=c_base, use_cache=True)
-        out = ss(ids, past_key_values=c_ss, use_cache=True, output_streams=True)
+        ref = base(ids, **cache_arg(c_base), use_cache=True)
+        out = ss(ids, cache=c_ss, use_cache=True, output_streams=True)
         assert torch.equal(out.logits, ref.logits)
         # the streams (and the drafter's evaluation from the cache) never write keys/values
         ss.stream_logits(out.stream_inputs[:, -1:], c_ss)
@@ -140,7 +141,7 @@ def test_msa_layer_matches_eq2_written_out_per_stream_and_position():
     ids = torch.randint(0, 96, (1, T), generator=torch.Generator().manual_seed(3))
     cache = DynamicCache(config=base.config)
     with torch.no_grad():
-        out = ss(ids, past_key_values=cache, use_cache=True)
+        out = ss(ids, cache=cache, use_cache=True)
         streams = ss.streams.init_streams(out.stream_inputs)
         cos, sin = ss.model.rotary_emb(streams, torch.arange(T)[None])
         kc = cache.layers[layer.self_attn.layer_idx]
@@ -170,7 +171,7 @@ def test_stream_visibility_by_perturbation():
         # a stream sees no other position's streams: each position alone, from a cache of its prefix, is the same
         for t in range(T):
             cache = DynamicCache(config=base.config)
-            out = ss(ids[:, : t + 1], past_key_values=cache, use_cache=True)
+            out = ss(ids[:, : t + 1], cache=cache, use_cache=True)
             alone = ss.stream_logits(out.stream_inputs[:, -1:], cache)[0, 0]
             torch.testing.assert_close(alone, ref[t], **FP32_LAYERS)
         # lossless (Eq. 1 without streams): the main stream is blind to the streams
@@ -185,13 +186,13 @@ def test_tree_mask_rows_are_used_for_the_streams():
     tokens = torch.randint(0, 96, (spec.num_nodes + 1,), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         cache = DynamicCache(config=base.config)
-        ss(prefix[:, :-1], past_key_values=cache, use_cache=True)
+        ss(prefix[:, :-1], cache=cache, use_cache=True)
         tokens[0] = prefix[0, -1]
         from hf_speculative.trees import tree_attention_mask
 
         mask = tree_attention_mask(spec.ancestors, 5, torch.float32, "cpu")
         pos = (5 + spec.depths)[None]
-        out = ss(tokens[None], attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, output_streams=True)
+        out = ss(tokens[None], attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, output_streams=True)
         draft = hfs.DraftTree.from_spec(spec, tokens)
         for node in range(len(tokens)):
             path = draft.path_to(node)
@@ -214,9 +215,9 @@ def test_lossless_greedy_equality_with_random_streams(arch, num_msa_layers, num_
         # the cache left behind is the base model's cache of the committed sequence (minus the last token)
         cache = DynamicCache(config=base.config)
         with torch.no_grad():
-            base(out.sequences[:, :-1], past_key_values=cache, use_cache=True)
-        assert out.past_key_values.get_seq_length() == cache.get_seq_length()
-        for a, b in zip(out.past_key_values.layers, cache.layers):
+            base(out.sequences[:, :-1], **cache_arg(cache), use_cache=True)
+        assert get_cache(out).get_seq_length() == cache.get_seq_length()
+        for a, b in zip(get_cache(out).layers, cache.layers):
             torch.testing.assert_close(a.keys, b.keys, **FP32_LAYERS)
     tree = hfs.TreeSpec.chain(num_streams)  # a chain override works too
     ref = base.generate(ids, max_new_tokens=20, do_sample=False)
@@ -463,7 +464,7 @@ def test_shared_mode_injects_lora_and_trains_streams_and_lora():
     # the cache holds the main stream's keys/values only, one per position
     cache = DynamicCache(config=base.config)
     with torch.no_grad():
-        ss(ids, past_key_values=cache, use_cache=True)
+        ss(ids, cache=cache, use_cache=True)
     assert cache.get_seq_length() == 6 and all(layer.keys.shape[2] == 6 for layer in cache.layers)
     with pytest.raises(ValueError, match="drafts and verifies for itself"):
         hfs.enable(base).generate(ids, assistant_model=ss, max_new_tokens=3)
@@ -551,9 +552,9 @@ def test_shared_tree_forward_matches_path_forwards():
 
     with torch.no_grad():
         cache = DynamicCache(config=base.config)
-        ss(prefix[:, :-1], past_key_values=cache, use_cache=True)
+        ss(prefix[:, :-1], cache=cache, use_cache=True)
         mask = tree_attention_mask(spec.ancestors, 5, torch.float32, "cpu")
-        out = ss(tokens[None], attention_mask=mask, position_ids=(5 + spec.depths)[None], past_key_values=cache, use_cache=True)
+        out = ss(tokens[None], attention_mask=mask, position_ids=(5 + spec.depths)[None], cache=cache, use_cache=True)
         draft = hfs.DraftTree.from_spec(spec, tokens)
         for node in range(len(tokens)):
             seq = torch.cat([prefix[:, :-1], tokens[draft.path_to(node)][None]], dim=1)
@@ -575,9 +576,9 @@ def test_shared_greedy_equals_its_own_autoregressive_decoding(arch, num_msa_laye
     # the cache left behind is the joint forward's (main-stream only) cache of the committed sequence
     expected = DynamicCache(config=ss.base.config)
     with torch.no_grad():
-        ss(got.sequences[:, :-1], past_key_values=expected, use_cache=True)
-    assert got.past_key_values.get_seq_length() == expected.get_seq_length() == got.sequences.shape[1] - 1
-    for mine, theirs in zip(got.past_key_values.layers, expected.layers):
+        ss(got.sequences[:, :-1], cache=expected, use_cache=True)
+    assert get_cache(got).get_seq_length() == expected.get_seq_length() == got.sequences.shape[1] - 1
+    for mine, theirs in zip(get_cache(got).layers, expected.layers):
         torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-3, atol=3e-4)  # float noise of other shapes
         torch.testing.assert_close(mine.values, theirs.values, rtol=1e-3, atol=3e-4)
 

@@ -8,6 +8,7 @@ import torch
 from transformers import DynamicCache
 
 import hf_speculative as hfs
+from hf_speculative._compat import cache_arg
 from hf_speculative.drafters.streaming import LlamaForSpeculativeStreaming
 from hf_speculative.drafters.streaming.pruning import prune_tree, pruned_verify_forward, transition_probabilities
 from hf_speculative.drafters.streaming.training_pruning import early_exit_accuracy, train_pruning_head
@@ -63,11 +64,11 @@ def test_pruned_forward_removes_exactly_the_subtrees_below_the_threshold(arch):
     def prefilled():
         cache = DynamicCache(config=base.config)
         with torch.no_grad():
-            base(prefix, past_key_values=cache, use_cache=True)
+            base(prefix, **cache_arg(cache), use_cache=True)
         return cache
 
     with torch.no_grad():  # the unpruned forward: transition probabilities from the state after layer 2
-        full = base(tokens[None], attention_mask=mask, position_ids=positions, past_key_values=prefilled(), use_cache=True, output_hidden_states=True)
+        full = base(tokens[None], attention_mask=mask, position_ids=positions, **cache_arg(prefilled()), use_cache=True, output_hidden_states=True)
         layer_state = full.hidden_states[2][0]
         inner_logits = base.lm_head(ss.model.norm(layer_state + ss.streams.pruning(layer_state)))
         probs = torch.ones(len(draft))
@@ -83,7 +84,7 @@ def test_pruned_forward_removes_exactly_the_subtrees_below_the_threshold(arch):
 
     cache = prefilled()
     out, kept = pruned_verify_forward(
-        ss, draft, threshold, input_ids=tokens[None], attention_mask=mask, position_ids=positions, past_key_values=cache,
+        ss, draft, threshold, input_ids=tokens[None], attention_mask=mask, position_ids=positions, cache=cache,
         output_hidden_states=True,
     )  # fmt: skip
     assert kept.tokens.tolist() == tokens[expected].tolist()
@@ -96,7 +97,7 @@ def test_pruned_forward_removes_exactly_the_subtrees_below_the_threshold(arch):
     with torch.no_grad():
         base(
             kept.tokens[None], attention_mask=tree_attention_mask(kept.ancestors, past, base.dtype, "cpu"),
-            position_ids=(past + kept.depths)[None], past_key_values=reference, use_cache=True,
+            position_ids=(past + kept.depths)[None], **cache_arg(reference), use_cache=True,
         )  # fmt: skip
     for a, b in zip(cache.layers, reference.layers):
         assert a.keys.shape[-2] == past + len(expected)

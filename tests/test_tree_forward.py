@@ -7,6 +7,7 @@ import torch
 from transformers import DynamicCache
 
 import hf_speculative as hfs
+from hf_speculative._compat import cache_arg
 from hf_speculative.cache import keep_path
 from hf_speculative.trees import tree_attention_mask
 
@@ -15,14 +16,14 @@ from conftest import FP32_LAYERS, random_tree, tiny_model
 
 def _tree_forward(model, prompt, tree_tokens, spec):
     cache = DynamicCache(config=model.config)
-    model(input_ids=prompt[:, :-1], past_key_values=cache, use_cache=True)
+    model(input_ids=prompt[:, :-1], **cache_arg(cache), use_cache=True)
     past = prompt.shape[1] - 1
     mask = tree_attention_mask(spec.ancestors, past, model.dtype, "cpu")
     out = model(
         input_ids=tree_tokens[None],
         attention_mask=mask,
         position_ids=(past + spec.depths)[None],
-        past_key_values=cache,
+        **cache_arg(cache),
         use_cache=True,
     )
     return out.logits[0], cache, past
@@ -61,7 +62,7 @@ def test_cache_after_compaction_equals_rerun(arch):
         path = draft.path_to(leaf)
         keep_path(cache, past, path)
         rerun = DynamicCache(config=model.config)
-        model(input_ids=torch.cat([prompt[:, :-1], tokens[path][None]], dim=-1), past_key_values=rerun, use_cache=True)
+        model(input_ids=torch.cat([prompt[:, :-1], tokens[path][None]], dim=-1), **cache_arg(rerun), use_cache=True)
         assert cache.get_seq_length() == rerun.get_seq_length() == past + len(path)
         for mine, ref in zip(cache.layers, rerun.layers):
             torch.testing.assert_close(mine.keys, ref.keys, **FP32_LAYERS)

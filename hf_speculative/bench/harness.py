@@ -9,7 +9,10 @@ then, in one process and on the same tokenized prompts:
    all methods alike), ``--repeats`` times, timing only the ``generate`` call with
    ``time.perf_counter`` (tokenization and chat templating happen before, outside the timed region;
    on CUDA the region is closed by ``torch.cuda.synchronize``);
-3. summarizes with :mod:`hf_speculative.bench.report`.
+3. greedy only, untimed: per prompt, the numerics floor (:mod:`hf_speculative.bench.numerics`): plain
+   ``generate()`` as one row of a batch of two identical rows and with its prefill split in two, each
+   compared with plain's batch-of-one output (in bf16/fp16 these differ by rounding now and then);
+4. summarizes with :mod:`hf_speculative.bench.report`.
 
 Counting target forwards.  Our engine reports ``out.speculative_stats.accepted_lengths`` (one entry
 per target forward).  Plain decoding makes one forward per new token.  For transformers' own
@@ -37,6 +40,7 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
+from .numerics import FLOOR_VARIANTS, first_divergence, floor_outputs, summarize_floor
 from .prompts import BenchPrompt, prepare_prompts
 from .report import Measurement, prompts_json, summarize
 
@@ -575,8 +579,12 @@ def run_benchmark(
     save_text: bool = False,
     extra_setting: dict | None = None,
     checkpoint: Callable[[dict], None] | None = None,
+    numerics_floor: bool = True,
 ) -> dict:
     """Benchmark ``methods`` on ``records``; returns the JSON-ready result dict.
+
+    ``numerics_floor`` (greedy only): also run plain ``generate()`` untimed in the other batch shapes of
+    `hf_speculative.bench.numerics` and report how often its output changes (``result["numerics_floor"]``).
 
     ``checkpoint(partial_result)`` is called after every prompt (outside any timed region) with the
     result so far (``setting["partial"] = True``), e.g. to keep a JSON file up to date.
@@ -597,12 +605,13 @@ def run_benchmark(
         time_one(m, prompts[0], {**common, "max_new_tokens": min(warmup_tokens, max_new_tokens)}, device, seed)
 
     measurements: list[Measurement] = []
+    floor: dict[str, dict[str, int | None]] | None = {} if greedy and numerics_floor else None
 
     def _result(ms, n_done, partial):
         return _assemble(ms, n_done, partial, model=model, greedy=greedy, max_new_tokens=max_new_tokens,
                          temperature=temperature, repeats=repeats, seed=seed, device=device,
                          bench_methods=bench_methods, options=options, save_text=save_text,
-                         extra_setting=extra_setting)  # fmt: skip
+                         extra_setting=extra_setting, floor=floor)  # fmt: skip
 
     bar = tqdm(total=len(prompts) * len(bench_methods), desc="bench", unit="gen", disable=not progress)
     for i, prompt in enumerate(prompts):
@@ -633,14 +642,29 @@ def run_benchmark(
             )
             bar.update(1)
             bar.set_postfix(method=m.name)
+        if floor is not None:
+            floor[prompt.id] = _floor_of_prompt(model, prompt, common, measurements, device)
         if checkpoint is not None and i + 1 < len(prompts):
             checkpoint(_result(measurements, i + 1, partial=True))
     bar.close()
     return _result(measurements, len(prompts), partial=False)
 
 
+def _floor_of_prompt(model, prompt: BenchPrompt, common: dict, measurements: list[Measurement], device) -> dict:
+    """``{variant: first divergence from plain's batch-of-one output}`` (``None``: identical) for one prompt;
+    plain's output is this run's ``plain`` measurement, or one more untimed plain call without it."""
+    plain = next((m.output_ids for m in measurements if m.method == "plain" and m.prompt_id == prompt.id), None)
+    ids = prompt.input_ids
+    with torch.inference_mode():
+        if plain is None:
+            plain = _transformers_generate(model, ids, attention_mask=torch.ones_like(ids), **common).sequences[0, ids.shape[1] :].tolist()
+        outputs = floor_outputs(model, ids, common)
+    _sync(device)
+    return {variant: first_divergence(outputs[variant], plain) for variant in FLOOR_VARIANTS}
+
+
 def _assemble(measurements, n_done, partial, *, model, greedy, max_new_tokens, temperature, repeats, seed, device,
-              bench_methods, options, save_text, extra_setting):  # fmt: skip
+              bench_methods, options, save_text, extra_setting, floor=None):  # fmt: skip
     summary = summarize(measurements, greedy=greedy)
     setting = {
         "max_new_tokens": max_new_tokens,
@@ -660,8 +684,19 @@ def _assemble(measurements, n_done, partial, *, model, greedy, max_new_tokens, t
     }
     if partial:
         setting["partial"] = True
-    return {
+    result = {
         "setting": setting,
         "methods": summary,
         "prompts": prompts_json(measurements, save_text=save_text),
     }
+    if floor:
+        result["numerics_floor"] = {
+            "description": "plain greedy generate() on the same prompts and dtype, as one row of a batch of 2 identical "
+            "rows (batch_of_two) and with the prefill split in two forwards (split_prefill), against its batch-of-one "
+            "output; first divergence: index of the first differing new token",
+            **summarize_floor(floor),
+        }
+        for row in result["prompts"]:
+            if row["id"] in floor:
+                row["numerics_floor"] = floor[row["id"]]
+    return result

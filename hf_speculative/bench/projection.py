@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .._compat import cache_arg
 from ..perf_model import SHAPES, projected_speedup, shape_config
 
 __all__ = ["SHAPES", "shape_config", "projected_speedup", "StepTiming", "measure_step_latency", "project"]
@@ -85,7 +86,7 @@ def measure_step_latency(
     vocab = config.vocab_size
     cache = DynamicCache(config=config)
     prefix = torch.randint(vocab, (1, prefix_len), device=device)
-    model(input_ids=prefix, past_key_values=cache, use_cache=True)
+    model(input_ids=prefix, **cache_arg(cache), use_cache=True)
     one = torch.randint(vocab, (1, 1), device=device)
     many = torch.randint(vocab, (1, n), device=device)
     mask = _tree_mask(tree, n, prefix_len, dtype, device)
@@ -98,7 +99,7 @@ def measure_step_latency(
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            model(input_ids=ids, position_ids=pos, attention_mask=attn, past_key_values=cache, use_cache=True)
+            model(input_ids=ids, position_ids=pos, attention_mask=attn, **cache_arg(cache), use_cache=True)
             end.record()
             torch.cuda.synchronize()
             dt = start.elapsed_time(end) / 1000
@@ -106,7 +107,7 @@ def measure_step_latency(
             import time
 
             t0 = time.perf_counter()
-            model(input_ids=ids, position_ids=pos, attention_mask=attn, past_key_values=cache, use_cache=True)
+            model(input_ids=ids, position_ids=pos, attention_mask=attn, **cache_arg(cache), use_cache=True)
             dt = time.perf_counter() - t0
         extra = cache.get_seq_length() - prefix_len
         if extra > 0:

@@ -10,8 +10,12 @@ Definitions (the same as Spec-Bench, Xia et al. 2024, and DESIGN.md "Measuring")
 * **step overhead** -- ``(wall / target_forwards)(method) / (wall / new_tokens)(plain)``: how much
   longer one speculative step (draft + tree verification + bookkeeping) takes than one plain
   decoding step.  speedup ~= tau / step_overhead.
-* **lossless rate** -- share of prompts whose greedy output token ids equal plain's (``None`` when
-  sampling: sampled outputs are equal in distribution only).
+* **lossless rate** -- share of prompts whose greedy output token ids equal plain's, in the same dtype
+  (``None`` when sampling: sampled outputs are equal in distribution only); in float32 it must be 1.
+* **first divergence** -- on a prompt whose output differs from plain's, the index of the first differing new
+  token; summarized as mean / min / max over the diverging prompts. In bfloat16/float16 read both against the
+  numerics floor (`hf_speculative.bench.numerics`): how often plain ``generate()`` itself changes when the
+  prompt runs in another batch shape.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from .numerics import FLOOR_VARIANTS, divergence_summary, first_divergence
+
 __all__ = [
     "Measurement",
     "speedup",
@@ -31,6 +37,7 @@ __all__ = [
     "summarize_method",
     "summarize",
     "markdown_table",
+    "floor_lines",
     "category_table",
     "plot_results",
     "write_json",
@@ -125,6 +132,16 @@ def lossless_rate(method: Sequence[Measurement], baseline: Sequence[Measurement]
     return sum(a == b for a, b in pairs) / len(pairs)
 
 
+def divergences(method: Sequence[Measurement], baseline: Sequence[Measurement]) -> dict[str, int | None]:
+    """``{prompt id: first divergence from the baseline's output}`` (``None``: identical) where both have ids."""
+    base = {m.prompt_id: m.output_ids for m in baseline}
+    return {
+        m.prompt_id: first_divergence(m.output_ids, base[m.prompt_id])
+        for m in method
+        if m.output_ids is not None and base.get(m.prompt_id) is not None
+    }
+
+
 def _tokens_per_s(ms: Sequence[Measurement]) -> float | None:
     wall = sum(m.wall for m in ms)
     return sum(m.new_tokens for m in ms) / wall if wall > 0 else None
@@ -158,6 +175,7 @@ def summarize_method(
         "speedup": speedup(ms, base) if base else None,
         "step_overhead": step_overhead(ms, base) if base else None,
         "lossless_rate": lossless_rate(ms, base, greedy) if base else None,
+        **_divergence_fields(ms, base, greedy),
         "new_tokens": sum(m.new_tokens for m in ms),
         "wall_s": sum(m.wall for m in ms),
         "target_forwards": None if any(m.target_forwards is None for m in ms) else sum(m.target_forwards for m in ms),
@@ -181,6 +199,14 @@ def summarize_method(
             "tokens_per_s": _tokens_per_s(cms),
         }
     return out
+
+
+def _divergence_fields(ms, base, greedy: bool) -> dict:
+    """``first_divergence_mean/min/max`` over the prompts whose greedy output differs from the baseline's."""
+    if not greedy or not base:
+        return {}
+    summary = divergence_summary(list(divergences(ms, base).values()))
+    return {key: summary[key] for key in ("first_divergence_mean", "first_divergence_min", "first_divergence_max")}
 
 
 def summarize(measurements: Iterable[Measurement], greedy: bool = True, baseline: str = BASELINE) -> dict[str, dict]:
@@ -215,6 +241,7 @@ def prompts_json(measurements: Iterable[Measurement], save_text: bool = False) -
             res["accepted_lengths"] = m.accepted_lengths
         if m.prompt_id in base_ids and m.output_ids is not None and base_ids[m.prompt_id] is not None:
             res["matches_plain"] = m.output_ids == base_ids[m.prompt_id]
+            res["first_divergence"] = first_divergence(m.output_ids, base_ids[m.prompt_id])
         if save_text and m.text is not None:
             res["text"] = m.text
         row["results"][m.method] = res
@@ -230,19 +257,44 @@ def _fmt(x, spec=".2f", suffix="") -> str:
     return f"{x:{spec}}{suffix}"
 
 
+def _first_divergence_cell(s: dict) -> str:
+    if s.get("first_divergence_min") is None:
+        return "-" if s.get("lossless_rate") is not None else "n/a"
+    return f"{s['first_divergence_mean']:.0f} / {s['first_divergence_min']}"
+
+
 def markdown_table(methods: dict[str, dict]) -> str:
-    """One row per method: tau, tokens/s, speedup, step overhead, lossless rate."""
+    """One row per method: tau, tokens/s, speedup, step overhead, identical-output rate against plain (same
+    dtype) and the first divergence (mean / min new-token index over the prompts that differ)."""
     lines = [
-        "| method | tau | tokens/s | speedup | step overhead | lossless |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| method | tau | tokens/s | speedup | step overhead | identical to plain | first divergence (mean / min) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, s in methods.items():
         lossless = None if s.get("lossless_rate") is None else 100 * s["lossless_rate"]
         lines.append(
             f"| {name} | {_fmt(s.get('tau'))} | {_fmt(s.get('tokens_per_s'), '.1f')} | "
             f"{_fmt(s.get('speedup'), '.2f', 'x')} | {_fmt(s.get('step_overhead'), '.2f', 'x')} | "
-            f"{_fmt(lossless, '.0f', '%')} |"
+            f"{_fmt(lossless, '.0f', '%')} | {_first_divergence_cell(s)} |"
         )
+    return "\n".join(lines)
+
+
+FLOOR_LABELS = {
+    "batch_of_two": "as one row of a batch of 2 identical rows",
+    "split_prefill": "with its prefill split in two forwards",
+    "any": "in both shapes",
+}
+
+
+def floor_lines(floor: dict) -> str:
+    """The numerics floor (`hf_speculative.bench.numerics.summarize_floor`) as a few printed lines."""
+    lines = ["numerics floor: plain greedy generate() on the same prompt in another batch shape"]
+    for variant in (*FLOOR_VARIANTS, "any"):
+        s = floor[variant]
+        where = "" if s["first_divergence_min"] is None else (
+            f"; first divergence mean {s['first_divergence_mean']:.0f}, min {s['first_divergence_min']}")
+        lines.append(f"  {FLOOR_LABELS[variant]}: identical to batch-of-one on {s['identical']}/{s['n']} prompts{where}")
     return "\n".join(lines)
 
 

@@ -43,6 +43,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--output", default=None, help="result JSON")
     p.add_argument("--plot", default=None, help="PNG of speedup and tau per category")
     p.add_argument("--save-text", action="store_true", help="store decoded outputs in the JSON")
+    p.add_argument("--no-numerics-floor", dest="numerics_floor", action="store_false",
+                   help="skip the numerics floor (greedy runs measure, untimed, how often plain generate() changes "
+                   "its output as one row of a batch of 2 and with its prefill split in two: the rounding noise "
+                   "that bfloat16/float16 outputs are read against)")  # fmt: skip
     p.add_argument("--batch-size", default=None, help="batched throughput instead: comma list of batch sizes B (e.g. "
                    "1,4,8,16); prompts left padded in batches of B, total new tokens/s against plain batched generate, "
                    "tau per row; --plot draws speedup against B")  # fmt: skip
@@ -54,7 +58,7 @@ def run(args) -> int:
     from ..bench.harness import BenchOptions, drafter_method_name, run_benchmark
     from ..bench.prompts import describe_prompts, first_per_category, load_prompts
     from ..bench.reference import resolve_model
-    from ..bench.report import category_table, markdown_table, plot_results, write_json
+    from ..bench.report import category_table, floor_lines, markdown_table, plot_results, write_json
     from ..hub import resolve_name_or_path
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -94,9 +98,15 @@ def run(args) -> int:
         extra_setting={"model": str(args.model), "prompts": describe_prompts(args.prompts),
                        "command": "hf-speculative " + " ".join(getattr(args, "argv", None) or sys.argv[1:])},
         checkpoint=(lambda partial: write_json(partial, args.output)) if args.output else None,
+        numerics_floor=args.numerics_floor,
     )  # fmt: skip
     print()
+    print(f"{result['setting']['dtype']}; identical to plain: share of prompts whose greedy output equals plain "
+          "generate()'s in the same dtype; first divergence: index of the first differing new token")  # fmt: skip
     print(markdown_table(result["methods"]))
+    if "numerics_floor" in result:
+        print()
+        print(floor_lines(result["numerics_floor"]))
     print()
     print("speedup per category:")
     print(category_table(result["methods"], "speedup"))

@@ -17,7 +17,7 @@ A `TreeDrafter` holds one `generate()` call's drafting state. It has two layers:
 
 ``target_outputs`` (`TargetRows`) wraps the target's batched forward; ``target_outputs.row(j)`` is a
 batch-1 view of row j: tensors sliced to ``[j : j + 1]`` (prompt padding removed on the prefill), and
-``past_key_values`` the row's real cached tokens only (the engine's cache has padding and holes).
+its cache (``get_cache(row)``) the row's real cached tokens only (the engine's cache has padding and holes).
 
 **The batch-1 methods** ``begin`` / ``propose`` / ``verify`` / ``advance`` / ``end`` (one sequence). The
 default batched methods run them once per row on a shallow copy of the drafter per row (`copy.copy`), with
@@ -151,7 +151,7 @@ class TargetRows:
         outputs: the model output (batch ``A`` rows).
         rows: for each entry j handed to a drafter, its row in ``outputs`` (default: all rows in order).
         starts: per entry, the first position that belongs to the row (its left padding on the prefill).
-        columns: ``(A, C)`` bool, which columns of ``outputs.past_key_values`` hold each row's real tokens
+        columns: ``(A, C)`` bool, which columns of the outputs' cache hold each row's real tokens
             (None: every column).
         top_k: per entry, the ids of the ``TreeDrafter.verified_top_k`` most likely next tokens at each of the
             row's positions, ``(n_j, k)`` long, from the logits this forward computed: the prompt's real

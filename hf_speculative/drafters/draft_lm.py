@@ -16,6 +16,7 @@ import copy
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
+from .._compat import cache_arg
 from ..cache import attention_window, full_length_cache
 from ..trees import DraftTree, TreeSpec, additive_mask
 from .base import DraftingOptions, TreeDrafter, fill_children
@@ -57,7 +58,7 @@ class CausalLMDrafter(TreeDrafter):
             input_ids=ids[None],
             position_ids=positions[None],
             attention_mask=mask,
-            past_key_values=self.cache,
+            **cache_arg(self.cache),
             use_cache=True,
         )
         return out.logits[0]

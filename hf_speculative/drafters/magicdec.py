@@ -32,6 +32,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.models.llama.modeling_llama import rotate_half
 
+from .._compat import cache_arg, get_cache
 from ..cache import attention_window
 from ..trees import DraftTree, DynamicTree, TreeSpec
 from .base import ChainTreeFiller, DraftingOptions, TreeDrafter, cache_columns, output_embeddings, sparse_visibility, streaming_slots
@@ -165,11 +166,11 @@ class MagicDecDrafter(TreeDrafter):
 
     @torch.no_grad()
     def begin(self, prompt_ids, target_outputs) -> None:
-        self._read_cache(target_outputs.past_key_values)
+        self._read_cache(get_cache(target_outputs))
 
     @torch.no_grad()
     def advance(self, sequence, draft, result, target_outputs) -> None:
-        self._read_cache(target_outputs.past_key_values)
+        self._read_cache(get_cache(target_outputs))
 
     def end(self) -> None:
         self.kv = self.slot_positions = self.slot_valid = None
@@ -222,7 +223,7 @@ class MagicDecDrafter(TreeDrafter):
             mask = windowed_mask(visible[:, None], query[:, None], torch.cat([eff_pos, query[:, None]], 1),
                                  self.model_window, self.model_window_layout, model.dtype)  # fmt: skip
             logits = model(
-                input_ids=tokens[:, None], position_ids=query[:, None], attention_mask=mask, past_key_values=cache,
+                input_ids=tokens[:, None], position_ids=query[:, None], attention_mask=mask, **cache_arg(cache),
                 use_cache=True, logits_to_keep=1,
             ).logits[:, -1].float()  # fmt: skip
             next_tokens = [fill(d, logits[j]) for j, fill in enumerate(fillers)]

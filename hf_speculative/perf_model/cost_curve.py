@@ -33,6 +33,8 @@ from typing import Sequence
 
 import torch
 
+from .._compat import cache_arg
+
 __all__ = [
     "CostCurve",
     "measure_cost_curve",
@@ -211,7 +213,7 @@ def measure_cost_curve(
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (1, prefix + nodes[-1]), generator=gen).to(device)
     cache = DynamicCache(config=model.config)
-    model(input_ids=ids[:, :prefix], past_key_values=cache, use_cache=True)
+    model(input_ids=ids[:, :prefix], **cache_arg(cache), use_cache=True)
     masks = {n: additive_mask(torch.ones(n, prefix + n, dtype=torch.bool).tril(prefix), dtype).to(device) for n in nodes}
     head = model.get_output_embeddings() if projection_rows else None
     rows = [int(r) for r in projection_rows] if head is not None else []
@@ -226,7 +228,7 @@ def measure_cost_curve(
         _sync(device)
         start = time.perf_counter()
         out = model(
-            input_ids=ids[:, prefix : prefix + n], attention_mask=masks[n], past_key_values=cache, use_cache=True,
+            input_ids=ids[:, prefix : prefix + n], attention_mask=masks[n], **cache_arg(cache), use_cache=True,
             position_ids=torch.arange(prefix, prefix + n, device=device)[None], logits_to_keep=keep,
             output_hidden_states=engine_step,
         )  # fmt: skip

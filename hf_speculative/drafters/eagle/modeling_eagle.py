@@ -33,6 +33,7 @@ from transformers import initialization as init
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 from transformers.utils import ModelOutput
 
+from ..._compat import takes_cache
 from ...hub import resolve_name_or_path
 from ...trees import DraftTree, DynamicTree, TreeSpec
 from ..base import DraftingOptions, TreeDrafter, fill_children, input_embeddings, output_embeddings, vocab_logits
@@ -49,11 +50,11 @@ __all__ = [
 class EagleOutput(ModelOutput):
     """``hidden_states`` ``(B, T, H)``: the drafter's predicted features g (pre-norm for EAGLE-3, what is fed back);
     ``logits`` ``(B, T, V_draft)`` (EAGLE-3: over the draft vocabulary; EAGLE-1/2: the target's vocabulary);
-    ``past_key_values``: ``(keys, values)`` of the attention, past ones included, when ``use_cache``."""
+    ``cache``: ``(keys, values)`` of the attention, past ones included, when ``use_cache``."""
 
     hidden_states: torch.Tensor | None = None
     logits: torch.Tensor | None = None
-    past_key_values: tuple[torch.Tensor, torch.Tensor] | None = None
+    cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class EagleAttention(nn.Module):
@@ -340,6 +341,7 @@ class EagleDrafter(EaglePreTrainedModel):
         logits = vocab_logits(hidden, self.base_lm_head.weight.detach())
         return logits + self.base_lm_head.bias if getattr(self.base_lm_head, "bias", None) is not None else logits
 
+    @takes_cache
     def forward(
         self,
         input_ids: torch.LongTensor,
@@ -347,7 +349,7 @@ class EagleDrafter(EaglePreTrainedModel):
         hidden: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: tuple[torch.Tensor, torch.Tensor] | None = None,
+        cache: tuple[torch.Tensor, torch.Tensor] | None = None,
         use_cache: bool = False,
         compute_logits: bool = True,
         **kwargs,
@@ -358,17 +360,17 @@ class EagleDrafter(EaglePreTrainedModel):
         embeds = self.embed(input_ids)
         x = self.fuse(embeds, target_features, hidden)
         B, T = input_ids.shape
-        past = 0 if past_key_values is None else past_key_values[0].shape[2]
+        past = 0 if cache is None else cache[0].shape[2]
         if position_ids is None:
             position_ids = torch.arange(past, past + T, device=x.device)[None].expand(B, -1)
         if attention_mask is None:
             if past:
-                raise ValueError("pass an attention_mask when attending to past_key_values")
+                raise ValueError("pass an attention_mask when attending to a cache")
             attention_mask = causal_mask(T, x.dtype, x.device)
         cos, sin = self.rotary_emb(x, position_ids)
-        out, kv = self.layer(x, embeds, cos, sin, attention_mask, past_key_values)
+        out, kv = self.layer(x, embeds, cos, sin, attention_mask, cache)
         logits = self.compute_logits(out) if compute_logits else None
-        return EagleOutput(hidden_states=out, logits=logits, past_key_values=kv if use_cache else None)
+        return EagleOutput(hidden_states=out, logits=logits, cache=kv if use_cache else None)
 
     # ------------------------------------------------------------------ drafting
     def model_card(self) -> str:
@@ -451,8 +453,8 @@ class EagleTreeDrafter(TreeDrafter):
         mask = causal_mask(ids.shape[1], drafter.fc.weight.dtype, device, past=start)
         positions = torch.arange(start, L - 1, device=device)[None]
         out = drafter(ids, target_features=feats, position_ids=positions, attention_mask=mask,
-                      past_key_values=self.kv, use_cache=True, compute_logits=False)  # fmt: skip
-        self.kv, self.rows = out.past_key_values, L - 1
+                      cache=self.kv, use_cache=True, compute_logits=False)  # fmt: skip
+        self.kv, self.rows = out.cache, L - 1
         last = out.hidden_states[:, -1:]
         return last[0, 0], drafter.compute_logits(last)[0, 0]
 
@@ -487,8 +489,8 @@ class EagleTreeDrafter(TreeDrafter):
             mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
             past = self.kv if not tree_k else (torch.cat([self.kv[0], *tree_k], 2), torch.cat([self.kv[1], *tree_v], 2))
             out = drafter(ids, hidden=hidden, position_ids=positions, attention_mask=mask[None, None],
-                          past_key_values=past, use_cache=True, compute_logits=False)  # fmt: skip
-            k, v = out.past_key_values
+                          cache=past, use_cache=True, compute_logits=False)  # fmt: skip
+            k, v = out.cache
             tree_k.append(k[:, :, -n:])
             tree_v.append(v[:, :, -n:])
             for i, node in enumerate(nodes):

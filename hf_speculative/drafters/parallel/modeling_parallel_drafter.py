@@ -27,6 +27,7 @@ from transformers import AutoModel, DynamicCache, PreTrainedModel
 from transformers import initialization as init
 from transformers.utils import ModelOutput
 
+from ..._compat import cache_arg, get_cache, takes_cache
 from ...hub import resolve_name_or_path
 from ...cache import full_length_cache
 from ...trees import DraftTree, TreeSpec
@@ -50,11 +51,11 @@ __all__ = ["ParallelDrafter", "ParallelDrafterOutput", "ParallelTreeDrafter"]
 @dataclass
 class ParallelDrafterOutput(ModelOutput):
     """``logits`` ``(B, Q, V)`` (or of the rows asked for); ``hidden_states`` ``(B, Q, H)`` after the final norm;
-    ``past_key_values`` the drafter's cache when ``use_cache``."""
+    ``cache`` the drafter's cache when ``use_cache``."""
 
     logits: torch.Tensor | None = None
     hidden_states: torch.Tensor | None = None
-    past_key_values: object | None = None
+    cache: object | None = None
 
 
 class ParallelDrafterPreTrainedModel(DrafterHubMixin, PreTrainedModel):
@@ -208,13 +209,14 @@ class ParallelDrafter(DraftVocabMixin, ParallelDrafterPreTrainedModel):
         weight = self.base_lm_head.weight.detach()  # shared and frozen: no gradient for the 49K-row table
         return vocab_logits(hidden_states, weight)
 
+    @takes_cache
     def forward(
         self,
         input_ids: torch.LongTensor,
         position_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         target_hidden_states: torch.Tensor | None = None,
-        past_key_values=None,
+        cache=None,
         use_cache: bool = False,
         logits_rows: torch.Tensor | None = None,
         draft_vocab: bool = False,
@@ -229,13 +231,13 @@ class ParallelDrafter(DraftVocabMixin, ParallelDrafterPreTrainedModel):
             inputs_embeds=embeds,
             position_ids=position_ids,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            **cache_arg(cache),
             use_cache=use_cache,
         )
         hidden = out.last_hidden_state
         if logits_rows is not None:
             hidden = torch.gather(hidden, 1, logits_rows[..., None].expand(-1, -1, hidden.shape[-1]))
-        return ParallelDrafterOutput(logits=self.project(hidden, draft_vocab), hidden_states=hidden, past_key_values=out.past_key_values)
+        return ParallelDrafterOutput(logits=self.project(hidden, draft_vocab), hidden_states=hidden, cache=get_cache(out))
 
     # ------------------------------------------------------------------ drafting
     def model_card(self) -> str:
@@ -316,7 +318,7 @@ class ParallelTreeDrafter(TreeDrafter):
         start = ids.shape[0] - self.k - 1
         rows = torch.arange(start, start + num_depths, device=device)[None]
         out = drafter(ids[None], position_ids=positions[None], target_hidden_states=hidden,
-                      past_key_values=self.cache, use_cache=True, logits_rows=rows, draft_vocab=True)  # fmt: skip
+                      cache=self.cache, use_cache=True, logits_rows=rows, draft_vocab=True)  # fmt: skip
         self._keep_committed(committed)
         return out.logits[0].float()
 

@@ -43,6 +43,7 @@ from transformers.masking_utils import create_causal_mask, eager_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaPreTrainedModel, rotate_half
 
+from ..._compat import cache_arg, get_cache, takes_cache
 from ...generation import SpeculativeGenerationMixin
 from ...hub import resolve_name_or_path
 from ...trees import DraftTree, TreeSpec
@@ -446,12 +447,13 @@ class LlamaForSpeculativeStreaming(DrafterHubMixin, DraftVocabMixin, Speculative
     def msa_layers(self) -> list[nn.Module]:
         return list(self.model.layers[self.config.first_msa_layer :])
 
+    @takes_cache
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values=None,
+        cache=None,
         inputs_embeds: torch.FloatTensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -464,7 +466,7 @@ class LlamaForSpeculativeStreaming(DrafterHubMixin, DraftVocabMixin, Speculative
         self._check_attached()
         if self.config.mode == "shared":
             return self._joint_forward(
-                input_ids, inputs_embeds, attention_mask, position_ids, past_key_values, use_cache, logits_to_keep,
+                input_ids, inputs_embeds, attention_mask, position_ids, cache, use_cache, logits_to_keep,
                 output_streams, bool(kwargs.get("output_hidden_states")), labels,
             )  # fmt: skip
         captured = {}
@@ -472,15 +474,15 @@ class LlamaForSpeculativeStreaming(DrafterHubMixin, DraftVocabMixin, Speculative
         def capture(module, args, kw):
             captured["h"] = args[0] if args else kw["hidden_states"]
 
-        own_cache = output_streams and past_key_values is None
+        own_cache = output_streams and cache is None
         if own_cache:
-            past_key_values, use_cache = DynamicCache(config=self.base.config), True
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+            cache, use_cache = DynamicCache(config=self.base.config), True
+        past_length = cache.get_seq_length() if cache is not None else 0
         handle = self.model.layers[self.config.first_msa_layer].register_forward_pre_hook(capture, with_kwargs=True)
         try:
             out = LlamaForCausalLM.forward(
                 self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache,
+                **cache_arg(cache), inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache,
                 logits_to_keep=logits_to_keep, **kwargs,
             )  # fmt: skip
         finally:
@@ -492,11 +494,11 @@ class LlamaForSpeculativeStreaming(DrafterHubMixin, DraftVocabMixin, Speculative
             if position_ids is None:
                 position_ids = torch.arange(past_length, past_length + T, device=h.device)[None].expand(B, -1)
             key_mask = stream_key_mask(attention_mask, B, T, past_length, h.dtype, h.device)
-            stream_logits = self.stream_logits(h, past_key_values, key_mask, position_ids)
+            stream_logits = self.stream_logits(h, cache, key_mask, position_ids)
         return SpeculativeStreamingOutput(
             loss=out.loss,
             logits=out.logits,
-            past_key_values=None if own_cache else out.past_key_values,
+            **cache_arg(None if own_cache else get_cache(out)),
             hidden_states=out.hidden_states,
             attentions=out.attentions,
             stream_inputs=captured.get("h"),
@@ -504,7 +506,7 @@ class LlamaForSpeculativeStreaming(DrafterHubMixin, DraftVocabMixin, Speculative
         )
 
     def _joint_forward(
-        self, input_ids, inputs_embeds, attention_mask, position_ids, past_key_values, use_cache, logits_to_keep,
+        self, input_ids, inputs_embeds, attention_mask, position_ids, cache, use_cache, logits_to_keep,
         output_streams: bool, output_hidden_states: bool, labels,
     ) -> SpeculativeStreamingOutput:  # fmt: skip
         """`forward` in shared mode (Sec. 3.1.1, Eqs. 1-2): the base layers below N - N_s as usual, then main and streams
@@ -515,14 +517,13 @@ class LlamaForSpeculativeStreaming(DrafterHubMixin, DraftVocabMixin, Speculative
         decoder = self.model
         h = decoder.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         B, T = h.shape[:2]
-        cache = past_key_values
         if cache is None and use_cache:
             cache = DynamicCache(config=self.base.config)
         past_length = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
             position_ids = (torch.arange(T, device=h.device) + past_length)[None].expand(B, -1)
         mask = create_causal_mask(
-            config=self.base.config, inputs_embeds=h, attention_mask=attention_mask, past_key_values=cache, position_ids=position_ids
+            config=self.base.config, inputs_embeds=h, attention_mask=attention_mask, **cache_arg(cache), position_ids=position_ids
         )
         cos, sin = decoder.rotary_emb(h, position_ids)
         hidden = [h]
@@ -530,7 +531,7 @@ class LlamaForSpeculativeStreaming(DrafterHubMixin, DraftVocabMixin, Speculative
         for layer in decoder.layers[:first]:
             h = layer(
                 h, attention_mask=mask, position_embeddings=(cos, sin), position_ids=position_ids,
-                past_key_values=cache, use_cache=cache is not None,
+                **cache_arg(cache), use_cache=cache is not None,
             )  # fmt: skip
             hidden.append(h)
         stream_inputs = h
@@ -550,7 +551,7 @@ class LlamaForSpeculativeStreaming(DrafterHubMixin, DraftVocabMixin, Speculative
         return SpeculativeStreamingOutput(
             loss=loss,
             logits=logits,
-            past_key_values=cache if use_cache else None,
+            **cache_arg(cache if use_cache else None),
             hidden_states=tuple(hidden) if output_hidden_states else None,
             stream_inputs=stream_inputs,
             stream_logits=self.stream_head(streams) if output_streams else None,
@@ -704,7 +705,7 @@ class SpeculativeStreamingDrafter(TreeDrafter):
             if inputs is None:
                 raise ValueError("Speculative Streaming needs the target's hidden states (output_hidden_states=True)")
         h = inputs[:, node:][:, :1]
-        self.logits = self.model.stream_logits(h, target_outputs.past_key_values)[0, 0].float()  # (gamma, V)
+        self.logits = self.model.stream_logits(h, get_cache(target_outputs))[0, 0].float()  # (gamma, V)
 
     def begin(self, prompt_ids, target_outputs) -> None:
         self._streams_at(target_outputs, -1)

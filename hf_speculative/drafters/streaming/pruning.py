@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from ..._compat import cache_arg, takes_cache
 from ...cache import keep_path
 from ...trees import DraftTree
 from ..base import vocab_logits
@@ -74,6 +75,7 @@ def prune_tree(draft: DraftTree, probs: torch.Tensor, threshold: float) -> list[
 
 
 @torch.no_grad()
+@takes_cache
 def pruned_verify_forward(
     ss,
     draft: DraftTree,
@@ -81,7 +83,7 @@ def pruned_verify_forward(
     input_ids: torch.LongTensor,
     attention_mask: torch.Tensor,
     position_ids: torch.LongTensor,
-    past_key_values,
+    cache,
     use_cache: bool = True,
     output_hidden_states: bool = False,
     logits_to_keep: int | torch.Tensor = 0,
@@ -92,7 +94,7 @@ def pruned_verify_forward(
     kept nodes (``hidden_states``: the input of every decoder layer and the final-normed state, as the base
     model's) and the pruned draft they belong to.
     """
-    decoder, cache = ss.model, past_key_values
+    decoder = ss.model
     layers = decoder.layers[: ss.config.num_hidden_layers]
     split = ss.config.pruning_layer
     past = cache.get_seq_length()
@@ -103,7 +105,7 @@ def pruned_verify_forward(
     def run(block, hidden, mask, positions, rotary):
         for layer in block:
             inputs.append(hidden)
-            hidden = layer(hidden, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True, position_embeddings=rotary)
+            hidden = layer(hidden, attention_mask=mask, position_ids=positions, **cache_arg(cache), use_cache=True, position_embeddings=rotary)
         return hidden
 
     hidden = run(layers[:split], hidden, attention_mask, position_ids, (cos, sin))
@@ -120,4 +122,4 @@ def pruned_verify_forward(
     keep_rows = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep  # as transformers does
     logits = ss.lm_head(hidden[:, keep_rows])
     states = (*inputs, hidden) if output_hidden_states else None
-    return CausalLMOutputWithPast(logits=logits, past_key_values=cache if use_cache else None, hidden_states=states), draft
+    return CausalLMOutputWithPast(logits=logits, **cache_arg(cache if use_cache else None), hidden_states=states), draft
