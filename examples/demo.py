@@ -9,7 +9,8 @@ with one verdict line. Timings are wall-clock: run it on an otherwise idle machi
 
 ``--prompts``: a built-in prompt set (``mt_bench``, the default; ``heldout``, ``alpaca``, ... see
 ``hf_speculative/bench/data/README.md``) or a prompt file; ``--limit`` prompts are taken evenly across it.
-``--drafter``: a comma list of ``prompt-lookup`` (the model-free n-gram tree drafter), ``medusa`` (the trained
+``--drafter``: a comma list of ``prompt-lookup`` (the model-free n-gram tree drafter), ``token-recycling``,
+``hybrid`` (prompt lookup and Token Recycling in one tree), ``medusa`` (the trained
 reference Medusa heads committed in `model_cards/`) or drafter folders (any hf_speculative drafter or small causal
 LM); the default shows the fastest model-free and the fastest trained drafter side by side.
 """
@@ -37,8 +38,9 @@ from hf_speculative.hub import resolve_name_or_path  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 HEADS = ROOT / "model_cards" / "medusa-smollm2-135m-instruct"
 
-#: The demo's drafters, when --drafter is not given: a comma list of "prompt-lookup" | "medusa" | a drafter folder.
-#: The defaults are the fastest model-free drafter and the fastest trained one on this CPU (README, Benchmark).
+#: The demo's drafters, when --drafter is not given: a comma list of "prompt-lookup" | "token-recycling" | "hybrid" |
+#: "medusa" | a drafter folder.
+#: The defaults are the fastest model-free drafter and the fastest trained one on a 2-core CPU (docs/results/2026-11-23-amd-epyc-speed.md).
 DEFAULT_DRAFTER = "prompt-lookup,medusa"
 
 
@@ -46,6 +48,11 @@ def load_drafter(name: str, model):
     """``(drafter, description)`` for ``--drafter``; a folder that does not exist raises (no silent fallback)."""
     if name == "prompt-lookup":
         return hfs.PromptLookupDrafter(), "n-gram tree drafter (prompt lookup: no draft model, 16-node budget)"
+    if name == "token-recycling":
+        return hfs.TokenRecyclingDrafter(), "Token Recycling (the target's verified top-k successors; no draft model, learns as it runs)"
+    if name == "hybrid":
+        parts = [hfs.PromptLookupDrafter(), hfs.TokenRecyclingDrafter()]
+        return hfs.HybridDrafter(parts), "one tree merged from prompt lookup and Token Recycling (no draft model)"
     if name == "medusa":
         heads = hfs.MedusaHeadsModel.from_pretrained(HEADS, base_model=model)
         vocab = f", {heads.config.draft_vocab_size}-token draft vocabulary" if heads.config.draft_vocab_size else ""
@@ -71,7 +78,7 @@ def main() -> None:
     parser.add_argument("--prompts", default="mt_bench", help="built-in prompt set or prompt file (default: mt_bench)")
     parser.add_argument("--limit", type=int, default=6, help="number of prompts, taken evenly across the set (default 6)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--drafter", default=DEFAULT_DRAFTER, help=f"prompt-lookup | medusa | a drafter folder (default: {DEFAULT_DRAFTER})")
+    parser.add_argument("--drafter", default=DEFAULT_DRAFTER, help=f"prompt-lookup | token-recycling | hybrid | medusa | a drafter folder (default: {DEFAULT_DRAFTER})")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--show", type=int, default=1, help="print this many answers in full (default 1)")
     args = parser.parse_args()
@@ -83,7 +90,7 @@ def main() -> None:
     # a wrong prompt set or drafter folder fails here, before the model loads
     records = spread(load_prompts(args.prompts), args.limit)
     names = [n.strip() for n in args.drafter.split(",") if n.strip()]
-    names = [n if n in ("prompt-lookup", "medusa") else resolve_name_or_path(n, what="drafter") for n in names]
+    names = [n if n in ("prompt-lookup", "token-recycling", "hybrid", "medusa") else resolve_name_or_path(n, what="drafter") for n in names]
     first = not (reference_cache_path() / "model.safetensors").is_file()
     say("loading SmolLM2-135M-Instruct" + (" (first run: converting the GGUF file once, about a minute)" if first else "") + " ...")
     model, tokenizer = load_reference_model()

@@ -25,4 +25,4 @@ nice -n 19 hf-speculative bench --model reference --threads 1 --prompts "${PROMP
   --output outputs/bench_medusa.json "$@"
 
 # 4) tau against training tokens (the checkpoints of step 1, all with the final calibrated tree)
-nice -n 19 python examples/tau_curve.py --checkpoints outputs/medusa_curve --tree-from "$OUT" --out outputs/medusa_tau_curve.json
+nice -n 19 python scripts/tau_curve.py --checkpoints outputs/medusa_curve --tree-from "$OUT" --out outputs/medusa_tau_curve.json

@@ -19,5 +19,5 @@ nice -n 5 hf-speculative train medusa --medusa2 --model reference --threads 2 --
   --max-length 384 --head-positions 128 --batch-size 1 --max-steps 120 --time-budget 600 --calibrate-nodes 28
 
 # speed (MT-Bench first turns, greedy, 128 new tokens) and quality (ROUGE-L vs the base model's answers, held-out loss)
-nice -n 5 python examples/medusa2_eval.py --medusa2 "$OUT" --m1-heads model_cards/medusa-smollm2-135m-instruct \
+nice -n 5 python scripts/medusa2_eval.py --medusa2 "$OUT" --m1-heads model_cards/medusa-smollm2-135m-instruct \
   --threads 2 --per-category 1 --heldout 10 --out outputs/medusa2_eval.json --write-card

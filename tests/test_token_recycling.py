@@ -201,7 +201,7 @@ def test_sampling_matches_target_distribution(make):
     exact = _exact_generate(target, prompt, **kw)
     target.generate(prompt, assistant_model=drafter, max_new_tokens=8, do_sample=False)  # rows to draft from
     torch.manual_seed(1234)
-    n = 3000
+    n = 2000
     gen_kwargs = dict(do_sample=True, max_new_tokens=NEW, top_k=kw["top_k"], temperature=kw["temperature"])
     sizes = []
 
@@ -238,8 +238,9 @@ def test_warm_recycling_and_bench_methods(tmp_path, capsys):
     warmed = hfs.TokenRecyclingDrafter.from_pretrained(tmp_path / "tr")
     assert warmed.filled_rows == report["filled_rows"]
     out = tmp_path / "b.json"
-    assert main(["bench", *common, "--prompts", str(prompts), "--methods", "plain,token-recycling,hybrid",
+    assert main(["bench", *common, "--prompts", str(prompts), "--methods", "plain,token-recycling,hybrid,hybrid:pl+tr",
                  "--recycling", str(tmp_path / "tr"), "--max-new-tokens", "6", "--output", str(out)]) == 0  # fmt: skip
     data = json.loads(out.read_text())
-    for name in ("token-recycling", "hybrid"):
+    assert data["setting"]["methods"]["hybrid:pl+tr"]["parts"] == ["pl", "tr"]
+    for name in ("token-recycling", "hybrid", "hybrid:pl+tr"):
         assert data["methods"][name]["lossless_rate"] == 1.0, name

@@ -373,21 +373,36 @@ class TokenRecyclingMethod(_EngineMethod):
 
 @register_method
 class HybridMethod(_EngineMethod):
+    """``hybrid``: tree prompt lookup, Token Recycling and every ``--drafter`` in one merged tree; ``hybrid:A+B+...``
+    merges only the named parts (``pl``: prompt lookup, ``tr``: Token Recycling, or a ``--drafter`` method name)."""
+
     name = "hybrid"
     description = "hf_speculative tree loop, one merged tree from tree prompt lookup, Token Recycling and every --drafter"
+    parts: ClassVar[tuple[str, ...] | None] = None
 
     def setup(self):
         import hf_speculative as hfs
 
         super().setup()
-        parts = [hfs.PromptLookupDrafter(max_ngram_size=self.options.max_matching_ngram), _recycling_drafter(self.options)]
-        parts += [load_drafter(path, self.model) for path in self.options.drafters.values()]
-        self.draft = hfs.HybridDrafter(parts)
+        names = self.parts or ("pl", "tr", *self.options.drafters)
+        unknown = [n for n in names if n not in ("pl", "tr", *self.options.drafters)]
+        if unknown:
+            raise ValueError(f"unknown hybrid part(s) {unknown}: use pl, tr or a --drafter name {sorted(self.options.drafters)}")
+        build = {"pl": lambda: hfs.PromptLookupDrafter(max_ngram_size=self.options.max_matching_ngram),
+                 "tr": lambda: _recycling_drafter(self.options)}  # fmt: skip
+        self.part_names = list(names)
+        self.draft = hfs.HybridDrafter([build[n]() if n in build else load_drafter(self.options.drafters[n], self.model) for n in names])
         self.call_tree = self.tree = parse_tree(self.options.tree)
 
     def settings(self):
-        return {"parts": ["prompt-lookup", "token-recycling", *self.options.drafters.values()],
-                "max_nodes": self.draft.max_nodes, "max_depth": self.draft.tree_depth}  # fmt: skip
+        return {"parts": self.part_names, "max_nodes": self.draft.max_nodes, "max_depth": self.draft.tree_depth}
+
+
+def make_hybrid_method(name: str) -> type[BenchMethod]:
+    """Register the ``hybrid:A+B`` method ``name``."""
+    parts = tuple(p for p in name.partition(":")[2].split("+") if p)
+    cls = type(f"HybridMethod_{'_'.join(parts)}", (HybridMethod,), {"name": name, "parts": parts, "description": f"hybrid of {parts}"})
+    return register_method(cls)
 
 
 class DrafterMethod(_EngineMethod):
@@ -451,6 +466,9 @@ def make_drafter_method(name: str, path: str) -> type[BenchMethod]:
 def build_methods(names: list[str], model, tokenizer, options: BenchOptions) -> list[BenchMethod]:
     for name, path in options.drafters.items():
         make_drafter_method(name, path)
+    for name in names:
+        if name.startswith("hybrid:") and name not in METHODS:
+            make_hybrid_method(name)
     unknown = [n for n in names if n not in METHODS]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; known: {sorted(METHODS)}")

@@ -2,10 +2,14 @@
 
     hf-speculative export model_cards/medusa-smollm2-135m-instruct --format vllm --output medusa-vllm
     vllm serve TARGET --speculative-config '{"method": "medusa", "model": "medusa-vllm", "num_speculative_tokens": 4}'
+    hf-speculative export model_cards/eagle-smollm2-135m-instruct --format sglang --output eagle3-sglang
+    python -m sglang.launch_server --model-path TARGET --speculative-algorithm EAGLE3 \
+        --speculative-draft-model-path eagle3-sglang
 
-Medusa heads (ours, or FasterDecoding/Medusa's layout) -> vLLM's Medusa layout. SGLang has no Medusa loader; it
-loads EAGLE / EAGLE-3 drafters, plain draft models (``--speculative-algorithm STANDALONE``) and n-gram lookup, so
-for SGLang only a plain causal-LM drafter (two-model speculative decoding) is exported. Speculative Streaming and
+EAGLE-1/2/3 drafters (`EagleDrafter` folders, or public EAGLE checkpoints) -> the public EAGLE / EAGLE-3 layout of
+vLLM's and SGLang's loaders (`hf_speculative.drafters.eagle.serving`). Medusa heads (ours, or FasterDecoding/Medusa's
+layout) -> vLLM's Medusa layout; SGLang has no Medusa loader. A plain causal-LM drafter (two-model speculative
+decoding) is written as it is for both (vLLM ``draft_model``, SGLang ``STANDALONE``). Speculative Streaming and
 ParallelDrafter have no serving-engine counterpart.
 """
 
@@ -34,8 +38,8 @@ SGLANG_NO_MEDUSA = (
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("export", help="write a drafter in a serving engine's layout (vLLM Medusa, SGLang draft model)")
-    p.add_argument("folder", help="drafter folder (hf_speculative's own, or FasterDecoding/Medusa heads)")
+    p = subparsers.add_parser("export", help="write a drafter in a serving engine's layout (EAGLE for vLLM/SGLang, Medusa for vLLM)")
+    p.add_argument("folder", help="drafter folder (hf_speculative's EAGLE or Medusa, a public EAGLE checkpoint, FasterDecoding/Medusa heads)")
     p.add_argument("--format", required=True, choices=FORMATS, help="the serving engine whose loader reads the output")
     p.add_argument("--output", required=True, help="output folder")
     p.add_argument("--model", default=None, help="target model, for heads that share its lm_head (default: the base the "
@@ -51,6 +55,8 @@ def _fail(message: str) -> int:
 def run(args) -> int:
     from pathlib import Path
 
+    from ..drafters.eagle.configuration_eagle import EagleConfig
+    from ..drafters.eagle.modeling_eagle import is_public_checkpoint
     from ..drafters.medusa.fasterdecoding import fasterdecoding_config
 
     folder = Path(args.folder)
@@ -63,15 +69,46 @@ def run(args) -> int:
 
         config = json.loads((folder / "config.json").read_text())
         model_type = config.get("model_type")
+        if model_type == EagleConfig.model_type or is_public_checkpoint(folder):
+            return _export_eagle(folder, args)
         if any(a.endswith("ForCausalLM") for a in config.get("architectures") or []) and model_type not in NO_COUNTERPART:
             return _export_draft_model(folder, args)
     if model_type in NO_COUNTERPART:
         return _fail(NO_COUNTERPART[model_type])
     if model_type != "medusa_heads":
-        return _fail(f"{folder}: no export for model_type {model_type!r}")
+        return _fail(
+            f"{folder} is not an EAGLE or Medusa drafter (model_type {model_type!r}): export writes EagleDrafter folders "
+            "and public EAGLE checkpoints for vLLM and SGLang, Medusa heads for vLLM, and plain causal-LM drafters as they are"
+        )
     if args.format == "sglang":
         return _fail(SGLANG_NO_MEDUSA)
     return _export_medusa_vllm(folder, args)
+
+
+def _export_eagle(folder, args) -> int:
+    from ..drafters.eagle.modeling_eagle import EagleDrafter
+    from ..drafters.eagle.serving import save_for_server
+
+    drafter = EagleDrafter.from_pretrained(folder)
+    try:
+        out = save_for_server(drafter, args.output, args.format)
+    except ValueError as err:
+        return _fail(str(err))
+    eagle3 = drafter.config.is_eagle3
+    vocab = f", draft vocabulary {drafter.lm_head.out_features}" if eagle3 else ""
+    print(f"wrote {out} ({args.format} {'EAGLE-3' if eagle3 else 'EAGLE-1/2'} drafter{vocab}); serve with:\n  {_serve_eagle(args.format, eagle3, out)}")
+    return 0
+
+
+def _serve_eagle(fmt: str, eagle3: bool, out) -> str:
+    """The command that serves an exported EAGLE drafter: vLLM's speculative-config method, SGLang's algorithm."""
+    import json
+
+    if fmt == "vllm":
+        spec = {"method": "eagle3" if eagle3 else "eagle", "model": str(out), "num_speculative_tokens": 5}
+        return f"vllm serve TARGET --speculative-config '{json.dumps(spec)}'"
+    algorithm = "EAGLE3" if eagle3 else "EAGLE"
+    return f"python -m sglang.launch_server --model-path TARGET --speculative-algorithm {algorithm} --speculative-draft-model-path {out}"
 
 
 def _export_medusa_vllm(folder, args) -> int:

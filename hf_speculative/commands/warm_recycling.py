@@ -49,6 +49,44 @@ def run(args) -> int:
             stats = out.speculative_stats
             tokens, forwards = tokens + stats.num_new_tokens, forwards + stats.num_target_forwards
     drafter.save_pretrained(args.out)
+    tau = tokens / max(forwards, 1)
+    _write_card(args, drafter, len(records), tau)
     print(json.dumps({"out": str(args.out), "prompts": len(records), "filled_rows": drafter.filled_rows,
-                      "tau": round(tokens / max(forwards, 1), 3)}))  # fmt: skip
+                      "tau": round(tau, 3)}))  # fmt: skip
     return 0
+
+
+def _write_card(args, drafter, num_prompts: int, tau: float) -> None:
+    """A short model card: what the folder holds, how it was made, how to load it."""
+    from pathlib import Path
+
+    from ..bench.reference import REFERENCE_ALIASES
+    from ..drafters.card_text import REFERENCE_BASE_MODEL, usage_code
+    from .common import command_line
+
+    base = REFERENCE_BASE_MODEL if args.model in REFERENCE_ALIASES else args.model
+    usage = usage_code(base, [f'drafter = hfs.TokenRecyclingDrafter.from_pretrained("{args.out}")'])
+
+    size = (Path(args.out) / "model.safetensors").stat().st_size / 2**20
+    text = f"""---
+library_name: hf_speculative
+tags: [speculative-decoding, token-recycling]
+---
+# Token Recycling matrix for {args.model}
+
+A warm adjacency matrix for `hf_speculative.TokenRecyclingDrafter` (Luo et al., "Turning Trash into Treasure:
+Accelerating Inference of Large Language Models with Token Recycling", ACL 2025): for each token the target met, the
+{drafter.num_successors} tokens it ranked most likely to follow ({drafter.filled_rows} rows filled, {size:.1f} MiB), and the
+drafter's measured hit rates. No trained weights: it was filled by greedy decoding of {num_prompts} prompts from
+`{args.prompts}` ({args.max_new_tokens} new tokens each; tau {tau:.2f} over the run, learning as it went), and it
+keeps learning in every `generate()` call that uses it.
+
+{usage}
+
+Made with:
+
+```bash
+{command_line(args) or "hf-speculative warm-recycling"}
+```
+"""
+    (Path(args.out) / "README.md").write_text(text)

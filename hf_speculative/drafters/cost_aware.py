@@ -4,7 +4,9 @@ A drafter calibrated on held-out data stores its per-depth top-i accuracies in `
 With the target's measured cost curve c(N) (`hf_speculative.perf_model`) and the drafter's own cost per
 step, `TreeSpec.optimize(..., cost=)` picks the tree with the largest expected tau / (c(N + 1) + drafting)
 (Medusa 2.3.3's greedy build with the cost term of Sequoia and SPIRe). The curve is measured once per
-machine, dtype and model and cached; `perf_model.set_cost_curve` injects a fixed one.
+machine, dtype and model when the user asks (``hf-speculative calibrate``, ``perf_model.get_cost_curve(model)``) and
+cached; `generate()` only reads the cache (without one the saved tree applies, with a one-line notice);
+`perf_model.set_cost_curve` injects a fixed one.
 
 With a batch of B rows the verification forward carries B x (N + 1) tokens and is scored against a plain
 batched step, ``c(B (N + 1)) / c(B)``; drafting B rows costs about B times one row's drafting in units of
@@ -94,8 +96,12 @@ def cost_aware_tree(
         return saved
     from ..perf_model import get_cost_curve
 
-    curve = get_cost_curve(target)
+    curve = get_cost_curve(target, measure_if_missing=False)  # generate() never measures: no hidden work
     if curve is None:
+        logger.warning_once(
+            "no measured cost curve for this model: calibrated drafters keep their saved trees; measure this machine's "
+            "once with `hf-speculative calibrate --model M` or `hf_speculative.perf_model.get_cost_curve(model)`"
+        )
         return saved
     cost = _per_batch(draft_cost(curve) if callable(draft_cost) else draft_cost, batch_size * curve(1) / curve(batch_size))
     accuracies = accuracies[:max_depth] if max_depth is not None else accuracies

@@ -126,7 +126,10 @@ class HybridDrafter(TreeDrafter):
         self.vocab_size = vocab.pop() if len(vocab) == 1 else None
 
     def tree_for_batch(self, batch_size: int) -> TreeSpec:
-        self._part_trees = [d.tree_for_batch(batch_size) for d in self.drafters]
+        # a part that can offer candidates beyond what pays for itself alone does so (Token Recycling): the hybrid
+        # prices the merged tree; the others draft their own default tree
+        self._part_trees = [d.candidate_tree(self.max_nodes) if hasattr(d, "candidate_tree") else d.tree_for_batch(batch_size)
+                            for d in self.drafters]  # fmt: skip
         self._batch_size = batch_size
         return self.default_tree
 

@@ -121,6 +121,11 @@ class TokenRecyclingDrafter(TreeDrafter):
         cost = self._curve if self._curve is not None else (lambda n: 1.0)
         return TreeSpec.optimize(self.hit_rates.accuracy(), self.max_nodes, cost=cost, batch_size=batch_size)
 
+    def candidate_tree(self, num_nodes: int | None = None) -> TreeSpec:
+        """The ``num_nodes`` nodes most likely to be accepted, whatever they cost (Medusa Sec. 2.3.3): the candidates
+        this drafter offers a `HybridDrafter`, which prices the merged tree itself."""
+        return TreeSpec.optimize(self.hit_rates.accuracy(), num_nodes or self.max_nodes)
+
     @property
     def default_tree(self) -> TreeSpec:
         return self.cost_aware_tree()

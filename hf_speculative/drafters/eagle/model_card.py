@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["render_model_card", "write_model_card"]
+from ..card_text import drafter_location, usage_code
+
+__all__ = ["render_model_card", "write_model_card", "usage_snippet"]
 
 _TEMPLATE = """---
 library_name: hf_speculative
@@ -26,16 +28,9 @@ is shared (not stored here). {params} parameters ({size}).
 
 ## Usage
 
-```python
-import hf_speculative as hfs
-from transformers import AutoModelForCausalLM
+{usage}
 
-model = hfs.enable(AutoModelForCausalLM.from_pretrained("{base_model}", attn_implementation="sdpa"))
-drafter = hfs.EagleDrafter.from_pretrained("<this folder or repo>", base_model=model, dtype="float32")
-out = model.generate(input_ids, assistant_model=drafter, max_new_tokens=128, do_sample=False)
-```
-
-`AutoModel.from_pretrained("<this folder>")` also loads it after `import hf_speculative`. Greedy decoding gives
+`AutoModel.from_pretrained(folder)` also loads it after `import hf_speculative`. Greedy decoding gives
 exactly the target's tokens; sampling is exact (tree rejection sampling). The default tree is EAGLE-2's dynamic
 tree ({tree}); pass `speculative_tree=hfs.TreeSpec...` for a static one.
 
@@ -54,7 +49,13 @@ reaches with hours of GPU training; every committed token is verified by the tar
 """
 
 
-def render_model_card(drafter) -> str:
+def usage_snippet(base_model: str, location) -> str:
+    loader = f'drafter = hfs.EagleDrafter.from_pretrained("{drafter_location(location)}", base_model=model, dtype="float32")'
+    return usage_code(base_model, [loader + "   # this folder, or its Hub repo id"])
+
+
+def render_model_card(drafter, location=None) -> str:
+    """The card's markdown; ``location``: the folder or Hub id its Usage snippet loads the drafter from."""
     cfg = drafter.config
     eagle3 = cfg.is_eagle3
     params = sum(p.numel() for p in drafter.parameters())
@@ -74,11 +75,11 @@ def render_model_card(drafter) -> str:
         base_model=cfg.base_model_name_or_path or "the target", variant=cfg.variant, title="EAGLE-3" if eagle3 else "EAGLE",
         paper="Li et al. 2025, EAGLE-3, arXiv:2503.01840" if eagle3 else "Li et al. 2024, EAGLE, arXiv:2401.15077",
         arch=arch, params=f"{params / 1e6:.1f}M", size=f"{size / 2**20:.1f} MiB", tree=repr(cfg.tree),
-        training=training, results=results,
+        training=training, results=results, usage=usage_snippet(cfg.base_model_name_or_path or "the target", location),
     )  # fmt: skip
 
 
 def write_model_card(drafter, folder) -> Path:
     path = Path(folder) / "README.md"
-    path.write_text(render_model_card(drafter), encoding="utf-8")
+    path.write_text(render_model_card(drafter, location=folder), encoding="utf-8")
     return path

@@ -40,7 +40,10 @@ from ..hub import DrafterHubMixin
 from ..placement import match_target
 from .configuration_eagle import EagleConfig
 
-__all__ = ["EagleDrafter", "EagleOutput", "EagleTreeDrafter", "EagleAttention", "EagleDecoderLayer", "load_public_checkpoint"]
+__all__ = [
+    "EagleDrafter", "EagleOutput", "EagleTreeDrafter", "EagleAttention", "EagleDecoderLayer", "is_public_checkpoint",
+    "load_public_checkpoint",
+]  # fmt: skip
 
 
 @dataclass
@@ -566,25 +569,67 @@ def _read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"{folder} holds no model.safetensors nor pytorch_model.bin")
 
 
+def is_public_checkpoint(path) -> bool:
+    """Whether ``path`` holds weights in the public EAGLE / EAGLE-3 layout (``fc.weight`` with ``layers.0.*`` or
+    ``midlayer.*``), judged from the tensor names alone."""
+    folder = Path(path)
+    if (folder / "model.safetensors").is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+            keys = set(f.keys())
+    elif (folder / "pytorch_model.bin").is_file():
+        try:  # names only: the tensors stay on disk (zip-format files)
+            keys = set(torch.load(str(folder / "pytorch_model.bin"), map_location="cpu", weights_only=True, mmap=True))
+        except RuntimeError:  # a legacy-format file cannot be mapped
+            keys = set(torch.load(str(folder / "pytorch_model.bin"), map_location="cpu", weights_only=True))
+    else:
+        return False
+    keys = {k.removeprefix("model.") for k in keys}
+    return "fc.weight" in keys and any(k.startswith(("layers.0.", "midlayer.")) for k in keys)
+
+
+def _public_feature_layers(raw: dict) -> list[int] | None:
+    """EAGLE-3 target layers a public config names, as transformers' ``hidden_states`` indices (the input of that
+    layer): vLLM's ``eagle_aux_hidden_state_layer_ids`` already are; SGLang's (and SpecForge's)
+    ``eagle_config.eagle_aux_hidden_state_layer_ids`` name the layer whose output is taken (SGLang adds 1)."""
+    if raw.get("eagle_aux_hidden_state_layer_ids"):
+        return [int(i) for i in raw["eagle_aux_hidden_state_layer_ids"]]
+    ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    return None if not ids else [int(i) + 1 for i in ids]
+
+
 def load_public_checkpoint(path, dtype: torch.dtype | str | None = None) -> EagleDrafter:
     """An `EagleDrafter` from a public EAGLE checkpoint folder, as the EAGLE repository (SafeAILab/EAGLE), its
-    Hub releases (yuhuili/EAGLE-*, EAGLE3-*) and SpecForge publish them: ``config.json`` with `LlamaConfig` fields
-    (``draft_vocab_size`` for EAGLE-3) and ``pytorch_model.bin`` (read with ``weights_only=True``) or
-    ``model.safetensors``.
+    Hub releases (yuhuili/EAGLE-*, EAGLE3-*) and SpecForge publish them and vLLM / SGLang load them (what
+    ``hf-speculative export`` writes, `hf_speculative.drafters.eagle.serving`): ``config.json`` with `LlamaConfig`
+    fields (``draft_vocab_size``, ``target_hidden_size`` for EAGLE-3) and ``pytorch_model.bin`` (read with
+    ``weights_only=True``) or ``model.safetensors``.
 
     Keys: EAGLE-1/2 ``fc.weight`` (``fc.bias``), ``layers.0.*`` (no ``input_layernorm``); EAGLE-3 ``fc.weight``,
-    ``midlayer.*`` (``hidden_norm``, ``input_layernorm``, q/k/v of input width 2H), ``norm.weight``,
-    ``lm_head.weight``, ``d2t``, ``t2d``. An embedding table in the checkpoint is ignored (the target's is
-    shared). The variant is read from the keys; the target's layers are resolved when the target is attached.
+    ``midlayer.*`` (``hidden_norm``, ``input_layernorm``, q/k/v of input width 2H; vLLM's ``layers.0.*`` spelling
+    too), ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d`` (identity when absent and the draft vocabulary is the
+    full one). An embedding table in the checkpoint is ignored (the target's is shared); an all-zero ``fc.bias``
+    (SGLang's EAGLE-1 ``fc`` always has one) is no bias. The variant is read from the keys; EAGLE-3's target layers
+    from ``eagle_aux_hidden_state_layer_ids`` / ``eagle_config`` when given, else resolved when the target is
+    attached.
     """
     folder = Path(path)
     raw = json.loads((folder / "config.json").read_text())
     state = {k.removeprefix("model.") if k.startswith("model.") and not k.startswith("model.embed") else k: v
              for k, v in _read_state_dict(folder).items()}  # fmt: skip
-    eagle3 = any(k.startswith("midlayer.") for k in state)
-    if not eagle3 and not any(k.startswith("layers.0.") for k in state):
+    eagle3 = any(k.startswith("midlayer.") for k in state) or "layers.0.hidden_norm.weight" in state
+    if eagle3:
+        state = {"midlayer." + k.removeprefix("layers.0.") if k.startswith("layers.0.") else k: v for k, v in state.items()}
+    elif not any(k.startswith("layers.0.") for k in state):
         raise ValueError(f"{folder} is not an EAGLE checkpoint: no midlayer.* (EAGLE-3) nor layers.0.* (EAGLE-1/2) weights")
-    fields = {k: v for k, v in raw.items() if k not in ("model_type", "architectures", "transformers_version", "torch_dtype", "dtype", "auto_map")}
+    if raw.get("norm_before_residual"):
+        raise ValueError(f"{folder}: norm_before_residual (a residual taken after hidden_norm) is not EAGLE-3's layer")
+    server_only = ("eagle_config", "eagle_aux_hidden_state_layer_ids", "norm_before_residual")
+    fields = {k: v for k, v in raw.items()
+              if k not in ("model_type", "architectures", "transformers_version", "torch_dtype", "dtype", "auto_map", *server_only)}  # fmt: skip
+    if "fc.bias" in state and not bool(state["fc.bias"].ne(0).any()):
+        del state["fc.bias"]
     layer = "midlayer" if eagle3 else "layers.0"
     fields["fc_bias"] = "fc.bias" in state
     fields["qkv_bias"] = f"{layer}.self_attn.q_proj.bias" in state
@@ -592,11 +637,15 @@ def load_public_checkpoint(path, dtype: torch.dtype | str | None = None) -> Eagl
     fields["num_hidden_layers"] = 1
     if eagle3:
         fields["draft_vocab_size"] = int(state["lm_head.weight"].shape[0])
-        fields["target_hidden_size"] = int(state["fc.weight"].shape[1] // 3)
+        fields["target_hidden_size"] = int(raw.get("target_hidden_size") or state["fc.weight"].shape[1] // 3)
         if fields["target_hidden_size"] == fields.get("hidden_size"):
             fields["target_hidden_size"] = None
-        if raw.get("target_hidden_size"):
-            fields["target_hidden_size"] = raw["target_hidden_size"]
+        fields["target_layers"] = _public_feature_layers(raw)
+        if "d2t" not in state and fields["draft_vocab_size"] == fields.get("vocab_size"):
+            state["d2t"] = torch.zeros(fields["draft_vocab_size"], dtype=torch.long)
+        if "t2d" not in state and "d2t" in state:
+            state["t2d"] = torch.zeros(fields["vocab_size"], dtype=torch.bool)
+            state["t2d"][torch.arange(state["d2t"].numel()) + state["d2t"]] = True
     else:
         fields.pop("draft_vocab_size", None)
     config = EagleConfig(variant="eagle3" if eagle3 else "eagle1", **fields)

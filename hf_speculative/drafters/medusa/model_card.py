@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..card_text import curve_and_command_lines
+from ..card_text import curve_and_command_lines, drafter_location, usage_code
 
 __all__ = [
     "MODEL_CARD_TEMPLATE",
@@ -15,6 +15,8 @@ __all__ = [
     "write_model_card",
     "render_medusa2_model_card",
     "write_medusa2_model_card",
+    "usage_snippet",
+    "medusa2_usage_snippet",
 ]
 
 MODEL_CARD_TEMPLATE = """---
@@ -36,14 +38,7 @@ on the base model's final hidden state, then {projection}. {params} parameters (
 
 ## Usage
 
-```python
-import hf_speculative as hfs
-from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
-
-model = hfs.enable(AutoModelForCausalLM.from_pretrained("{base_model}", attn_implementation="sdpa"))
-heads = AutoModel.from_pretrained("<this folder or repo>")   # a MedusaHeadsModel, no trust_remote_code
-out = model.generate(input_ids, assistant_model=heads, max_new_tokens=128, do_sample=False)
-```
+{usage}
 
 Greedy decoding gives exactly the base model's tokens; sampling is exact (tree rejection sampling) unless
 the config's `acceptance` is `"typical"` (currently `{acceptance}`).
@@ -113,7 +108,22 @@ def _results_text(cfg, results) -> str:
     return "```json\n" + json.dumps(results, indent=1) + "\n```"
 
 
-def render_model_card(heads, results=None) -> str:
+_GENERATE_WITH_HEADS = "model.generate(**enc, assistant_model=heads, max_new_tokens=128, do_sample=False)"
+
+
+def usage_snippet(base_model: str, location) -> str:
+    loader = f'heads = AutoModel.from_pretrained("{drafter_location(location)}")   # a MedusaHeadsModel: this folder, or its Hub repo id'
+    return usage_code(base_model, [loader], generate_call=_GENERATE_WITH_HEADS, imports=("from transformers import AutoModel",))
+
+
+def medusa2_usage_snippet(base_model: str, location) -> str:
+    loader = f'model, heads = load_medusa2("{drafter_location(location)}", base, merge=True)   # this folder; base + adapter/, merged'
+    imports = ("from hf_speculative.drafters.medusa.training_medusa2 import load_medusa2",)
+    return usage_code(base_model, [loader, "hfs.enable(model)"], _GENERATE_WITH_HEADS, imports, base_name="base", enable=False)
+
+
+def render_model_card(heads, results=None, location=None) -> str:
+    """The card's markdown; ``location``: the folder or Hub id its Usage snippet loads the drafter from."""
     cfg = heads.config
     params = sum(p.numel() for p in heads.parameters())
     return MODEL_CARD_TEMPLATE.format(
@@ -127,12 +137,13 @@ def render_model_card(heads, results=None) -> str:
         tree_text=_tree_text(cfg),
         training_text=_training_text(cfg),
         results_text=_results_text(cfg, results),
+        usage=usage_snippet(cfg.base_model_name_or_path or "<base model>", location),
     )
 
 
 def write_model_card(heads, folder, results=None) -> Path:
     path = Path(folder) / "README.md"
-    path.write_text(render_model_card(heads, results), encoding="utf-8")
+    path.write_text(render_model_card(heads, results, location=folder), encoding="utf-8")
     return path
 
 
@@ -162,16 +173,7 @@ heads gives exactly the tokens of base + adapter's own greedy decoding, which di
 
 ## Usage
 
-```python
-import hf_speculative as hfs
-from transformers import AutoModelForCausalLM
-from hf_speculative.drafters.medusa.training_medusa2 import load_medusa2
-
-base = AutoModelForCausalLM.from_pretrained("{base_model}", attn_implementation="sdpa")
-model, heads = load_medusa2("<this folder>", base, merge=True)   # PeftModel(..., "adapter/").merge_and_unload()
-hfs.enable(model)
-out = model.generate(input_ids, assistant_model=heads, max_new_tokens=128, do_sample=False)
-```
+{usage}
 
 ## Tree
 
@@ -224,7 +226,8 @@ def _medusa2_training_text(cfg) -> str:
     return "\n".join(lines)
 
 
-def render_medusa2_model_card(heads, results=None) -> str:
+def render_medusa2_model_card(heads, results=None, location=None) -> str:
+    """The card's markdown; ``location``: the folder or Hub id its Usage snippet loads the drafter from."""
     cfg = heads.config
     params = sum(p.numel() for p in heads.parameters())
     return MEDUSA2_MODEL_CARD_TEMPLATE.format(
@@ -237,10 +240,11 @@ def render_medusa2_model_card(heads, results=None) -> str:
         tree_text=_tree_text(cfg),
         training_text=_medusa2_training_text(cfg),
         results_text=_results_text(cfg, results),
+        usage=medusa2_usage_snippet(cfg.base_model_name_or_path or "<base model>", location),
     )
 
 
 def write_medusa2_model_card(heads, folder, results=None) -> Path:
     path = Path(folder) / "README.md"
-    path.write_text(render_medusa2_model_card(heads, results), encoding="utf-8")
+    path.write_text(render_medusa2_model_card(heads, results, location=folder), encoding="utf-8")
     return path

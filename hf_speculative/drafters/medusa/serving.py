@@ -18,14 +18,15 @@ n-gram lookup), so Medusa heads cannot be exported for it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
+from ..serving import SERVER_WEIGHTS, cpu_tensors, save_server_folder
+
 __all__ = ["VLLM_WEIGHTS", "vllm_medusa_config", "vllm_medusa_state_dict", "save_for_vllm"]
 
-VLLM_WEIGHTS = "model.safetensors"
+VLLM_WEIGHTS = SERVER_WEIGHTS
 
 
 def vllm_medusa_config(heads) -> dict:
@@ -61,15 +62,9 @@ def vllm_medusa_state_dict(heads) -> dict[str, torch.Tensor]:
             state[f"blocks.{h}.layers.{l}.bias"] = block.bias.detach()
         projection = heads.base_lm_head.weight if c.share_lm_head else head.lm_head.weight
         state[f"lm_heads.{h}.weight"] = projection.detach().to(dtype or projection.dtype)
-    return {k: v.to("cpu").contiguous().clone() for k, v in state.items()}
+    return cpu_tensors(state)
 
 
 def save_for_vllm(heads, output) -> Path:
     """Write ``heads`` as a vLLM Medusa folder (config.json + model.safetensors); returns the folder."""
-    from safetensors.torch import save_file
-
-    out = Path(output)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(vllm_medusa_config(heads), indent=2) + "\n")
-    save_file(vllm_medusa_state_dict(heads), str(out / VLLM_WEIGHTS), metadata={"format": "pt"})
-    return out
+    return save_server_folder(output, vllm_medusa_config(heads), vllm_medusa_state_dict(heads))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..card_text import curve_and_command_lines
+from ..card_text import curve_and_command_lines, drafter_location, usage_code
 
-__all__ = ["MODEL_CARD_TEMPLATE", "render_model_card", "write_model_card"]
+__all__ = ["MODEL_CARD_TEMPLATE", "render_model_card", "write_model_card", "usage_snippet"]
 
 MODEL_CARD_TEMPLATE = """---
 library_name: hf_speculative
@@ -31,14 +31,7 @@ shared (frozen, not stored here). {params} parameters ({size}).
 
 ## Usage
 
-```python
-import hf_speculative as hfs
-from transformers import AutoModel, AutoModelForCausalLM
-
-model = hfs.enable(AutoModelForCausalLM.from_pretrained("{base_model}", attn_implementation="sdpa"))
-drafter = AutoModel.from_pretrained("<this folder or repo>")   # a ParallelDrafter, no trust_remote_code
-out = model.generate(input_ids, assistant_model=drafter, max_new_tokens=128, do_sample=False)
-```
+{usage}
 
 Greedy decoding gives exactly the target's tokens; sampling is exact (tree rejection sampling, ParallelSpec
 Algorithm 1) unless the config's `acceptance` is `"typical"` (currently `{acceptance}`).
@@ -108,7 +101,13 @@ def _results_text(cfg, results) -> str:
     return "```json\n" + json.dumps(results, indent=1) + "\n```"
 
 
-def render_model_card(drafter, results=None) -> str:
+def usage_snippet(base_model: str, location) -> str:
+    loader = f'drafter = AutoModel.from_pretrained("{drafter_location(location)}")   # a ParallelDrafter: this folder, or its Hub repo id'
+    return usage_code(base_model, [loader], imports=("from transformers import AutoModel",))
+
+
+def render_model_card(drafter, results=None, location=None) -> str:
+    """The card's markdown; ``location``: the folder or Hub id its Usage snippet loads the drafter from."""
     cfg = drafter.config
     params = sum(p.numel() for p in drafter.parameters())
     return MODEL_CARD_TEMPLATE.format(
@@ -128,10 +127,11 @@ def render_model_card(drafter, results=None) -> str:
         tree_text=_tree_text(cfg),
         training_text=_training_text(cfg),
         results_text=_results_text(cfg, results),
+        usage=usage_snippet(cfg.base_model_name_or_path or "<base model>", location),
     )
 
 
 def write_model_card(drafter, folder, results=None) -> Path:
     path = Path(folder) / "README.md"
-    path.write_text(render_model_card(drafter, results), encoding="utf-8")
+    path.write_text(render_model_card(drafter, results, location=folder), encoding="utf-8")
     return path

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..card_text import curve_and_command_lines
+from ..card_text import curve_and_command_lines, drafter_location, usage_code
 
-__all__ = ["MODEL_CARD_TEMPLATE", "render_model_card", "write_model_card"]
+__all__ = ["MODEL_CARD_TEMPLATE", "render_model_card", "write_model_card", "usage_snippet"]
 
 MODEL_CARD_TEMPLATE = """---
 library_name: hf_speculative
@@ -31,14 +31,7 @@ base model's {base_params}); the base weights are not included and are loaded fr
 
 ## Usage
 
-```python
-import hf_speculative as hfs
-from transformers import AutoModelForCausalLM
-
-base = AutoModelForCausalLM.from_pretrained("{base_model}", attn_implementation="sdpa")
-ss = hfs.LlamaForSpeculativeStreaming.from_pretrained("<this folder or repo>", base_model=base)
-out = ss.generate(input_ids, max_new_tokens=128, do_sample=False)   # drafts for itself
-```
+{usage}
 
 In lossless mode the main stream is the base model's own forward: greedy decoding gives exactly the base
 model's tokens and sampling is exact (tree rejection sampling with the stream distributions as proposals).
@@ -130,7 +123,14 @@ def _results_text(cfg, results) -> str:
     return "```json\n" + json.dumps(results, indent=1) + "\n```"
 
 
-def render_model_card(ss, results=None) -> str:
+def usage_snippet(base_model: str, location) -> str:
+    loader = f'ss = hfs.LlamaForSpeculativeStreaming.from_pretrained("{drafter_location(location)}", base_model=base)   # this folder, or its Hub repo id'
+    call = "ss.generate(**enc, max_new_tokens=128, do_sample=False)   # drafts for itself"
+    return usage_code(base_model, [loader], generate_call=call, base_name="base", enable=False)
+
+
+def render_model_card(ss, results=None, location=None) -> str:
+    """The card's markdown; ``location``: the folder or Hub id its Usage snippet loads the drafter from."""
     cfg = ss.config
     params = ss.num_stream_parameters()
     base_params = (cfg.training or {}).get("base_parameters") or (sum(p.numel() for p in ss.base.parameters()) if ss.base is not None else None)
@@ -147,10 +147,11 @@ def render_model_card(ss, results=None) -> str:
         pruning_text=_pruning_text(cfg),
         training_text=_training_text(cfg),
         results_text=_results_text(cfg, results),
+        usage=usage_snippet(cfg.base_model_name_or_path or "<base model>", location),
     )
 
 
 def write_model_card(ss, folder, results=None) -> Path:
     path = Path(folder) / "README.md"
-    path.write_text(render_model_card(ss, results))
+    path.write_text(render_model_card(ss, results, location=folder), encoding="utf-8")
     return path

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Speculative Streaming ablation on the reference target: gamma (streams) and N_s (MSA layers) at one SHORT
 # training budget each (STEPS steps of 2 segments of 256 tokens), calibrated 16-node trees, then tau and speed
-# of every variant against plain greedy in one process (examples/drafter_table.py, 8 MT-Bench prompts), with
+# of every variant against plain greedy in one process (scripts/drafter_table.py, 8 MT-Bench prompts), with
 # parallel tree pruning (Sec. 3.1.3) on and off for the reference streams (see train streaming-pruning).
 set -euo pipefail
 export HF_HUB_OFFLINE=1
@@ -16,5 +16,5 @@ for V in ${VARIANTS:-3x4 2x4 4x4 3x2}; do
 done
 FOLDERS=""
 for V in ${VARIANTS:-3x4 2x4 4x4 3x2}; do FOLDERS="$FOLDERS outputs/streaming_g${V%x*}_n${V#*x}"; done
-$LOCK python examples/drafter_table.py $FOLDERS ${PRUNED:-outputs/streaming_pruned_l20} --pruning-thresholds "${THRESHOLDS:-0,0.005,0.02}" \
+$LOCK python scripts/drafter_table.py $FOLDERS ${PRUNED:-outputs/streaming_pruned_l20} --pruning-thresholds "${THRESHOLDS:-0,0.005,0.02}" \
   --per-category 1 --threads 2 --out outputs/streaming_ablation.json

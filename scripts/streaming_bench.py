@@ -1,6 +1,6 @@
 """Plain generate vs Speculative Streaming's self-drafting generate, side by side in one process.
 
-    python examples/streaming_bench.py --streams model_cards/speculative-streaming-smollm2-135m-instruct \
+    python scripts/streaming_bench.py --streams model_cards/speculative-streaming-smollm2-135m-instruct \
         --limit 4 --max-new-tokens 128 --threads 2 [--tree cartesian:2,2,1] [--output outputs/streaming_small.json]
 
 Same prompts (MT-Bench first turns, chat template), greedy, methods interleaved per prompt. Reports tau

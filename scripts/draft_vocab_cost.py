@@ -1,6 +1,6 @@
 """Does a truncated draft vocabulary (FR-Spec) cut drafting time? Times on the reference model.
 
-    python examples/draft_vocab_cost.py --threads 1 --sizes 8192,16384
+    python scripts/draft_vocab_cost.py --threads 1 --sizes 8192,16384
 
 1. the vocabulary projection of 1-5 drafter rows (`vocab_logits`) on the full 49K-token LM head against
    `draft_vocab_logits` on K rows of it (scatter back to 49K included);

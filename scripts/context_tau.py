@@ -1,6 +1,6 @@
 """tau against context length (the shape of SPIRe's Table 1): held-out ShareGPT conversations cut to L tokens.
 
-    python examples/context_tau.py spire=model_cards/spire-smollm2-135m-instruct --magicdec \\
+    python scripts/context_tau.py spire=model_cards/spire-smollm2-135m-instruct --magicdec \\
         --contexts 256,512,1024 --prompts 8 --max-new-tokens 64 --output docs/results/spire_context_tau.json
 
 Each prompt is the chat-formatted text of a held-out ShareGPT conversation (never labelled or trained on) cut to

@@ -1,6 +1,6 @@
 """tau of drafter folders on the same MT-Bench prompts (greedy, each drafter's own calibrated tree).
 
-    python examples/tau_points.py model_cards/medusa-smollm2-135m-instruct OTHER_FOLDER ... [--prompts 6] [--threads 1]
+    python scripts/tau_points.py model_cards/medusa-smollm2-135m-instruct OTHER_FOLDER ... [--prompts 6] [--threads 1]
 
 Used for the tau-against-training-data points of docs/medusa.md and docs/training_data.md: the first prompt of
 each of the first N MT-Bench categories, 96 new tokens each, one torch thread. Any drafter folder works (Medusa

@@ -1,6 +1,6 @@
 """First numbers: plain greedy vs transformers' assisted decoding vs our chain vs our tree, one draft.
 
-    python examples/first_numbers.py --prompts 10 --max-new-tokens 128
+    python scripts/first_numbers.py --prompts 10 --max-new-tokens 128
 
 Target: SmolLM2-135M-Instruct (the reference model). Draft: no smaller model shares its tokenizer, so the
 draft is SELF-SPECULATIVE: some of SmolLM2's own decoder layers + its final norm and LM head

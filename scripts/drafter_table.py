@@ -1,8 +1,8 @@
 """Several trained drafter folders against plain greedy decoding on the same prompts, in one process: the
 ablation tables of the ParallelSpec drafter (k) and of Speculative Streaming (gamma, N_s, tree pruning).
 
-    python examples/drafter_table.py outputs/parallel_k2 outputs/parallel_k3 ... --out outputs/parallel_k_table.json
-    python examples/drafter_table.py outputs/streaming_pruned_l20 --pruning-thresholds 0,0.01,0.05
+    python scripts/drafter_table.py outputs/parallel_k2 outputs/parallel_k3 ... --out outputs/parallel_k_table.json
+    python scripts/drafter_table.py outputs/streaming_pruned_l20 --pruning-thresholds 0,0.01,0.05
 
 Each folder loads with ``AutoModel.from_pretrained`` (any hf_speculative drafter) and drafts for the one
 reference model with its own tree. Prompts: the first ``--per-category`` MT-Bench first turns of every

@@ -15,7 +15,7 @@ wall-time speedup against (b)'s own plain autoregressive decoding (`generate_aut
 forward, one token per step; greedy outputs must match token for token), for (a) its plain decoding tok/s.
 Timings come from a shared 2-core CPU.
 
-    flock /tmp/hfs-heavy.lock nice -n 5 python examples/streaming_shared_e2e.py
+    flock /tmp/hfs-heavy.lock nice -n 5 python scripts/streaming_shared_e2e.py
 """
 
 from __future__ import annotations

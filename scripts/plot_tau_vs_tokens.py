@@ -1,9 +1,9 @@
 """Plot tau against training tokens from a JSON list of measured points.
 
-    python examples/plot_tau_vs_tokens.py docs/results/tau_vs_tokens.json docs/tau_vs_tokens.png
+    python scripts/plot_tau_vs_tokens.py docs/results/tau_vs_tokens.json docs/tau_vs_tokens.png
 
 Each point: ``{"drafter": str, "train_tokens": int, "tau": float, "metric": str}``; one line per (drafter,
-metric). ``metric`` says what tau is: ``"measured"`` (greedy generation, `examples/tau_points.py`) or
+metric). ``metric`` says what tau is: ``"measured"`` (greedy generation, `scripts/tau_points.py`) or
 ``"expected"`` (the calibrated tree's expected tau on held-out conversations, from a training curve).
 """
 

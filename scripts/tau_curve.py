@@ -1,11 +1,11 @@
 """tau against training data for any drafter: greedy generation with each checkpoint of a training run (Medusa
 ``--curve-checkpoints``, ParallelDrafter ``--curve-checkpoints``), all with one tree taken from the final folder,
 next to the held-out expectation its learning curve recorded (the k ablation, each drafter with its own tree and
-timings: ``examples/drafter_table.py``).
+timings: ``scripts/drafter_table.py``).
 
-    python examples/tau_curve.py --checkpoints outputs/parallel_curve \
+    python scripts/tau_curve.py --checkpoints outputs/parallel_curve \
         --tree-from model_cards/parallel-drafter-smollm2-135m-instruct --out outputs/parallel_tau_curve.json
-    python examples/tau_curve.py --checkpoints outputs/medusa_curve --tree-from model_cards/medusa-smollm2-135m-instruct
+    python scripts/tau_curve.py --checkpoints outputs/medusa_curve --tree-from model_cards/medusa-smollm2-135m-instruct
 
 Prompts: the first ``--per-category`` MT-Bench first turns of every category (tau only, no timing).
 """
@@ -15,7 +15,7 @@ import json
 import re
 from pathlib import Path
 
-from drafter_table import add_prompt_arguments, reference_and_prompts  # examples/ is the script's folder
+from drafter_table import add_prompt_arguments, reference_and_prompts  # scripts/ is the script's folder
 from transformers import AutoModel
 
 

@@ -1,5 +1,5 @@
 """Tree vs chain with the same drafter (the reference Medusa heads): tau on 8 MT-Bench first turns (one per
-category), 128 new tokens, greedy.   python examples/medusa_tree_vs_chain.py
+category), 128 new tokens, greedy.   python scripts/medusa_tree_vs_chain.py
 """
 import torch, hf_speculative as hfs
 from hf_speculative.bench import load_prompts, load_reference_model

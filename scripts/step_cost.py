@@ -1,6 +1,6 @@
 """Cost of one verification forward over n tree tokens, in plain decoding steps, on the reference model.
 
-    python examples/step_cost.py --threads 1 --nodes 8,16,29,40
+    python scripts/step_cost.py --threads 1 --nodes 8,16,29,40
 
 Measures the cost curve c(n) with `hf_speculative.perf_model.measure_cost_curve` (best of ``--repeats``
 forwards over n new tokens after a cached prefix, divided by a one-token step), with logits for one row

@@ -1,7 +1,7 @@
 """Medusa-2 evaluation: the adapted model (base + LoRA adapter) timed with plain greedy generate vs tree generate
 with its Medusa-2 heads, side by side on MT-Bench first turns; and the change of quality against the base model.
 
-    python examples/medusa2_eval.py --medusa2 model_cards/medusa2-smollm2-135m-instruct --threads 2 \\
+    python scripts/medusa2_eval.py --medusa2 model_cards/medusa2-smollm2-135m-instruct --threads 2 \\
         --per-category 1 --heldout 12 --out outputs/medusa2_eval.json --write-card
 
 Speed (MT-Bench, greedy, 128 new tokens): per prompt, interleaved, timing only the generate call:

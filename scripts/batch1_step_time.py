@@ -1,6 +1,6 @@
-"""Batch-1 step time of the tree loop on the reference model (issue 14 before/after check).
+"""Batch-1 step time of the tree loop on the reference model (a before/after check of an engine change).
 
-Run from a checkout root (it imports that checkout's hf_speculative): ``OMP_NUM_THREADS=1 python examples/batch1_step_time.py``;
+Run from a checkout root (it imports that checkout's hf_speculative): ``OMP_NUM_THREADS=1 python scripts/batch1_step_time.py``;
 alternate two checkouts several times and compare the minimum ms_per_step of each (4 held-out prompts, 64 new tokens,
 tree prompt lookup and the Medusa card, greedy, one thread)."""
 import os, sys, time, json

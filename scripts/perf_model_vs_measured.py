@@ -25,7 +25,7 @@ The draft depth k is the tree's depth and the verification forward covers the tr
 mean per row, ``verified_tokens_per_row``, where the bench JSON has it). The context L
 is ``--prompt-tokens`` + half of ``max_new_tokens`` (the bench JSON does not record prompt lengths).
 
-    python examples/perf_model_vs_measured.py bench_batch.json --plot perf_model_vs_measured.png
+    python scripts/perf_model_vs_measured.py bench_batch.json --plot perf_model_vs_measured.png
 """
 
 from __future__ import annotations

@@ -1,0 +1,250 @@
+"""``hf-speculative export`` of EAGLE drafters: the public EAGLE / EAGLE-3 layout that vLLM and SGLang load.
+
+The config fields and tensor names asserted here are the ones their loaders read (vLLM
+``vllm/model_executor/models/llama_eagle.py``, ``llama_eagle3.py``, ``vllm/transformers_utils/configs/eagle.py``;
+SGLang ``python/sglang/srt/models/llama_eagle.py``, ``llama_eagle3.py``); each engine's renaming of the checkpoint
+names onto its module's parameters is re-implemented in `engine_parameters`. The exported folder is loaded back
+through our public-layout loader (`EagleDrafter.from_pretrained`): identical weights, outputs and greedy generation.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import hf_speculative as hfs
+from hf_speculative.cli import main
+from hf_speculative.drafters.eagle import EagleDrafter
+
+from conftest import tiny_model
+
+FORMATS = ["vllm", "sglang"]
+VARIANTS = ["eagle", "eagle3"]
+NUM_LAYERS = 6
+DRAFT_VOCAB = 40
+ROPE_THETA = 50000.0  # not Llama's default: a lost rope_theta would change the drafter
+LAYER = [
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "post_attention_layernorm.weight",
+]  # fmt: skip
+EAGLE1_KEYS = {"fc.weight", *(f"layers.0.{k}" for k in LAYER)}
+EAGLE3_KEYS = {
+    "fc.weight", *(f"midlayer.{k}" for k in LAYER), "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
+    "norm.weight", "lm_head.weight", "d2t", "t2d",
+}  # fmt: skip
+EXPECTED_KEYS = {
+    ("vllm", "eagle"): EAGLE1_KEYS,  # vLLM's EAGLE fc has no bias
+    ("sglang", "eagle"): EAGLE1_KEYS | {"fc.bias"},  # SGLang's EAGLE fc always has one
+    ("vllm", "eagle3"): EAGLE3_KEYS,
+    ("sglang", "eagle3"): EAGLE3_KEYS,
+}
+ARCHITECTURES = {
+    ("vllm", "eagle"): "EagleLlamaForCausalLM",
+    ("sglang", "eagle"): "LlamaForCausalLMEagle",
+    ("vllm", "eagle3"): "LlamaForCausalLMEagle3",
+    ("sglang", "eagle3"): "LlamaForCausalLMEagle3",
+}
+# the parameters each engine's drafter module holds (fused q/k/v and gate/up), shared embeddings and heads left out
+_FUSED = ["self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.gate_up_proj.weight", "mlp.down_proj.weight",
+          "post_attention_layernorm.weight"]  # fmt: skip
+ENGINE_PARAMETERS = {
+    ("vllm", "eagle"): {"model.fc.weight", *(f"model.layers.0.{k}" for k in _FUSED)},
+    ("sglang", "eagle"): {"model.fc.weight", "model.fc.bias", *(f"model.layers.0.{k}" for k in _FUSED)},
+    ("vllm", "eagle3"): {"model.fc.weight", *(f"model.layers.0.{k}" for k in _FUSED), "model.layers.0.input_layernorm.weight",
+                         "model.layers.0.hidden_norm.weight", "model.norm.weight", "lm_head.weight", "draft_id_to_target_id"},
+    ("sglang", "eagle3"): {"model.fc.weight", *(f"model.midlayer.{k}" for k in _FUSED), "model.midlayer.input_layernorm.weight",
+                           "model.midlayer.hidden_norm.weight", "model.norm.weight", "lm_head.weight", "hot_token_id"},
+}  # fmt: skip
+
+
+def engine_parameters(fmt: str, variant: str, keys) -> set[str]:
+    """Where each engine's ``load_weights`` puts the checkpoint's tensors: t2d skipped; d2t to vLLM's
+    ``draft_id_to_target_id`` / SGLang's ``hot_token_id``; ``model.`` before everything but ``lm_head``; vLLM's
+    EAGLE-3 ``midlayer.`` to ``layers.0.``; q/k/v into ``qkv_proj``, gate/up into ``gate_up_proj``. SGLang's EAGLE-1
+    loader drops ``lm_head`` (the target's is shared)."""
+    names = set()
+    for key in keys:
+        if key == "t2d" or (fmt == "sglang" and variant == "eagle" and key.startswith("lm_head")):
+            continue
+        if key == "d2t":
+            names.add("draft_id_to_target_id" if fmt == "vllm" else "hot_token_id")
+            continue
+        if fmt == "vllm":
+            key = key.replace("midlayer.", "layers.0.")
+        for shard, fused in ((".q_proj", ".qkv_proj"), (".k_proj", ".qkv_proj"), (".v_proj", ".qkv_proj"),
+                             (".gate_proj", ".gate_up_proj"), (".up_proj", ".gate_up_proj")):  # fmt: skip
+            key = key.replace(shard, fused)
+        names.add(key if key.startswith("lm_head") else f"model.{key}")
+    return names
+
+
+def _target(seed=3):
+    return hfs.enable(tiny_model("llama", seed=seed, num_layers=NUM_LAYERS, rope_theta=ROPE_THETA))
+
+
+def _trained_like(drafter, seed=0):
+    """Every float weight moved off its initialisation (so a dropped or swapped tensor shows)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return drafter
+
+
+def _drafter(model, variant, **kwargs):
+    eagle3 = variant == "eagle3"
+    drafter = EagleDrafter.from_base_model(model, variant=variant, draft_vocab_size=DRAFT_VOCAB if eagle3 else None, **kwargs)
+    if eagle3:
+        g = torch.Generator().manual_seed(1)
+        drafter.set_draft_vocab(torch.randperm(model.config.vocab_size, generator=g)[:DRAFT_VOCAB])
+    return _trained_like(drafter)
+
+
+def _export(folder, fmt, out) -> int:
+    return main(["export", str(folder), "--format", fmt, "--output", str(out)])
+
+
+def _assert_same_drafter(a, b, model):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert set(sa) == set(sb)
+    for k in sa:
+        assert torch.equal(sa[k], sb[k].to(sa[k].dtype)), k
+    seq = torch.tensor([[4, 8, 15, 16, 23, 42, 7]])
+    with torch.no_grad():
+        hs = model(seq, output_hidden_states=True).hidden_states
+        oa = a(seq[:, 1:], target_features=a.target_features(hs)[:, :-1])
+        ob = b(seq[:, 1:], target_features=b.target_features(hs)[:, :-1])
+    assert torch.equal(oa.logits, ob.logits) and torch.equal(oa.hidden_states, ob.hidden_states)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_export_round_trip(fmt, variant, tmp_path):
+    model = _target()
+    c = model.config
+    drafter = _drafter(model, variant)
+    drafter.save_pretrained(tmp_path / "ours")
+    assert _export(tmp_path / "ours", fmt, tmp_path / "out") == 0
+
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["architectures"] == [ARCHITECTURES[fmt, variant]]
+    assert config["model_type"] == "llama" and config["num_hidden_layers"] == 1
+    assert (config["hidden_size"], config["vocab_size"], config["intermediate_size"]) == (c.hidden_size, c.vocab_size, c.intermediate_size)
+    assert (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]) == (4, 2, c.hidden_size // 4)
+    assert config["rope_theta"] == ROPE_THETA and config["rope_scaling"] is None and config["rms_norm_eps"] == c.rms_norm_eps
+    assert config["tie_word_embeddings"] is False and config["attention_bias"] is False and config["hidden_act"] == "silu"
+    assert "eagle_aux_hidden_state_layer_ids" not in config and "eagle_config" not in config  # the engines' default layers
+    weights = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert set(weights) == EXPECTED_KEYS[fmt, variant]
+    assert engine_parameters(fmt, variant, weights) == ENGINE_PARAMETERS[fmt, variant]
+    H = c.hidden_size
+    if variant == "eagle3":
+        assert config["draft_vocab_size"] == DRAFT_VOCAB and config["target_hidden_size"] == H
+        assert weights["fc.weight"].shape == (H, 3 * H) and weights["midlayer.self_attn.q_proj.weight"].shape == (H, 2 * H)
+        assert weights["lm_head.weight"].shape == (DRAFT_VOCAB, H)
+        assert weights["d2t"].dtype == torch.int64 and weights["t2d"].dtype == torch.bool
+        assert torch.equal(torch.arange(DRAFT_VOCAB) + weights["d2t"], drafter.draft_target_ids)
+        assert torch.equal(weights["t2d"].nonzero().flatten(), drafter.draft_target_ids.sort().values)
+        assert config.get("norm_before_residual", False) is False
+    else:
+        assert "draft_vocab_size" not in config and weights["fc.weight"].shape == (H, 2 * H)
+        if fmt == "sglang":
+            assert torch.equal(weights["fc.bias"], torch.zeros(H))
+
+    loaded = EagleDrafter.from_pretrained(tmp_path / "out", base_model=model)
+    assert loaded.config.is_eagle3 == (variant == "eagle3") and not loaded.config.fc_bias
+    assert loaded.config.rope_parameters["rope_theta"] == ROPE_THETA
+    _assert_same_drafter(drafter, loaded, model)
+    for prompt in (torch.tensor([[1, 5, 7, 9, 11]]), torch.tensor([[3]])):
+        ref = model.generate(prompt, max_new_tokens=20, do_sample=False)
+        outs = [model.generate(prompt, assistant_model=d, max_new_tokens=20, do_sample=False, return_dict_in_generate=True)
+                for d in (drafter, loaded)]  # fmt: skip
+        assert torch.equal(outs[0].sequences, ref) and torch.equal(outs[1].sequences, ref)
+        assert outs[0].speculative_stats.accepted_lengths == outs[1].speculative_stats.accepted_lengths
+
+
+def test_public_folders_export_again(tmp_path):
+    """A public EAGLE folder (vLLM's export, or the EAGLE repository's ``LlamaForCausalLM`` + ``pytorch_model.bin``,
+    architectures that end in ForCausalLM) is read as EAGLE, not as a plain draft model, and converts unchanged."""
+    model = _target()
+    _drafter(model, "eagle").save_pretrained(tmp_path / "ours")
+    assert _export(tmp_path / "ours", "vllm", tmp_path / "vllm") == 0
+    assert _export(tmp_path / "vllm", "sglang", tmp_path / "sglang") == 0
+    assert json.loads((tmp_path / "sglang" / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle"]
+    (tmp_path / "repo").mkdir()
+    config = json.loads((tmp_path / "vllm" / "config.json").read_text()) | {"architectures": ["LlamaForCausalLM"]}
+    (tmp_path / "repo" / "config.json").write_text(json.dumps(config))
+    torch.save(load_file(str(tmp_path / "vllm" / "model.safetensors")), tmp_path / "repo" / "pytorch_model.bin")
+    assert _export(tmp_path / "repo", "vllm", tmp_path / "again") == 0
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["architectures"] == ["EagleLlamaForCausalLM"]
+    a = EagleDrafter.from_pretrained(tmp_path / "vllm", base_model=model)
+    for folder in ("sglang", "again"):
+        _assert_same_drafter(a, EagleDrafter.from_pretrained(tmp_path / folder, base_model=model), model)
+
+
+def test_fc_bias_goes_where_the_engine_has_one(tmp_path, capsys):
+    model = _target()
+    drafter = _drafter(model, "eagle", fc_bias=True)
+    assert bool(drafter.fc.bias.ne(0).any())
+    drafter.save_pretrained(tmp_path / "ours")
+    assert _export(tmp_path / "ours", "sglang", tmp_path / "sglang") == 0
+    assert torch.equal(load_file(str(tmp_path / "sglang" / "model.safetensors"))["fc.bias"], drafter.fc.bias.detach())
+    loaded = EagleDrafter.from_pretrained(tmp_path / "sglang", base_model=model)
+    assert loaded.config.fc_bias
+    _assert_same_drafter(drafter, loaded, model)
+    assert _export(tmp_path / "ours", "vllm", tmp_path / "vllm") == 2
+    assert "non-zero fc bias" in capsys.readouterr().err and not (tmp_path / "vllm").exists()
+
+
+def test_eagle3_other_target_layers_in_each_engines_convention(tmp_path):
+    model = _target()
+    drafter = _drafter(model, "eagle3", target_layers=[1, 3, 4])
+    drafter.save_pretrained(tmp_path / "ours")
+    for fmt in FORMATS:
+        assert _export(tmp_path / "ours", fmt, tmp_path / fmt) == 0
+    vllm = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    sglang = json.loads((tmp_path / "sglang" / "config.json").read_text())
+    assert vllm["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]  # the layer whose input is taken
+    assert sglang["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [0, 2, 3]}  # whose output: SGLang adds 1
+    for fmt in FORMATS:
+        loaded = EagleDrafter.from_pretrained(tmp_path / fmt, base_model=model)
+        assert loaded.config.feature_layers() == [1, 3, 4]
+        _assert_same_drafter(drafter, loaded, model)
+    assert _export(tmp_path / "sglang", "vllm", tmp_path / "again") == 0  # layers read from SGLang's field, kept
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+
+
+def test_what_the_engines_cannot_load_is_refused(tmp_path, capsys):
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    assert _export(tmp_path / "other", "vllm", tmp_path / "o") == 2
+    assert "is not an EAGLE or Medusa drafter (model_type 'bert')" in capsys.readouterr().err
+    assert _export(tmp_path / "missing", "sglang", tmp_path / "o") == 2
+    assert "no config.json" in capsys.readouterr().err
+    qwen = hfs.enable(tiny_model("qwen2", seed=2, num_layers=NUM_LAYERS))
+    EagleDrafter.from_base_model(qwen, variant="eagle3").save_pretrained(tmp_path / "qwen")
+    assert _export(tmp_path / "qwen", "vllm", tmp_path / "o") == 2
+    assert "q/k/v biases without an o_proj bias" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+CARD = Path(__file__).resolve().parents[1] / "model_cards" / "eagle-smollm2-135m-instruct"
+
+
+@pytest.mark.skipif(not (CARD / "config.json").is_file(), reason="the reference EAGLE-3 card is not in this checkout")
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_reference_card_exports(fmt, tmp_path):
+    assert _export(CARD, fmt, tmp_path / fmt) == 0
+    config = json.loads((tmp_path / fmt / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 8192
+    assert (config["hidden_size"], config["target_hidden_size"], config["rope_theta"]) == (576, 576, 100000.0)
+    weights = load_file(str(tmp_path / fmt / "model.safetensors"))
+    assert set(weights) == EAGLE3_KEYS and weights["fc.weight"].dtype == torch.bfloat16
+    card, loaded = EagleDrafter.from_pretrained(CARD), EagleDrafter.from_pretrained(tmp_path / fmt)
+    assert loaded.config.target_num_layers is None and card.config.target_num_layers == 30
+    for k, v in card.state_dict().items():
+        assert torch.equal(v.float(), loaded.state_dict()[k].float()), k
