@@ -68,8 +68,11 @@ def __dir__():
 
 
 def register_auto_classes() -> None:
-    """Register every drafter's config and model with ``AutoConfig`` / ``AutoModel`` (idempotent)."""
+    """Register every drafter's config and model with ``AutoConfig`` / ``AutoModel`` (idempotent), and make their
+    ``from_pretrained`` fail at once on a local folder that does not exist (`hub.guard_auto_classes`)."""
     from transformers import AutoConfig, AutoModel
+
+    from .hub import guard_auto_classes
 
     from .drafters.eagle import EagleConfig, EagleDrafter
     from .drafters.medusa import MedusaConfig, MedusaHeadsModel
@@ -81,6 +84,7 @@ def register_auto_classes() -> None:
                           (ParallelDrafterConfig, ParallelDrafter), (EagleConfig, EagleDrafter), (SpireConfig, SpireDrafter)):  # fmt: skip
         AutoConfig.register(config.model_type, config, exist_ok=True)
         AutoModel.register(config, model, exist_ok=True)
+    guard_auto_classes()
 
 
 def _invoked_as_cli() -> bool:

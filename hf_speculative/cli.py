@@ -75,7 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     import hf_speculative
 
     hf_speculative.register_auto_classes()  # the drafters load by AutoModel in every command
-    return args.func(args) or 0
+    try:
+        return args.func(args) or 0
+    except FileNotFoundError as err:  # a missing folder or file: its message says which, a traceback adds nothing
+        print(f"hf-speculative {argv[0]}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -24,7 +24,9 @@ class SpeculativeGenerationMixin:
 
     Extra ``generate`` arguments:
         assistant_model: an hf_speculative drafter, a `TreeDrafter`, or any causal LM with the target's
-            vocabulary. Models that draft for themselves (Speculative Streaming) need none.
+            vocabulary. Models that draft for themselves (Speculative Streaming) need none. A drafter model in
+            another dtype or on another device than this model is moved to this model's, with a warning line
+            (`hf_speculative.drafters.placement.match_target`).
         speculative_tree (`TreeSpec`): overrides the drafter's own tree for this call (``TreeSpec.chain(k)``
             verifies a single chain like transformers' assisted decoding).
         speculative_acceptance (`str`): ``"exact"`` (default) or ``"typical"`` (Medusa 2.3.1, lossy, sampling only);

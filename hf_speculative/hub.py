@@ -3,15 +3,19 @@
 ``from_pretrained`` treats any name that is not an existing folder as a Hub repo id. A typo in a folder
 (``model_cards/medusa-smolm2``) then costs half a minute of Hub retries and ends in "couldn't connect",
 and without a network a real Hub id does the same. :func:`resolve_name_or_path` runs before every load of
-ours (drafters' ``from_pretrained``, the bench's ``--model`` and ``--drafter``, ``--prompts``):
+ours (drafters' ``from_pretrained``, the bench's ``--model`` and ``--drafter``, ``--prompts``), and after
+``import hf_speculative`` before transformers' ``AutoConfig`` / ``AutoModel*.from_pretrained`` too (only a
+name that cannot be a Hub repo there, see :func:`guard_auto_classes`):
 
 - an existing path, absolute or relative to the current directory, comes back as an absolute path;
 - a name that can only be a path (``./x``, ``../x``, ``/x``, ``~/x``, two or more separators, a first
   component that is a local folder, characters a Hub id cannot have) raises ``FileNotFoundError``
   naming the folder, with no Hub lookup;
-- a Hub id is returned unchanged when offline mode is on (``HF_HUB_OFFLINE=1``: the cache answers at
-  once) or the Hub answers a TCP connect within a few seconds; otherwise the cached snapshot is
-  returned if there is one, else ``OSError`` says the Hub cannot be reached.
+- a Hub id is returned unchanged when the Hub answers a TCP connect within a few seconds, or when it is
+  cached (offline mode, ``HF_HUB_OFFLINE=1``, uses the cache only); otherwise it is a missing folder as
+  far as this machine can tell: the same ``FileNotFoundError`` naming it, which adds that the Hub cannot be
+  reached (or offline mode is on) and nothing of that name is cached. So a missing folder gives one error,
+  from whatever directory it is run.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
-__all__ = ["looks_like_path", "resolve_name_or_path", "hub_offline", "hub_reachable"]
+__all__ = ["looks_like_path", "resolve_name_or_path", "hub_offline", "hub_reachable", "missing_folder", "guard_auto_classes"]
 
 # owner/name or name: letters, digits, "-", "_", "."; at most one "/" (huggingface_hub's repo id rule)
 _REPO_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[\w.-]+$")
@@ -44,7 +48,12 @@ def looks_like_path(name: str | os.PathLike) -> bool:
 
 
 def hub_offline() -> bool:
-    """Offline mode as huggingface_hub and transformers read it (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``)."""
+    """Offline mode as huggingface_hub and transformers read it: ``huggingface_hub.constants.HF_HUB_OFFLINE`` (read when
+    huggingface_hub is imported), or ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE`` set in the environment since."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return True
     return any(os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
@@ -90,6 +99,13 @@ def _cached_snapshot(repo_id: str, repo_type: str) -> str | None:
     return None
 
 
+def missing_folder(name_or_path: str | os.PathLike, what: str = "model", why: str = "") -> FileNotFoundError:
+    """The one error for a local folder that does not exist: names it as given and where it was looked for."""
+    text = os.fspath(name_or_path)
+    where = Path(text).expanduser().absolute()
+    return FileNotFoundError(f"{what} folder {text!r} does not exist (looked for {where}){why}")
+
+
 def resolve_name_or_path(name_or_path: str | os.PathLike | None, what: str = "model", repo_type: str = "model") -> str | None:
     """An absolute local path, or a Hub id that can be loaded now; raise at once otherwise.
 
@@ -99,8 +115,8 @@ def resolve_name_or_path(name_or_path: str | os.PathLike | None, what: str = "mo
         repo_type: the Hub repo type of an id ("model" or "dataset").
 
     Raises:
-        FileNotFoundError: a path-like name that does not exist.
-        OSError: a Hub id while the Hub cannot be reached and nothing of it is cached.
+        FileNotFoundError: a path-like name that does not exist; a Hub-id-like name that is no local folder while
+            the Hub cannot be reached (or offline mode is on) and nothing of it is cached.
     """
     if name_or_path is None:  # from_pretrained(None, config=..., state_dict=...)
         return None
@@ -109,13 +125,46 @@ def resolve_name_or_path(name_or_path: str | os.PathLike | None, what: str = "mo
     if path.exists():
         return str(path.resolve())
     if looks_like_path(name_or_path):
-        raise FileNotFoundError(f"{what} folder {text!r} does not exist (looked for {path.absolute()})")
-    if hub_offline() or hub_reachable():
+        raise missing_folder(text, what)
+    if hub_offline():
+        if repo_type != "model" or _cached_snapshot(text, repo_type) is not None:
+            return text  # the cache answers (datasets keep their own cache: the library decides)
+        raise missing_folder(text, what, f", and offline mode is on (HF_HUB_OFFLINE=1) with no Hub repo {text!r} in the cache")
+    if hub_reachable():
         return text
     cached = _cached_snapshot(text, repo_type)
     if cached is not None:
         return cached
-    raise OSError(
-        f"{text!r} is not a local folder, and the Hugging Face Hub ({_endpoint()}) cannot be reached to download "
-        f"the {what}: no network. Give a local folder, or set HF_HUB_OFFLINE=1 to use the local cache only."
-    )
+    raise missing_folder(
+        text, what,
+        f", and as a Hub repo id it cannot be downloaded: the Hugging Face Hub ({_endpoint()}) cannot be reached (no "
+        "network) and nothing of it is cached. Give a local folder, or set HF_HUB_OFFLINE=1 to use the local cache only.",
+    )  # fmt: skip
+
+
+def _guarded(original):
+    def from_pretrained(cls, pretrained_model_name_or_path=None, *args, **kwargs):
+        if isinstance(pretrained_model_name_or_path, (str, os.PathLike)):
+            resolve_name_or_path(pretrained_model_name_or_path, what="model")  # raises at once; the name goes on unchanged
+        return original.__func__(cls, pretrained_model_name_or_path, *args, **kwargs)
+
+    from_pretrained.__doc__, from_pretrained.__wrapped__ = original.__func__.__doc__, original.__func__
+    from_pretrained._hf_speculative_guard = True
+    return classmethod(from_pretrained)
+
+
+def guard_auto_classes() -> None:
+    """Make ``AutoConfig.from_pretrained`` and every ``AutoModel*.from_pretrained`` check their name with
+    `resolve_name_or_path` first: a local folder that does not exist raises `missing_folder` at once, from any
+    directory, where transformers would take the name for a Hub id and retry its download for about a minute
+    without a network. A name that can be loaded goes to transformers unchanged. Idempotent."""
+    from transformers.models.auto import configuration_auto, modeling_auto
+    from transformers.models.auto.auto_factory import _BaseAutoModelClass
+
+    # every Auto class holds its own copy of from_pretrained (transformers' auto_class_update)
+    classes = [configuration_auto.AutoConfig]
+    classes += [c for c in vars(modeling_auto).values() if isinstance(c, type) and issubclass(c, _BaseAutoModelClass)]
+    for cls in classes:
+        current = cls.__dict__.get("from_pretrained")
+        if isinstance(current, classmethod) and not getattr(current.__func__, "_hf_speculative_guard", False):
+            setattr(cls, "from_pretrained", _guarded(current))

@@ -559,7 +559,11 @@ class BatchTreeMaskBuffer:
         return self.buffer[:, :, :n, : length + n]
 
     def select(self, rows: torch.Tensor) -> None:
-        """Keep the buffer rows of the rows still generating."""
+        """Keep the buffer rows of the rows still generating. The buffer is sized on the first tree step, so rows that
+        leave the batch before it (stopped by the prefill's token) leave nothing here to select: the first step sizes
+        the buffer to the rows that remain."""
+        if self.buffer.shape[0] == 0:
+            return
         self.buffer = self.buffer.index_select(0, rows.to(self.device))
 
 

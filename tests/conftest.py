@@ -112,4 +112,7 @@ def no_network(monkeypatch):
         port = s.getsockname()[1]
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(var, raising=False)
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # read from the environment when huggingface_hub was imported
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")

@@ -35,19 +35,32 @@ def _perturb(module, scale=0.05, seed=0):
     return module
 
 
+def _recycling():
+    return hfs.TokenRecyclingDrafter(cost_curve=lambda n: 1.0)  # a fixed cost curve: nothing measured in a test
+
+
+#: every drafter, built for a target ``model`` (the ragged-batch tests run each of them on Llama, Mistral and Qwen2)
+DRAFTERS = {
+    "draft_lm": lambda model: noisy_copy(model, 0.3),
+    "prompt_lookup": lambda model: hfs.PromptLookupDrafter(min_ngram_size=1),
+    "prompt_lookup_default": lambda model: hfs.PromptLookupDrafter(),
+    "medusa": lambda model: _perturb(hfs.MedusaHeadsModel.from_base_model(model, num_heads=3)),
+    "parallel": lambda model: _perturb(hfs.ParallelDrafter.from_base_model(model, num_mask_tokens=2)),
+    "streaming": lambda model: _perturb(hfs.LlamaForSpeculativeStreaming.from_base_model(model, num_streams=2, num_msa_layers=1)),
+    "eagle1": lambda model: _perturb(hfs.EagleDrafter.from_base_model(model, variant="eagle1")),
+    "eagle3": lambda model: _perturb(hfs.EagleDrafter.from_base_model(model, variant="eagle3")),
+    "spire": lambda model: _perturb(hfs.SpireDrafter.from_base_model(model, num_layers=2, sliding_window=8)),
+    "magicdec": lambda model: hfs.MagicDecDrafter(model, sliding_window=8),
+    "token_recycling": lambda model: _recycling(),
+    "hybrid": lambda model: hfs.HybridDrafter(
+        [hfs.PromptLookupDrafter(min_ngram_size=1), _recycling(), hfs.MedusaHeadsModel.from_base_model(model, num_heads=3)],
+        cost_curve=lambda n: 1.0,
+    ),
+}
+
+
 def drafters_for(model, arch: str) -> dict:
-    out = {
-        "draft_lm": noisy_copy(model, 0.3),
-        "prompt_lookup": hfs.PromptLookupDrafter(min_ngram_size=1),
-        "medusa": _perturb(hfs.MedusaHeadsModel.from_base_model(model, num_heads=3)),
-        "parallel": _perturb(hfs.ParallelDrafter.from_base_model(model, num_mask_tokens=2)),
-        "streaming": _perturb(hfs.LlamaForSpeculativeStreaming.from_base_model(model, num_streams=2, num_msa_layers=1)),
-        "eagle1": _perturb(hfs.EagleDrafter.from_base_model(model, variant="eagle1")),
-        "eagle3": _perturb(hfs.EagleDrafter.from_base_model(model, variant="eagle3")),
-        "spire": _perturb(hfs.SpireDrafter.from_base_model(model, num_layers=2, sliding_window=8)),
-        "magicdec": hfs.MagicDecDrafter(model, sliding_window=8),
-    }
-    return out
+    return {name: make(model) for name, make in DRAFTERS.items()}
 
 
 def _streams(seed=3):
@@ -71,30 +84,65 @@ def _eos_mid_batch(model, ids, mask, new):
     return int(generated[0, 3])
 
 
+def _eos_at_first_token(model, ids, mask, new):
+    """An EOS token that stops one row with the prefill's own token while the other rows go on."""
+    first = model.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=PAD)[:, -1].tolist()
+    for token in first:
+        if token != PAD and first.count(token) == 1:
+            return token
+    raise AssertionError(f"every row starts with a token another row shares: {first}")
+
+
+@pytest.mark.parametrize("name", sorted(DRAFTERS))
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
-def test_batched_greedy_equals_plain_batched_generate(arch):
+def test_batched_greedy_equals_plain_batched_generate(arch, name):
+    """Ragged rows, exact per row: without EOS, with an EOS one row reaches early (mid-batch), and with an EOS that
+    stops one row with its very first token (it leaves the batch before the first tree step)."""
     model = hfs.enable(tiny_model(arch, seed=2))
     ids, mask = left_padded()
     new = 24
-    eos = _eos_mid_batch(model, ids, mask, new)
-    for name, drafter in drafters_for(model, arch).items():
-        for kwargs in ({}, {"eos_token_id": eos}):
-            plain = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=PAD, **kwargs)
-            out = model.generate(
-                ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=new, do_sample=False,
-                pad_token_id=PAD, return_dict_in_generate=True, **kwargs,
-            )  # fmt: skip
-            assert torch.equal(out.sequences, plain), (arch, name, kwargs)
-            stats = out.speculative_stats
-            assert len(stats.rows) == ids.shape[0]
-            for b, row in enumerate(stats.rows):
-                real = plain[b, ids.shape[1] :]
-                produced = real.shape[0]
-                if kwargs and eos in real.tolist():
-                    produced = real.tolist().index(eos) + 1
-                assert row.num_new_tokens == produced, (name, b)
-                assert row.mean_accepted_length >= 1.0
-            assert stats.mean_accepted_length >= 1.0
+    drafter = DRAFTERS[name](model)
+    cases = {"none": {}, "mid_batch": {"eos_token_id": _eos_mid_batch(model, ids, mask, new)},
+             "first_token": {"eos_token_id": _eos_at_first_token(model, ids, mask, new)}}  # fmt: skip
+    for case, kwargs in cases.items():
+        plain = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=PAD, **kwargs)
+        out = model.generate(
+            ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=new, do_sample=False,
+            pad_token_id=PAD, return_dict_in_generate=True, **kwargs,
+        )  # fmt: skip
+        assert torch.equal(out.sequences, plain), (arch, name, case)
+        stats = out.speculative_stats
+        assert len(stats.rows) == ids.shape[0]
+        produced_by_row = []
+        for b, row in enumerate(stats.rows):
+            real = plain[b, ids.shape[1] :]
+            produced = real.shape[0]
+            if kwargs and kwargs["eos_token_id"] in real.tolist():
+                produced = real.tolist().index(kwargs["eos_token_id"]) + 1
+            assert row.num_new_tokens == produced, (name, case, b)
+            assert row.mean_accepted_length >= 1.0
+            produced_by_row.append(produced)
+        if case != "none":
+            assert len(set(produced_by_row)) > 1, (arch, case)  # the rows really stop at different times
+        if case == "first_token":
+            assert 1 in produced_by_row and max(produced_by_row) > 1
+        assert stats.mean_accepted_length >= 1.0
+
+
+def test_mask_buffer_keeps_rows_before_its_first_step():
+    """Rows that leave the batch at the prefill leave the (not yet sized) mask buffer nothing to select; the first
+    tree step sizes it to the rows that remain."""
+    from hf_speculative.trees import BatchTreeMaskBuffer
+
+    buffer = BatchTreeMaskBuffer(torch.float32, "cpu")
+    buffer.select(torch.tensor([0, 2]))
+    visible = torch.tensor([[False, True, True], [True, True, True]])
+    block = torch.zeros(2, 2)
+    mask = buffer(visible, block)
+    assert mask.shape == (2, 1, 2, 5)
+    assert (mask[0, 0, :, 0] == torch.finfo(torch.float32).min).all() and (mask[1, 0, :, :3] == 0).all()
+    buffer.select(torch.tensor([1]))
+    assert buffer(visible[1:], block).shape == (1, 1, 2, 5)
 
 
 def test_eos_stops_rows_at_different_times_and_pads_them():

@@ -5,6 +5,7 @@ import time
 
 import pytest
 import torch
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 import hf_speculative as hfs
 from hf_speculative import hub
@@ -84,28 +85,78 @@ def test_hub_probe_answers_from_a_closed_and_an_open_port(no_network, monkeypatc
 @pytest.mark.parametrize("loader", ["medusa", "bench --drafter", "bench --model"])
 def test_a_hub_name_without_network_fails_in_seconds(loader, no_network):
     start = time.perf_counter()
-    with pytest.raises(OSError, match="cannot be reached") as err:
+    with pytest.raises(FileNotFoundError, match="cannot be reached") as err:
         DRAFTER_LOADERS[loader]("someone-xyz/not-a-real-drafter")
     assert time.perf_counter() - start < 5.0
     assert "no network" in str(err.value) and "HF_HUB_OFFLINE=1" in str(err.value)
-    assert not isinstance(err.value, FileNotFoundError)
+    assert "'someone-xyz/not-a-real-drafter' does not exist" in str(err.value)
 
 
-def test_offline_mode_leaves_hub_names_to_the_cache(monkeypatch):
+def test_offline_mode_leaves_cached_hub_names_to_the_cache(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(hub, "hub_reachable", lambda *a, **k: pytest.fail("offline mode needs no probe"))
+    monkeypatch.setattr(hub, "_cached_snapshot", lambda repo_id, repo_type: "/cache/snapshot" if repo_id == "org/model" else None)
     assert hub.resolve_name_or_path("org/model") == "org/model"
+    with pytest.raises(FileNotFoundError, match="'org/other' does not exist .*offline mode is on"):
+        hub.resolve_name_or_path("org/other")
 
 
-def test_bench_command_checks_drafters_and_prompts_before_loading_the_model(tmp_path, monkeypatch, no_hub):
+@pytest.mark.parametrize("offline", [True, False])
+def test_a_missing_folder_is_one_error_from_any_directory(offline, tmp_path, monkeypatch, no_network):
+    """``model_cards/typo`` in the folder that holds model_cards/ and in one that does not: the same error type and
+    the same message up to where it looked, in offline mode and without a network."""
+    if offline:
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "project" / "model_cards").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    messages = []
+    for cwd in ("project", "elsewhere"):
+        monkeypatch.chdir(tmp_path / cwd)
+        for load in (DRAFTER_LOADERS["medusa"], DRAFTER_LOADERS["bench --drafter"], AutoModel.from_pretrained):
+            start = time.perf_counter()
+            with pytest.raises(FileNotFoundError) as err:
+                load("model_cards/typo")
+            assert time.perf_counter() - start < 5.0
+            messages.append(str(err.value))
+    heads = {m.split(" (looked for ")[0].split("'model_cards/typo'")[1] for m in messages}
+    assert heads == {" does not exist"}, messages
+    assert all(f"looked for {tmp_path}" in m for m in messages)
+
+
+@pytest.mark.parametrize("auto", [AutoModel, AutoModelForCausalLM, AutoConfig])
+def test_auto_classes_fail_at_once_on_a_missing_local_folder(auto, tmp_path, monkeypatch, no_hub):
+    (tmp_path / "model_cards").mkdir()
+    monkeypatch.chdir(tmp_path)
+    for name in ("model_cards/typo", "./typo", "/no/such/folder"):
+        start = time.perf_counter()
+        with pytest.raises(FileNotFoundError, match=f"{name!r} does not exist"):
+            auto.from_pretrained(name)
+        assert time.perf_counter() - start < 2.0
+    model = tiny_model()
+    model.save_pretrained(tmp_path / "model_cards" / "tiny")
+    assert auto.from_pretrained("model_cards/tiny") is not None  # an existing folder loads as before
+
+
+def test_the_cli_prints_a_missing_folder_as_one_line(tmp_path, monkeypatch, capsys, no_hub):
     from hf_speculative import cli
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("hf_speculative.bench.reference.resolve_model", lambda *a, **k: pytest.fail("model loaded"))
-    with pytest.raises(FileNotFoundError, match="'./missing'"):
-        cli.main(["bench", "--methods", "plain,x", "--drafter", "x=./missing", "--limit", "1"])
-    with pytest.raises(FileNotFoundError, match="typo.jsonl"):
-        cli.main(["bench", "--methods", "plain", "--prompts", "./typo.jsonl", "--limit", "1"])
+    assert cli.main(["bench", "--methods", "plain,x", "--drafter", "x=./missing", "--limit", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("hf-speculative bench: error: drafter folder './missing' does not exist")
+
+
+def test_bench_command_checks_drafters_and_prompts_before_loading_the_model(tmp_path, monkeypatch, capsys, no_hub):
+    from hf_speculative import cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("hf_speculative.bench.reference.resolve_model", lambda *a, **k: pytest.fail("model loaded"))
+    assert cli.main(["bench", "--methods", "plain,x", "--drafter", "x=./missing", "--limit", "1"]) == 2
+    assert "'./missing'" in capsys.readouterr().err
+    assert cli.main(["bench", "--methods", "plain", "--prompts", "./typo.jsonl", "--limit", "1"]) == 2
+    assert "typo.jsonl" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("shape, message", [((1, 0), "no tokens"), ((0, 5), "empty batch"), ((0, 0), "empty batch")])

@@ -64,6 +64,16 @@ def test_cli_bench(model_dir, prompts, tmp_path, capsys):
     assert "| method | tau | tokens/s | speedup |" in capsys.readouterr().out
 
 
+def test_cli_bench_limit_spreads_over_categories_and_says_nothing_is_written(model_dir, prompts, capsys):
+    rc = main(["bench", "--model", str(model_dir), "--prompts", str(prompts), "--methods", "plain", "--limit", "2",
+               "--max-new-tokens", "3", "--threads", "1", "--device", "cpu"])  # fmt: skip
+    assert rc == 0
+    out = capsys.readouterr().out
+    per_category = out.split("speedup per category:")[1]
+    assert "writing" in per_category and "math" in per_category  # the first two prompts are both "writing"
+    assert "results not written to a file (no --output given" in out
+
+
 def test_resolve_model_names():
     assert reference.is_reference("reference") and reference.is_reference(None) and reference.is_reference("SmolLM2")
     assert not reference.is_reference("HuggingFaceTB/SmolLM2-135M-Instruct")

@@ -16,9 +16,22 @@ from hf_speculative.bench.prompts import (
     first_per_category,
     load_prompts,
     records_from_dataset,
+    spread_over_categories,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_limit_spreads_over_the_categories_round_robin():
+    records = load_prompts()  # MT-Bench: 10 prompts per category, one category after the other
+    order = list(dict.fromkeys(r.category for r in records))
+    two = spread_over_categories(records, 2)
+    assert [r.category for r in two] == order[:2] and two[0] is records[0]
+    ten = spread_over_categories(records, 10)
+    assert [r.category for r in ten] == order + order[:2]
+    assert ten[8] is [r for r in records if r.category == order[0]][1]  # then each category's second prompt
+    assert spread_over_categories(records, 1000) == spread_over_categories(records, 80) and len(spread_over_categories(records, 1000)) == 80
+    assert spread_over_categories(records, 0) == []
 
 
 def test_default_is_the_80_mt_bench_questions():

@@ -36,6 +36,7 @@ __all__ = [
     "load_prompts",
     "records_from_dataset",
     "first_per_category",
+    "spread_over_categories",
     "BenchPrompt",
     "prepare_prompts",
 ]
@@ -182,6 +183,20 @@ def first_per_category(records: list[Record], n: int) -> list[Record]:
             seen[rec.category] = seen.get(rec.category, 0) + 1
             out.append(rec)
     return out
+
+
+def spread_over_categories(records: list[Record], n: int) -> list[Record]:
+    """``n`` records taken round robin over the categories (in the order they first appear; within a category in
+    the original order): ``--limit 2`` on a set of several categories gives one prompt from each of the first two."""
+    if n < 0:
+        raise ValueError(f"the number of prompts must be >= 0, got {n}")
+    groups: dict[str, list[Record]] = {}
+    for rec in records:
+        groups.setdefault(rec.category, []).append(rec)
+    out: list[Record] = []
+    for i in range(max((len(g) for g in groups.values()), default=0)):
+        out.extend(g[i] for g in groups.values() if i < len(g))
+    return out[:n]
 
 
 @dataclass

@@ -35,7 +35,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-matching-ngram", type=int, default=2)
     p.add_argument("--prompts", default="mt_bench", help="a built-in set (mt_bench, the default; alpaca, dialogsum, "
                    "e2e_nlg, wikisql, heldout = those four; gsm8k, humaneval), a prompt file, or a datasets id NAME[:SPLIT]")  # fmt: skip
-    p.add_argument("--limit", type=int, default=None, help="first N prompts")
+    p.add_argument("--limit", type=int, default=None, help="N prompts, taken round robin over the prompt set's categories")
     p.add_argument("--per-category", type=int, default=None, help="first N prompts of each category")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -56,7 +56,7 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     setup_torch(args)
     from ..bench.harness import BenchOptions, drafter_method_name, run_benchmark
-    from ..bench.prompts import describe_prompts, first_per_category, load_prompts
+    from ..bench.prompts import describe_prompts, first_per_category, load_prompts, spread_over_categories
     from ..bench.reference import resolve_model
     from ..bench.report import category_table, floor_lines, markdown_table, plot_results, write_json
     from ..hub import resolve_name_or_path
@@ -88,7 +88,7 @@ def run(args) -> int:
     if args.per_category:
         records = first_per_category(records, args.per_category)
     if args.limit is not None:
-        records = records[: args.limit]
+        records = spread_over_categories(records, args.limit)
     if args.batch_size:
         return _run_batched(args, model, tokenizer, records, methods, options)
     result = run_benchmark(
@@ -146,6 +146,8 @@ def _write_outputs(args, result: dict, num_prompts: int, plot) -> int:
 
     if args.output:
         print(f"wrote {write_json(result, args.output)}")
+    else:
+        print("results not written to a file (no --output given; --output results.json keeps them as JSON)")
     if args.plot:
         title = f"{args.model} on {describe_prompts(args.prompts)}, {num_prompts} prompts, {args.max_new_tokens} new tokens"
         print(f"wrote {plot(args.plot, title)}")

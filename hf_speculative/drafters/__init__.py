@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import torch
 from transformers import PreTrainedModel
 
 from .base import DraftingOptions, TreeDrafter, fill_children
 from .draft_lm import CausalLMDrafter, layer_cut_draft
 from .magicdec import MagicDecDrafter
+from .placement import match_target
 from .prompt_lookup import PromptLookupDrafter
 
-__all__ = ["DraftingOptions", "TreeDrafter", "fill_children", "CausalLMDrafter", "layer_cut_draft", "PromptLookupDrafter", "MagicDecDrafter", "resolve_drafter"]
+__all__ = ["DraftingOptions", "TreeDrafter", "fill_children", "CausalLMDrafter", "layer_cut_draft", "PromptLookupDrafter", "MagicDecDrafter", "resolve_drafter", "match_target"]
 
 
 def _vocab_size(model) -> int | None:
@@ -18,10 +20,15 @@ def _vocab_size(model) -> int | None:
 
 
 def resolve_drafter(target, assistant_model) -> TreeDrafter | None:
-    """The `TreeDrafter` for one call: from a drafter model, a `TreeDrafter`, or any causal LM; None if none."""
+    """The `TreeDrafter` for one call: from a drafter model, a `TreeDrafter`, or any causal LM; None if none.
+
+    A drafter model (or causal LM) of another dtype or device than ``target`` is moved to the target's first
+    (`match_target`: the one rule, with a warning line)."""
     if assistant_model is None:
         self_drafter = getattr(target, "get_self_drafter", None)
         return self_drafter() if self_drafter is not None else None
+    if isinstance(assistant_model, torch.nn.Module):
+        match_target(assistant_model, target)
     if isinstance(assistant_model, TreeDrafter):
         drafter = assistant_model
     elif hasattr(assistant_model, "get_tree_drafter"):

@@ -20,6 +20,7 @@ from .._compat import cache_arg
 from ..cache import attention_window, full_length_cache
 from ..trees import DraftTree, TreeSpec, additive_mask
 from .base import DraftingOptions, TreeDrafter, fill_children
+from .placement import match_target
 
 __all__ = ["CausalLMDrafter", "layer_cut_draft", "windowed_mask"]
 
@@ -49,6 +50,10 @@ class CausalLMDrafter(TreeDrafter):
     @property
     def vocab_size(self) -> int:
         return self.model.get_output_embeddings().weight.shape[0]
+
+    def attach_target(self, target) -> None:
+        """The draft model moves to the target's dtype and device (`hf_speculative.drafters.placement.match_target`)."""
+        match_target(self.model, target)
 
     def begin(self, prompt_ids, target_outputs) -> None:
         self.cache = full_length_cache()

@@ -38,6 +38,7 @@ from ...hub import resolve_name_or_path
 from ...trees import DraftTree, DynamicTree, TreeSpec
 from ..base import DraftingOptions, TreeDrafter, fill_children, input_embeddings, output_embeddings, vocab_logits
 from ..hub import DrafterHubMixin
+from ..placement import match_target
 from .configuration_eagle import EagleConfig
 
 __all__ = [
@@ -248,7 +249,8 @@ class EagleDrafter(EaglePreTrainedModel):
         return drafter.eval()
 
     def attach_base_model(self, model: PreTrainedModel) -> None:
-        """Check the target's shapes and share its (frozen) token embeddings and ``lm_head``."""
+        """Check the target's shapes and share its (frozen) token embeddings and ``lm_head``. Moves the drafter to the
+        target's dtype and device (`hf_speculative.drafters.placement.match_target`)."""
         emb, lm_head = input_embeddings(model, "an EagleDrafter"), output_embeddings(model, "an EagleDrafter")
         vocab, hidden = lm_head.weight.shape
         feature = self.config.target_hidden_size or self.config.hidden_size
@@ -263,6 +265,7 @@ class EagleDrafter(EaglePreTrainedModel):
         self.__dict__["num_target_layers"] = tc.num_hidden_layers
         if self.config.target_num_layers is None:
             self.config.target_num_layers = tc.num_hidden_layers
+        match_target(self, model)
 
     def _require_base(self):
         if self.base_embeddings is None or self.base_lm_head is None:

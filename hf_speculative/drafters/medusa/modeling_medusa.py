@@ -29,6 +29,7 @@ from ..base import DraftingOptions, TreeDrafter, final_hidden_state, output_embe
 from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from ..hub import DrafterHubMixin
+from ..placement import match_target
 from .configuration_medusa import MedusaConfig
 
 __all__ = ["MedusaResBlock", "MedusaHead", "MedusaHeadsModel", "MedusaOutput", "MedusaDrafter", "final_hidden_state"]
@@ -147,7 +148,8 @@ class MedusaHeadsModel(DraftVocabMixin, MedusaPreTrainedModel):
         return heads
 
     def attach_base_model(self, model: PreTrainedModel) -> None:
-        """Check the base model's shapes and, with ``share_lm_head``, use its (frozen) ``lm_head``."""
+        """Check the base model's shapes and, with ``share_lm_head``, use its (frozen) ``lm_head``. Moves the heads to
+        the base model's dtype and device (`hf_speculative.drafters.placement.match_target`)."""
         lm_head = output_embeddings(model, "Medusa heads")
         vocab, hidden = lm_head.weight.shape
         if vocab != self.config.vocab_size or hidden != self.config.hidden_size:
@@ -157,6 +159,7 @@ class MedusaHeadsModel(DraftVocabMixin, MedusaPreTrainedModel):
             )
         if self.config.share_lm_head:
             self.__dict__["base_lm_head"] = lm_head
+        match_target(self, model)
 
     @property
     def tree(self) -> TreeSpec:

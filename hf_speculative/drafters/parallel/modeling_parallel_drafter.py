@@ -41,6 +41,7 @@ from ..base import (
     vocab_logits,
 )
 from ..hub import DrafterHubMixin
+from ..placement import match_target
 from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from .configuration_parallel_drafter import ParallelDrafterConfig
@@ -155,7 +156,8 @@ class ParallelDrafter(DraftVocabMixin, ParallelDrafterPreTrainedModel):
         return drafter
 
     def attach_base_model(self, model: PreTrainedModel) -> None:
-        """Check the target's shapes and share its (frozen) input embeddings and ``lm_head``."""
+        """Check the target's shapes and share its (frozen) input embeddings and ``lm_head``. Moves the drafter to the
+        target's dtype and device (`hf_speculative.drafters.placement.match_target`)."""
         emb, lm_head = input_embeddings(model, "a ParallelDrafter"), output_embeddings(model, "a ParallelDrafter")
         vocab, hidden = lm_head.weight.shape
         if vocab != self.config.vocab_size or hidden != self.config.hidden_size:
@@ -165,6 +167,7 @@ class ParallelDrafter(DraftVocabMixin, ParallelDrafterPreTrainedModel):
             )
         self.__dict__["base_embeddings"] = emb
         self.__dict__["base_lm_head"] = lm_head
+        match_target(self, model)
 
     @property
     def tree(self) -> TreeSpec:

@@ -41,6 +41,7 @@ from ..base import (
 from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from ..hub import DrafterHubMixin
+from ..placement import match_target
 from .configuration_spire import SpireConfig, chain_with_alternatives
 
 __all__ = ["SpireDrafter", "SpireTreeDrafter", "SpireOutput", "sparse_visibility", "SpirePreTrainedModel"]
@@ -209,7 +210,8 @@ class SpireDrafter(DraftVocabMixin, SpirePreTrainedModel):
         return drafter.eval()
 
     def attach_base_model(self, model: PreTrainedModel) -> None:
-        """Check the target's shapes and share its (frozen) token embeddings and ``lm_head``."""
+        """Check the target's shapes and share its (frozen) token embeddings and ``lm_head``. Moves the drafter to the
+        target's dtype and device (`hf_speculative.drafters.placement.match_target`)."""
         emb, lm_head = input_embeddings(model, "a SpireDrafter"), output_embeddings(model, "a SpireDrafter")
         vocab, hidden = lm_head.weight.shape
         tc = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -222,6 +224,7 @@ class SpireDrafter(DraftVocabMixin, SpirePreTrainedModel):
             )
         self.__dict__["base_embeddings"] = emb
         self.__dict__["base_lm_head"] = lm_head
+        match_target(self, model)
 
     def _require_base(self) -> None:
         if self.base_embeddings is None or self.base_lm_head is None:

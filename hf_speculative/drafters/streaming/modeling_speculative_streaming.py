@@ -51,6 +51,7 @@ from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits, vocab_l
 from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from ..hub import DrafterHubMixin
+from ..placement import match_target, target_placement
 from .configuration_speculative_streaming import LORA_TARGET_MODULES, SpeculativeStreamingConfig
 
 __all__ = [
@@ -276,6 +277,8 @@ class LlamaForSpeculativeStreaming(DrafterHubMixin, DraftVocabMixin, Speculative
         self.post_init()
         self._init_draft_vocab()  # FR-Spec draft vocabulary of the streams (config.draft_vocab_size)
         if base_model is not None:
+            dtype, device = target_placement(base_model)
+            self.to(device=device, dtype=dtype)  # fresh streams are built in the base's dtype
             self.attach_base_model(base_model)
 
     @torch.no_grad()
@@ -323,7 +326,8 @@ class LlamaForSpeculativeStreaming(DrafterHubMixin, DraftVocabMixin, Speculative
 
     def attach_base_model(self, model: PreTrainedModel) -> None:
         """Use ``model``'s decoder and ``lm_head`` (frozen, shared) as this model's main stream. Shared mode also
-        injects LoRA adapters into ``model`` in place (PEFT), unless it already has them: they are trainable."""
+        injects LoRA adapters into ``model`` in place (PEFT), unless it already has them: they are trainable. Moves
+        the streams to ``model``'s dtype and device (`hf_speculative.drafters.placement.match_target`)."""
         decoder = getattr(model, "model", None)
         layers = getattr(decoder, "layers", None)
         if layers is None or not hasattr(decoder, "rotary_emb") or not hasattr(decoder, "norm"):
@@ -342,7 +346,7 @@ class LlamaForSpeculativeStreaming(DrafterHubMixin, DraftVocabMixin, Speculative
         self.__dict__["base"] = model
         self.__dict__["model"] = decoder
         self.__dict__["lm_head"] = lm_head
-        self.streams.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
+        match_target(self, model)
         self.config._attn_implementation = model.config._attn_implementation
         self.generation_config = model.generation_config
 
