@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Speculative Streaming's Table 1 setting on SmolLM2-135M-Instruct: every arm trained with one LoRA setup and one
-# wall-time budget per arm and task (BUDGET seconds; order as the issue ranks them), then evaluated plain against
+# wall-time budget per arm and task (BUDGET seconds; E2E NLG first, then WikiSQL, then DialogSum), then evaluated plain against
 # speculative on the test prompts, and gathered into docs/downstream_table.md + docs/downstream.png.
 #
 #   DATA=../shared/data BUDGET=180 bash examples/downstream_table1.sh            # a GPU: train + eval
