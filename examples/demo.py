@@ -18,7 +18,7 @@ where each output first differs.
 ``--drafter``: a comma list of ``prompt-lookup`` (the model-free n-gram tree drafter), ``token-recycling``,
 ``hybrid`` (prompt lookup and Token Recycling in one tree), ``medusa`` (the trained
 reference Medusa heads committed in `model_cards/`) or drafter folders (any hf_speculative drafter or small causal
-LM); the default shows the fastest model-free and the fastest trained drafter side by side.
+LM); the default shows tree prompt lookup (the fastest measured) beside the training-free hybrid tree.
 """
 
 from __future__ import annotations
@@ -46,15 +46,17 @@ ROOT = Path(__file__).resolve().parents[1]
 HEADS = ROOT / "model_cards" / "medusa-smollm2-135m-instruct"
 
 #: The demo's drafters, when --drafter is not given: a comma list of "prompt-lookup" | "token-recycling" | "hybrid" |
-#: "medusa" | a drafter folder.
-#: The defaults are the fastest model-free drafter and the fastest trained one on a 2-core CPU (docs/results/2026-11-23-amd-epyc-speed.md).
-DEFAULT_DRAFTER = "prompt-lookup,medusa"
+#: "medusa" | a drafter folder. The defaults: tree prompt lookup, the fastest drafter on the held-out prompts (1.08x)
+#: and on MT-Bench (1.31x) in docs/results/2026-11-25-token-recycling.md (2-core AMD EPYC, fp32), and the
+#: training-free hybrid of prompt lookup and Token Recycling (0.98x / 1.20x there).
+DEFAULT_DRAFTER = "prompt-lookup,hybrid"
 
 
 def load_drafter(name: str, model):
     """``(drafter, description)`` for ``--drafter``; a folder that does not exist raises (no silent fallback)."""
     if name == "prompt-lookup":
-        return hfs.PromptLookupDrafter(), "n-gram tree drafter (prompt lookup: no draft model, 16-node budget)"
+        return hfs.PromptLookupDrafter(), ("n-gram tree drafter (prompt lookup: no draft model, 16-node budget; the fastest "
+                                           "drafter measured on the held-out prompts, docs/results/2026-11-25-token-recycling.md)")
     if name == "token-recycling":
         return hfs.TokenRecyclingDrafter(), "Token Recycling (the target's verified top-k successors; no draft model, learns as it runs)"
     if name == "hybrid":
