@@ -29,7 +29,8 @@ LAYERS = [
     ("hf_speculative.drafters.base", 1),  # the drafter interface the engine calls
     ("hf_speculative.drafters.draft_lm", 1),
     ("hf_speculative.drafters.prompt_lookup", 1),
-    ("hf_speculative.drafters.magicdec", 1),  # the target over a sparse cache: no model of its own, like draft_lm
+    ("hf_speculative.drafters.magicdec", 1),
+    ("hf_speculative.drafters.placement", 1),  # the one dtype/device rule, applied where a drafter meets its target  # the target over a sparse cache: no model of its own, like draft_lm
     ("hf_speculative.drafters.__init__", 1),
     ("hf_speculative.decoding", 1),
     ("hf_speculative.generation", 1),
