@@ -344,6 +344,13 @@ def plot_results(methods: dict[str, dict], path: str | Path, title: str | None =
     axes[1].set_xticklabels(groups, rotation=30, ha="right")
     if title:
         axes[0].set_title(title, fontsize=10)
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    """Lay out, write (creating the folder) and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

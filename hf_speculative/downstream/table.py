@@ -85,9 +85,6 @@ def plot_results(rows: list[dict], path: str | Path) -> Path:
         ax.set_ylabel(label)
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    from ..bench.report import save_figure
+
+    return save_figure(fig, path)

@@ -160,6 +160,21 @@ def _trainer_dir(out: Path) -> str:
     return str(out / "trainer_state")
 
 
+def _train_streams(model, tokenizer, train: list[Record], out: Path, cfg: DownstreamTrainingConfig):
+    """The Speculative Streaming trainer over ``train`` (the LoRA arm is the same loss with no streams); returns the
+    trainer and the training seconds."""
+    from ..drafters.streaming.training_speculative_streaming import tokenize_records, train_speculative_streaming
+
+    states = tokenize_records(tokenizer, train, max_length=cfg.max_length)
+    t0 = time.perf_counter()
+    trainer = train_speculative_streaming(
+        model, states, output_dir=_trainer_dir(out), num_epochs=cfg.epochs, learning_rate=cfg.learning_rate,
+        batch_size=cfg.batch_size, segment_length=cfg.max_length, max_steps=cfg.max_steps, seed=cfg.seed,
+        progress=cfg.progress, time_budget=cfg.time_budget, save_steps=cfg.save_steps, resume=cfg.resume,
+    )  # fmt: skip
+    return trainer, time.perf_counter() - t0
+
+
 # ---------------------------------------------------------------------------------------------- the arms
 
 
@@ -167,18 +182,9 @@ def train_lora(model, tokenizer, train: list[Record], calib: list[Record], out: 
     """(a) LoRA next-token fine-tuning; saves the PEFT adapter in ``out/adapter``."""
     from peft import get_peft_model
 
-    from ..drafters.streaming.training_speculative_streaming import tokenize_records, train_speculative_streaming
-
     out = Path(out)
     peft_model = get_peft_model(model, lora_config(cfg))
-    states = tokenize_records(tokenizer, train, max_length=cfg.max_length)
-    t0 = time.perf_counter()
-    trainer = train_speculative_streaming(
-        peft_model, states, output_dir=_trainer_dir(out), num_epochs=cfg.epochs, learning_rate=cfg.learning_rate,
-        batch_size=cfg.batch_size, segment_length=cfg.max_length, max_steps=cfg.max_steps, seed=cfg.seed,
-        progress=cfg.progress, time_budget=cfg.time_budget, save_steps=cfg.save_steps, resume=cfg.resume,
-    )  # fmt: skip
-    seconds = time.perf_counter() - t0
+    trainer, seconds = _train_streams(peft_model, tokenizer, train, out, cfg)
     for c in peft_model.peft_config.values():
         c.base_model_name_or_path = _hub_base_name(base_model)
     peft_model.save_pretrained(out / ADAPTER_SUBFOLDER)
@@ -190,7 +196,7 @@ def train_lora(model, tokenizer, train: list[Record], calib: list[Record], out: 
 def train_streaming(model, tokenizer, train: list[Record], calib: list[Record], out: str | Path, cfg: DownstreamTrainingConfig, base_model: str) -> dict:
     """(c) shared-mode Speculative Streaming; saves config + streams + ``lora/`` (``ss.save_pretrained``)."""
     from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
-    from ..drafters.streaming.training_speculative_streaming import stream_accuracies, tokenize_records, train_speculative_streaming
+    from ..drafters.streaming.training_speculative_streaming import stream_accuracies, tokenize_records
     from ..trees import TreeSpec, expected_acceptance_length
 
     out = Path(out)
@@ -199,14 +205,7 @@ def train_streaming(model, tokenizer, train: list[Record], calib: list[Record], 
         lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
     )  # fmt: skip
     ss.config.base_model_name_or_path = _hub_base_name(base_model)
-    states = tokenize_records(tokenizer, train, max_length=cfg.max_length)
-    t0 = time.perf_counter()
-    trainer = train_speculative_streaming(
-        ss, states, output_dir=_trainer_dir(out), num_epochs=cfg.epochs, learning_rate=cfg.learning_rate,
-        batch_size=cfg.batch_size, segment_length=cfg.max_length, max_steps=cfg.max_steps, seed=cfg.seed,
-        progress=cfg.progress, time_budget=cfg.time_budget, save_steps=cfg.save_steps, resume=cfg.resume,
-    )  # fmt: skip
-    seconds = time.perf_counter() - t0
+    trainer, seconds = _train_streams(ss, tokenizer, train, out, cfg)
     calibration = {}
     if calib:
         acc = stream_accuracies(ss, tokenize_records(tokenizer, calib, max_length=cfg.max_length), segment_length=cfg.max_length)

@@ -146,16 +146,14 @@ class TokenRecyclingDrafter(TreeDrafter):
     def draft(self, root: int, tree: TreeSpec) -> DraftTree:
         """Sec. 3.2: breadth-first over the matrix along ``tree``; empty rows drop their subtrees."""
         m = self.adjacency
-        parents = torch.tensor(tree.parents[1:], dtype=torch.long, device=m.device)
-        ranks = torch.tensor(tree.ranks[1:], dtype=torch.long, device=m.device)
         tokens = torch.full((tree.num_nodes + 1,), -1, dtype=torch.long, device=m.device)
         tokens[0] = root
-        for level in _levels(tree):  # node ids of one depth (parents are filled)
-            p = tokens[parents[level - 1]]
-            tokens[level] = torch.where(p >= 0, m[p.clamp_min(0), ranks[level - 1]], -1)
+        for nodes, parents, ranks in _levels(tree):  # one depth at a time: parents are filled
+            p = tokens[parents]
+            tokens[nodes] = torch.where(p >= 0, m[p.clamp_min(0), ranks], -1)
         keep = (tokens >= 0).nonzero().squeeze(-1).tolist()
-        draft = DraftTree.from_spec(tree, tokens) if len(keep) == len(tokens) else DraftTree.from_spec(tree, tokens).select(keep)
-        return draft
+        draft = DraftTree.from_spec(tree, tokens)
+        return draft if len(keep) == len(tokens) else draft.select(keep)
 
     # ------------------------------------------------------------------ the drafter protocol
     def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
@@ -231,11 +229,14 @@ class TokenRecyclingDrafter(TreeDrafter):
         return drafter
 
 
-def _levels(tree: TreeSpec) -> list[torch.Tensor]:
-    """Node ids per depth 1..D (cached on the spec)."""
+def _levels(tree: TreeSpec) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per depth 1..D: the node ids, their parents and their ranks (built once per spec and cached on it)."""
     cached = tree.__dict__.get("_levels")
     if cached is None:
         depths = tree.depths.tolist()
-        cached = [torch.tensor([i for i, d in enumerate(depths) if d == level]) for level in range(1, tree.depth + 1)]
+        cached = []
+        for level in range(1, tree.depth + 1):
+            nodes = [i for i, d in enumerate(depths) if d == level]
+            cached.append(tuple(torch.tensor(v) for v in (nodes, [tree.parents[i] for i in nodes], [tree.ranks[i] for i in nodes])))
         object.__setattr__(tree, "_levels", cached)
     return cached
