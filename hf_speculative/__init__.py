@@ -46,10 +46,10 @@ _PUBLIC = {
     "SpireDrafter": "drafters.spire",
     "SpeculativeStats": "decoding",
     "SpeculativeGenerateOutput": "decoding",
-    "AcceptanceResult": "verify",
-    "accept_greedy": "verify",
-    "accept_sampling": "verify",
-    "accept_typical": "verify",
+    "AcceptanceResult": "acceptance",
+    "accept_greedy": "acceptance",
+    "accept_sampling": "acceptance",
+    "accept_typical": "acceptance",
 }
 
 __all__ = [*_PUBLIC, "register_auto_classes"]

@@ -20,7 +20,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
 __all__ = [
-    "attention_window", "check_tree_cache", "prepare_tree_cache", "keep_path", "keep_paths", "crop_to", "full_length_cache",
+    "attention_window", "prepare_tree_cache", "keep_path", "keep_paths", "keep_columns",
 ]  # fmt: skip
 
 
@@ -39,17 +39,6 @@ def attention_window(config) -> tuple[int | None, str]:
             return None, "full"
         return int(window), "mapping"  # models built with ``layer_types`` read a {layer type: mask} mapping
     return (int(window), "all") if window else (None, "full")
-
-
-def full_length_cache() -> DynamicCache:
-    """A `DynamicCache` whose layers keep every token (plain `DynamicLayer`s), for drafters that crop their own
-    cache by absolute length: a sliding-window layer would have evicted columns that the crop counts."""
-    return DynamicCache()
-
-
-def check_tree_cache(cache) -> None:
-    """Raise a clear `ValueError` for caches the tree engine cannot compact in place (see `prepare_tree_cache`)."""
-    prepare_tree_cache(cache, convert=False)
 
 
 def prepare_tree_cache(cache, convert: bool = True) -> None:
@@ -115,22 +104,28 @@ def keep_paths(cache: Cache, past_length: int, paths: Sequence[Sequence[int]]) -
     """`keep_path` per row: row a keeps its nodes ``paths[a]`` (ascending offsets after ``past_length``) in
     columns ``past_length .. past_length + len(paths[a])``; every row keeps ``m = max(len(path))`` columns, the
     ones past a shorter path being holes (repeats of its last node) for the caller to mask. Returns m.
-    One gather per layer; rows with the same path share the 1-D fast path of `keep_path`."""
+    Rows with the same path share the 1-D fast path of `keep_path`."""
     paths = [list(p) for p in paths]
     m = max(len(p) for p in paths)
     if all(p == paths[0] for p in paths):
         keep_path(cache, past_length, paths[0])
         return m
-    padded = [p + [p[-1]] * (m - len(p)) for p in paths]
-    index = torch.tensor(padded, dtype=torch.long) + past_length  # (A, m)
-    on_device: dict[torch.device, torch.Tensor] = {}
-    for layer in cache.layers:
+    keep_columns(cache, past_length, torch.tensor([p + [p[-1]] * (m - len(p)) for p in paths], dtype=torch.long))
+    return m
+
+
+def keep_columns(cache: Cache, past_length: int, index: torch.Tensor, num_layers: int | None = None) -> None:
+    """Per row a, move the columns ``past_length + index[a]`` (``index`` ``(A, m)``, offsets after the prefix) into
+    place after the prefix, in place, and drop the rest: every layer, or the first ``num_layers`` only."""
+    on_device: dict[torch.device, torch.Tensor] = {}  # the index copied once per device, not once per layer
+    m = index.shape[1]
+    for layer in cache.layers[:num_layers]:
         if not layer.is_initialized:
             continue
         device = layer.keys.device
         if device not in on_device:
-            on_device[device] = index.to(device)
-        idx = on_device[device][:, None, :, None]
+            on_device[device] = (index + past_length).to(device)[:, None, :, None]
+        idx = on_device[device]
         for name in ("keys", "values"):
             tensor = getattr(layer, name)
             gathered = tensor.gather(-2, idx.expand(-1, tensor.shape[1], -1, tensor.shape[-1]))
@@ -138,13 +133,3 @@ def keep_paths(cache: Cache, past_length: int, paths: Sequence[Sequence[int]]) -
         excess = layer.keys.shape[-2] - (past_length + m)
         if excess > 0:
             layer.crop(-excess)
-    return m
-
-
-def crop_to(cache: Cache, length: int) -> None:
-    """Crop every layer to ``length`` cached positions (transformers' ``crop``, which takes the count to remove)."""
-    for layer in cache.layers:
-        if layer.is_initialized:
-            excess = layer.get_seq_length() - length
-            if excess > 0:
-                layer.crop(-excess)

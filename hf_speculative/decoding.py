@@ -38,10 +38,13 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ._compat import cache_arg, model_kwargs_cache
-from .cache import attention_window, crop_to, keep_paths, prepare_tree_cache
-from .drafters.base import DraftingOptions, TargetRows, TreeDrafter, vocab_logits
+from .cache import attention_window, keep_paths, prepare_tree_cache
+from .drafters.base import DraftingOptions, TreeDrafter
+from .logits import NodeLogits
+from .rows import TargetRows
+from .tree_forward import verification_forward
 from .trees import BatchTreeMaskBuffer, DraftTree, TreeSpec, batch_tree_block
-from .verify import accept_greedy, accept_sampling, accept_typical
+from .acceptance import AcceptanceSettings, accept_greedy_all
 
 __all__ = [
     "SpeculativeStats", "SpeculativeGenerateOutput", "tree_speculative_decoding", "check_tree_attention", "attention_window",
@@ -119,94 +122,6 @@ class _Timer:
         if self.sync:
             torch.cuda.synchronize()
         self.timings[self.key] += time.perf_counter() - self.start
-
-
-#: rows the LM head computes together when a node's logits are first needed: on CPU BLAS a single-row
-#: product with SmolLM2's 49K x 576 head is a slow matrix-vector product (7.9 ms on this project's 2-core
-#: machine) while 2-4 rows cost 2.9-3.8 ms in all, so the likely next rows come almost for free.
-PREFETCH_ROWS = 4
-
-
-class NodeLogits:
-    """The target's logits per tree node, computed only for the nodes the acceptance walk visits.
-
-    A tree step needs logits at the accepted path and one node past it (a few of the n nodes); the LM
-    head over a large vocabulary for every node is a large share of a tree forward's compute. When the
-    model's logits are plain ``lm_head(final hidden state)`` (checked once on the prefill: models with
-    logit scaling or soft-capping fail the check), the forward keeps a single logit row and the head is
-    applied lazily: a visited node's row is computed together with its rank-0 descendants (the path the walk
-    most likely takes next, up to `PREFETCH_ROWS` rows) in one product. Otherwise all logits come from the
-    forward.
-    """
-
-    def __init__(self, outputs, head: torch.nn.Module | None, draft: DraftTree | None = None, row: int = 0):
-        self.head = head
-        self.seconds = 0.0  # time spent in the LM head here: the target's work, not the engine's
-        if head is None:
-            self.full = outputs.logits[row]
-            return
-        self.hidden = outputs.hidden_states[-1][row]
-        self.rows: dict[int, torch.Tensor] = {}
-        children = draft.children if draft is not None else ((),) * self.hidden.shape[0]
-        self.first_child = [kids[0] if kids else -1 for kids in children]
-
-    def _compute(self, node: int) -> None:
-        nodes = [node]
-        while len(nodes) < PREFETCH_ROWS and self.first_child[nodes[-1]] >= 0:
-            nodes.append(self.first_child[nodes[-1]])
-        nodes = [i for i in nodes if i not in self.rows]
-        start = time.perf_counter()
-        logits = self._project(self.hidden[nodes if len(nodes) > 1 else nodes * 2])  # never a single-row product
-        for i, node_i in enumerate(nodes):
-            self.rows[node_i] = logits[i].float()
-        self.seconds += time.perf_counter() - start
-
-    def _project(self, states: torch.Tensor) -> torch.Tensor:
-        weight = getattr(self.head, "weight", None)
-        if isinstance(self.head, torch.nn.Linear) and weight is not None:
-            logits = vocab_logits(states, weight)
-            return logits + self.head.bias if self.head.bias is not None else logits
-        return self.head(states)
-
-    @staticmethod
-    def prefetch(items: list["NodeLogits"], depth: int = 2) -> None:
-        """With a batch, the first ``depth`` nodes of every row's likeliest path (root, first child, ...) in ONE
-        head product: the rows every acceptance walk reads first, without a small product per row."""
-        if len(items) < 2 or items[0].head is None:
-            return
-        picks = []
-        for a, item in enumerate(items):
-            node = 0
-            for _ in range(depth):
-                picks.append((a, node))
-                node = item.first_child[node]
-                if node < 0:
-                    break
-        start = time.perf_counter()
-        states = torch.stack([items[a].hidden[node] for a, node in picks])
-        logits = items[0]._project(states)
-        for (a, node), row in zip(picks, logits):
-            items[a].rows[node] = row.float()
-        items[0].seconds += time.perf_counter() - start
-
-    def __getitem__(self, node: int) -> torch.Tensor:
-        if self.head is None:
-            return self.full[node].float()
-        if node not in self.rows:
-            self._compute(node)
-        return self.rows[node]
-
-    @staticmethod
-    def lazy_head(model, prefill_outputs) -> torch.nn.Module | None:
-        """The LM head when ``logits == lm_head(hidden_states[-1])`` holds for this model, else None."""
-        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        hidden = getattr(prefill_outputs, "hidden_states", None)
-        if head is None or not hidden:
-            return None
-        reference = prefill_outputs.logits[:, -1].float()
-        recomputed = head(hidden[-1][:, -1]).float()
-        return head if torch.allclose(recomputed, reference, rtol=1e-4, atol=1e-4) else None
-
 
 
 class _Row:
@@ -358,20 +273,6 @@ class _Stopping:
         return torch.cat([torch.nn.functional.pad(r.ids, (0, end - r.ids.shape[1]), value=int(pad)) for r in rows])
 
 
-def _acceptance(drafter: TreeDrafter, acceptance: str | None, do_sample: bool, generator):
-    mode = acceptance if acceptance is not None else drafter.acceptance
-    if mode not in (None, "exact", "typical"):
-        raise ValueError(f"speculative_acceptance must be 'exact' or 'typical', got {mode!r}")
-    if not do_sample:  # greedy: argmax through the tree (typical acceptance with T=0 is greedy, Medusa 2.3.1)
-        return accept_greedy
-    if mode == "typical":
-        return lambda tree, scores: accept_typical(
-            tree, scores, drafter.posterior_threshold, drafter.posterior_alpha, True, generator
-        )
-    return lambda tree, scores: accept_sampling(tree, scores, generator)
-
-
-
 def _check_call(model, input_ids, drafter: TreeDrafter, tree, synced_gpus: bool, streamer) -> TreeSpec:
     if synced_gpus:
         raise ValueError("tree speculative decoding does not support synced_gpus (ZeRO-3/FSDP) generation")
@@ -436,30 +337,30 @@ def _draft(drafter: TreeDrafter, batch: _Batch, tree: TreeSpec, options: Draftin
 
 
 def _verify(model, drafter: TreeDrafter, batch: _Batch, drafts, masks: _TreeMasks, cache, want_hidden, lazy_head):
-    """2. one target forward over all rows' trees; returns the outputs and the drafts they verified."""
+    """2. one target forward over all rows' trees (pruned inside it by a drafter with a pruning hook); returns the
+    outputs and the drafts they verified."""
     device = batch.visible.device
     input_ids, position_ids = batch.tree_inputs(drafts, device)
     no_rows = torch.empty(0, dtype=torch.long, device=device)
-    return drafter.verify_batch(
-        model,
-        drafts,
-        input_ids=input_ids,
-        attention_mask=masks(batch, drafts, position_ids),
-        position_ids=position_ids,
-        **cache_arg(cache),
-        use_cache=True,
-        output_hidden_states=want_hidden or lazy_head is not None,
+    return verification_forward(
+        model, drafter, drafts, lambda pruned, positions: masks(batch, pruned, positions),
+        input_ids=input_ids, attention_mask=masks(batch, drafts, position_ids), position_ids=position_ids,
+        **cache_arg(cache), use_cache=True, output_hidden_states=want_hidden or lazy_head is not None,
         # with the lazy head the forward computes no logits itself: `NodeLogits` computes the rows the walk reads
         logits_to_keep=no_rows if lazy_head is not None else 0,
-    )
+    )  # fmt: skip
 
 
 def _accept(accept, outputs, drafts, batch: _Batch, lazy_head, logits_processor):
-    """3. per row, the longest valid path and the bonus token."""
+    """3. per row, the longest valid path and the bonus token: greedy over every node's logits in tensor ops when
+    the forward computed them all and no logits processor applies; else the walk over lazily computed rows."""
     logits = [NodeLogits(outputs, lazy_head, d, row=a) for a, d in enumerate(drafts)]
+    if accept is None and lazy_head is None and not logits_processor:
+        return [accept_greedy_all(d, outputs.logits[a, : len(d)]) for a, d in enumerate(drafts)], logits
     NodeLogits.prefetch(logits)
+    walk = accept or AcceptanceSettings().acceptor(do_sample=False)
     results = [
-        accept(d, _node_scores(lg, d, batch.rows[r].ids, logits_processor))
+        walk(d, _node_scores(lg, d, batch.rows[r].ids, logits_processor))
         for d, lg, r in zip(drafts, logits, batch.active)
     ]
     return results, logits
@@ -550,7 +451,7 @@ def tree_speculative_decoding(
     *,
     drafter: TreeDrafter,
     tree: TreeSpec | None = None,
-    acceptance: str | None = None,
+    acceptance: AcceptanceSettings | str | None = None,
     **model_kwargs,
 ):
     """Tree speculative decoding of a batch of sequences; called by `generate` after its usual preparation.
@@ -566,7 +467,8 @@ def tree_speculative_decoding(
     do_sample = bool(generation_config.do_sample)
     generator = None
     options = DraftingOptions(do_sample, float(generation_config.temperature or 1.0), generator)
-    accept = _acceptance(drafter, acceptance, do_sample, generator)
+    settings = AcceptanceSettings.resolve(acceptance)
+    accept = settings.acceptor(do_sample, generator) if do_sample else None  # None: greedy
     want_hidden = drafter.needs_target_hidden_states
     return_dict = generation_config.return_dict_in_generate
     stopping = _Stopping(
@@ -623,7 +525,7 @@ def tree_speculative_decoding(
         streamer.end()
     sequences = stopping.output(batch.rows)
     if len(batch.rows) == 1:
-        crop_to(cache, sequences.shape[1] - 1)
+        cache.crop(sequences.shape[1] - 1 - cache.get_seq_length())  # a negative count: the columns to drop
     if return_dict:
         return SpeculativeGenerateOutput(
             sequences=sequences,

@@ -11,6 +11,7 @@ import functools
 
 from transformers import GenerationMixin, PreTrainedModel
 
+from .acceptance import AcceptanceSettings
 from .decoding import check_tree_attention, tree_speculative_decoding
 from .drafters import resolve_drafter
 
@@ -30,7 +31,7 @@ class SpeculativeGenerationMixin:
         speculative_tree (`TreeSpec`): overrides the drafter's own tree for this call (``TreeSpec.chain(k)``
             verifies a single chain like transformers' assisted decoding).
         speculative_acceptance (`str`): ``"exact"`` (default) or ``"typical"`` (Medusa 2.3.1, lossy, sampling only);
-            by default the drafter's config decides.
+            by default the drafter model's config decides (`AcceptanceSettings.resolve`).
     """
 
     def generate(
@@ -66,7 +67,7 @@ class SpeculativeGenerationMixin:
             tree_speculative_decoding,
             drafter=drafter,
             tree=speculative_tree,
-            acceptance=speculative_acceptance,
+            acceptance=AcceptanceSettings.resolve(speculative_acceptance, getattr(assistant_model, "config", None)),
             streamer=streamer,  # generate only forwards custom arguments to a custom decoding callable
         )
         return super().generate(

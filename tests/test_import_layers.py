@@ -21,7 +21,10 @@ ROOT = "hf_speculative"
 LAYERS = [
     ("hf_speculative._compat", 0),  # what differs between the supported transformers releases
     ("hf_speculative.trees", 0),
-    ("hf_speculative.verify", 0),
+    ("hf_speculative.acceptance", 0),
+    ("hf_speculative.rows", 0),  # the engine's batch-1 row views of the target's outputs, for drafters
+    ("hf_speculative.logits", 0),  # the target's logits per tree node (lazy LM head), vocab_logits
+    ("hf_speculative.tree_forward", 0),  # the verification forward, with a drafter's pruning hook inside it
     ("hf_speculative.cache", 0),
     ("hf_speculative.hub", 0),  # resolve a folder or Hub name (used by every from_pretrained)
     ("hf_speculative.paths", 0),  # the cache root and model key

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from transformers import AutoConfig, AutoModel
 
 import hf_speculative as hfs
+from hf_speculative.acceptance import AcceptanceSettings
 from hf_speculative.drafters.medusa import MedusaDrafter
 from hf_speculative.drafters.medusa.modeling_medusa import final_hidden_state
 from hf_speculative.drafters.medusa.training_medusa import medusa_head_losses, medusa_labels, medusa_loss
@@ -73,7 +74,11 @@ def test_drafter_settings_come_from_the_config():
     assert isinstance(drafter, MedusaDrafter) and drafter.needs_target_hidden_states
     assert drafter.max_depth == 3 and drafter.vocab_size == model.config.vocab_size
     assert drafter.default_tree == hfs.TreeSpec.from_choices([[0], [1], [0, 0]])
-    assert (drafter.acceptance, drafter.posterior_threshold, drafter.posterior_alpha) == ("typical", 0.2, 0.5)
+    # acceptance is the call's: the heads' config gives its default, the call's speculative_acceptance wins
+    settings = AcceptanceSettings.resolve(None, heads.config)
+    assert (settings.mode, settings.posterior_threshold, settings.posterior_alpha) == ("typical", 0.2, 0.5)
+    assert AcceptanceSettings.resolve("exact", heads.config).mode == "exact"
+    assert not hasattr(drafter, "acceptance")
 
 
 def test_bad_input_is_refused():
@@ -306,12 +311,12 @@ def test_save_load_round_trip_and_auto_model(tmp_path, share_lm_head):
 
 
 def test_typical_acceptance_only_when_enabled_in_the_config(monkeypatch):
-    import hf_speculative.decoding as decoding
+    import hf_speculative.acceptance as acceptance
 
     model = hfs.enable(tiny_model(seed=6))
     calls = []
-    real = decoding.accept_typical
-    monkeypatch.setattr(decoding, "accept_typical", lambda *a, **k: calls.append(a[2:4]) or real(*a, **k))
+    real = acceptance.accept_typical
+    monkeypatch.setattr(acceptance, "accept_typical", lambda *a, **k: calls.append(a[2:4]) or real(*a, **k))
     prompt = torch.tensor([[1, 5, 2]])
     exact = hfs.MedusaHeadsModel.from_base_model(model, num_heads=2)
     model.generate(prompt, assistant_model=exact, do_sample=True, max_new_tokens=8)

@@ -18,7 +18,7 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 
 import hf_speculative as hfs
 from hf_speculative.drafters.base import DraftingOptions, fill_children
-from hf_speculative.verify import accept_sampling
+from hf_speculative.acceptance import accept_sampling
 
 from conftest import tiny_model
 

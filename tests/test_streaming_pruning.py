@@ -10,10 +10,11 @@ from transformers import DynamicCache
 import hf_speculative as hfs
 from hf_speculative._compat import cache_arg
 from hf_speculative.drafters.streaming import LlamaForSpeculativeStreaming
-from hf_speculative.drafters.streaming.pruning import prune_tree, pruned_verify_forward, transition_probabilities
+from hf_speculative.drafters.streaming.pruning import prune_tree, transition_probabilities
 from hf_speculative.drafters.streaming.training_pruning import early_exit_accuracy, train_pruning_head
 from hf_speculative.drafters.streaming.training_speculative_streaming import IGNORE_INDEX
 from hf_speculative.trees import DraftTree, tree_attention_mask
+from hf_speculative.tree_forward import verification_forward
 from hf_speculative.training.trainer import HiddenStates
 
 from conftest import FP32_LAYERS, tiny_model
@@ -83,10 +84,15 @@ def test_pruned_forward_removes_exactly_the_subtrees_below_the_threshold(arch):
     assert 1 < len(expected) < len(draft)
 
     cache = prefilled()
-    out, kept = pruned_verify_forward(
-        ss, draft, threshold, input_ids=tokens[None], attention_mask=mask, position_ids=positions, cache=cache,
-        output_hidden_states=True,
-    )  # fmt: skip
+    ss.config.pruning_threshold = threshold
+    drafter = ss.get_self_drafter()
+    assert drafter.pruning_layer == 2
+    mask_for = lambda drafts, positions: tree_attention_mask(drafts[0].ancestors, past, base.dtype, "cpu")  # noqa: E731
+    with torch.no_grad():  # the engine's one forward of the target, the drafter's hook pruning inside it
+        out, (kept,) = verification_forward(
+            base, drafter, [draft], mask_for, input_ids=tokens[None], attention_mask=mask, position_ids=positions,
+            **cache_arg(cache), use_cache=True, output_hidden_states=True,
+        )  # fmt: skip
     assert kept.tokens.tolist() == tokens[expected].tolist()
     assert kept.parents == draft.select(expected).parents
     index = torch.tensor(expected)
@@ -119,6 +125,32 @@ def test_greedy_equality_with_pruning(arch, layer):
         assert torch.equal(hfs.enable(base).generate(ids, assistant_model=ss, max_new_tokens=new, do_sample=False), ref)
     full = len(ss.config.tree.parents)
     assert min(sizes) < full  # the trees were pruned
+
+
+def test_pruning_is_active_and_exact_in_a_batch(arch):
+    """Two left-padded rows: each row's tree is pruned by its own early exit inside the engine's one forward,
+    and each row equals its own plain greedy decoding."""
+    base, ss = _pruned_ss(arch, seed=7, layer=2, threshold=0.012)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, 96, (n,), generator=g) for n in (4, 9)]
+    ids = torch.zeros(2, 9, dtype=torch.long)
+    attention_mask = torch.zeros(2, 9, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, 9 - len(p) :], attention_mask[b, 9 - len(p) :] = p, 1
+    calls = []
+    handle = base.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        out = hfs.enable(base).generate(ids, attention_mask=attention_mask, assistant_model=ss, max_new_tokens=16,
+                                        do_sample=False, return_dict_in_generate=True)  # fmt: skip
+    finally:
+        handle.remove()
+    stats = out.speculative_stats
+    assert len(calls) == stats.num_target_forwards  # the engine's forwards only, one per step
+    full = len(ss.config.tree.parents)
+    assert all(min(r.tree_sizes[1:]) < full for r in stats.rows)  # both rows' trees were pruned
+    for b, p in enumerate(prompts):
+        ref = base.generate(p[None], max_new_tokens=16, do_sample=False)
+        assert out.sequences[b, 9 - len(p) : 9 - len(p) + ref.shape[1]].tolist() == ref[0].tolist()
 
 
 def test_no_pruning_when_sampling_or_threshold_zero():

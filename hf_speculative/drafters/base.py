@@ -1,34 +1,31 @@
-"""The one interface between a drafter and the tree engine.
+"""The one interface between a drafter and the tree engine. Only the engine runs the target; a drafter proposes
+trees and learns from what the engine verified (see docs/drafter_protocol.md for a complete example drafter).
 
-A `TreeDrafter` holds one `generate()` call's drafting state. It has two layers:
+A `TreeDrafter` holds one `generate()` call's drafting state. **The batched contract** (what the engine calls; a
+batch of B left-padded prompts, B = 1 included):
 
-**The batched contract** (what the engine calls; a batch of B left-padded prompts, B = 1 included):
+1. ``attach_target(target)`` once per call (read the target, never run it).
+2. ``begin_batch(prompts, target_outputs)`` after the target's prefill forward. ``prompts[i]`` is row i's prompt
+   ``(1, L_i)`` with its left padding removed; ``target_outputs`` is a `TargetRows`.
+3. per step ``propose_batch(sequences, rows, tree, options) -> list[DraftTree]``: one draft per row still
+   generating. ``sequences[j]`` ``(1, L_j)`` is the committed sequence (no padding) of original row ``rows[j]``;
+   the root of draft j is ``sequences[j][0, -1]``. The engine verifies every row's tree in ONE target forward;
+   a drafter with `pruning_layer` set drops nodes inside that forward through `prune_batch`.
+4. per step ``advance_batch(sequences, rows, drafts, results, target_outputs)`` once the accepted tokens are
+   committed (only for the rows that go on generating); ``target_outputs.top_k`` holds the verified logits'
+   top-`verified_top_k` of every node when the drafter asks for them.
+5. ``end_batch()``.
 
-1. ``begin_batch(prompts, target_outputs)`` after the target's prefill forward. ``prompts[i]`` is row i's
-   prompt ``(1, L_i)`` with its left padding removed; ``target_outputs`` is a `TargetRows`.
-2. per step ``propose_batch(sequences, rows, tree, options) -> list[DraftTree]``: one draft per row still
-   generating. ``sequences[j]`` ``(1, L_j)`` is the committed sequence (no padding) of original row
-   ``rows[j]``; the root of draft j is ``sequences[j][0, -1]``. Rows that finished are no longer passed.
-   Then ``verify_batch(target, drafts, **forward_kwargs)`` runs the target's ONE verification forward
-   over all rows' trees (the plain forward unless the drafter prunes inside it).
-3. per step ``advance_batch(sequences, rows, drafts, results, target_outputs)`` once the accepted
-   tokens are committed (only for the rows that go on generating).
-4. ``end_batch()``.
+``target_outputs.row(j)`` is a batch-1 view of row j: tensors sliced to ``[j : j + 1]`` (prompt padding removed
+on the prefill), its cache the row's real cached tokens only (`hf_speculative.rows`).
 
-``target_outputs`` (`TargetRows`) wraps the target's batched forward; ``target_outputs.row(j)`` is a
-batch-1 view of row j: tensors sliced to ``[j : j + 1]`` (prompt padding removed on the prefill), and
-its cache (``get_cache(row)``) the row's real cached tokens only (the engine's cache has padding and holes).
+**Drafting one row at a time.** The default batched methods call ``begin`` / ``propose`` / ``advance`` / ``end``
+once per row, on a shallow copy of the drafter per row (on the drafter itself for a single row). So a drafter
+written for batch 1 works for any batch, provided its ``begin`` *assigns* fresh per-call state (a new cache, new
+tensors) rather than mutating shared objects in place. A drafter that drafts all rows at once overrides the
+``*_batch`` methods (Medusa heads: one head forward over B hidden states).
 
-**The batch-1 methods** ``begin`` / ``propose`` / ``verify`` / ``advance`` / ``end`` (one sequence). The
-default batched methods run them once per row on a shallow copy of the drafter per row (`copy.copy`), with
-the row views above; with one row they run on the drafter itself with the forward's own outputs, exactly as
-before batching existed. So a drafter written for batch 1 works for any batch unchanged, provided its
-``begin`` *assigns* fresh per-call state (a new cache, new tensors) rather than mutating shared objects in
-place. A drafter overrides the ``*_batch`` methods to draft all rows in one batched computation (Medusa
-heads do: one head forward over B hidden states).
-
-The engine never branches on the kind of drafter: Medusa heads, ParallelSpec, SPIRe and a plain causal
-LM differ only in how they implement these calls.
+The engine never branches on the kind of drafter.
 """
 
 from __future__ import annotations
@@ -38,25 +35,22 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import Cache
 
+from ..acceptance import AcceptanceResult
+from ..rows import TargetRows
 from ..trees import DraftTree, DynamicTree, TreeSpec
-from ..verify import AcceptanceResult
 
 __all__ = [
     "DraftingOptions",
-    "TargetRows",
     "TreeDrafter",
     "fill_children",
     "tree_from_depth_logits",
-    "vocab_logits",
     "final_hidden_state",
     "output_embeddings",
     "input_embeddings",
     "sparse_visibility",
     "streaming_keep",
     "streaming_slots",
-    "cache_columns",
     "chain_nodes",
     "ChainTreeFiller",
 ]
@@ -75,126 +69,6 @@ class DraftingOptions:
         return draft_sampling if self.do_sample else "deterministic"
 
 
-class _RowCacheLayer:
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
-        self.keys, self.values = keys, values
-        self.is_initialized = True
-
-    def get_seq_length(self) -> int:
-        return self.keys.shape[-2]
-
-
-class _RowCache:
-    """Read-only batch-1 view of one row of a batched cache: the row's real tokens only (padding and the
-    holes of shorter accepted paths removed), gathered per layer on first access."""
-
-    def __init__(self, cache: Cache, row: int, columns: torch.Tensor | None):
-        self.cache, self.row = cache, row
-        self.index = None if columns is None else columns.nonzero().squeeze(-1)
-        self._layers: dict[int, _RowCacheLayer] = {}
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.cache.get_seq_length() if self.index is None else int(self.index.shape[0])
-
-    @property
-    def layers(self):
-        view = self
-
-        class _Layers:
-            def __len__(self):
-                return len(view.cache.layers)
-
-            def __getitem__(self, i):
-                if i not in view._layers:
-                    layer = view.cache.layers[i]
-                    keys, values = layer.keys[view.row : view.row + 1], layer.values[view.row : view.row + 1]
-                    if view.index is not None:
-                        idx = view.index.to(keys.device)
-                        keys, values = keys.index_select(-2, idx), values.index_select(-2, idx)
-                    view._layers[i] = _RowCacheLayer(keys, values)
-                return view._layers[i]
-
-        return _Layers()
-
-
-class _RowOutputs:
-    """A batch-1 view of one row of a batched model output (see `TargetRows.row`)."""
-
-    def __init__(self, outputs, row: int, start: int, columns: torch.Tensor | None):
-        self._outputs, self._row, self._start, self._columns = outputs, row, start, columns
-        self._seen: dict[str, object] = {}
-
-    def _slice(self, value):
-        if isinstance(value, torch.Tensor):
-            return value[self._row : self._row + 1, self._start :] if value.dim() >= 2 else value
-        if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
-            return type(value)(self._slice(v) for v in value)
-        if isinstance(value, Cache):
-            return _RowCache(value, self._row, self._columns)
-        return value
-
-    def __getattr__(self, name: str):
-        if name.startswith("_"):
-            raise AttributeError(name)
-        if name not in self._seen:
-            self._seen[name] = self._slice(getattr(self._outputs, name))
-        return self._seen[name]
-
-    def __getitem__(self, name: str):
-        return getattr(self, name)
-
-
-class TargetRows:
-    """The target's outputs of one batched forward, and a batch-1 view per row for the drafters.
-
-    Args:
-        outputs: the model output (batch ``A`` rows).
-        rows: for each entry j handed to a drafter, its row in ``outputs`` (default: all rows in order).
-        starts: per entry, the first position that belongs to the row (its left padding on the prefill).
-        columns: ``(A, C)`` bool, which columns of the outputs' cache hold each row's real tokens
-            (None: every column).
-        top_k: per entry, the ids of the ``TreeDrafter.verified_top_k`` most likely next tokens at each of the
-            row's positions, ``(n_j, k)`` long, from the logits this forward computed: the prompt's real
-            positions on the prefill, the row's tree nodes (node order) on a verification. None when the
-            drafter asked for none.
-    """
-
-    def __init__(
-        self,
-        outputs,
-        rows: list[int] | None = None,
-        starts: list[int] | None = None,
-        columns: torch.Tensor | None = None,
-        top_k: list[torch.Tensor] | None = None,
-    ):
-        self.outputs = outputs
-        self.rows = list(range(_batch_size(outputs))) if rows is None else list(rows)
-        self.starts = starts if starts is not None else [0] * len(self.rows)
-        self.columns = columns
-        self.top_k = top_k
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def row(self, j: int):
-        """Entry j as a batch-1 output. With a single-row forward and nothing to strip: the outputs themselves."""
-        i, start = self.rows[j], self.starts[j]
-        columns = None if self.columns is None else self.columns[i]
-        if _batch_size(self.outputs) == 1 and start == 0 and (columns is None or bool(columns.all())):
-            return self.outputs
-        return _RowOutputs(self.outputs, i, start, columns)
-
-
-def _batch_size(outputs) -> int:
-    for name in ("logits", "hidden_states"):
-        value = getattr(outputs, name, None)
-        if isinstance(value, (tuple, list)) and value:
-            value = value[0]
-        if isinstance(value, torch.Tensor):
-            return value.shape[0]
-    return 1
-
-
 class TreeDrafter(ABC):
     """Base class of every drafter's per-call state (see the module docstring)."""
 
@@ -204,15 +78,14 @@ class TreeDrafter(ABC):
     max_depth: int | None = None
     #: the tree used when the call gives no ``speculative_tree``
     default_tree: TreeSpec | None = None
-    #: "typical" to use Medusa's typical acceptance when sampling (lossy); None for exact acceptance
-    acceptance: str | None = None
-    posterior_threshold: float = 0.09
-    posterior_alpha: float = 0.3
     #: drafters with a cost-aware default tree set ``batch_tree(batch_size) -> TreeSpec`` (see `tree_for_batch`)
     batch_tree = None
     #: how many of the target's most likely next tokens per verified position this drafter reads
     #: (``TargetRows.top_k``; Token Recycling learns from them); 0: none, and the engine computes no extra logits
     verified_top_k: int = 0
+    #: decoder layer whose input states `prune_batch` reads to drop nodes inside the verification forward (None: no
+    #: pruning; Speculative Streaming's parallel tree pruning, Sec. 3.1.3)
+    pruning_layer: int | None = None
 
     def attach_target(self, target) -> None:
         """Called once per `generate` call, before anything else, with the target model (never to run it: only
@@ -235,12 +108,11 @@ class TreeDrafter(ABC):
     def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
         """This step's draft for the committed ``sequence`` (shape ``(1, L)``; the root is its last token)."""
 
-    def verify(self, target, draft: DraftTree, **forward_kwargs) -> tuple[object, DraftTree]:
-        """The target's verification forward over ``draft`` (``forward_kwargs``: the tree's ``input_ids``,
-        attention mask, position ids, cache); returns the outputs and the draft they verified. A drafter may
-        verify a pruned draft here (Speculative Streaming's parallel tree pruning, Sec. 3.1.3), returning
-        its outputs over the kept nodes only (cache included) and the pruned `DraftTree`."""
-        return target(**forward_kwargs), draft
+    def prune_batch(self, states: torch.Tensor, drafts: list[DraftTree]) -> list[list[int]] | None:
+        """With `pruning_layer` set: the nodes of each row's draft that stay (ascending, closed under ancestors),
+        from the states ``(A, n, H)`` entering decoder layer `pruning_layer` of the verification forward; None
+        keeps every node. The engine applies the answer inside its one forward (`hf_speculative.tree_forward`)."""
+        return None
 
     def advance(self, sequence: torch.LongTensor, draft: DraftTree, result: AcceptanceResult, target_outputs) -> None:
         """Bring the drafter's state in step with the committed ``sequence`` after a verification."""
@@ -274,14 +146,6 @@ class TreeDrafter(ABC):
     ) -> list[DraftTree]:
         """One draft per row (``sequences[j]`` is the committed sequence of original row ``rows[j]``)."""
         return [self._row_drafter(r).propose(seq, tree, options) for seq, r in zip(sequences, rows)]
-
-    def verify_batch(self, target, drafts: list[DraftTree], **forward_kwargs) -> tuple[object, list[DraftTree]]:
-        """The target's one verification forward over all rows' trees (padded to one width by the engine).
-        Default: the drafter's own `verify` for a single row (it may prune there), the plain forward otherwise."""
-        if len(drafts) == 1:
-            outputs, draft = self.verify(target, drafts[0], **forward_kwargs)
-            return outputs, [draft]
-        return target(**forward_kwargs), drafts
 
     def advance_batch(
         self,
@@ -361,21 +225,6 @@ def tree_from_depth_logits(
     return DraftTree.from_spec(tree, tokens, draft_probs=probs, sampling=scheme)
 
 
-def vocab_logits(states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``F.linear(states, weight)`` for drafting: a few rows through a large, bias-free vocabulary projection.
-
-    Drafters project a handful of rows per step (K Medusa heads, k+1 ParallelSpec positions, gamma
-    streams). CPU BLAS runs ``linear`` with 2-16 rows against a 49k x 576 weight about 2x slower than
-    ``(W @ x^T)^T`` (measured on this project's 2-core machine: 48 ms against 25 ms for 5 rows), so
-    without autograd the transposed product is used; otherwise (training, one row, many rows) ``linear``.
-    """
-    x = states.to(weight.dtype)
-    rows = x.reshape(-1, x.shape[-1])
-    if 1 < rows.shape[0] <= 16 and not torch.is_grad_enabled():
-        return (weight @ rows.T).T.reshape(*x.shape[:-1], weight.shape[0])
-    return torch.nn.functional.linear(x, weight)
-
-
 def final_hidden_state(outputs) -> torch.Tensor:
     """The state the target's ``lm_head`` consumes: in transformers 5 causal LMs the last element of
     ``outputs.hidden_states`` is the output of the final norm (tested: ``lm_head(h) == logits``)."""
@@ -428,26 +277,6 @@ def streaming_slots(length: int, window: int, sinks: int) -> tuple[torch.Tensor,
     positions = torch.cat([sink_positions, window_positions])
     valid = torch.cat([sink_positions < length, window_positions >= sinks])
     return positions, valid
-
-
-def cache_columns(cache, columns: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer, the keys and values ``(B, kv_heads, len(columns), head_dim)`` of the cached tokens ``columns``
-    (indices among the cached tokens). For a batch-1 row view of a batched cache (`TargetRows.row`) the indices count
-    the row's real tokens, and only those columns are gathered (not the whole row)."""
-    if isinstance(cache, _RowCache):
-        base, rows = cache.cache, slice(cache.row, cache.row + 1)
-        if cache.index is not None:
-            columns = cache.index[columns.to(cache.index.device)]
-    else:
-        base, rows = cache, slice(None)
-    out, on_device = [], {}
-    for layer in base.layers:
-        device = layer.keys.device
-        if device not in on_device:
-            on_device[device] = columns.to(device)
-        idx = on_device[device]
-        out.append((layer.keys[rows].index_select(-2, idx), layer.values[rows].index_select(-2, idx)))
-    return out
 
 
 # ----------------------------------------------------------------------------- chains drafted one token per forward

@@ -5,7 +5,7 @@ The draft model fills the tree level by level: one forward over the newly commit
 root's candidates, then one batched forward per depth over that level's inner nodes, with a tree
 attention mask on the draft's own cache. After drafting, the draft's cache is cropped back to the
 committed tokens, so it only ever holds committed tokens between steps. The draft cache keeps every token
-in every layer (`full_length_cache`: the crop counts absolute positions); a draft model with sliding-window
+in every layer (a `DynamicCache()` without a config: the crop counts absolute positions); a draft model with sliding-window
 layers gets its window in the tree masks instead.
 """
 
@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from .._compat import cache_arg
-from ..cache import attention_window, full_length_cache
+from ..cache import attention_window
 from ..trees import DraftTree, TreeSpec, additive_mask
 from .base import DraftingOptions, TreeDrafter, fill_children
 from .placement import match_target
@@ -56,7 +56,7 @@ class CausalLMDrafter(TreeDrafter):
         match_target(self.model, target)
 
     def begin(self, prompt_ids, target_outputs) -> None:
-        self.cache = full_length_cache()
+        self.cache = DynamicCache()  # no config: plain full-length layers (the crop counts absolute positions)
 
     def _forward(self, ids, positions, mask=None):
         out = self.model(

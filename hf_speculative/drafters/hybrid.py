@@ -24,7 +24,8 @@ from __future__ import annotations
 import torch
 
 from ..trees import DraftTree, TreeSpec
-from .base import DraftingOptions, TargetRows, TreeDrafter
+from ..rows import TargetRows
+from .base import DraftingOptions, TreeDrafter
 from .cost_aware import target_cost_curve
 from .online_accuracy import OnlineAccuracy
 

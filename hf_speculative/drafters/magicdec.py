@@ -35,7 +35,8 @@ from transformers.models.llama.modeling_llama import rotate_half
 from .._compat import cache_arg, get_cache
 from ..cache import attention_window
 from ..trees import DraftTree, DynamicTree, TreeSpec
-from .base import ChainTreeFiller, DraftingOptions, TreeDrafter, cache_columns, output_embeddings, sparse_visibility, streaming_slots
+from ..rows import cache_columns
+from .base import ChainTreeFiller, DraftingOptions, TreeDrafter, output_embeddings, sparse_visibility, streaming_slots
 from .draft_lm import windowed_mask
 
 __all__ = ["MagicDecDrafter", "rerotate_keys"]

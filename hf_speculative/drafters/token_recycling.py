@@ -35,7 +35,8 @@ from pathlib import Path
 import torch
 
 from ..trees import DraftTree, TreeSpec
-from .base import DraftingOptions, TargetRows, TreeDrafter
+from ..rows import TargetRows
+from .base import DraftingOptions, TreeDrafter
 from .cost_aware import target_cost_curve
 from .online_accuracy import OnlineAccuracy
 

@@ -201,9 +201,8 @@ def measure_cost_curve(
     an int times the forward with transformers' ``logits_to_keep`` instead (0: the head on every row)."""
     from transformers import DynamicCache
 
-    from ..cache import crop_to
     from ..decoding import PREFETCH_ROWS
-    from ..drafters.base import vocab_logits
+    from ..logits import vocab_logits
     from ..trees import additive_mask
 
     nodes = sorted({1, *(int(n) for n in nodes)})
@@ -236,7 +235,7 @@ def measure_cost_curve(
             vocab_logits(out.hidden_states[-1][0, : max(2, min(n, PREFETCH_ROWS))], lm_head.weight)
         _sync(device)
         seconds = time.perf_counter() - start
-        crop_to(cache, prefix)
+        cache.crop(prefix - cache.get_seq_length())  # a negative count: the columns to drop
         return seconds
 
     def project(r: int) -> float:

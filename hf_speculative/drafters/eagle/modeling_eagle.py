@@ -36,7 +36,8 @@ from transformers.utils import ModelOutput
 from ..._compat import takes_cache
 from ...hub import resolve_name_or_path
 from ...trees import DraftTree, DynamicTree, TreeSpec
-from ..base import DraftingOptions, TreeDrafter, fill_children, input_embeddings, output_embeddings, vocab_logits
+from ..base import DraftingOptions, TreeDrafter, fill_children, input_embeddings, output_embeddings
+from ...logits import vocab_logits
 from ..hub import DrafterHubMixin
 from ..placement import match_target
 from .configuration_eagle import EagleConfig

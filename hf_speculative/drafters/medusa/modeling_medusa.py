@@ -25,7 +25,8 @@ from transformers.utils import ModelOutput
 
 from ...hub import resolve_name_or_path
 from ...trees import DraftTree, TreeSpec
-from ..base import DraftingOptions, TreeDrafter, final_hidden_state, output_embeddings, tree_from_depth_logits, vocab_logits
+from ..base import DraftingOptions, TreeDrafter, final_hidden_state, output_embeddings, tree_from_depth_logits
+from ...logits import vocab_logits
 from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from ..hub import DrafterHubMixin
@@ -230,9 +231,6 @@ class MedusaDrafter(TreeDrafter):
         self.max_depth = config.num_heads
         self.batch_tree = functools.partial(cost_aware_tree, config.tree, config, "head_top_i_accuracy", target, self.draft_cost, config.num_heads)
         self.default_tree = self.batch_tree(batch_size=1)
-        self.acceptance = config.acceptance
-        self.posterior_threshold = config.posterior_threshold
-        self.posterior_alpha = config.posterior_alpha
         self.vocab_size = config.vocab_size
         self.draft_sampling = draft_sampling
         self.hidden: torch.Tensor | None = None

@@ -29,7 +29,6 @@ from transformers.utils import ModelOutput
 
 from ..._compat import cache_arg, get_cache, takes_cache
 from ...hub import resolve_name_or_path
-from ...cache import full_length_cache
 from ...trees import DraftTree, TreeSpec
 from ..base import (
     DraftingOptions,
@@ -38,8 +37,8 @@ from ..base import (
     input_embeddings,
     output_embeddings,
     tree_from_depth_logits,
-    vocab_logits,
 )
+from ...logits import vocab_logits
 from ..hub import DrafterHubMixin
 from ..placement import match_target
 from ..cost_aware import cost_aware_tree
@@ -270,9 +269,6 @@ class ParallelTreeDrafter(TreeDrafter):
         self.target_layers = getattr(getattr(target, "config", None), "num_hidden_layers", None)
         self.batch_tree = functools.partial(cost_aware_tree, config.tree, config, "depth_top_i_accuracy", target, self.draft_cost, self.max_depth)
         self.default_tree = self.batch_tree(batch_size=1)
-        self.acceptance = config.acceptance
-        self.posterior_threshold = config.posterior_threshold
-        self.posterior_alpha = config.posterior_alpha
         self.vocab_size = config.vocab_size
         self.needs_target_hidden_states = bool(config.use_target_hidden_states)
         self.draft_sampling = draft_sampling
@@ -288,7 +284,7 @@ class ParallelTreeDrafter(TreeDrafter):
         return [forward + curve.projection_cost(d, self.drafter.draft_vocab_share) for d in range(1, self.max_depth + 1)]
 
     def begin(self, prompt_ids, target_outputs) -> None:
-        self.cache = full_length_cache()  # `_keep_committed` slices by absolute length: no sliding-window layers
+        self.cache = DynamicCache()  # no config: `_keep_committed` slices by absolute length: no sliding-window layers
         if self.needs_target_hidden_states:
             h = final_hidden_state(target_outputs)[0]
             missing = prompt_ids.shape[1] - h.shape[0]  # positions prefilled before this call carry no state: zeros

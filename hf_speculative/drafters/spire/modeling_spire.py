@@ -36,8 +36,9 @@ from transformers.utils import ModelOutput
 from ...hub import resolve_name_or_path
 from ...trees import DraftTree, DynamicTree, TreeSpec
 from ..base import (
-    ChainTreeFiller, DraftingOptions, TreeDrafter, input_embeddings, output_embeddings, sparse_visibility, streaming_keep, vocab_logits,
+    ChainTreeFiller, DraftingOptions, TreeDrafter, input_embeddings, output_embeddings, sparse_visibility, streaming_keep,
 )
+from ...logits import vocab_logits
 from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from ..hub import DrafterHubMixin

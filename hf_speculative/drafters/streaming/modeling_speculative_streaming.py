@@ -47,7 +47,8 @@ from ..._compat import cache_arg, get_cache, takes_cache
 from ...generation import SpeculativeGenerationMixin
 from ...hub import resolve_name_or_path
 from ...trees import DraftTree, TreeSpec
-from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits, vocab_logits
+from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits
+from ...logits import vocab_logits
 from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from ..hub import DrafterHubMixin
@@ -717,15 +718,23 @@ class SpeculativeStreamingDrafter(TreeDrafter):
     def advance(self, sequence, draft, result, target_outputs) -> None:
         self._streams_at(target_outputs, result.path[-1])
 
-    def verify(self, target, draft: DraftTree, **forward_kwargs):
-        """Parallel tree pruning (Sec. 3.1.3) inside the verification forward when the streams have a pruning
-        head, a positive ``pruning_threshold`` and the draft is greedy (see `pruning`); else the plain forward."""
+    @property
+    def pruning_layer(self) -> int | None:
+        """Parallel tree pruning (Sec. 3.1.3) reads the states entering this layer, when the streams have a pruning
+        head and a positive ``pruning_threshold``."""
         config = self.model.config
-        if self.model.streams.pruning is None or config.pruning_threshold <= 0 or draft.sampling != "deterministic":
-            return super().verify(target, draft, **forward_kwargs)
-        from .pruning import pruned_verify_forward
+        return config.pruning_layer if self.model.streams.pruning is not None and config.pruning_threshold > 0 else None
 
-        return pruned_verify_forward(self.model, draft, config.pruning_threshold, **forward_kwargs)
+    def prune_batch(self, states: torch.Tensor, drafts: list[DraftTree]) -> list[list[int]] | None:
+        """Each row's nodes whose estimated transition probability, and every ancestor's, reaches the threshold;
+        greedy drafts only (removing sampled candidates by a rule on their tokens would bias tree rejection
+        sampling). See `pruning`."""
+        if any(d.sampling != "deterministic" for d in drafts):
+            return None
+        from .pruning import prune_tree, transition_probabilities
+
+        threshold = self.model.config.pruning_threshold
+        return [prune_tree(d, transition_probabilities(self.model, states[a, : len(d)], d), threshold) for a, d in enumerate(drafts)]
 
     @torch.no_grad()
     def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:

@@ -1,5 +1,6 @@
 """Parallel tree pruning (Speculative Streaming, Sec. 3.1.3): drop unlikely tree nodes halfway through the
-verification forward.
+verification forward. The drafter's `prune_batch` hook decides with the functions here; the engine applies its
+answer inside its one forward (`hf_speculative.tree_forward`).
 
 The tree draft enters the target's forward whole. After ``pruning_layer`` (l) decoder layers, an early exit
 (the base's final norm and ``lm_head`` on the layer-l state plus a rank-theta adapter) gives every inner node
@@ -19,20 +20,15 @@ Training the early exit is in `training_pruning` (it needs the Trainer stack, wh
 
 from __future__ import annotations
 
-
 import torch
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from ..._compat import cache_arg, takes_cache
-from ...cache import keep_path
+from ...logits import vocab_logits
 from ...trees import DraftTree
-from ..base import vocab_logits
 
 __all__ = [
     "early_exit_states",
     "transition_probabilities",
     "prune_tree",
-    "pruned_verify_forward",
 ]
 
 
@@ -72,54 +68,3 @@ def prune_tree(draft: DraftTree, probs: torch.Tensor, threshold: float) -> list[
             alive[node] = True
             kept.append(node)
     return kept
-
-
-@torch.no_grad()
-@takes_cache
-def pruned_verify_forward(
-    ss,
-    draft: DraftTree,
-    threshold: float,
-    input_ids: torch.LongTensor,
-    attention_mask: torch.Tensor,
-    position_ids: torch.LongTensor,
-    cache,
-    use_cache: bool = True,
-    output_hidden_states: bool = False,
-    logits_to_keep: int | torch.Tensor = 0,
-) -> tuple[CausalLMOutputWithPast, DraftTree]:
-    """The base model's verification forward over ``draft`` with parallel tree pruning after layer l.
-
-    ``attention_mask`` is the tree's additive 4D mask ``(1, 1, n, past + n)``. Returns the outputs over the
-    kept nodes (``hidden_states``: the input of every decoder layer and the final-normed state, as the base
-    model's) and the pruned draft they belong to.
-    """
-    decoder = ss.model
-    layers = decoder.layers[: ss.config.num_hidden_layers]
-    split = ss.config.pruning_layer
-    past = cache.get_seq_length()
-    hidden = decoder.embed_tokens(input_ids)
-    cos, sin = decoder.rotary_emb(hidden, position_ids)
-    inputs: list[torch.Tensor] = []
-
-    def run(block, hidden, mask, positions, rotary):
-        for layer in block:
-            inputs.append(hidden)
-            hidden = layer(hidden, attention_mask=mask, position_ids=positions, **cache_arg(cache), use_cache=True, position_embeddings=rotary)
-        return hidden
-
-    hidden = run(layers[:split], hidden, attention_mask, position_ids, (cos, sin))
-    keep = prune_tree(draft, transition_probabilities(ss, hidden[0], draft), threshold)
-    if len(keep) < len(draft):
-        keep_path(cache, past, keep, num_layers=split)
-        index = torch.tensor(keep, device=hidden.device)
-        columns = torch.cat([torch.arange(past, device=hidden.device), past + index])
-        attention_mask = attention_mask[:, :, index][..., columns]
-        position_ids, cos, sin, hidden = position_ids[:, index], cos[:, index], sin[:, index], hidden[:, index]
-        inputs[:] = [h[:, index] for h in inputs]
-        draft = draft.select(keep)
-    hidden = decoder.norm(run(layers[split:], hidden, attention_mask, position_ids, (cos, sin)))
-    keep_rows = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep  # as transformers does
-    logits = ss.lm_head(hidden[:, keep_rows])
-    states = (*inputs, hidden) if output_hidden_states else None
-    return CausalLMOutputWithPast(logits=logits, **cache_arg(cache if use_cache else None), hidden_states=states), draft

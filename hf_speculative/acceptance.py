@@ -30,7 +30,7 @@ import torch
 
 from .trees import DraftTree
 
-__all__ = ["AcceptanceResult", "accept_greedy", "accept_sampling", "accept_typical"]
+__all__ = ["AcceptanceResult", "AcceptanceSettings", "accept_greedy", "accept_greedy_all", "accept_sampling", "accept_typical"]
 
 NodeScores = Callable[[int], torch.Tensor]
 
@@ -46,6 +46,54 @@ class AcceptanceResult:
     @property
     def num_accepted_drafts(self) -> int:
         return len(self.path) - 1
+
+
+@dataclass(frozen=True)
+class AcceptanceSettings:
+    """How one call accepts drafted tokens: ``mode`` ``"exact"`` (greedy argmax, lossless rejection sampling) or
+    ``"typical"`` (Medusa 2.3.1, lossy, sampling only) with its ``posterior_threshold`` / ``posterior_alpha``."""
+
+    mode: str = "exact"
+    posterior_threshold: float = 0.09
+    posterior_alpha: float = 0.3
+
+    @classmethod
+    def resolve(cls, acceptance: "str | AcceptanceSettings | None", config=None) -> "AcceptanceSettings":
+        """The call's ``speculative_acceptance``, else the drafter model's config (``acceptance``, ``posterior_*``
+        saved with Medusa heads and ParallelSpec drafters), else exact acceptance."""
+        if isinstance(acceptance, AcceptanceSettings):
+            return acceptance
+        mode = acceptance if acceptance is not None else getattr(config, "acceptance", None) or "exact"
+        if mode not in ("exact", "typical"):
+            raise ValueError(f"speculative_acceptance must be 'exact' or 'typical', got {mode!r}")
+        return cls(mode, getattr(config, "posterior_threshold", cls.posterior_threshold), getattr(config, "posterior_alpha", cls.posterior_alpha))
+
+    def acceptor(self, do_sample: bool, generator: torch.Generator | None = None) -> Callable[[DraftTree, NodeScores], AcceptanceResult]:
+        """The acceptance function of a call: greedy (typical acceptance at T = 0 is greedy, Medusa 2.3.1), exact
+        rejection sampling, or typical acceptance."""
+        if not do_sample:
+            return accept_greedy
+        if self.mode == "typical":
+            return lambda tree, scores: accept_typical(tree, scores, self.posterior_threshold, self.posterior_alpha, True, generator)
+        return lambda tree, scores: accept_sampling(tree, scores, generator)
+
+
+def accept_greedy_all(tree: DraftTree, logits: torch.Tensor) -> AcceptanceResult:
+    """`accept_greedy` from every node's logits ``(n, V)`` at once, in tensor ops and one host sync: a node is valid
+    when each node on its path is its parent's argmax; the deepest valid node ends the accepted path (EAGLE's
+    acceptance over all leaf paths). Siblings hold distinct tokens, so at most one path is valid per depth."""
+    best = logits.argmax(-1)
+    tokens = tree.tokens.to(best.device)
+    parents = torch.tensor(tree.parents[1:], device=best.device, dtype=torch.long)
+    match = torch.ones(len(tree), dtype=torch.bool, device=best.device)
+    match[1:] = tokens[1:] == best[parents]
+    ancestors = tree.ancestors.to(best.device)
+    valid = ~(ancestors & ~match).any(-1)
+    depth = torch.where(valid, tree.depths.to(best.device), -1)
+    node = int(depth.argmax())  # the host sync; the first deepest valid node in node order
+    path = ancestors[node].nonzero().squeeze(-1).tolist()  # parents precede children: root first
+    out = [int(t) for t in tokens[path[1:]].tolist()] + [int(best[node])]
+    return AcceptanceResult(path, out, [logits[i].float() for i in path])
 
 
 def accept_greedy(tree: DraftTree, node_scores: NodeScores) -> AcceptanceResult:

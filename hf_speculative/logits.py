@@ -1,0 +1,114 @@
+"""The target's logits as the engine reads them: `vocab_logits` (a few rows through a large vocabulary projection)
+and `NodeLogits` (per tree node, computed lazily for the nodes the acceptance walk visits)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .trees import DraftTree
+
+__all__ = ["PREFETCH_ROWS", "NodeLogits", "vocab_logits"]
+
+
+def vocab_logits(states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.linear(states, weight)`` for drafting: a few rows through a large, bias-free vocabulary projection.
+
+    Drafters project a handful of rows per step (K Medusa heads, k+1 ParallelSpec positions, gamma
+    streams). CPU BLAS runs ``linear`` with 2-16 rows against a 49k x 576 weight about 2x slower than
+    ``(W @ x^T)^T`` (measured on this project's 2-core machine: 48 ms against 25 ms for 5 rows), so
+    without autograd the transposed product is used; otherwise (training, one row, many rows) ``linear``.
+    """
+    x = states.to(weight.dtype)
+    rows = x.reshape(-1, x.shape[-1])
+    if 1 < rows.shape[0] <= 16 and not torch.is_grad_enabled():
+        return (weight @ rows.T).T.reshape(*x.shape[:-1], weight.shape[0])
+    return torch.nn.functional.linear(x, weight)
+
+
+#: rows the LM head computes together when a node's logits are first needed: on CPU BLAS a single-row
+#: product with SmolLM2's 49K x 576 head is a slow matrix-vector product (7.9 ms on this project's 2-core
+#: machine) while 2-4 rows cost 2.9-3.8 ms in all, so the likely next rows come almost for free.
+PREFETCH_ROWS = 4
+
+
+class NodeLogits:
+    """The target's logits per tree node, computed only for the nodes the acceptance walk visits.
+
+    A tree step needs logits at the accepted path and one node past it (a few of the n nodes); the LM
+    head over a large vocabulary for every node is a large share of a tree forward's compute. When the
+    model's logits are plain ``lm_head(final hidden state)`` (checked once on the prefill: models with
+    logit scaling or soft-capping fail the check), the forward keeps a single logit row and the head is
+    applied lazily: a visited node's row is computed together with its rank-0 descendants (the path the walk
+    most likely takes next, up to `PREFETCH_ROWS` rows) in one product. Otherwise all logits come from the
+    forward.
+    """
+
+    def __init__(self, outputs, head: torch.nn.Module | None, draft: DraftTree | None = None, row: int = 0):
+        self.head = head
+        self.seconds = 0.0  # time spent in the LM head here: the target's work, not the engine's
+        if head is None:
+            self.full = outputs.logits[row]
+            return
+        self.hidden = outputs.hidden_states[-1][row]
+        self.rows: dict[int, torch.Tensor] = {}
+        children = draft.children if draft is not None else ((),) * self.hidden.shape[0]
+        self.first_child = [kids[0] if kids else -1 for kids in children]
+
+    def _compute(self, node: int) -> None:
+        nodes = [node]
+        while len(nodes) < PREFETCH_ROWS and self.first_child[nodes[-1]] >= 0:
+            nodes.append(self.first_child[nodes[-1]])
+        nodes = [i for i in nodes if i not in self.rows]
+        start = time.perf_counter()
+        logits = self._project(self.hidden[nodes if len(nodes) > 1 else nodes * 2])  # never a single-row product
+        for i, node_i in enumerate(nodes):
+            self.rows[node_i] = logits[i].float()
+        self.seconds += time.perf_counter() - start
+
+    def _project(self, states: torch.Tensor) -> torch.Tensor:
+        weight = getattr(self.head, "weight", None)
+        if isinstance(self.head, torch.nn.Linear) and weight is not None:
+            logits = vocab_logits(states, weight)
+            return logits + self.head.bias if self.head.bias is not None else logits
+        return self.head(states)
+
+    @staticmethod
+    def prefetch(items: list["NodeLogits"], depth: int = 2) -> None:
+        """With a batch, the first ``depth`` nodes of every row's likeliest path (root, first child, ...) in ONE
+        head product: the rows every acceptance walk reads first, without a small product per row."""
+        if len(items) < 2 or items[0].head is None:
+            return
+        picks = []
+        for a, item in enumerate(items):
+            node = 0
+            for _ in range(depth):
+                picks.append((a, node))
+                node = item.first_child[node]
+                if node < 0:
+                    break
+        start = time.perf_counter()
+        states = torch.stack([items[a].hidden[node] for a, node in picks])
+        logits = items[0]._project(states)
+        for (a, node), row in zip(picks, logits):
+            items[a].rows[node] = row.float()
+        items[0].seconds += time.perf_counter() - start
+
+    def __getitem__(self, node: int) -> torch.Tensor:
+        if self.head is None:
+            return self.full[node].float()
+        if node not in self.rows:
+            self._compute(node)
+        return self.rows[node]
+
+    @staticmethod
+    def lazy_head(model, prefill_outputs) -> torch.nn.Module | None:
+        """The LM head when ``logits == lm_head(hidden_states[-1])`` holds for this model, else None."""
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        hidden = getattr(prefill_outputs, "hidden_states", None)
+        if head is None or not hidden:
+            return None
+        reference = prefill_outputs.logits[:, -1].float()
+        recomputed = head(hidden[-1][:, -1]).float()
+        return head if torch.allclose(recomputed, reference, rtol=1e-4, atol=1e-4) else None

@@ -1,0 +1,151 @@
+"""The engine's views of the target's batched outputs for drafters: `TargetRows` hands each drafter row a batch-1
+view of one verification (or prefill) forward, whose cache shows that row's real tokens only (the engine's shared
+cache holds left padding and the holes of shorter accepted paths, see `hf_speculative.cache`).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache
+
+__all__ = ["TargetRows", "cache_columns"]
+
+
+class _RowCacheLayer:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        self.keys, self.values = keys, values
+        self.is_initialized = True
+
+    def get_seq_length(self) -> int:
+        return self.keys.shape[-2]
+
+
+class _RowCache:
+    """Read-only batch-1 view of one row of a batched cache: the row's real tokens only (padding and the
+    holes of shorter accepted paths removed), gathered per layer on first access."""
+
+    def __init__(self, cache: Cache, row: int, columns: torch.Tensor | None):
+        self.cache, self.row = cache, row
+        self.index = None if columns is None else columns.nonzero().squeeze(-1)
+        self._layers: dict[int, _RowCacheLayer] = {}
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.cache.get_seq_length() if self.index is None else int(self.index.shape[0])
+
+    @property
+    def layers(self):
+        view = self
+
+        class _Layers:
+            def __len__(self):
+                return len(view.cache.layers)
+
+            def __getitem__(self, i):
+                if i not in view._layers:
+                    layer = view.cache.layers[i]
+                    keys, values = layer.keys[view.row : view.row + 1], layer.values[view.row : view.row + 1]
+                    if view.index is not None:
+                        idx = view.index.to(keys.device)
+                        keys, values = keys.index_select(-2, idx), values.index_select(-2, idx)
+                    view._layers[i] = _RowCacheLayer(keys, values)
+                return view._layers[i]
+
+        return _Layers()
+
+
+class _RowOutputs:
+    """A batch-1 view of one row of a batched model output (see `TargetRows.row`)."""
+
+    def __init__(self, outputs, row: int, start: int, columns: torch.Tensor | None):
+        self._outputs, self._row, self._start, self._columns = outputs, row, start, columns
+        self._seen: dict[str, object] = {}
+
+    def _slice(self, value):
+        if isinstance(value, torch.Tensor):
+            return value[self._row : self._row + 1, self._start :] if value.dim() >= 2 else value
+        if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
+            return type(value)(self._slice(v) for v in value)
+        if isinstance(value, Cache):
+            return _RowCache(value, self._row, self._columns)
+        return value
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name not in self._seen:
+            self._seen[name] = self._slice(getattr(self._outputs, name))
+        return self._seen[name]
+
+    def __getitem__(self, name: str):
+        return getattr(self, name)
+
+
+class TargetRows:
+    """The target's outputs of one batched forward, and a batch-1 view per row for the drafters.
+
+    Args:
+        outputs: the model output (batch ``A`` rows).
+        rows: for each entry j handed to a drafter, its row in ``outputs`` (default: all rows in order).
+        starts: per entry, the first position that belongs to the row (its left padding on the prefill).
+        columns: ``(A, C)`` bool, which columns of the outputs' cache hold each row's real tokens
+            (None: every column).
+        top_k: per entry, the ids of the ``TreeDrafter.verified_top_k`` most likely next tokens at each of the
+            row's positions, ``(n_j, k)`` long, from the logits this forward computed: the prompt's real
+            positions on the prefill, the row's tree nodes (node order) on a verification. None when the
+            drafter asked for none.
+    """
+
+    def __init__(
+        self,
+        outputs,
+        rows: list[int] | None = None,
+        starts: list[int] | None = None,
+        columns: torch.Tensor | None = None,
+        top_k: list[torch.Tensor] | None = None,
+    ):
+        self.outputs = outputs
+        self.rows = list(range(_batch_size(outputs))) if rows is None else list(rows)
+        self.starts = starts if starts is not None else [0] * len(self.rows)
+        self.columns = columns
+        self.top_k = top_k
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def row(self, j: int):
+        """Entry j as a batch-1 output. With a single-row forward and nothing to strip: the outputs themselves."""
+        i, start = self.rows[j], self.starts[j]
+        columns = None if self.columns is None else self.columns[i]
+        if _batch_size(self.outputs) == 1 and start == 0 and (columns is None or bool(columns.all())):
+            return self.outputs
+        return _RowOutputs(self.outputs, i, start, columns)
+
+
+def _batch_size(outputs) -> int:
+    for name in ("logits", "hidden_states"):
+        value = getattr(outputs, name, None)
+        if isinstance(value, (tuple, list)) and value:
+            value = value[0]
+        if isinstance(value, torch.Tensor):
+            return value.shape[0]
+    return 1
+
+
+def cache_columns(cache, columns: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the keys and values ``(B, kv_heads, len(columns), head_dim)`` of the cached tokens ``columns``
+    (indices among the cached tokens). For a batch-1 row view of a batched cache (`TargetRows.row`) the indices count
+    the row's real tokens, and only those columns are gathered (not the whole row)."""
+    if isinstance(cache, _RowCache):
+        base, rows = cache.cache, slice(cache.row, cache.row + 1)
+        if cache.index is not None:
+            columns = cache.index[columns.to(cache.index.device)]
+    else:
+        base, rows = cache, slice(None)
+    out, on_device = [], {}
+    for layer in base.layers:
+        device = layer.keys.device
+        if device not in on_device:
+            on_device[device] = columns.to(device)
+        idx = on_device[device]
+        out.append((layer.keys[rows].index_select(-2, idx), layer.values[rows].index_select(-2, idx)))
+    return out
