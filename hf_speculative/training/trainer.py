@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -22,7 +23,16 @@ from transformers import Trainer
 from ..paths import cache_root, model_key
 from .data import Record, tokenize_conversation
 
-__all__ = ["HiddenStates", "extract_hidden_states", "hidden_state_cache_dir", "DrafterTrainer", "drafter_training_args", "train_resumable"]
+__all__ = [
+    "HiddenStates",
+    "extract_hidden_states",
+    "hidden_state_cache_dir",
+    "DrafterTrainer",
+    "drafter_training_args",
+    "planned_steps",
+    "train_drafter",
+    "train_resumable",
+]
 
 TRAINABLE_CHECKPOINT = "trainable.safetensors"  # a DrafterTrainer checkpoint's weights: the trainable tensors only
 
@@ -302,3 +312,42 @@ def train_resumable(trainer: Trainer, resume: bool = False):
             if isinstance(cb, TimeBudgetCallback):
                 cb.spent = TimeBudgetCallback.spent_in(checkpoint)
     return trainer.train(resume_from_checkpoint=checkpoint)
+
+
+def planned_steps(num_examples: int, batch_size: int, num_epochs: float, max_steps: int = -1) -> int:
+    """The optimizer steps a run plans: ``max_steps`` when set, else ``num_epochs`` over ``num_examples`` (at least 1)."""
+    return max_steps if max_steps > 0 else max(1, math.ceil(num_examples / batch_size * num_epochs))
+
+
+def train_drafter(
+    trainer_class: type[Trainer],
+    model,
+    dataset,
+    collator,
+    output_dir: str,
+    *,
+    callbacks: Sequence | None = None,
+    time_budget: float | None = None,
+    anneal: bool = True,
+    resume: bool = False,
+    trainer_kwargs: dict | None = None,
+    **training_args,
+) -> Trainer:
+    """Train ``model`` on ``dataset`` with ``trainer_class`` (a `DrafterTrainer`) and return the trainer, the model
+    left in eval mode: the `drafter_training_args` of ``output_dir`` and ``training_args``, a `TimeBudgetCallback`
+    stopping it after ``time_budget`` seconds (with ``anneal`` the learning rate follows a cosine over the budget,
+    warmed up over ``warmup_steps``; without it the schedule stays the arguments' cosine) and `train_resumable`.
+    ``trainer_kwargs``: the trainer's own arguments (its loss settings, ``optimizers``)."""
+    from .callbacks import TimeBudgetCallback
+
+    args = drafter_training_args(output_dir, time_budget=time_budget if anneal else None, **training_args)
+    callbacks = list(callbacks or [])
+    if time_budget:
+        callbacks.append(TimeBudgetCallback(time_budget, anneal=anneal, warmup_steps=training_args["warmup_steps"]))
+    model.train()
+    trainer = trainer_class(
+        model=model, args=args, train_dataset=dataset, data_collator=collator, callbacks=callbacks, **(trainer_kwargs or {})
+    )
+    train_resumable(trainer, resume)
+    model.eval()
+    return trainer
