@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from ...training.callbacks import LearningCurveCallback, TimeBudgetCallback, budget_warmup_steps
-from ...training.trainer import DrafterTrainer, HiddenStates, _cache_root, _model_key, _record_key, planned_steps, train_drafter
+from ...training.trainer import DrafterTrainer, HiddenStates, _cache_root, _model_key, cached_states, encode_record, planned_steps, train_drafter
 
 __all__ = [
     "IGNORE_INDEX",
@@ -121,24 +121,12 @@ class _StopForward(Exception):
     pass
 
 
-def _encode(tokenizer, record, max_length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(input_ids, labels)`` of a record's conversation with its last answer; None when nothing to learn."""
-    from ...training.data import tokenize_conversation
-
-    msgs = record.conversation(num_turns=len(record.answers)) + [{"role": "assistant", "content": record.answers[-1]}]
-    enc = tokenize_conversation(tokenizer, msgs, max_length=max_length)
-    x, y = torch.tensor(enc["input_ids"]), torch.tensor(enc["labels"])
-    if len(x) < 3 or bool((y == IGNORE_INDEX).all()):
-        return None
-    return x, y
-
-
 def tokenize_records(tokenizer, records, max_length: int = 1024) -> HiddenStates:
     """Shared mode's training data: the tokens and labels of each record with an answer, as a `HiddenStates`
     with an empty ``hidden`` (the joint forward runs the whole model; nothing is cached)."""
     xs, ys, offsets, ids = [], [], [0], []
     for r in records:
-        encoded = _encode(tokenizer, r, max_length) if r.answers else None
+        encoded = encode_record(tokenizer, r, max_length) if r.answers else None
         if encoded is None:
             continue
         xs.append(encoded[0])
@@ -154,11 +142,7 @@ def tokenize_records(tokenizer, records, max_length: int = 1024) -> HiddenStates
 def extract_stream_inputs(model, tokenizer, records, layer: int, max_length: int = 1024, cache: bool = True, progress: bool = True) -> HiddenStates:
     """The frozen base's hidden states entering decoder layer ``layer`` (= N - N_s) over ``records``, cached in
     fp16 per conversation under ``$HF_SPECULATIVE_CACHE/stream_inputs/``. The forward stops at that layer."""
-    from safetensors.torch import load_file, save_file
-
     folder = _cache_root() / "stream_inputs" / f"{_model_key(model, max_length)}-layer{layer}"
-    if cache:
-        folder.mkdir(parents=True, exist_ok=True)
     decoder = model.model
     captured = {}
 
@@ -166,43 +150,20 @@ def extract_stream_inputs(model, tokenizer, records, layer: int, max_length: int
         captured["h"] = args[0] if args else kw["hidden_states"]
         raise _StopForward
 
-    hs, xs, ys, offsets, ids = [], [], [], [0], []
-    iterator = records
-    if progress:
-        from tqdm.auto import tqdm
+    def layer_inputs(input_ids: torch.Tensor) -> torch.Tensor:
+        try:
+            decoder(input_ids=input_ids[None].to(model.device), use_cache=False)
+        except _StopForward:
+            pass
+        return captured.pop("h")[0]
 
-        iterator = tqdm(records, desc=f"hidden states entering layer {layer}", unit="conv")
     handle = decoder.layers[layer].register_forward_pre_hook(stop, with_kwargs=True)
     try:
-        for r in iterator:
-            if not r.answers:
-                continue
-            path = folder / f"{_record_key(r)}.safetensors"
-            if cache and path.is_file():
-                t = load_file(str(path))
-                h, x, y = t["hidden"], t["input_ids"], t["labels"]
-            else:
-                encoded = _encode(tokenizer, r, max_length)
-                if encoded is None:
-                    continue
-                x, y = encoded
-                try:
-                    decoder(input_ids=x[None].to(model.device), use_cache=False)
-                except _StopForward:
-                    pass
-                h = captured.pop("h")[0].to("cpu", torch.float16).contiguous()
-                if cache:
-                    save_file({"hidden": h, "input_ids": x, "labels": y}, str(path))
-            hs.append(h)
-            xs.append(x)
-            ys.append(y)
-            offsets.append(offsets[-1] + len(x))
-            ids.append(r.id)
+        return cached_states(
+            records, tokenizer, folder, layer_inputs, max_length, cache, progress, desc=f"hidden states entering layer {layer}"
+        )
     finally:
         handle.remove()
-    if not ids:
-        raise ValueError("no conversation with an assistant answer")
-    return HiddenStates(torch.cat(hs), torch.cat(xs), torch.cat(ys), torch.tensor(offsets), ids)
 
 
 class StreamSegmentDataset(Dataset):
