@@ -87,7 +87,7 @@ def setup_torch(args) -> None:
             torch.set_num_interop_threads(1)
         except RuntimeError:  # already set, or parallel work already started in this process
             pass
-    if args.device is None:
+    if args.device is None:  # not PartialState().device: that starts the process group in every command and prefers mps
         if torch.cuda.is_available():
             local_rank = os.environ.get("LOCAL_RANK")
             args.device = f"cuda:{local_rank}" if local_rank is not None else "cuda"
@@ -116,6 +116,16 @@ def load_model_and_records(args):
         records = records[: args.limit]
     model, tokenizer = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)
     return model, tokenizer, records
+
+
+def frozen_target(args):
+    """``--model`` in ``--dtype`` on ``--device``, every parameter frozen: the target a drafter trains against."""
+    from ..bench.reference import resolve_model
+
+    model, _ = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
 
 
 def record_reference_base(config, model_name: str) -> None:
@@ -147,18 +157,22 @@ def command_line(args=None) -> str | None:
     return None
 
 
-def num_processes() -> int:
-    """Processes training together (``WORLD_SIZE`` under ``accelerate launch`` / ``torchrun``; 1 alone)."""
-    import os
+def _process_state():
+    """accelerate's `PartialState` of this process (gloo on CPU, as the Trainer sets it up)."""
+    import torch
+    from accelerate import PartialState
 
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    return PartialState(cpu=not torch.cuda.is_available())
+
+
+def num_processes() -> int:
+    """Processes training together (several under ``accelerate launch`` / ``torchrun``; 1 alone)."""
+    return _process_state().num_processes
 
 
 def is_main_process() -> bool:
     """True in a single process, and in process 0 of ``accelerate launch`` / ``torchrun``."""
-    import os
-
-    return int(os.environ.get("RANK", "0")) == 0
+    return _process_state().is_main_process
 
 
 @contextmanager
@@ -166,13 +180,7 @@ def main_process_first():
     """Under several processes (``accelerate launch``, ``torchrun``) the main process runs the block first and
     the others after it, so that they read the caches it wrote (hidden states) instead of racing to write them.
     In a single process, just the block."""
-    if num_processes() > 1:
-        import torch
-        from accelerate import PartialState
-
-        with PartialState(cpu=not torch.cuda.is_available()).main_process_first():  # gloo on CPU, as the Trainer
-            yield
-    else:
+    with _process_state().main_process_first():
         yield
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from .common import add_model_args, add_shard_args, add_train_args, finish_drafter, parse_dtype, record_reference_base, setup_torch, shard_states, shard_training_report
+from .common import add_model_args, add_shard_args, add_train_args, finish_drafter, frozen_target, record_reference_base, setup_torch, shard_states, shard_training_report
 
 
 def add_parser(subparsers) -> None:
@@ -32,15 +32,12 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     setup_torch(args)
-    from ..bench.reference import resolve_model
     from ..drafters.draft_vocab import frequent_tokens
     from ..drafters.eagle.model_card import write_model_card
     from ..drafters.eagle.modeling_eagle import EagleDrafter
     from ..drafters.eagle.training_eagle import train_eagle
 
-    model, _ = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)
-    for p in model.parameters():
-        p.requires_grad_(False)
+    model = frozen_target(args)
     drafter = EagleDrafter.from_base_model(
         model, variant=args.variant, draft_vocab_size=args.draft_vocab_size if args.variant == "eagle3" else None,
         total_tokens=args.total_tokens, tree_depth=args.tree_depth, tree_top_k=args.tree_top_k, feature_noise=args.feature_noise,

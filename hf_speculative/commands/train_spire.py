@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .common import add_model_args, add_shard_args, add_train_args, finish_drafter, parse_dtype, record_reference_base, setup_torch, shard_states, shard_training_report
+from .common import add_model_args, add_shard_args, add_train_args, finish_drafter, frozen_target, record_reference_base, setup_torch, shard_states, shard_training_report
 
 
 def _int_list(text: str) -> list[int]:
@@ -41,15 +41,12 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     setup_torch(args)
-    from ..bench.reference import resolve_model
     from ..drafters.draft_vocab import frequent_tokens
     from ..drafters.spire.model_card import write_model_card
     from ..drafters.spire.modeling_spire import SpireDrafter
     from ..drafters.spire.training_spire import SpireDataset, depth_accuracies, train_spire
 
-    model, _ = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)
-    for p in model.parameters():
-        p.requires_grad_(False)
+    model = frozen_target(args)
     drafter = SpireDrafter.from_base_model(
         model, num_layers=args.num_layers, layers=args.layers, sliding_window=args.sliding_window, num_sink_tokens=args.sinks,
         num_draft_tokens=args.k, tree_top_i=args.top_i, mixed_loss_omega=args.omega,
