@@ -21,7 +21,6 @@ name that cannot be a Hub repo there, see :func:`guard_auto_classes`):
 from __future__ import annotations
 
 import os
-import re
 import socket
 import threading
 from pathlib import Path
@@ -29,9 +28,15 @@ from urllib.parse import urlparse
 
 __all__ = ["looks_like_path", "resolve_name_or_path", "hub_offline", "hub_reachable", "missing_folder", "guard_auto_classes"]
 
-# owner/name or name: letters, digits, "-", "_", "."; at most one "/" (huggingface_hub's repo id rule)
-_REPO_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[\w.-]+$")
-_TRUE = {"1", "on", "yes", "true"}
+
+def _is_repo_id(text: str) -> bool:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        return False
+    return True
 
 
 def looks_like_path(name: str | os.PathLike) -> bool:
@@ -41,7 +46,7 @@ def looks_like_path(name: str | os.PathLike) -> bool:
         return True
     if os.sep != "/" and os.sep in text:
         return True
-    if text.count("/") > 1 or not _REPO_ID.match(text) or text.endswith(("/", "..")) or "--" in text:
+    if not _is_repo_id(text):
         return True
     first = text.split("/", 1)[0]
     return "/" in text and Path(first).is_dir()  # "model_cards/typo" in the repo root
@@ -49,12 +54,13 @@ def looks_like_path(name: str | os.PathLike) -> bool:
 
 def hub_offline() -> bool:
     """Offline mode as huggingface_hub and transformers read it: ``huggingface_hub.constants.HF_HUB_OFFLINE`` (read when
-    huggingface_hub is imported), or ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE`` set in the environment since."""
+    huggingface_hub is imported), or ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE`` set in the environment since (which
+    that constant does not see: hence the environment read)."""
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
         return True
-    return any(os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(os.environ.get(v, "").strip().upper() in constants.ENV_VARS_TRUE_VALUES for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def _endpoint() -> str:

@@ -28,6 +28,7 @@ LAYERS = [
     ("hf_speculative.cache", 0),
     ("hf_speculative.hub", 0),  # resolve a folder or Hub name (used by every from_pretrained)
     ("hf_speculative.paths", 0),  # the cache root and model key
+    ("hf_speculative.plotting", 0),  # save_figure: the bench, perf-model and downstream plots
     ("hf_speculative.perf_model", 1),  # the cost model (package: cost_curve, roofline, shapes): the engine's step, no training
     ("hf_speculative.drafters.base", 1),  # the drafter interface the engine calls
     ("hf_speculative.drafters.draft_lm", 1),

@@ -271,7 +271,7 @@ class _EngineMethod(BenchMethod):
 
     def tree_for_batch(self, batch_size: int):
         """The tree a call over ``batch_size`` rows verifies (for the report)."""
-        if self.call_tree is not None or isinstance(self, (TreeLayerCutMethod, ChainLayerCutMethod, TreePromptLookupMethod)):
+        if self.call_tree is not None or isinstance(self, (_LayerCutEngineMethod, TreePromptLookupMethod)):
             return self.call_tree or self.tree
         from hf_speculative.drafters import resolve_drafter
 
@@ -280,38 +280,44 @@ class _EngineMethod(BenchMethod):
         return drafter.tree_for_batch(batch_size)
 
 
+class _LayerCutEngineMethod(_LayerCutMixin, _EngineMethod):
+    """The engine's loop over a layer-cut draft; subclasses choose the tree (`_layer_cut_tree`)."""
+
+    def setup(self):
+        super().setup()
+        self._build_draft()
+        self.tree = self._layer_cut_tree()
+
+    def _layer_cut_tree(self):
+        raise NotImplementedError
+
+    def settings(self):
+        return {"draft_layers": self.options.draft_layers, **self._tree_settings()}
+
+
 @register_method
-class TreeLayerCutMethod(_LayerCutMixin, _EngineMethod):
+class TreeLayerCutMethod(_LayerCutEngineMethod):
     name = "tree-layercut"
     description = "hf_speculative tree loop, layer-cut self-speculative draft"
 
-    def setup(self):
-        super().setup()
-        self._build_draft()
-        self.tree = parse_tree(self.options.tree)
-        if self.tree is None:  # the drafter's own default tree, recorded for the JSON
+    def _layer_cut_tree(self):
+        tree = parse_tree(self.options.tree)
+        if tree is None:  # the drafter's own default tree, recorded for the JSON
             from hf_speculative.drafters import resolve_drafter
 
-            self.tree = resolve_drafter(self.model, self.draft).default_tree
-
-    def settings(self):
-        return {"draft_layers": self.options.draft_layers, **self._tree_settings()}
+            tree = resolve_drafter(self.model, self.draft).default_tree
+        return tree
 
 
 @register_method
-class ChainLayerCutMethod(_LayerCutMixin, _EngineMethod):
+class ChainLayerCutMethod(_LayerCutEngineMethod):
     name = "chain-layercut"
     description = "hf_speculative loop with a one-path tree (chain), layer-cut draft"
 
-    def setup(self):
+    def _layer_cut_tree(self):
         import hf_speculative as hfs
 
-        super().setup()
-        self._build_draft()
-        self.tree = hfs.TreeSpec.chain(self.options.chain_length)
-
-    def settings(self):
-        return {"draft_layers": self.options.draft_layers, **self._tree_settings()}
+        return hfs.TreeSpec.chain(self.options.chain_length)
 
 
 @register_method

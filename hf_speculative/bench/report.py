@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ..plotting import save_figure
 from .numerics import FLOOR_VARIANTS, divergence_summary, first_divergence
 
 __all__ = [
@@ -345,18 +346,6 @@ def plot_results(methods: dict[str, dict], path: str | Path, title: str | None =
     if title:
         axes[0].set_title(title, fontsize=10)
     return save_figure(fig, path)
-
-
-def save_figure(fig, path: str | Path) -> Path:
-    """Lay out, write (creating the folder) and close a matplotlib figure."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 def write_json(result: dict, path: str | Path) -> Path:

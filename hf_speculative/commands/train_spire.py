@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .common import add_model_args, command_line, finish_folder, parse_dtype, record_reference_base, setup_torch
+from .common import add_model_args, add_shard_args, add_train_args, finish_drafter, frozen_target, record_reference_base, setup_torch, shard_states, shard_training_report
 
 
 def _int_list(text: str) -> list[int]:
@@ -22,10 +22,9 @@ def add_parser(subparsers) -> None:
     """Register ``train spire`` on ``subparsers`` (the ``train`` sub-parsers)."""
     p = subparsers.add_parser("spire", help="SPIRe drafter: pruned init, sparse KV, feedback memory (labelled shards)")
     add_model_args(p)
-    p.add_argument("--labelled", action="append", required=True, help="target-labelled shard folder(s) (hf-speculative label)")
-    p.add_argument("--labelled-holdout", type=int, default=40, help="the last N conversations of each folder are held out "
-                   "(the per-depth acceptance in the config's calibration)")  # fmt: skip
-    p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
+    add_shard_args(p, holdout_help="the last N conversations of each folder are held out (the per-depth acceptance in "
+                   "the config's calibration)")  # fmt: skip
+    add_train_args(p, lr=3e-4, batch_size=4, batch_help="chunks per step")
     p.add_argument("--num-layers", type=int, default=2, help="drafter layers: the target's last N (SPIRe Sec. 3.2)")
     p.add_argument("--layers", type=_int_list, default=None, help="instead: the target layers to prune from, e.g. 26,27 "
                    "(their inputs must be in the labelled shards)")  # fmt: skip
@@ -35,51 +34,31 @@ def add_parser(subparsers) -> None:
     p.add_argument("--top-i", type=int, default=2, help="candidates per depth in the default tree")
     p.add_argument("--omega", type=float, default=0.5, help="MixedLoss omega (Sec. 3.4): omega KD - (1 - omega) alpha")
     p.add_argument("--draft-vocab-size", type=int, default=None, help="FR-Spec draft vocabulary (most frequent target tokens)")
-    p.add_argument("--max-train-tokens", type=int, default=None, help="train on at most this many labelled tokens")
     p.add_argument("--max-length", type=int, default=512, help="rows per training chunk")
-    p.add_argument("--batch-size", type=int, default=4, help="chunks per step")
-    p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--max-steps", type=int, default=-1)
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds")
     p.add_argument("--save-dtype", default="bfloat16", help="dtype of the saved weights (default bfloat16)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     setup_torch(args)
-    from ..bench.reference import resolve_model
     from ..drafters.draft_vocab import frequent_tokens
     from ..drafters.spire.model_card import write_model_card
     from ..drafters.spire.modeling_spire import SpireDrafter
     from ..drafters.spire.training_spire import SpireDataset, depth_accuracies, train_spire
-    from ..training.labelling import LabelledShards
-    from ..training.trainer import HiddenStates
 
-    model, _ = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)
-    for p in model.parameters():
-        p.requires_grad_(False)
+    model = frozen_target(args)
     drafter = SpireDrafter.from_base_model(
         model, num_layers=args.num_layers, layers=args.layers, sliding_window=args.sliding_window, num_sink_tokens=args.sinks,
         num_draft_tokens=args.k, tree_top_i=args.top_i, mixed_loss_omega=args.omega,
     )  # fmt: skip
     record_reference_base(drafter.config, args.model)
     layers = drafter.config.target_layers
-    parts, held = [], []
-    budget = args.max_train_tokens
-    for folder in args.labelled:
-        shards = LabelledShards(folder)
-        train_idx, hold_idx = shards.split(args.labelled_holdout)
-        per_folder = None if budget is None else budget // len(args.labelled)
-        parts.append(shards.to_hidden_states(extra_layers=layers, conversations=train_idx, max_tokens=per_folder))
-        if hold_idx:
-            held.append(shards.to_hidden_states(extra_layers=layers, conversations=hold_idx[:8]))
-    states = HiddenStates.concat(parts)
+    states, held = shard_states(args, layers, held_per_folder=8)
     print(f"labelled: {len(states)} conversations, {int(states.input_ids.numel())} tokens; drafter layers from target layers {layers}",
           file=sys.stderr)  # fmt: skip
     if args.draft_vocab_size:
         drafter.set_draft_vocab(frequent_tokens(states.topk_ids[:, 0].long(), args.draft_vocab_size, model.config.vocab_size))
-    held_set = SpireDataset(HiddenStates.concat(held), layers, args.sinks, args.max_length) if held else None
+    held_set = SpireDataset(held, layers, args.sinks, args.max_length) if held is not None else None
     before = depth_accuracies(drafter, held_set) if held_set is not None else None
     start = time.perf_counter()
     trainer = train_spire(
@@ -88,28 +67,11 @@ def run(args) -> int:
         time_budget=args.time_budget, seed=args.seed,
     )  # fmt: skip
     seconds = time.perf_counter() - start
-    logs = [h for h in trainer.state.log_history if "loss" in h]
     if held_set is not None:
         after = depth_accuracies(drafter, held_set)
         drafter.config.calibration = {"depth_top_i_accuracy": [[round(a, 4) for a in row] for row in after],
                                       "depth_top_i_accuracy_at_init": [[round(a, 4) for a in row] for row in before]}  # fmt: skip
         print(f"held-out top-1 acceptance per depth: init {[r[0] for r in before]} -> trained {[r[0] for r in after]}", file=sys.stderr)
-    drafter.config.training = {
-        "method": f"SPIRe MixedLoss (omega {args.omega}) on target-labelled shards, {args.k} passes per chunk",
-        "data": ", ".join(args.labelled),
-        "conversations": len(states),
-        "tokens": int(states.input_ids.numel()),
-        "steps": trainer.state.global_step,
-        "batch": f"{args.batch_size} x {args.max_length} tokens",
-        "learning_rate": args.lr,
-        "train_seconds": round(seconds, 1),
-        "first_logged": {k: v for k, v in logs[0].items() if k != "epoch"} if logs else None,
-        "last_logged": {k: v for k, v in logs[-1].items() if k != "epoch"} if logs else None,
-        "command": command_line(args),
-    }
-    save_dtype = parse_dtype(args.save_dtype)
-
-    def save(folder):
-        drafter.to(save_dtype).save_pretrained(folder)
-
-    return finish_folder(args.out, save, lambda o: write_model_card(drafter, o), drafter.config.training)
+    method = f"SPIRe MixedLoss (omega {args.omega}) on target-labelled shards, {args.k} passes per chunk"
+    drafter.config.training = shard_training_report(args, method, states, trainer, seconds)
+    return finish_drafter(args, drafter, write_model_card, drafter.config.training)

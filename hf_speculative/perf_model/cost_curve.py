@@ -35,17 +35,6 @@ import torch
 
 from .._compat import cache_arg
 
-__all__ = [
-    "CostCurve",
-    "measure_cost_curve",
-    "get_cost_curve",
-    "set_cost_curve",
-    "cost_curve_path",
-    "machine_description",
-    "DEFAULT_NODES",
-    "DEFAULT_PROJECTION_ROWS",
-]
-
 DEFAULT_NODES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 DEFAULT_PROJECTION_ROWS = (1, 2, 3, 4, 6, 8)
 

@@ -35,24 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from ..plotting import save_figure
 from .shapes import ModelShape
-
-__all__ = [
-    "Hardware",
-    "HARDWARE",
-    "METHODS",
-    "StepTimes",
-    "SpeedupGrid",
-    "forward_time",
-    "step_times",
-    "throughput_multiplier",
-    "projected_speedup",
-    "expected_tau",
-    "speedup_grid",
-    "plot_heatmap",
-    "DEFAULT_BATCH_SIZES",
-    "DEFAULT_CONTEXTS",
-]
 
 METHODS = ("vanilla", "magicdec", "spire", "verify-only")
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -355,9 +339,4 @@ def plot_heatmap(grid: SpeedupGrid, path: str | Path, title: str | None = None) 
     ax.set_ylabel("batch size B")
     ax.set_title(title, fontsize=9)
     fig.colorbar(im, ax=ax, label="projected speedup (x)")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["SHAPES", "shape_config", "ModelShape", "DTYPE_BYTES"]
-
 #: LlamaConfig keyword arguments of common target (and draft) shapes
 SHAPES: dict[str, dict] = {
     "llama-2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,

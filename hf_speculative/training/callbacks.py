@@ -23,13 +23,43 @@ def budget_warmup_steps(total_steps: int, share: float = 0.05, time_budget: floa
 
 
 class LearningCurveCallback(TrainerCallback):
-    """Calls ``self._record(step)`` at the start and at ``self.num_points`` evenly spaced steps of training
-    (a drafter's held-out accuracy / expected tau against training seen); subclasses implement `_record`."""
+    """The learning curve of a drafter with a calibrated tree: at the start and at ``num_points`` evenly spaced steps
+    of training, its held-out top-i accuracies (`accuracies`: ``[depth][i]``) and the expected acceptance length of
+    the tree calibrated on them for ``num_nodes``, appended to ``curve``; with ``save_dir`` the drafter is also saved
+    in ``save_dir/step<N>`` (to measure real tau against training seen afterwards). ``per_step``: what one step
+    trains on (positions, groups, tokens). Subclasses implement `accuracies` and name the point's keys."""
 
-    num_points: int = 4
+    seen_key = "train_tokens"  # step x per_step
+    top1_key = "top1"  # the per-depth top-1 accuracies
+
+    def __init__(self, model, held_out, num_nodes: int, num_points: int = 4, save_dir: str | None = None, per_step: float = 0):
+        self.model, self.held_out, self.num_nodes, self.num_points = model, held_out, num_nodes, num_points
+        self.save_dir, self.per_step = save_dir, per_step
+        self.curve: list[dict] = []
+
+    def accuracies(self) -> list[list[float]]:
+        """The drafter's held-out top-i accuracies ``[depth][i]`` (called in eval mode)."""
+        raise NotImplementedError
 
     def _record(self, step: int) -> None:
-        raise NotImplementedError
+        from ..trees import TreeSpec, expected_acceptance_length
+
+        was_training = self.model.training
+        self.model.eval()
+        acc = self.accuracies()
+        tree = TreeSpec.optimize(acc, self.num_nodes)
+        point = {
+            "step": step,
+            self.seen_key: int(step * self.per_step),
+            self.top1_key: [round(r[0], 4) for r in acc],
+            "expected_tau_calibrated": round(expected_acceptance_length(tree, acc), 4),
+        }
+        if self.save_dir is not None:
+            path = Path(self.save_dir) / f"step{step}"
+            self.model.save_pretrained(path)
+            point["checkpoint"] = str(path)
+        self.curve.append(point)
+        self.model.train(was_training)
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._record(0)

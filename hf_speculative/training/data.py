@@ -133,13 +133,15 @@ class Record:
 # --------------------------------------------------------------------------- helpers
 
 
-def _read_jsonl(path: Path, parse=json.loads) -> list[dict]:
+def _read_jsonl(path: Path) -> list[dict]:
+    # not datasets.load_dataset("json"): it gives every row every column (an absent "category" becomes None, which
+    # defeats the loaders' row.get(key, default))
     rows = []
     with open(path, encoding="utf-8") as f:
         for line in f:
             line = line.strip()
             if line:
-                rows.append(parse(line))
+                rows.append(json.loads(line))
     return rows
 
 
@@ -290,7 +292,7 @@ def load_sharegpt_package(
 
 def load_alpaca(path: str | Path, limit: int | None = None, category: str = "alpaca") -> list[Record]:
     """Alpaca json: a list of ``{"instruction", "input", "output"}``; the input follows the instruction."""
-    rows = json.loads(Path(path).read_text(encoding="utf-8"))
+    rows = json.loads(Path(path).read_text(encoding="utf-8"))  # not load_dataset("json"): an absent "input" would be None
     records = []
     for i, row in enumerate(rows):
         prompt = row["instruction"].strip()
@@ -347,6 +349,7 @@ E2E_INSTRUCTION = (
 def load_e2e_nlg(path: str | Path, limit: int | None = None, instruction: str = E2E_INSTRUCTION) -> list[Record]:
     """E2E NLG csv (``mr``, ``ref``). Rows sharing one ``mr`` become one record with all its refs."""
     by_mr: dict[str, list[str]] = {}
+    # not datasets.load_dataset("csv"): pandas reads an empty ref as None and a numeric one as a float
     with open(path, encoding="utf-8", newline="") as f:
         for row in csv.DictReader(f):
             by_mr.setdefault(row["mr"], []).append(row["ref"])

@@ -69,6 +69,7 @@ def _resolve_layers(layers: Iterable[int], num_layers: int) -> list[int]:
 
 
 def _dist_rank() -> tuple[int, int]:
+    """``(RANK, WORLD_SIZE)`` from the environment, not accelerate's PartialState: labelling needs no process group."""
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -22,7 +23,18 @@ from transformers import Trainer
 from ..paths import cache_root, model_key
 from .data import Record, tokenize_conversation
 
-__all__ = ["HiddenStates", "extract_hidden_states", "hidden_state_cache_dir", "DrafterTrainer", "drafter_training_args", "train_resumable"]
+__all__ = [
+    "HiddenStates",
+    "encode_record",
+    "cached_states",
+    "extract_hidden_states",
+    "hidden_state_cache_dir",
+    "DrafterTrainer",
+    "drafter_training_args",
+    "planned_steps",
+    "train_drafter",
+    "train_resumable",
+]
 
 TRAINABLE_CHECKPOINT = "trainable.safetensors"  # a DrafterTrainer checkpoint's weights: the trainable tensors only
 
@@ -138,6 +150,64 @@ def _record_key(record: Record) -> str:
     return hashlib.sha256(json.dumps(record.to_dict(), sort_keys=True).encode()).hexdigest()[:24]
 
 
+def encode_record(tokenizer, record: Record, max_length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(input_ids, labels)`` of a record's conversation with its last answer; None when nothing to learn."""
+    msgs = record.conversation(num_turns=len(record.answers)) + [{"role": "assistant", "content": record.answers[-1]}]
+    enc = tokenize_conversation(tokenizer, msgs, max_length=max_length)
+    x, y = torch.tensor(enc["input_ids"]), torch.tensor(enc["labels"])
+    if len(x) < 3 or bool((y == -100).all()):
+        return None
+    return x, y
+
+
+def cached_states(
+    records: Sequence[Record],
+    tokenizer,
+    folder: Path,
+    compute,
+    max_length: int = 1024,
+    cache: bool = True,
+    progress: bool = True,
+    desc: str = "hidden states",
+) -> HiddenStates:
+    """The states ``compute(input_ids)`` gives (``(T, H)``, stored fp16 on the CPU) of each conversation of
+    ``records`` that has an answer (`encode_record`), read from one safetensors file per conversation in ``folder``
+    when ``cache`` holds it there, else computed and (with ``cache``) written."""
+    from safetensors.torch import load_file, save_file
+
+    if cache:
+        folder.mkdir(parents=True, exist_ok=True)
+    hs, xs, ys, offsets, ids = [], [], [], [0], []
+    iterator = records
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(records, desc=desc, unit="conv")
+    for r in iterator:
+        if not r.answers:
+            continue  # nothing to learn from a prompt without an answer
+        path = folder / f"{_record_key(r)}.safetensors"
+        if cache and path.is_file():
+            t = load_file(str(path))
+            h, x, y = t["hidden"], t["input_ids"], t["labels"]
+        else:
+            encoded = encode_record(tokenizer, r, max_length)
+            if encoded is None:
+                continue
+            x, y = encoded
+            h = compute(x).to("cpu", torch.float16).contiguous()
+            if cache:
+                save_file({"hidden": h, "input_ids": x, "labels": y}, str(path))
+        hs.append(h)
+        xs.append(x)
+        ys.append(y)
+        offsets.append(offsets[-1] + len(x))
+        ids.append(r.id)
+    if not ids:
+        raise ValueError("no conversation with an assistant answer to compute hidden states for")
+    return HiddenStates(torch.cat(hs), torch.cat(xs), torch.cat(ys), torch.tensor(offsets), ids)
+
+
 @torch.no_grad()
 def extract_hidden_states(
     model,
@@ -150,44 +220,13 @@ def extract_hidden_states(
     """Run the frozen backbone once over ``records`` (conversations with their assistant answers) and
     return (and cache) its final hidden states: the post-norm states that the ``lm_head`` consumes.
     Records without an answer are skipped."""
-    from safetensors.torch import load_file, save_file
+    backbone = getattr(model, model.base_model_prefix)
+
+    def final_states(input_ids: torch.Tensor) -> torch.Tensor:
+        return backbone(input_ids=input_ids[None].to(model.device), use_cache=False).last_hidden_state[0]
 
     folder = hidden_state_cache_dir(model, max_length)
-    if cache:
-        folder.mkdir(parents=True, exist_ok=True)
-    backbone = getattr(model, model.base_model_prefix)
-    hs, xs, ys, offsets, ids = [], [], [], [0], []
-    iterator = records
-    if progress:
-        from tqdm.auto import tqdm
-
-        iterator = tqdm(records, desc="hidden states", unit="conv")
-    for r in iterator:
-        if not r.answers:
-            continue  # nothing to learn from a prompt without an answer
-        path = folder / f"{_record_key(r)}.safetensors"
-        if cache and path.is_file():
-            t = load_file(str(path))
-            h, x, y = t["hidden"], t["input_ids"], t["labels"]
-        else:
-            msgs = r.conversation(num_turns=len(r.answers)) + [{"role": "assistant", "content": r.answers[-1]}]
-            enc = tokenize_conversation(tokenizer, msgs, max_length=max_length)
-            x = torch.tensor(enc["input_ids"])
-            y = torch.tensor(enc["labels"])
-            if len(x) < 3 or bool((y == -100).all()):
-                continue
-            out = backbone(input_ids=x[None].to(model.device), use_cache=False)
-            h = out.last_hidden_state[0].to("cpu", torch.float16).contiguous()
-            if cache:
-                save_file({"hidden": h, "input_ids": x, "labels": y}, str(path))
-        hs.append(h)
-        xs.append(x)
-        ys.append(y)
-        offsets.append(offsets[-1] + len(x))
-        ids.append(r.id)
-    if not ids:
-        raise ValueError("no conversation with an assistant answer to compute hidden states for")
-    return HiddenStates(torch.cat(hs), torch.cat(xs), torch.cat(ys), torch.tensor(offsets), ids)
+    return cached_states(records, tokenizer, folder, final_states, max_length, cache, progress)
 
 
 def drafter_training_args(
@@ -302,3 +341,42 @@ def train_resumable(trainer: Trainer, resume: bool = False):
             if isinstance(cb, TimeBudgetCallback):
                 cb.spent = TimeBudgetCallback.spent_in(checkpoint)
     return trainer.train(resume_from_checkpoint=checkpoint)
+
+
+def planned_steps(num_examples: int, batch_size: int, num_epochs: float, max_steps: int = -1) -> int:
+    """The optimizer steps a run plans: ``max_steps`` when set, else ``num_epochs`` over ``num_examples`` (at least 1)."""
+    return max_steps if max_steps > 0 else max(1, math.ceil(num_examples / batch_size * num_epochs))
+
+
+def train_drafter(
+    trainer_class: type[Trainer],
+    model,
+    dataset,
+    collator,
+    output_dir: str,
+    *,
+    callbacks: Sequence | None = None,
+    time_budget: float | None = None,
+    anneal: bool = True,
+    resume: bool = False,
+    trainer_kwargs: dict | None = None,
+    **training_args,
+) -> Trainer:
+    """Train ``model`` on ``dataset`` with ``trainer_class`` (a `DrafterTrainer`) and return the trainer, the model
+    left in eval mode: the `drafter_training_args` of ``output_dir`` and ``training_args``, a `TimeBudgetCallback`
+    stopping it after ``time_budget`` seconds (with ``anneal`` the learning rate follows a cosine over the budget,
+    warmed up over ``warmup_steps``; without it the schedule stays the arguments' cosine) and `train_resumable`.
+    ``trainer_kwargs``: the trainer's own arguments (its loss settings, ``optimizers``)."""
+    from .callbacks import TimeBudgetCallback
+
+    args = drafter_training_args(output_dir, time_budget=time_budget if anneal else None, **training_args)
+    callbacks = list(callbacks or [])
+    if time_budget:
+        callbacks.append(TimeBudgetCallback(time_budget, anneal=anneal, warmup_steps=training_args["warmup_steps"]))
+    model.train()
+    trainer = trainer_class(
+        model=model, args=args, train_dataset=dataset, data_collator=collator, callbacks=callbacks, **(trainer_kwargs or {})
+    )
+    train_resumable(trainer, resume)
+    model.eval()
+    return trainer

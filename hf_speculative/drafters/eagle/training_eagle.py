@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from ...training.losses import kd_loss
-from ...training.trainer import DrafterTrainer, HiddenStates, drafter_training_args, train_resumable
+from ...training.trainer import DrafterTrainer, HiddenStates, train_drafter
 from .modeling_eagle import EagleDrafter, causal_mask
 
 __all__ = ["EagleDataset", "EagleCollator", "EagleTrainer", "eagle_loss", "train_eagle", "scale_fc_to_features", "hidden_states_from_model", "STEP_DECAY", "W_CLS"]
@@ -274,25 +274,16 @@ def train_eagle(
 `scale_fc_to_features` (a fresh drafter; pass False to continue training one). Returns the trainer (its
     ``state.log_history`` holds the loss parts). ``save_steps`` / ``resume``: resumable checkpoints in ``output_dir``
     (`hf_speculative.training.trainer.train_resumable`)."""
-    from ...training.callbacks import TimeBudgetCallback
-
     drafter._require_base()
     steps = steps or (4 if drafter.config.is_eagle3 else 1)
     final_layer = final_layer or drafter.num_target_layers
     dataset = EagleDataset(states, drafter.config.feature_layers(drafter.num_target_layers), final_layer, max_length)
     if drafter.config.is_eagle3 and scale_fc:
         scale_fc_to_features(drafter, dataset, seed=seed)
-    callbacks = list(callbacks or [])
-    if time_budget:
-        callbacks.append(TimeBudgetCallback(time_budget))
-    args = drafter_training_args(
-        output_dir, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
-        weight_decay=weight_decay, warmup_steps=warmup_steps, time_budget=time_budget, logging_steps=logging_steps,
-        seed=seed, progress=progress, save_steps=save_steps,
-    )
-    drafter.train()
-    trainer = EagleTrainer(model=drafter, args=args, train_dataset=dataset, data_collator=EagleCollator(), callbacks=callbacks,
-                           steps=steps, feature_noise=drafter.config.feature_noise)  # fmt: skip
-    train_resumable(trainer, resume)
-    drafter.eval()
-    return trainer
+    return train_drafter(
+        EagleTrainer, drafter, dataset, EagleCollator(), output_dir, callbacks=callbacks, time_budget=time_budget,
+        resume=resume, trainer_kwargs={"steps": steps, "feature_noise": drafter.config.feature_noise},
+        num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
+        weight_decay=weight_decay, warmup_steps=warmup_steps, logging_steps=logging_steps, seed=seed, progress=progress,
+        save_steps=save_steps,
+    )  # fmt: skip

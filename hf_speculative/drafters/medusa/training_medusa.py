@@ -8,7 +8,6 @@ example ``(h_t, [x_{t+2}, ..., x_{t+K+1}])``: the backbone's final hidden states
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -16,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ...training.trainer import DrafterTrainer, drafter_training_args
+from ...training.callbacks import budget_warmup_steps
+from ...training.trainer import DrafterTrainer, planned_steps, train_drafter
 
 __all__ = [
     "MEDUSA_DECAY",
@@ -202,16 +202,15 @@ def train_medusa(
     seed: int = 0,
     progress: bool = True,
     callbacks: list | None = None,
+    max_steps: int = -1,
+    time_budget: float | None = None,
 ):
-    """Train ``heads`` (a `MedusaHeadsModel` attached to its base) on cached hidden states; returns the Trainer."""
+    """Train ``heads`` (a `MedusaHeadsModel` attached to its base) on cached hidden states; returns the Trainer.
+    ``time_budget`` (seconds): stop then, with the learning rate annealed over the budget (`TimeBudgetCallback`)."""
     dataset = MedusaPositionDataset(train_states, heads.config.num_heads, max_positions=max_positions, seed=seed)
-    steps = max(1, math.ceil(len(dataset) / batch_size * num_epochs))
-    args = drafter_training_args(
-        output_dir, num_epochs=num_epochs, batch_size=batch_size, learning_rate=learning_rate, weight_decay=weight_decay,
-        warmup_steps=max(1, int(warmup_ratio * steps)), logging_steps=logging_steps, seed=seed, progress=progress,
-    )
-    heads.train()
-    trainer = MedusaTrainer(model=heads, args=args, train_dataset=dataset, data_collator=MedusaCollator(), callbacks=callbacks)
-    trainer.train()
-    heads.eval()
-    return trainer
+    warmup = budget_warmup_steps(planned_steps(len(dataset), batch_size, num_epochs, max_steps), warmup_ratio, time_budget)
+    return train_drafter(
+        MedusaTrainer, heads, dataset, MedusaCollator(), output_dir, callbacks=callbacks, time_budget=time_budget,
+        num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
+        weight_decay=weight_decay, warmup_steps=warmup, logging_steps=logging_steps, seed=seed, progress=progress,
+    )  # fmt: skip

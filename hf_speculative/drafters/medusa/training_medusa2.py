@@ -37,8 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from ...training.callbacks import TimeBudgetCallback, budget_warmup_steps
-from ...training.trainer import DrafterTrainer, drafter_training_args, train_resumable
+from ...training.callbacks import budget_warmup_steps
+from ...training.trainer import DrafterTrainer, planned_steps, train_drafter
 from .training_medusa import IGNORE_INDEX, MEDUSA_DECAY, medusa_head_losses
 
 __all__ = [
@@ -357,22 +357,16 @@ def train_medusa2(
 ) -> Medusa2Trainer:
     """Jointly train the LoRA backbone and the heads of ``model`` on ``dataset`` (`Medusa2Dataset`); ``save_steps`` /
     ``resume``: resumable checkpoints in ``output_dir`` (`hf_speculative.training.trainer.train_resumable`)."""
-    steps = max_steps if max_steps > 0 else max(1, math.ceil(len(dataset) / (batch_size * gradient_accumulation_steps) * num_epochs))
-    args = drafter_training_args(
-        output_dir, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
-        gradient_accumulation_steps=gradient_accumulation_steps, warmup_steps=budget_warmup_steps(steps, warmup_ratio, time_budget_s),
+    steps = planned_steps(len(dataset), batch_size * gradient_accumulation_steps, num_epochs, max_steps)
+    trainer_kwargs = {"lambda0": lambda0, "lambda0_warmup": lambda0_warmup, "lambda0_kind": lambda0_kind,
+                      "heads_lr_ratio": heads_lr_ratio, "lm_loss": lm_loss, "max_head_positions": max_head_positions}  # fmt: skip
+    return train_drafter(
+        Medusa2Trainer, model, dataset, Medusa2Collator(pad_token_id), output_dir, callbacks=callbacks,
+        time_budget=time_budget_s, anneal=False, resume=resume, trainer_kwargs=trainer_kwargs, num_epochs=num_epochs,
+        max_steps=max_steps, batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
+        learning_rate=learning_rate, warmup_steps=budget_warmup_steps(steps, warmup_ratio, time_budget_s),
         logging_steps=logging_steps, seed=seed, progress=progress, save_steps=save_steps,
-    )
-    callbacks = list(callbacks or []) + ([TimeBudgetCallback(time_budget_s, anneal=False)] if time_budget_s else [])
-    model.train()
-    trainer = Medusa2Trainer(
-        model=model, args=args, train_dataset=dataset, data_collator=Medusa2Collator(pad_token_id), callbacks=callbacks,
-        lambda0=lambda0, lambda0_warmup=lambda0_warmup, lambda0_kind=lambda0_kind, heads_lr_ratio=heads_lr_ratio, lm_loss=lm_loss,
-        max_head_positions=max_head_positions,
     )  # fmt: skip
-    train_resumable(trainer, resume)
-    model.eval()
-    return trainer
 
 
 def save_medusa2(model: Medusa2Model, folder) -> Path:

@@ -57,33 +57,12 @@ def calibrate_tree(heads, states, num_nodes: int = 32, top: int = 10) -> TreeSpe
 
 
 class MedusaCurveCallback(LearningCurveCallback):
-    """Records the learning curve: at ``num_points`` evenly spaced steps, the heads' held-out top-i accuracies
-    and the expected acceptance length of the tree calibrated for ``num_nodes`` (and optionally saves the
-    heads' weights there, to measure real tau against training tokens afterwards)."""
+    """The heads' learning curve (`LearningCurveCallback`): per-head top-1 accuracy against positions trained on."""
+
+    seen_key, top1_key = "train_positions", "head_top1"
 
     def __init__(self, heads, held_out, num_nodes: int = 32, num_points: int = 5, save_dir: str | None = None, batch_size: int = 64):
-        self.heads, self.held_out, self.num_nodes = heads, held_out, num_nodes
-        self.num_points, self.save_dir, self.batch_size = num_points, save_dir, batch_size
-        self.curve: list[dict] = []
+        super().__init__(heads, held_out, num_nodes, num_points, save_dir, per_step=batch_size)
 
-    def _record(self, step: int) -> None:
-        from ...trees import TreeSpec, expected_acceptance_length
-
-        was_training = self.heads.training
-        self.heads.eval()
-        acc = head_accuracies(self.heads, self.held_out)
-        tree = TreeSpec.optimize(acc, self.num_nodes)
-        point = {
-            "step": step,
-            "train_positions": step * self.batch_size,
-            "head_top1": [round(r[0], 4) for r in acc],
-            "expected_tau_calibrated": round(expected_acceptance_length(tree, acc), 4),
-        }
-        if self.save_dir is not None:
-            from pathlib import Path
-
-            path = Path(self.save_dir) / f"step{step}"
-            self.heads.save_pretrained(path)
-            point["checkpoint"] = str(path)
-        self.curve.append(point)
-        self.heads.train(was_training)
+    def accuracies(self) -> list[list[float]]:
+        return head_accuracies(self.model, self.held_out)

@@ -25,7 +25,6 @@ taken at those anchors only.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -33,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ...training.callbacks import LearningCurveCallback, TimeBudgetCallback
-from ...training.trainer import DrafterTrainer, drafter_training_args
+from ...training.callbacks import LearningCurveCallback, TimeBudgetCallback, budget_warmup_steps
+from ...training.trainer import DrafterTrainer, planned_steps, train_drafter
 from .configuration_parallel_drafter import MASK_LOSS_DECAY
 
 __all__ = [
@@ -312,33 +311,16 @@ def calibrate_tree(drafter, states, num_nodes: int = 12, top: int = 10):
 
 
 class ParallelCurveCallback(LearningCurveCallback):
-    """At ``num_points`` evenly spaced steps: held-out per-depth top-1 accuracy and the expected tau of the tree
-    calibrated for ``num_nodes`` (optionally saving the drafter there to measure real tau later)."""
+    """The drafter's learning curve (`LearningCurveCallback`): per-depth top-1 accuracy against groups trained on."""
+
+    seen_key, top1_key = "train_groups", "depth_top1"
 
     def __init__(self, drafter, held_out, num_nodes: int = 12, num_points: int = 4, save_dir: str | None = None,
                  tokens_per_step: float = 0.0):  # fmt: skip
-        self.drafter, self.held_out, self.num_nodes, self.num_points = drafter, held_out, num_nodes, num_points
-        self.save_dir, self.tokens_per_step = save_dir, tokens_per_step
-        self.curve: list[dict] = []
+        super().__init__(drafter, held_out, num_nodes, num_points, save_dir, per_step=tokens_per_step)
 
-    def _record(self, step: int) -> None:
-        from ...trees import TreeSpec, expected_acceptance_length
-
-        acc = depth_accuracies(self.drafter, self.held_out, groups_per_sequence=48)
-        tree = TreeSpec.optimize(acc, self.num_nodes)
-        point = {
-            "step": step,
-            "train_groups": int(step * self.tokens_per_step),
-            "depth_top1": [round(r[0], 4) for r in acc],
-            "expected_tau_calibrated": round(expected_acceptance_length(tree, acc), 4),
-        }
-        if self.save_dir is not None:
-            from pathlib import Path
-
-            path = Path(self.save_dir) / f"step{step}"
-            self.drafter.save_pretrained(path)
-            point["checkpoint"] = str(path)
-        self.curve.append(point)
+    def accuracies(self) -> list[list[float]]:
+        return depth_accuracies(self.model, self.held_out, groups_per_sequence=48)
 
 
 
@@ -366,20 +348,10 @@ def train_parallel_drafter(
     with_hidden = drafter.config.use_target_hidden_states or distill_weight > 0
     dataset = ParallelGroupDataset(train_states, with_hidden=with_hidden)
     collator = ParallelGroupCollator(drafter.config.num_mask_tokens, drafter.config.vocab_size, groups_per_sequence, seed)
-    steps = max_steps if max_steps > 0 else max(1, math.ceil(len(dataset) / batch_size * num_epochs))
-    args = drafter_training_args(
-        output_dir, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
-        weight_decay=weight_decay, warmup_steps=max(1, int(warmup_ratio * steps)), time_budget=time_budget,
+    warmup = budget_warmup_steps(planned_steps(len(dataset), batch_size, num_epochs, max_steps), warmup_ratio)
+    return train_drafter(
+        ParallelDrafterTrainer, drafter, dataset, collator, output_dir, callbacks=callbacks, time_budget=time_budget,
+        trainer_kwargs={"decay": decay, "distill_weight": distill_weight}, num_epochs=num_epochs, max_steps=max_steps,
+        batch_size=batch_size, learning_rate=learning_rate, weight_decay=weight_decay, warmup_steps=warmup,
         logging_steps=logging_steps, seed=seed, progress=progress,
-    )
-    callbacks = list(callbacks or [])
-    if time_budget:
-        callbacks.append(TimeBudgetCallback(time_budget, warmup_steps=max(1, int(warmup_ratio * steps))))
-    drafter.train()
-    trainer = ParallelDrafterTrainer(
-        model=drafter, args=args, train_dataset=dataset, data_collator=collator, callbacks=callbacks,
-        decay=decay, distill_weight=distill_weight,
     )  # fmt: skip
-    trainer.train()
-    drafter.eval()
-    return trainer

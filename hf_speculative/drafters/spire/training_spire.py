@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ...training.losses import kd_loss
-from ...training.trainer import DrafterTrainer, HiddenStates, drafter_training_args
+from ...training.trainer import DrafterTrainer, HiddenStates, train_drafter
 from .modeling_spire import SpireDrafter
 
 __all__ = ["SpireDataset", "SpireCollator", "SpireTrainer", "mixed_loss", "spire_loss", "train_spire", "depth_accuracies"]
@@ -202,22 +202,13 @@ def train_spire(
 ) -> SpireTrainer:
     """Train ``drafter`` (attached to its target) on labelled ``states`` with the `SpireTrainer`; ``time_budget``
     seconds stop it early (`hf_speculative.training.callbacks.TimeBudgetCallback`). Returns the trainer."""
-    from ...training.callbacks import TimeBudgetCallback
-
     drafter._require_base()
     for p in (drafter.base_embeddings.weight, drafter.base_lm_head.weight):
         p.requires_grad_(False)
     dataset = SpireDataset(states, drafter.config.target_layers, drafter.config.num_sink_tokens, max_length)
-    callbacks = list(callbacks or [])
-    if time_budget:
-        callbacks.append(TimeBudgetCallback(time_budget))
-    args = drafter_training_args(
-        output_dir, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
-        weight_decay=weight_decay, warmup_steps=warmup_steps, time_budget=time_budget, logging_steps=logging_steps,
+    return train_drafter(
+        SpireTrainer, drafter, dataset, SpireCollator(), output_dir, callbacks=callbacks, time_budget=time_budget,
+        trainer_kwargs={"omega": omega}, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size,
+        learning_rate=learning_rate, weight_decay=weight_decay, warmup_steps=warmup_steps, logging_steps=logging_steps,
         seed=seed, progress=progress,
-    )
-    drafter.train()
-    trainer = SpireTrainer(model=drafter, args=args, train_dataset=dataset, data_collator=SpireCollator(), callbacks=callbacks, omega=omega)
-    trainer.train()
-    drafter.eval()
-    return trainer
+    )  # fmt: skip

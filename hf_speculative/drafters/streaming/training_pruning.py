@@ -3,14 +3,13 @@ alone, with next-token CE on the base's cached layer-l states. The pruning itsel
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
-from ...training.callbacks import TimeBudgetCallback
-from ...training.trainer import DrafterTrainer, HiddenStates, drafter_training_args
+from ...training.callbacks import budget_warmup_steps
+from ...training.trainer import DrafterTrainer, HiddenStates, planned_steps, train_drafter
 from .pruning import early_exit_states
 from .training_speculative_streaming import IGNORE_INDEX, StreamCollator, StreamSegmentDataset, stream_losses
 
@@ -62,24 +61,18 @@ def train_pruning_head(
     if ss.streams.pruning is None:
         raise ValueError("the model has no pruning adapter: set config.pruning_layer (LlamaForSpeculativeStreaming.add_pruning_head)")
     dataset = _next_token_segments(train_states, segment_length)
-    steps = max_steps if max_steps > 0 else max(1, math.ceil(len(dataset) / batch_size * num_epochs))
-    args = drafter_training_args(
-        output_dir, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
-        warmup_steps=max(1, int(0.05 * steps)), seed=seed, progress=progress,
-    )
+    warmup = budget_warmup_steps(planned_steps(len(dataset), batch_size, num_epochs, max_steps))
     trainable = {id(p) for p in ss.streams.pruning.parameters()}
     frozen = [p for p in ss.parameters() if p.requires_grad and id(p) not in trainable]
     for p in frozen:
         p.requires_grad_(False)
-    callbacks = list(callbacks or [])
-    if time_budget:
-        callbacks.append(TimeBudgetCallback(time_budget, anneal=False))
-    ss.train()
     try:
-        trainer = PruningHeadTrainer(model=ss, args=args, train_dataset=dataset, data_collator=StreamCollator(), callbacks=callbacks)
-        trainer.train()
+        return train_drafter(
+            PruningHeadTrainer, ss, dataset, StreamCollator(), output_dir, callbacks=callbacks, time_budget=time_budget,
+            anneal=False, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
+            warmup_steps=warmup, seed=seed, progress=progress,
+        )  # fmt: skip
     finally:
         for p in frozen:
             p.requires_grad_(True)
         ss.eval()
-    return trainer

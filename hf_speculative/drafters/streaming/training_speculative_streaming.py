@@ -22,7 +22,6 @@ loss (`stream_rows`: main then streams; `stream_labels(..., main=True)`: next to
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -31,7 +30,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from ...training.callbacks import LearningCurveCallback, TimeBudgetCallback, budget_warmup_steps
-from ...training.trainer import DrafterTrainer, HiddenStates, _cache_root, _model_key, _record_key, drafter_training_args, train_resumable
+from ...training.trainer import DrafterTrainer, HiddenStates, _cache_root, _model_key, cached_states, encode_record, planned_steps, train_drafter
 
 __all__ = [
     "IGNORE_INDEX",
@@ -122,24 +121,12 @@ class _StopForward(Exception):
     pass
 
 
-def _encode(tokenizer, record, max_length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(input_ids, labels)`` of a record's conversation with its last answer; None when nothing to learn."""
-    from ...training.data import tokenize_conversation
-
-    msgs = record.conversation(num_turns=len(record.answers)) + [{"role": "assistant", "content": record.answers[-1]}]
-    enc = tokenize_conversation(tokenizer, msgs, max_length=max_length)
-    x, y = torch.tensor(enc["input_ids"]), torch.tensor(enc["labels"])
-    if len(x) < 3 or bool((y == IGNORE_INDEX).all()):
-        return None
-    return x, y
-
-
 def tokenize_records(tokenizer, records, max_length: int = 1024) -> HiddenStates:
     """Shared mode's training data: the tokens and labels of each record with an answer, as a `HiddenStates`
     with an empty ``hidden`` (the joint forward runs the whole model; nothing is cached)."""
     xs, ys, offsets, ids = [], [], [0], []
     for r in records:
-        encoded = _encode(tokenizer, r, max_length) if r.answers else None
+        encoded = encode_record(tokenizer, r, max_length) if r.answers else None
         if encoded is None:
             continue
         xs.append(encoded[0])
@@ -155,11 +142,7 @@ def tokenize_records(tokenizer, records, max_length: int = 1024) -> HiddenStates
 def extract_stream_inputs(model, tokenizer, records, layer: int, max_length: int = 1024, cache: bool = True, progress: bool = True) -> HiddenStates:
     """The frozen base's hidden states entering decoder layer ``layer`` (= N - N_s) over ``records``, cached in
     fp16 per conversation under ``$HF_SPECULATIVE_CACHE/stream_inputs/``. The forward stops at that layer."""
-    from safetensors.torch import load_file, save_file
-
     folder = _cache_root() / "stream_inputs" / f"{_model_key(model, max_length)}-layer{layer}"
-    if cache:
-        folder.mkdir(parents=True, exist_ok=True)
     decoder = model.model
     captured = {}
 
@@ -167,43 +150,20 @@ def extract_stream_inputs(model, tokenizer, records, layer: int, max_length: int
         captured["h"] = args[0] if args else kw["hidden_states"]
         raise _StopForward
 
-    hs, xs, ys, offsets, ids = [], [], [], [0], []
-    iterator = records
-    if progress:
-        from tqdm.auto import tqdm
+    def layer_inputs(input_ids: torch.Tensor) -> torch.Tensor:
+        try:
+            decoder(input_ids=input_ids[None].to(model.device), use_cache=False)
+        except _StopForward:
+            pass
+        return captured.pop("h")[0]
 
-        iterator = tqdm(records, desc=f"hidden states entering layer {layer}", unit="conv")
     handle = decoder.layers[layer].register_forward_pre_hook(stop, with_kwargs=True)
     try:
-        for r in iterator:
-            if not r.answers:
-                continue
-            path = folder / f"{_record_key(r)}.safetensors"
-            if cache and path.is_file():
-                t = load_file(str(path))
-                h, x, y = t["hidden"], t["input_ids"], t["labels"]
-            else:
-                encoded = _encode(tokenizer, r, max_length)
-                if encoded is None:
-                    continue
-                x, y = encoded
-                try:
-                    decoder(input_ids=x[None].to(model.device), use_cache=False)
-                except _StopForward:
-                    pass
-                h = captured.pop("h")[0].to("cpu", torch.float16).contiguous()
-                if cache:
-                    save_file({"hidden": h, "input_ids": x, "labels": y}, str(path))
-            hs.append(h)
-            xs.append(x)
-            ys.append(y)
-            offsets.append(offsets[-1] + len(x))
-            ids.append(r.id)
+        return cached_states(
+            records, tokenizer, folder, layer_inputs, max_length, cache, progress, desc=f"hidden states entering layer {layer}"
+        )
     finally:
         handle.remove()
-    if not ids:
-        raise ValueError("no conversation with an assistant answer")
-    return HiddenStates(torch.cat(hs), torch.cat(xs), torch.cat(ys), torch.tensor(offsets), ids)
 
 
 class StreamSegmentDataset(Dataset):
@@ -371,28 +331,15 @@ def stream_accuracies(model, states: HiddenStates, top: int = 10, segment_length
 
 
 class StreamCurveCallback(LearningCurveCallback):
-    """The learning curve: held-out stream accuracies and the expected tau of the calibrated tree at
-    ``num_points`` evenly spaced steps (plus step 0)."""
+    """The streams' learning curve (`LearningCurveCallback`): per-stream top-1 accuracy against tokens trained on."""
+
+    seen_key, top1_key = "train_tokens", "stream_top1"
 
     def __init__(self, model, held_out: HiddenStates, num_nodes: int = 16, num_points: int = 4, tokens_per_step: int = 0):
-        self.model, self.held_out, self.num_nodes, self.num_points = model, held_out, num_nodes, num_points
-        self.tokens_per_step = tokens_per_step
-        self.curve: list[dict] = []
+        super().__init__(model, held_out, num_nodes, num_points, per_step=tokens_per_step)
 
-    def _record(self, step: int) -> None:
-        from ...trees import TreeSpec, expected_acceptance_length
-
-        was = self.model.training
-        self.model.eval()
-        acc = stream_accuracies(self.model, self.held_out)
-        tree = TreeSpec.optimize(acc, self.num_nodes)
-        self.curve.append({
-            "step": step,
-            "train_tokens": step * self.tokens_per_step,
-            "stream_top1": [round(r[0], 4) for r in acc],
-            "expected_tau_calibrated": round(expected_acceptance_length(tree, acc), 4),
-        })
-        self.model.train(was)
+    def accuracies(self) -> list[list[float]]:
+        return stream_accuracies(self.model, self.held_out)
 
 
 
@@ -426,27 +373,13 @@ def train_speculative_streaming(
     shared = getattr(model.config, "mode", "shared") == "shared"
     num_streams = getattr(model.config, "num_streams", 0)
     dataset = StreamSegmentDataset(train_states, num_streams, segment_length, max_tokens, shared=shared)
-    steps = max_steps if max_steps > 0 else max(1, math.ceil(len(dataset) / batch_size * num_epochs))
-    warmup = budget_warmup_steps(steps, 0.05, time_budget)
-    args = drafter_training_args(
-        output_dir, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
-        warmup_steps=warmup, time_budget=time_budget, logging_steps=logging_steps, seed=seed,
-        progress=progress, save_steps=save_steps,
-    )
-    callbacks = list(callbacks or [])
-    if time_budget:
-        callbacks.append(TimeBudgetCallback(time_budget, warmup_steps=warmup))
-    model.train()
+    warmup = budget_warmup_steps(planned_steps(len(dataset), batch_size, num_epochs, max_steps), 0.05, time_budget)
     # shared mode: the optimizer also holds the base's LoRA weights (not submodules of ``model``)
-    if hasattr(model, "trainable_parameters"):
-        params = model.trainable_parameters()
-    else:
-        params = [p for p in model.parameters() if p.requires_grad]
+    params = DrafterTrainer.trainable_tensors(model)
     optimizers = (torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0), None) if shared else (None, None)
-    trainer = SpeculativeStreamingTrainer(
-        model=model, args=args, train_dataset=dataset, data_collator=StreamCollator(), callbacks=callbacks,
-        stream_weights=stream_weights, optimizers=optimizers,
+    return train_drafter(
+        SpeculativeStreamingTrainer, model, dataset, StreamCollator(), output_dir, callbacks=callbacks,
+        time_budget=time_budget, resume=resume, trainer_kwargs={"stream_weights": stream_weights, "optimizers": optimizers},
+        num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
+        warmup_steps=warmup, logging_steps=logging_steps, seed=seed, progress=progress, save_steps=save_steps,
     )  # fmt: skip
-    train_resumable(trainer, resume)
-    model.eval()
-    return trainer
