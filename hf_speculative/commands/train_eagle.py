@@ -41,7 +41,7 @@ def run(args) -> int:
     setup_torch(args)
     from ..bench.reference import resolve_model
     from ..drafters.draft_vocab import frequent_tokens
-    from ..drafters.eagle.model_card import write_model_card
+    from ..model_card import write_drafter_card
     from ..drafters.eagle.modeling_eagle import EagleDrafter
     from ..drafters.eagle.training_eagle import train_eagle
     from ..training.labelling import LabelledShards
@@ -97,4 +97,4 @@ def run(args) -> int:
     def save(folder):
         drafter.to(save_dtype).save_pretrained(folder)
 
-    return finish_folder(out, save, lambda o: write_model_card(drafter, o), drafter.config.training)
+    return finish_folder(out, save, lambda o: write_drafter_card(drafter, o), drafter.config.training)

@@ -38,7 +38,7 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     setup_torch(args)
-    from ..drafters.parallel.model_card import write_model_card
+    from ..model_card import write_drafter_card
     from ..drafters.parallel.modeling_parallel_drafter import ParallelDrafter
     from ..drafters.parallel.training_parallel_drafter import ParallelCurveCallback, calibrate_tree, depth_accuracies, train_parallel_drafter
 
@@ -98,4 +98,4 @@ def run(args) -> int:
         import torch
 
         drafter.to({"bfloat16": torch.bfloat16, "float16": torch.float16}[args.save_dtype])
-    return finish_folder(out, drafter.save_pretrained, lambda o: write_model_card(drafter, o), drafter.config.training)
+    return finish_folder(out, drafter.save_pretrained, lambda o: write_drafter_card(drafter, o), drafter.config.training)

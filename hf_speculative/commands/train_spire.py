@@ -50,7 +50,7 @@ def run(args) -> int:
     setup_torch(args)
     from ..bench.reference import resolve_model
     from ..drafters.draft_vocab import frequent_tokens
-    from ..drafters.spire.model_card import write_model_card
+    from ..model_card import write_drafter_card
     from ..drafters.spire.modeling_spire import SpireDrafter
     from ..drafters.spire.training_spire import SpireDataset, depth_accuracies, train_spire
     from ..training.labelling import LabelledShards
@@ -112,4 +112,4 @@ def run(args) -> int:
     def save(folder):
         drafter.to(save_dtype).save_pretrained(folder)
 
-    return finish_folder(args.out, save, lambda o: write_model_card(drafter, o), drafter.config.training)
+    return finish_folder(args.out, save, lambda o: write_drafter_card(drafter, o), drafter.config.training)
