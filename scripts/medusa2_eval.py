@@ -152,11 +152,11 @@ def main():
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps({"speed": speed, "quality": quality}, indent=1))
     if args.write_card:
-        from hf_speculative.drafters.medusa.model_card import write_medusa2_model_card
+        from hf_speculative.model_card import write_drafter_card
 
         heads.config.results = {k: v for k, v in result.items() if k != "per_prompt"}
         heads.save_pretrained(args.medusa2)
-        write_medusa2_model_card(heads, args.medusa2)
+        write_drafter_card(heads, args.medusa2)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
 """The documentation a user reads first: links that resolve, card snippets that match their renderers and load the
 reference target offline, and product text free of process words."""
 
-import importlib
 import json
 import re
 from pathlib import Path
@@ -18,13 +17,6 @@ MARKDOWN = [
 ]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 REPO_PATH = re.compile(r"(?<![\w/.~-])((?:docs|scripts|examples|model_cards|hf_speculative|tests)/[A-Za-z0-9_./*-]+)")
-CARD_MODULES = {
-    "medusa_heads": "medusa",
-    "parallel_drafter": "parallel",
-    "speculative_streaming": "streaming",
-    "eagle_drafter": "eagle",
-    "spire_drafter": "spire",
-}
 
 
 @pytest.mark.parametrize("path", MARKDOWN, ids=lambda p: str(p.relative_to(ROOT)))
@@ -45,7 +37,7 @@ def test_relative_links_and_repo_paths_resolve(path):
 
 @pytest.mark.parametrize("folder", sorted(p for p in (ROOT / "model_cards").iterdir() if p.is_dir()), ids=lambda p: p.name)
 def test_card_usage_is_the_renderers_and_loads_the_base_offline(folder):
-    from hf_speculative.drafters.card_text import REFERENCE_BASE_MODEL
+    from hf_speculative.model_card import REFERENCE_BASE_MODEL, card_kind, usage_snippet
 
     config = json.loads((folder / "config.json").read_text())
     if config.get("drafter_type") == "token_recycling":  # no weights to render a card from: warm-recycling writes it
@@ -53,10 +45,8 @@ def test_card_usage_is_the_renderers_and_loads_the_base_offline(folder):
         assert "= load_reference_model()" in text
         assert f'TokenRecyclingDrafter.from_pretrained("model_cards/{folder.name}")' in text
         return
-    cards = importlib.import_module(f"hf_speculative.drafters.{CARD_MODULES[config['model_type']]}.model_card")
     base = config["base_model_name_or_path"]
-    render = cards.medusa2_usage_snippet if (folder / "adapter").is_dir() else cards.usage_snippet
-    snippet = render(base, f"model_cards/{folder.name}")
+    snippet = usage_snippet(card_kind(config), base, f"model_cards/{folder.name}")
     assert snippet in (folder / "README.md").read_text(encoding="utf-8")
     assert base == REFERENCE_BASE_MODEL and "= load_reference_model()" in snippet
     code = [line for line in snippet.splitlines() if not line.lstrip().startswith("#")]
@@ -65,9 +55,9 @@ def test_card_usage_is_the_renderers_and_loads_the_base_offline(folder):
 
 
 def test_usage_snippet_for_another_base_loads_it_from_the_hub():
-    from hf_speculative.drafters.medusa.model_card import usage_snippet
+    from hf_speculative.model_card import usage_snippet
 
-    snippet = usage_snippet("org/some-llama", None)
+    snippet = usage_snippet("medusa_heads", "org/some-llama", None)
     assert 'AutoModelForCausalLM.from_pretrained("org/some-llama"' in snippet
     assert 'AutoTokenizer.from_pretrained("org/some-llama")' in snippet
     assert "load_reference_model" not in snippet and "<this folder or its Hub repo id>" in snippet

@@ -30,6 +30,7 @@ LAYERS = [
     ("hf_speculative.paths", 0),  # the cache root and model key
     ("hf_speculative.plotting", 0),  # save_figure: the bench, perf-model and downstream plots
     ("hf_speculative.perf_model", 1),  # the cost model (package: cost_curve, roofline, shapes): the engine's step, no training
+    ("hf_speculative.model_card", 1),  # every model card: huggingface_hub.ModelCard, the shared sections, a template per drafter
     ("hf_speculative.drafters.base", 1),  # the drafter interface the engine calls
     ("hf_speculative.drafters.draft_lm", 1),
     ("hf_speculative.drafters.prompt_lookup", 1),

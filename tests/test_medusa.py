@@ -368,9 +368,9 @@ def test_cli_registers_train_medusa_and_calibrate_tree():
 
 
 def test_curve_callback_and_model_card(trained_tiny, tmp_path):
-    from hf_speculative.drafters.medusa.model_card import render_model_card
     from hf_speculative.drafters.medusa.training_medusa import train_medusa
     from hf_speculative.drafters.medusa.tree_calibration import MedusaCurveCallback
+    from hf_speculative.model_card import drafter_card
 
     model, trained, states = trained_tiny
     heads = hfs.MedusaHeadsModel.from_base_model(model, num_heads=3)
@@ -379,5 +379,5 @@ def test_curve_callback_and_model_card(trained_tiny, tmp_path):
     assert [p["step"] for p in curve.curve][0] == 0 and len(curve.curve) == 3
     assert all((tmp_path / "curve" / f"step{p['step']}" / "config.json").exists() for p in curve.curve)
     calibrate_tree(heads, states, num_nodes=8)
-    card = render_model_card(heads, results="tau 9.9 (test)")
+    card = str(drafter_card(heads, results="tau 9.9 (test)"))
     assert "medusa" in card and "tau 9.9 (test)" in card and "| 0 |" in card

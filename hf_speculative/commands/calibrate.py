@@ -27,7 +27,7 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     setup_torch(args)
     from ..training.trainer import extract_hidden_states
-    from ..drafters.medusa.model_card import write_model_card
+    from ..model_card import write_drafter_card
     from ..drafters.medusa.modeling_medusa import MedusaHeadsModel
     from ..drafters.medusa.tree_calibration import calibrate_tree
 
@@ -42,6 +42,6 @@ def run(args) -> int:
     if is_main_process():  # calibration is deterministic: every process built the same tree
         heads.save_pretrained(out)
         if (out / "README.md").exists() or args.out:
-            write_model_card(heads, out)
+            write_drafter_card(heads, out)
         print(json.dumps({"medusa_choices": tree.to_list(), **heads.config.calibration}))
     return 0

@@ -33,7 +33,7 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     setup_torch(args)
     from ..drafters.draft_vocab import frequent_tokens
-    from ..drafters.eagle.model_card import write_model_card
+    from ..model_card import write_drafter_card
     from ..drafters.eagle.modeling_eagle import EagleDrafter
     from ..drafters.eagle.training_eagle import train_eagle
 
@@ -59,4 +59,4 @@ def run(args) -> int:
         ", training-time test)" if drafter.config.is_eagle3 else ", feature regression)"
     )
     drafter.config.training = shard_training_report(args, method, states, trainer, time.perf_counter() - start)
-    return finish_drafter(args, drafter, write_model_card, drafter.config.training)
+    return finish_drafter(args, drafter, write_drafter_card, drafter.config.training)

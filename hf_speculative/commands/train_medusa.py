@@ -49,7 +49,7 @@ def run(args) -> int:
         return run_medusa2(args)
     args.batch_size = args.batch_size or 64
     setup_torch(args)
-    from ..drafters.medusa.model_card import write_model_card
+    from ..model_card import write_drafter_card
     from ..drafters.medusa.modeling_medusa import MedusaHeadsModel
     from ..drafters.medusa.training_medusa import train_medusa
     from ..drafters.medusa.tree_calibration import calibrate_tree, head_accuracies
@@ -97,7 +97,7 @@ def run(args) -> int:
         "command": command_line(args),
     }
     out = Path(args.out)
-    return finish_folder(out, heads.save_pretrained, lambda o: write_model_card(heads, o), heads.config.training)
+    return finish_folder(out, heads.save_pretrained, lambda o: write_drafter_card(heads, o), heads.config.training)
 
 
 def _training_states(args):
@@ -115,7 +115,7 @@ def run_medusa2(args) -> int:
     args.batch_size = args.batch_size or 1
     setup_torch(args)
     from ..training.trainer import extract_hidden_states
-    from ..drafters.medusa.model_card import write_medusa2_model_card
+    from ..model_card import write_drafter_card
     from ..drafters.medusa.modeling_medusa import MedusaHeadsModel
     from ..drafters.medusa.training_medusa2 import Medusa2Dataset, Medusa2Model, add_lora, evaluate_lm_loss, save_medusa2, train_medusa2
     from ..drafters.medusa.tree_calibration import calibrate_tree
@@ -194,4 +194,4 @@ def run_medusa2(args) -> int:
     }
     out = Path(args.out)
     report = {k: v for k, v in heads.config.training.items() if k != "log"}
-    return finish_folder(out, lambda o: save_medusa2(joint, o), lambda o: write_medusa2_model_card(heads, o), report)
+    return finish_folder(out, lambda o: save_medusa2(joint, o), lambda o: write_drafter_card(heads, o), report)

@@ -33,7 +33,7 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     setup_torch(args)
-    from ..drafters.parallel.model_card import write_model_card
+    from ..model_card import write_drafter_card
     from ..drafters.parallel.modeling_parallel_drafter import ParallelDrafter
     from ..drafters.parallel.training_parallel_drafter import ParallelCurveCallback, calibrate_tree, depth_accuracies, train_parallel_drafter
 
@@ -86,4 +86,4 @@ def run(args) -> int:
         "learning_curve": callbacks[0].curve if callbacks and hasattr(callbacks[0], "curve") else None,
         "command": command_line(args),
     }
-    return finish_drafter(args, drafter, write_model_card, drafter.config.training)
+    return finish_drafter(args, drafter, write_drafter_card, drafter.config.training)

@@ -42,7 +42,7 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     setup_torch(args)
     from ..drafters.draft_vocab import frequent_tokens
-    from ..drafters.spire.model_card import write_model_card
+    from ..model_card import write_drafter_card
     from ..drafters.spire.modeling_spire import SpireDrafter
     from ..drafters.spire.training_spire import SpireDataset, depth_accuracies, train_spire
 
@@ -74,4 +74,4 @@ def run(args) -> int:
         print(f"held-out top-1 acceptance per depth: init {[r[0] for r in before]} -> trained {[r[0] for r in after]}", file=sys.stderr)
     method = f"SPIRe MixedLoss (omega {args.omega}) on target-labelled shards, {args.k} passes per chunk"
     drafter.config.training = shard_training_report(args, method, states, trainer, seconds)
-    return finish_drafter(args, drafter, write_model_card, drafter.config.training)
+    return finish_drafter(args, drafter, write_drafter_card, drafter.config.training)

@@ -57,7 +57,7 @@ def add_segment_training_args(p, lr: float, batch_size: int, max_train_tokens: b
 def run(args) -> int:
     setup_torch(args)
     from ..trees import TreeSpec, expected_acceptance_length
-    from ..drafters.streaming.model_card import write_model_card
+    from ..model_card import write_drafter_card
     from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
     from ..drafters.streaming.training_speculative_streaming import (
         StreamCurveCallback,
@@ -153,4 +153,4 @@ def run(args) -> int:
     if shared:
         print("shared mode: config, streams and lora/ saved; the model card template describes lossless mode, none written", file=sys.stderr)
     report = {"training": ss.config.training, "calibration": getattr(ss.config, "calibration", None)}
-    return finish_folder(out, ss.save_pretrained, None if shared else (lambda o: write_model_card(ss, o)), report)
+    return finish_folder(out, ss.save_pretrained, None if shared else (lambda o: write_drafter_card(ss, o)), report)

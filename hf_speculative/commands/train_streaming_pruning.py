@@ -27,7 +27,7 @@ def run(args) -> int:
     """Add a trained parallel-tree-pruning head (Sec. 3.1.3) to trained streams: the base's states entering layer
     l cached once, the rank-theta early-exit adapter trained with next-token CE, held-out top-1 reported."""
     setup_torch(args)
-    from ..drafters.streaming.model_card import write_model_card
+    from ..model_card import write_drafter_card
     from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
     from ..drafters.streaming.training_pruning import early_exit_accuracy, train_pruning_head
     from ..drafters.streaming.training_speculative_streaming import extract_stream_inputs
@@ -59,4 +59,4 @@ def run(args) -> int:
         "adapter_parameters": sum(p.numel() for p in ss.streams.pruning.parameters()),
         "command": command_line(args),
     }
-    return finish_folder(args.out, ss.save_pretrained, lambda o: write_model_card(ss, o), ss.config.pruning)
+    return finish_folder(args.out, ss.save_pretrained, lambda o: write_drafter_card(ss, o), ss.config.pruning)

@@ -61,7 +61,7 @@ def _write_card(args, drafter, num_prompts: int, tau: float) -> None:
     from pathlib import Path
 
     from ..bench.reference import REFERENCE_ALIASES
-    from ..drafters.card_text import REFERENCE_BASE_MODEL, usage_code
+    from ..model_card import REFERENCE_BASE_MODEL, usage_code
     from .common import command_line
 
     base = REFERENCE_BASE_MODEL if args.model in REFERENCE_ALIASES else args.model

@@ -1,5 +1,5 @@
 """``push_to_hub`` for every drafter: the checkpoint as ``save_pretrained`` writes it, plus the drafter's own model
-card, whose YAML header carries what the Hub indexes (``base_model``, ``library_name: hf_speculative``,
+card (`hf_speculative.model_card`), whose YAML header carries what the Hub indexes (``base_model``, ``library_name: hf_speculative``,
 ``pipeline_tag``, ``tags``); transformers' own ``push_to_hub`` would write its generic card instead."""
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ __all__ = ["DrafterHubMixin"]
 
 
 class DrafterHubMixin:
-    """Mixed into a drafter's `PreTrainedModel` (before it); the drafter implements `model_card`."""
+    """Mixed into a drafter's `PreTrainedModel` (before it); its card template is in `hf_speculative.model_card.CARDS`."""
 
     def model_card(self) -> str:
         """The README.md of this drafter (markdown with a YAML header)."""
-        raise NotImplementedError
+        from ..model_card import drafter_card
+
+        return str(drafter_card(self))
 
     def push_to_hub(
         self,

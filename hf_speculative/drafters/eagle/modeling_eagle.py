@@ -377,11 +377,6 @@ class EagleDrafter(EaglePreTrainedModel):
         return EagleOutput(hidden_states=out, logits=logits, cache=kv if use_cache else None)
 
     # ------------------------------------------------------------------ drafting
-    def model_card(self) -> str:
-        from .model_card import render_model_card
-
-        return render_model_card(self)
-
     def get_tree_drafter(self, target: PreTrainedModel) -> "EagleTreeDrafter":
         """The per-call drafter the engine uses for ``target.generate(assistant_model=self)``."""
         self.attach_base_model(target)

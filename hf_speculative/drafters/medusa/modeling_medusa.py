@@ -202,12 +202,6 @@ class MedusaHeadsModel(DraftVocabMixin, MedusaPreTrainedModel):
             loss = medusa_loss(logits, labels)
         return MedusaOutput(loss=loss, logits=logits)
 
-    def model_card(self) -> str:
-        from .model_card import render_medusa2_model_card, render_model_card
-
-        medusa2 = str((getattr(self.config, "training", None) or {}).get("method", "")).startswith("medusa-2")
-        return render_medusa2_model_card(self) if medusa2 else render_model_card(self)
-
     # ------------------------------------------------------------------ drafting
     def get_tree_drafter(self, target: PreTrainedModel) -> "MedusaDrafter":
         """The per-call drafter the engine uses for ``target.generate(assistant_model=self)``."""

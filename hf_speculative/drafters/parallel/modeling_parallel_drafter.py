@@ -242,11 +242,6 @@ class ParallelDrafter(DraftVocabMixin, ParallelDrafterPreTrainedModel):
         return ParallelDrafterOutput(logits=self.project(hidden, draft_vocab), hidden_states=hidden, cache=get_cache(out))
 
     # ------------------------------------------------------------------ drafting
-    def model_card(self) -> str:
-        from .model_card import render_model_card
-
-        return render_model_card(self)
-
     def get_tree_drafter(self, target: PreTrainedModel) -> "ParallelTreeDrafter":
         """The per-call drafter the engine uses for ``target.generate(assistant_model=self)``."""
         self.attach_base_model(target)

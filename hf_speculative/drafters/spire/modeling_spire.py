@@ -238,11 +238,6 @@ class SpireDrafter(DraftVocabMixin, SpirePreTrainedModel):
     def tree(self) -> TreeSpec:
         return self.config.tree
 
-    def model_card(self) -> str:
-        from .model_card import render_model_card
-
-        return render_model_card(self)
-
     def get_tree_drafter(self, target: PreTrainedModel) -> "SpireTreeDrafter":
         """The per-call drafter the engine uses for ``target.generate(assistant_model=self)``."""
         self.attach_base_model(target)

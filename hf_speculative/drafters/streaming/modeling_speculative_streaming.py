@@ -623,11 +623,6 @@ class LlamaForSpeculativeStreaming(DrafterHubMixin, DraftVocabMixin, Speculative
         return self.model.norm(streams)
 
     # ------------------------------------------------------------------ drafting
-    def model_card(self) -> str:
-        from .model_card import render_model_card
-
-        return render_model_card(self)
-
     def get_tree_drafter(self, target: PreTrainedModel) -> "SpeculativeStreamingDrafter":
         """``base.generate(assistant_model=ss)``: the streams attach to ``target``, which must be the base model
         they were trained for (the streams read its hidden states entering layer N - N_s and its cache)."""

