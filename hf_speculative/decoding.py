@@ -155,6 +155,7 @@ class _Batch:
         self.visible = visible
         self.next_position = visible.sum(-1)
         self.column_positions = column_positions if keep_positions else None
+        self.prefill_outputs = None  # the prefill's outputs until the loop has read them
 
     def sequences(self) -> list[torch.LongTensor]:
         return [self.rows[r].sequence for r in self.active]
@@ -479,27 +480,10 @@ def tree_speculative_decoding(
     stats = SpeculativeStats()
     masks = _TreeMasks(model, device)
 
-    # Prefill: one target forward over the prompts commits each row's first new token, exactly as plain generate.
-    batch = _start(input_ids, model_kwargs, keep_positions=masks.window is not None)
-    stats.rows = [row.stats for row in batch.rows]
-    top_k = drafter.verified_top_k
-    with _Timer(stats.timings, "target", device):
-        outputs = _prefill(model, input_ids, cache, model_kwargs, all_logits=bool(top_k))
+    batch = _prefill_and_begin(model, input_ids, cache, model_kwargs, drafter, stopping, masks, stats, logits_processor, do_sample, generator)
     # a drafter that reads every node's logits gets them from the verification forward itself (no lazy head)
-    lazy_head = None if top_k else NodeLogits.lazy_head(model, outputs)
-    first, scores, raw = _first_tokens(outputs, input_ids, logits_processor, do_sample, generator)
-    with _Timer(stats.timings, "draft", device):
-        pads = [row.pad for row in batch.rows]
-        width = outputs.logits.shape[1]  # the prompt positions this forward computed (a cached prefix is not among them)
-        spans = [(max(pad - (input_ids.shape[1] - width), 0), width) for pad in pads]
-        prompt_top_k = _top_k(outputs.logits, top_k, spans) if top_k else None
-        drafter.begin_batch(
-            [row.sequence for row in batch.rows], TargetRows(outputs, starts=pads, columns=batch.visible, top_k=prompt_top_k)
-        )
-    for b, row in enumerate(batch.rows):
-        row.stats.accepted_lengths.append(stopping.commit(row, [first[b]], [scores[b]], [raw[b]]))
-    stats.accepted_lengths.append(len(batch.rows))
-    _drop_finished_rows(batch, _rows_going_on(stopping, batch), cache, masks)
+    lazy_head = None if drafter.verified_top_k else NodeLogits.lazy_head(model, batch.prefill_outputs)
+    batch.prefill_outputs = None
 
     while batch.active:
         past_length = batch.visible.shape[1]  # the roots (last committed tokens) are not cached yet
@@ -523,19 +507,51 @@ def tree_speculative_decoding(
     drafter.end_batch()
     if streamer is not None:
         streamer.end()
+    return _output(stopping, batch, cache, input_ids.shape[1], generation_config, stats)
+
+
+def _prefill_and_begin(model, input_ids, cache, model_kwargs, drafter, stopping, masks, stats, logits_processor, do_sample, generator) -> "_Batch":
+    """The prefill: one target forward over the prompts commits each row's first new token, exactly as plain
+    generate; the drafter begins from it (with the prompt positions' top-k when it reads them)."""
+    device = input_ids.device
+    batch = _start(input_ids, model_kwargs, keep_positions=masks.window is not None)
+    stats.rows = [row.stats for row in batch.rows]
+    top_k = drafter.verified_top_k
+    with _Timer(stats.timings, "target", device):
+        outputs = _prefill(model, input_ids, cache, model_kwargs, all_logits=bool(top_k))
+    first, scores, raw = _first_tokens(outputs, input_ids, logits_processor, do_sample, generator)
+    with _Timer(stats.timings, "draft", device):
+        pads = [row.pad for row in batch.rows]
+        width = outputs.logits.shape[1]  # the prompt positions this forward computed (a cached prefix is not among them)
+        spans = [(max(pad - (input_ids.shape[1] - width), 0), width) for pad in pads]
+        prompt_top_k = _top_k(outputs.logits, top_k, spans) if top_k else None
+        drafter.begin_batch(
+            [row.sequence for row in batch.rows], TargetRows(outputs, starts=pads, columns=batch.visible, top_k=prompt_top_k)
+        )
+    for b, row in enumerate(batch.rows):
+        row.stats.accepted_lengths.append(stopping.commit(row, [first[b]], [scores[b]], [raw[b]]))
+    stats.accepted_lengths.append(len(batch.rows))
+    _drop_finished_rows(batch, _rows_going_on(stopping, batch), cache, masks)
+    batch.prefill_outputs = outputs
+    return batch
+
+
+def _output(stopping: "_Stopping", batch: "_Batch", cache, prompt_length: int, generation_config, stats: SpeculativeStats):
+    """The sequences as plain `generate` returns them (and the dict output with the speculative statistics)."""
     sequences = stopping.output(batch.rows)
     if len(batch.rows) == 1:
         cache.crop(sequences.shape[1] - 1 - cache.get_seq_length())  # a negative count: the columns to drop
-    if return_dict:
-        return SpeculativeGenerateOutput(
-            sequences=sequences,
-            scores=_per_step(batch.rows, "scores", sequences.shape[1] - input_ids.shape[1]) if stopping.keep_scores else None,
-            logits=_per_step(batch.rows, "logits", sequences.shape[1] - input_ids.shape[1]) if stopping.keep_logits else None,
-            # with a batch, finished rows left the cache: it is returned for a single sequence only
-            **cache_arg(cache if generation_config.use_cache and len(batch.rows) == 1 else None),
-            speculative_stats=stats,
-        )
-    return sequences
+    if not generation_config.return_dict_in_generate:
+        return sequences
+    steps = sequences.shape[1] - prompt_length
+    return SpeculativeGenerateOutput(
+        sequences=sequences,
+        scores=_per_step(batch.rows, "scores", steps) if stopping.keep_scores else None,
+        logits=_per_step(batch.rows, "logits", steps) if stopping.keep_logits else None,
+        # with a batch, finished rows left the cache: it is returned for a single sequence only
+        **cache_arg(cache if generation_config.use_cache and len(batch.rows) == 1 else None),
+        speculative_stats=stats,
+    )
 
 
 def _per_step(rows: list[_Row], name: str, steps: int) -> tuple[torch.Tensor, ...]:

@@ -72,3 +72,20 @@ def test_no_process_words_in_the_product():
     assert not found, found
     named = [p.name for p in ROOT.rglob("*") if ".git" not in p.parts and re.search(r"issue|(?<![a-z])bench1\d|(?<![a-z])batch1\d", p.name, re.IGNORECASE)]
     assert not named, named
+
+
+def test_readme_module_table_matches_the_package():
+    """Every row of the README's module table names a module or package that exists, and every top-level module
+    and subpackage of hf_speculative (and every drafters/ module) has a row."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = text[text.index("## Modules") :]
+    table = table[: table.index("\n## ")]
+    rows = {m.rstrip("/") for m in re.findall(r"^\| `([^`]+)` \|", table, flags=re.M)}
+    package = ROOT / "hf_speculative"
+    for name in rows:
+        assert (package / name).exists(), f"the README's module table names {name}, which does not exist"
+    expected = {p.name for p in package.iterdir() if p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists())}
+    expected |= {f"drafters/{p.name}" for p in (package / "drafters").iterdir()
+                 if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").exists())}  # fmt: skip
+    missing = sorted(expected - rows - {"drafters"})
+    assert not missing, f"modules without a row in the README's module table: {missing}"
