@@ -280,7 +280,6 @@ def _check_call(model, input_ids, drafter: TreeDrafter, tree, synced_gpus: bool,
     drafter.attach_target(model)
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError(f"a streamer takes one sequence, got a batch of {input_ids.shape[0]}")
-    check_tree_attention(model)
     tree = tree if tree is not None else drafter.tree_for_batch(input_ids.shape[0])
     if not isinstance(tree, TreeSpec):
         raise TypeError(f"speculative_tree must be a hf_speculative.TreeSpec, got {type(tree).__name__}")
@@ -429,12 +428,12 @@ def _start(input_ids, model_kwargs, keep_positions: bool) -> _Batch:
     return _Batch(rows, visible, positions, keep_positions)
 
 
-def _first_tokens(outputs, input_ids, logits_processor, do_sample: bool, generator):
+def _first_tokens(outputs, input_ids, logits_processor, do_sample: bool):
     """The prefill's new token per row, exactly as plain decoding draws it (batched)."""
     raw = outputs.logits[:, -1].float()
     scores = logits_processor(input_ids, raw)
     if do_sample:
-        tokens = torch.multinomial(torch.softmax(scores, -1), 1, generator=generator)[:, 0]
+        tokens = torch.multinomial(torch.softmax(scores, -1), 1)[:, 0]
     else:
         tokens = torch.argmax(scores, -1)
     return tokens.tolist(), scores, raw
@@ -466,10 +465,9 @@ def tree_speculative_decoding(
     prepare_tree_cache(cache)
     device = input_ids.device
     do_sample = bool(generation_config.do_sample)
-    generator = None
-    options = DraftingOptions(do_sample, float(generation_config.temperature or 1.0), generator)
+    options = DraftingOptions(do_sample, float(generation_config.temperature or 1.0))
     settings = AcceptanceSettings.resolve(acceptance)
-    accept = settings.acceptor(do_sample, generator) if do_sample else None  # None: greedy
+    accept = settings.acceptor(do_sample) if do_sample else None  # None: greedy
     want_hidden = drafter.needs_target_hidden_states
     return_dict = generation_config.return_dict_in_generate
     stopping = _Stopping(
@@ -480,7 +478,7 @@ def tree_speculative_decoding(
     stats = SpeculativeStats()
     masks = _TreeMasks(model, device)
 
-    batch = _prefill_and_begin(model, input_ids, cache, model_kwargs, drafter, stopping, masks, stats, logits_processor, do_sample, generator)
+    batch = _prefill_and_begin(model, input_ids, cache, model_kwargs, drafter, stopping, masks, stats, logits_processor, do_sample)
     # a drafter that reads every node's logits gets them from the verification forward itself (no lazy head)
     lazy_head = None if drafter.verified_top_k else NodeLogits.lazy_head(model, batch.prefill_outputs)
     batch.prefill_outputs = None
@@ -510,7 +508,7 @@ def tree_speculative_decoding(
     return _output(stopping, batch, cache, input_ids.shape[1], generation_config, stats)
 
 
-def _prefill_and_begin(model, input_ids, cache, model_kwargs, drafter, stopping, masks, stats, logits_processor, do_sample, generator) -> "_Batch":
+def _prefill_and_begin(model, input_ids, cache, model_kwargs, drafter, stopping, masks, stats, logits_processor, do_sample) -> "_Batch":
     """The prefill: one target forward over the prompts commits each row's first new token, exactly as plain
     generate; the drafter begins from it (with the prompt positions' top-k when it reads them)."""
     device = input_ids.device
@@ -519,7 +517,7 @@ def _prefill_and_begin(model, input_ids, cache, model_kwargs, drafter, stopping,
     top_k = drafter.verified_top_k
     with _Timer(stats.timings, "target", device):
         outputs = _prefill(model, input_ids, cache, model_kwargs, all_logits=bool(top_k))
-    first, scores, raw = _first_tokens(outputs, input_ids, logits_processor, do_sample, generator)
+    first, scores, raw = _first_tokens(outputs, input_ids, logits_processor, do_sample)
     with _Timer(stats.timings, "draft", device):
         pads = [row.pad for row in batch.rows]
         width = outputs.logits.shape[1]  # the prompt positions this forward computed (a cached prefix is not among them)

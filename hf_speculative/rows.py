@@ -113,12 +113,16 @@ class TargetRows:
         return len(self.rows)
 
     def row(self, j: int):
-        """Entry j as a batch-1 output. With a single-row forward and nothing to strip: the outputs themselves."""
+        """Entry j as a batch-1 output, with ``top_k`` its own ``(n_j, k)`` tensor (None when not asked for). With a
+        single-row forward, nothing to strip and no top-k: the outputs themselves."""
         i, start = self.rows[j], self.starts[j]
         columns = None if self.columns is None else self.columns[i]
-        if _batch_size(self.outputs) == 1 and start == 0 and (columns is None or bool(columns.all())):
+        whole = _batch_size(self.outputs) == 1 and start == 0 and (columns is None or bool(columns.all()))
+        if whole and self.top_k is None:
             return self.outputs
-        return _RowOutputs(self.outputs, i, start, columns)
+        view = _RowOutputs(self.outputs, i, start, None if whole else columns)
+        view.top_k = None if self.top_k is None else self.top_k[j]
+        return view
 
 
 def _batch_size(outputs) -> int:

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 __all__ = [
-    "TreeSpec", "DynamicTree", "DraftTree", "additive_mask", "tree_attention_mask", "TreeMaskBuffer",
+    "TreeSpec", "DynamicTree", "DraftTree", "additive_mask", "tree_attention_mask",
     "BatchTreeMaskBuffer", "batch_tree_block", "expected_acceptance_length",
 ]  # fmt: skip
 
@@ -248,10 +248,6 @@ class TreeSpec:
     def ancestors(self) -> torch.Tensor:
         return _ancestor_matrix(self.parents)
 
-    def branching_at(self, node: int) -> int:
-        """How many ranked candidates the drafter must produce below ``node``."""
-        return len(self.children[node])
-
     def to_list(self) -> list[list[int]]:
         """JSON-friendly form for configs (inverse of `from_choices`)."""
         return [list(p) for p in self.paths]
@@ -308,7 +304,7 @@ class DynamicTree(TreeSpec):
         )
 
     parents = ranks = depths = children = ancestors = property(_no_shape)
-    branching_at = to_list = _no_shape
+    to_list = _no_shape
 
     def __eq__(self, other) -> bool:
         return isinstance(other, DynamicTree) and (self.total_tokens, self.depth, self.top_k) == (
@@ -479,55 +475,13 @@ def tree_attention_mask(
     return additive_mask(visible, dtype)
 
 
-class TreeMaskBuffer:
-    """The additive tree masks of one decoding call, written into one buffer instead of rebuilt per step.
-
-    Equal to `tree_attention_mask` at every step. The buffer ``(1, 1, rows, capacity)`` grows geometrically;
-    columns of the committed prefix stay 0 (visible) except the hidden padding columns, which are set once;
-    each step clears the previous tree's columns and writes the tree block (``0`` where a node sees an
-    ancestor or itself), cached per tree shape. The returned mask is a view of the buffer.
-    """
-
-    #: cached tree blocks: static trees need one; a dynamic tree's every step has its own shape
-    MAX_BLOCKS = 8
-
-    def __init__(self, dtype: torch.dtype, device: torch.device | str, hidden_prefix: torch.Tensor | None = None):
-        self.dtype, self.device = dtype, torch.device(device)
-        self.hidden_prefix = None if hidden_prefix is None else hidden_prefix.to(self.device, torch.bool)
-        self.buffer = torch.zeros(1, 1, 0, 0, dtype=dtype, device=self.device)
-        self.blocks: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.last: tuple[int, int] | None = None  # (past_length, n) of the previous step's tree block
-
-    def _block(self, ancestors: torch.Tensor) -> torch.Tensor:
-        key = id(ancestors)
-        hit = self.blocks.get(key)
-        if hit is None or hit[0] is not ancestors:  # keep the tensor alive so its id stays unique
-            if len(self.blocks) >= self.MAX_BLOCKS:  # per-step shapes (dynamic trees) must not pile up
-                self.blocks.clear()
-            hit = (ancestors, additive_mask(ancestors.to(self.device), self.dtype)[0, 0])
-            self.blocks[key] = hit
-        return hit[1]
-
-    def __call__(self, ancestors: torch.Tensor, past_length: int) -> torch.Tensor:
-        n = ancestors.shape[0]
-        rows, capacity = self.buffer.shape[-2:]
-        if n > rows or past_length + n > capacity:
-            rows, capacity = max(n, rows), max(past_length + n, 2 * capacity, 64)
-            self.buffer = torch.zeros(1, 1, rows, capacity, dtype=self.dtype, device=self.device)
-            if self.hidden_prefix is not None:
-                self.buffer[..., : self.hidden_prefix.shape[0]].masked_fill_(~self.hidden_prefix, torch.finfo(self.dtype).min)
-            self.last = None
-        buf = self.buffer[0, 0]
-        if self.last is not None:  # the previous tree's columns now belong to the (visible) prefix or the new tree
-            start, width = self.last
-            buf[:, start : start + width] = 0
-        buf[:n, past_length : past_length + n] = self._block(ancestors)
-        self.last = (past_length, n)
-        return self.buffer[:, :, :n, : past_length + n]
+#: cached tree blocks of `batch_tree_block`: static trees need one; a dynamic tree's every step has its own shape
+MAX_BLOCKS = 8
 
 
 class BatchTreeMaskBuffer:
-    """`TreeMaskBuffer` for a batch of rows: additive masks ``(A, 1, n, C + n)`` written into one buffer.
+    """The additive tree masks ``(A, 1, n, C + n)`` of one decoding call, written into one buffer instead of rebuilt
+    per step (equal to `tree_attention_mask` per row at every step).
 
     ``visible`` ``(A, C)`` says which cached columns hold each row's real tokens (False: left padding, or a
     hole left where a row accepted a shorter path than the batch's longest). Columns of the prefix are
@@ -576,7 +530,7 @@ def batch_tree_block(drafts: Sequence["DraftTree"], dtype: torch.dtype, device, 
             return cache[id(spec)][1]
         block = additive_mask(spec.ancestors.to(device), dtype)[0]
         if cache is not None:
-            if len(cache) >= TreeMaskBuffer.MAX_BLOCKS:
+            if len(cache) >= MAX_BLOCKS:
                 cache.clear()
             cache[id(spec)] = (spec, block)
         return block

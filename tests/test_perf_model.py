@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from hf_speculative import perf_model
-from hf_speculative.perf_model import CostCurve, _non_decreasing, get_cost_curve, measure_cost_curve, set_cost_curve
+from hf_speculative.perf_model import CostCurve, get_cost_curve, measure_cost_curve, set_cost_curve
+from hf_speculative.perf_model.cost_curve import _LOADED, _non_decreasing
 
 from conftest import tiny_model
 
@@ -78,7 +79,7 @@ def test_get_cost_curve_measures_once_then_loads_from_disk(tmp_path, monkeypatch
     first = get_cost_curve(model)
     assert len(calls) == 1 and list((tmp_path / "cost_curves").glob("*.json"))
     assert get_cost_curve(model) is first and len(calls) == 1  # in-process memo
-    perf_model._LOADED.clear()
+    _LOADED.clear()
     assert get_cost_curve(model) == first and len(calls) == 1  # from disk
     # another dtype is another curve (and another file)
     assert perf_model.cost_curve_path(model.to(torch.float64)) != perf_model.cost_curve_path(model.to(torch.float32))

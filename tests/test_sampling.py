@@ -229,12 +229,12 @@ def test_reference_distribution_matches_plain_sampling(sampling_models):
 
 
 def test_typical_acceptance_only_when_asked(sampling_models, monkeypatch):
-    import hf_speculative.decoding as decoding
+    import hf_speculative.acceptance as acceptance
 
     target, draft = sampling_models
     calls = []
-    real = decoding.accept_typical
-    monkeypatch.setattr(decoding, "accept_typical", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = acceptance.accept_typical
+    monkeypatch.setattr(acceptance, "accept_typical", lambda *a, **k: calls.append(1) or real(*a, **k))
     prompt = torch.tensor([[1, 5, 2]])
     target.generate(prompt, assistant_model=draft, do_sample=True, max_new_tokens=6)
     assert calls == []

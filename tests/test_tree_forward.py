@@ -71,7 +71,7 @@ def test_cache_after_compaction_equals_rerun(arch):
 
 def test_lazy_logits_only_when_logits_are_the_plain_lm_head():
     """Models whose logits are not lm_head(h) (logit scaling, soft-capping) fall back to full logits, exactly."""
-    from hf_speculative.decoding import NodeLogits
+    from hf_speculative.logits import NodeLogits
     from transformers import LlamaForCausalLM
 
     class ScaledLogits(LlamaForCausalLM):  # stands for Cohere's logit_scale / Gemma's soft-capping

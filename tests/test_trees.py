@@ -91,15 +91,16 @@ def test_draft_tree_path_and_dynamic_structure():
 def test_tree_mask_buffer_equals_fresh_masks_every_step():
     """The engine's reused mask buffer gives exactly `tree_attention_mask` at every step: growing past lengths,
     changing tree shapes (more than the block cache holds), hidden padding columns."""
-    from hf_speculative.trees import TreeMaskBuffer, TreeSpec
+    from hf_speculative.trees import MAX_BLOCKS, BatchTreeMaskBuffer, TreeSpec, batch_tree_block
 
     pad = torch.tensor([False, False, True, True, True])
-    buffer = TreeMaskBuffer(torch.float32, "cpu", pad)
+    buffer = BatchTreeMaskBuffer(torch.float32, "cpu")
     shapes = [TreeSpec.cartesian([2, 2]), TreeSpec.chain(3), TreeSpec.from_choices([[0], [1], [0, 0]])]
-    shapes += [TreeSpec.chain(k) for k in range(1, TreeMaskBuffer.MAX_BLOCKS + 3)]
-    past = 5
+    shapes += [TreeSpec.chain(k) for k in range(1, MAX_BLOCKS + 3)]
+    past, blocks = 5, {}
     for step, spec in enumerate(shapes * 2):
         visible = torch.cat([pad, torch.ones(past - pad.numel(), dtype=torch.bool)])
         expected = tree_attention_mask(spec.ancestors, past, torch.float32, "cpu", visible)
-        assert torch.equal(buffer(spec.ancestors, past), expected), step
+        draft = hfs.DraftTree.from_spec(spec, torch.zeros(spec.num_nodes + 1, dtype=torch.long))
+        assert torch.equal(buffer(visible[None], batch_tree_block([draft], torch.float32, "cpu", blocks)), expected), step
         past += 1 + step % 3  # an accepted path of 1-3 tokens

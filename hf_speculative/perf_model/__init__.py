@@ -16,7 +16,6 @@ plain steps speeds decoding up by ``tau / Delta t``.
 (`hf_speculative.bench.projection`).
 """
 
-from . import cost_curve
 from .cost_curve import (
     CURVE_VERSION,
     DEFAULT_NODES,
@@ -78,7 +77,3 @@ __all__ = [  # the package's public names; its modules list none of their own
     "DEFAULT_BATCH_SIZES",
     "DEFAULT_CONTEXTS",
 ]
-
-# private names of the old single module ``perf_model.py`` that callers reach (tests: the in-process memo, the fit)
-_LOADED = cost_curve._LOADED
-_non_decreasing = cost_curve._non_decreasing

@@ -186,11 +186,11 @@ def measure_cost_curve(
     fitted non-decreasing (a longer forward never costs less).
 
     ``logits_to_keep=None`` (default) times a tree step as the engine runs it: the forward computes no logits
-    and the LM head runs on the rows the acceptance walk reads first (`decoding.PREFETCH_ROWS`, one product);
+    and the LM head runs on the rows the acceptance walk reads first (`logits.PREFETCH_ROWS`, one product);
     an int times the forward with transformers' ``logits_to_keep`` instead (0: the head on every row)."""
     from transformers import DynamicCache
 
-    from ..decoding import PREFETCH_ROWS
+    from ..logits import PREFETCH_ROWS
     from ..logits import vocab_logits
     from ..trees import additive_mask
 

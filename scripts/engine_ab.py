@@ -1,0 +1,128 @@
+"""Engine A/B: the same decoding with two commits of hf_speculative, alternated per prompt in one run.
+
+Two worker processes, one per commit (each imports its own checkout and loads the reference model once), take the
+prompts in turn: for each held-out prompt, the old commit's worker decodes it (plain ``generate()``, then tree prompt
+lookup, then Token Recycling), then the new commit's, so both see the same machine state. Each reports wall time,
+tokens, target forwards and the engine's own seconds (``speculative_stats.timings["engine"]``: masks, acceptance,
+cache compaction, bookkeeping; the LM head counts as the target's).
+
+    python scripts/engine_ab.py --old /path/to/old/checkout --new . --limit 8 --max-new-tokens 96 --output out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+WORKER = r"""
+import json, os, sys, time
+import torch
+torch.set_num_threads(int(os.environ.get("THREADS", "2")))
+import hf_speculative as hfs
+from hf_speculative.bench.reference import load_reference_model
+model, tokenizer = load_reference_model()
+hfs.enable(model)
+recycling = hfs.TokenRecyclingDrafter()
+methods = {"plain": None, "tree-prompt-lookup": hfs.PromptLookupDrafter(), "token-recycling": recycling}
+print(json.dumps({"ready": hfs.__file__}), flush=True)
+for line in sys.stdin:
+    job = json.loads(line)
+    ids = torch.tensor([job["ids"]])
+    out = {}
+    for name, drafter in methods.items():
+        kwargs = {} if drafter is None else {"assistant_model": drafter, "return_dict_in_generate": True}
+        start = time.perf_counter()
+        result = model.generate(ids, max_new_tokens=job["max_new_tokens"], do_sample=False, **kwargs)
+        seconds = time.perf_counter() - start
+        sequences = result if drafter is None else result.sequences
+        row = {"seconds": seconds, "tokens": sequences.shape[1] - ids.shape[1], "output": sequences[0].tolist()}
+        if drafter is not None:
+            stats = result.speculative_stats
+            row.update(steps=stats.num_target_forwards - 1, engine=stats.timings["engine"], draft=stats.timings["draft"],
+                       target=stats.timings["target"])
+        out[name] = row
+    print(json.dumps(out), flush=True)
+"""
+
+
+def _worker(checkout: str, threads: int) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(checkout), "THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                            cwd=os.path.abspath(checkout))  # fmt: skip
+    ready = json.loads(proc.stdout.readline())
+    print(f"worker {checkout}: {ready['ready']}", file=sys.stderr)
+    return proc
+
+
+def _ask(proc: subprocess.Popen, ids: list[int], max_new_tokens: int) -> dict:
+    proc.stdin.write(json.dumps({"ids": ids, "max_new_tokens": max_new_tokens}) + "\n")
+    proc.stdin.flush()
+    return json.loads(proc.stdout.readline())
+
+
+def _summary(runs: list[dict], method: str) -> dict:
+    rows = [r[method] for r in runs]
+    tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
+    out = {"tokens_per_second": round(tokens / seconds, 2)}
+    if "steps" in rows[0]:
+        steps = sum(r["steps"] for r in rows)
+        out.update(
+            tau=round(tokens / max(sum(r["steps"] for r in rows) + len(rows), 1), 3),
+            engine_ms_per_step=round(1000 * sum(r["engine"] for r in rows) / max(steps, 1), 3),
+            draft_ms_per_step=round(1000 * sum(r["draft"] for r in rows) / max(steps, 1), 3),
+            target_ms_per_step=round(1000 * sum(r["target"] for r in rows) / max(steps, 1), 3),
+            median_prompt_seconds=round(statistics.median(r["seconds"] for r in rows), 3),
+        )
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--old", required=True, help="checkout of the old commit")
+    p.add_argument("--new", default=".", help="checkout of the new commit")
+    p.add_argument("--limit", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--output", default=None)
+    args = p.parse_args()
+
+    sys.path.insert(0, os.path.abspath(args.new))
+    from hf_speculative.bench.prompts import load_prompts, prepare_prompts, spread_over_categories
+    from hf_speculative.bench.reference import load_reference_model
+
+    _, tokenizer = load_reference_model()
+    prompts = prepare_prompts(spread_over_categories(load_prompts("heldout"), args.limit), tokenizer)
+    workers = {"old": _worker(args.old, args.threads), "new": _worker(args.new, args.threads)}
+    runs: dict[str, list[dict]] = {"old": [], "new": []}
+    start = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        for name in ("old", "new") if i % 2 == 0 else ("new", "old"):  # alternate which commit goes first
+            runs[name].append(_ask(workers[name], prompt.input_ids[0].tolist(), args.max_new_tokens))
+        print(f"prompt {i + 1}/{len(prompts)} ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
+    for proc in workers.values():
+        proc.stdin.close()
+        proc.wait()
+    identical = all(
+        runs["old"][i][m]["output"] == runs["new"][i][m]["output"] == runs["new"][i]["plain"]["output"]
+        for i in range(len(prompts)) for m in ("tree-prompt-lookup", "token-recycling")
+    )  # fmt: skip
+    report = {
+        "old": os.path.abspath(args.old), "new": os.path.abspath(args.new), "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens, "threads": args.threads, "identical_outputs": identical,
+        "methods": {m: {name: _summary(runs[name], m) for name in runs} for m in ("plain", "tree-prompt-lookup", "token-recycling")},
+    }  # fmt: skip
+    text = json.dumps(report, indent=1)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
