@@ -4,6 +4,7 @@ and EAGLE-3 trained on one base with one LoRA setup and budget (`training`), eva
 in one process (`evaluation`), gathered into a table (`table`). The ``hf-speculative downstream`` command wires them.
 """
 
+from .evaluation import load_downstream
 from .tasks import TASKS, DownstreamTask, calibration_split, get_task, load_task
 
-__all__ = ["TASKS", "DownstreamTask", "calibration_split", "get_task", "load_task"]
+__all__ = ["TASKS", "DownstreamTask", "calibration_split", "get_task", "load_downstream", "load_task"]

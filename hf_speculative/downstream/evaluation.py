@@ -176,6 +176,7 @@ def evaluate_folder(folder: str | Path, task: str, data_dir, limit: int | None =
         "extra_parameters": loaded.extra_parameters,
         "lora_parameters": training.get("lora_parameters"),
         "train_seconds": training.get("train_seconds"),
+        "train_steps": training.get("steps"),
         "train_device": training.get("device"),
         "plain_tokens_per_s": round(plain_tps, 3),
         "speculative_tokens_per_s": round(spec_tps, 3),

@@ -18,13 +18,33 @@ _SPLITS = {
     "wikisql": "`dev.jsonl` + `dev_results.jsonl` joined by `question_id`, split by `table_id`: 90% of the tables train (48 questions set aside for calibration), a fixed 10% test (779 questions); schema = a CREATE TABLE line of the columns the table's questions use",
     "dialogsum": "`DialogSum_Data.zip`: train split (12,460; 48 dialogues set aside for calibration), test split (500, three summaries each)",
 }
-_LOADING = {
-    "lora": "model = PeftModel.from_pretrained(base, f\"{folder}/adapter\").merge_and_unload()",
-    "medusa2": "model, heads = load_medusa2(folder, base)  # hf_speculative.drafters.medusa.training_medusa2\nhfs.enable(model); model.generate(ids, assistant_model=heads)",
-    "streaming": "ss = LlamaForSpeculativeStreaming.from_pretrained(folder)  # loads the reference base and lora/\nss.generate(ids, max_new_tokens=80)",
-    "eagle": "model = PeftModel.from_pretrained(base, f\"{folder}/adapter\").merge_and_unload(); hfs.enable(model)\neagle = EagleDrafter.from_pretrained(folder, base_model=model); model.generate(ids, assistant_model=eagle)",
+_DECODING = {
+    "lora": "the merged LoRA model; speculative: training-free tree prompt lookup (`hfs.PromptLookupDrafter`)",
+    "medusa2": "the merged LoRA model; speculative: its Medusa-2 heads as `assistant_model`",
+    "streaming": "plain: the joint forward one token at a time (`ss.generate_autoregressive`); speculative: `ss.generate` (drafts for itself)",
+    "eagle": "the merged LoRA model of the `lora` arm; speculative: this EAGLE-3 drafter as `assistant_model`",
 }
-_IMPORTS = "import hf_speculative as hfs\nfrom peft import PeftModel\nfrom hf_speculative.bench import load_reference_model\nbase, tok = load_reference_model()"
+
+
+def _loading(folder: str, task: str, method: str) -> str:
+    """A runnable snippet: the folder loaded the way `downstream eval` loads it, one test prompt decoded both ways."""
+    n = get_task(task).max_new_tokens
+    lines = [
+        "```python",
+        "import torch",
+        "",
+        "from hf_speculative.downstream import load_downstream, load_task",
+        "from hf_speculative.training.data import encode_chat",
+        "",
+        f'arm = load_downstream("{folder}")  # the reference base model + what this folder adds',
+        f'record = load_task("{task}", "../shared/data/{task}", "test")[0]  # a test prompt (the data stay outside the package)',
+        "ids = torch.tensor([encode_chat(arm.tokenizer, record.messages)])",
+        f"fast = arm.speculative(ids, {n})  # speculative greedy decoding",
+        f"assert torch.equal(fast.sequences, arm.plain(ids, {n}).sequences)  # the same tokens as its plain decoding",
+        "print(arm.tokenizer.decode(fast.sequences[0, ids.shape[1]:], skip_special_tokens=True))",
+        "```",
+    ]
+    return "\n".join(lines) + f"\n\nDecoding: {_DECODING[method]}. Decoding length used for the task: {n} new tokens."
 
 
 def _measured(result: dict) -> str:
@@ -39,7 +59,7 @@ def _measured(result: dict) -> str:
     )
 
 
-def render_model_card(info: dict, result: dict | None = None) -> ModelCard:
+def render_model_card(info: dict, result: dict | None = None, folder: str | Path | None = None) -> ModelCard:
     """The card from a folder's ``downstream.json`` (``info``) and an eval record (``result``)."""
     task, method = info["task"], info["method"]
     training = info.get("training") or {}
@@ -54,7 +74,7 @@ def render_model_card(info: dict, result: dict | None = None) -> ModelCard:
         f"- parameters: LoRA {training.get('lora_parameters')}, extra (drafting) {training.get('extra_parameters')}\n"
         f"- command: `{info.get('command')}`"
     )
-    loading = f"```python\n{_IMPORTS}\n{_LOADING[method]}\n```\n\nDecoding length used for the task: {get_task(task).max_new_tokens} new tokens."
+    loading = _loading(f"model_cards/{Path(folder).name}" if folder is not None else "<this folder>", task, method)
     data = ModelCardData(
         base_model=info.get("base_model_hub_id", info.get("base_model")), library_name="hf_speculative",
         pipeline_tag="text-generation", tags=["speculative-decoding", "hf_speculative", method],
@@ -66,5 +86,5 @@ def render_model_card(info: dict, result: dict | None = None) -> ModelCard:
 
 def write_model_card(folder: str | Path, info: dict, result: dict | None = None) -> Path:
     path = Path(folder) / "README.md"
-    render_model_card(info, result).save(path)
+    render_model_card(info, result, folder).save(path)
     return path

@@ -53,14 +53,14 @@ def _minutes(s) -> str:
 def markdown_table(rows: list[dict]) -> str:
     """The Table-1-style markdown table of eval records (`read_results`)."""
     lines = [
-        "| task | arm | decoding | speedup | tokens/step (tau) | metric | extra parameters | training time | lossless | n |",
+        "| task | arm | decoding | speedup | tokens/step (tau) | metric | extra parameters | training time (steps) | lossless | n |",
         "|---|---|---|---:|---:|---|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {TASK_NAMES.get(r['task'], r['task'])} | {ARM_NAMES.get(r['method'], r['method'])} | {r.get('drafter', '')} "
             f"| {r['speedup']:.2f}x | {r['tau']:.2f} | {_metric(r)} | {_params(r['extra_parameters'])} "
-            f"| {_minutes(r.get('train_seconds'))} | {r['lossless_rate']:.2f} | {r['n']} |"
+            f"| {_minutes(r.get('train_seconds'))} ({r.get('train_steps', '-')}) | {r['lossless_rate']:.2f} | {r['n']} |"
         )
     return "\n".join(lines) + "\n"
 
