@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
+from ..trees import TreeSpec
+
 __all__ = ["DrafterConfigMixin", "TreeDrafterConfig"]
 
 
@@ -33,7 +35,8 @@ class DrafterConfigMixin:
 
 class TreeDrafterConfig(DrafterConfigMixin, PretrainedConfig):
     r"""The fields of a drafter that fills a static tree with one distribution per depth (Medusa heads, ParallelSpec),
-    besides those of `DrafterConfigMixin`.
+    besides those of `DrafterConfigMixin`. A subclass names the field of its static draft tree (Medusa-style paths of
+    top-i indices) in ``choices_field`` and sets it with `_set_choices`.
 
     Args:
         hidden_size (`int`): hidden size of the target.
@@ -76,3 +79,15 @@ class TreeDrafterConfig(DrafterConfigMixin, PretrainedConfig):
         self.initializer_range = initializer_range
         self.cost_aware_tree = cost_aware_tree
         super().__init__(**kwargs)
+
+    def _set_choices(self, choices: list[list[int]], max_depth: int, limit: str) -> None:
+        """Validate the draft tree ``choices`` (at most ``max_depth`` deep, as ``limit`` says) and store its paths."""
+        tree = TreeSpec.from_choices(choices)
+        if tree.depth > max_depth:
+            raise ValueError(f"{self.choices_field} is {tree.depth} deep but {limit}")
+        setattr(self, self.choices_field, tree.to_list())
+
+    @property
+    def tree(self) -> TreeSpec:
+        """The static draft tree (of ``choices_field``)."""
+        return TreeSpec.from_choices(getattr(self, self.choices_field))

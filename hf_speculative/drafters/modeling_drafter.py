@@ -1,28 +1,27 @@
 """`DrafterModel`: the `PreTrainedModel` base of the drafters that share modules with their target (base) model
 (Medusa heads, ParallelSpec, EAGLE, SPIRe, Speculative Streaming): building one for a target (`from_base_model`),
-loading one with ``from_pretrained(folder, base_model=model)`` and attaching the target (`attach_base_model`)."""
+loading one with ``from_pretrained(folder, base_model=model)`` and attaching the target (`attach_base_model`).
+`DepthTreeDrafter`: the per-call tree drafter of those that fill a static tree with one distribution per depth."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
 from ..hub import resolve_name_or_path
 from ..trees import TreeSpec
-from .base import input_embeddings, output_embeddings
+from .base import TreeDrafter, input_embeddings, output_embeddings
+from .configuration_drafter import TreeDrafterConfig
+from .cost_aware import cost_aware_tree
 from .hub import DrafterHubMixin
 from .placement import match_target, target_placement
 
-__all__ = ["DrafterModel", "base_model_name", "text_config", "decoder_layer_fields"]
+__all__ = ["DrafterModel", "DepthTreeDrafter", "text_config", "decoder_layer_fields"]
 
 #: how `attach_base_model` finds each module a drafter shares with its target
 _SHARED_MODULES = {"base_embeddings": input_embeddings, "base_lm_head": output_embeddings}
-
-
-def base_model_name(model: PreTrainedModel) -> str | None:
-    """The name or path ``model`` was loaded from (recorded as a drafter's ``base_model_name_or_path``); `None` for a
-    model built from a config."""
-    return getattr(model.config, "_name_or_path", None) or None
 
 
 def text_config(model: PreTrainedModel) -> PretrainedConfig:
@@ -49,8 +48,9 @@ class DrafterModel(DrafterHubMixin, PreTrainedModel):
     saved, moved or trained with it). `attach_base_model` checks a target's shapes and attaches them; it runs in
     `from_base_model`, in ``from_pretrained(folder, base_model=model)`` and when drafting starts (`get_tree_drafter`).
 
-    A subclass builds its config in ``from_base_model`` and calls `_from_base_config`; it may override
-    `_init_from_base_model`, `shared_modules`, `_shape_checks`, `_load_checkpoint`, and implements `_tree_drafter`.
+    A subclass's ``from_base_model`` builds its config (with `_base_model_fields`) and calls `_from_base_config`; it
+    may override `_init_from_base_model`, `shared_modules`, `_shape_checks` and `_load_checkpoint`, and implements
+    `_tree_drafter`.
     """
 
     #: the attributes `attach_base_model` sets to the target's modules (see `_SHARED_MODULES`)
@@ -62,6 +62,14 @@ class DrafterModel(DrafterHubMixin, PreTrainedModel):
             self.__dict__[name] = None  # not submodules: never saved, moved or trained with the drafter
 
     # ------------------------------------------------------------------ construction
+    @classmethod
+    def _base_model_fields(cls, model: PreTrainedModel) -> dict:
+        """The config fields a drafter takes from its target: ``base_model_name_or_path`` (`None` for a model built
+        from a config) and the hidden and vocabulary sizes of its ``lm_head``."""
+        vocab, hidden = output_embeddings(model, cls.__name__).weight.shape
+        return {"base_model_name_or_path": getattr(model.config, "_name_or_path", None) or None, "hidden_size": hidden,
+                "vocab_size": vocab}  # fmt: skip
+
     @classmethod
     def _from_base_config(cls, model: PreTrainedModel, config: PretrainedConfig, init_from_base: bool = True):
         """A new drafter of ``config`` for ``model``: in its dtype and on its device, initialised from it
@@ -108,6 +116,7 @@ class DrafterModel(DrafterHubMixin, PreTrainedModel):
         return {"hidden_size": (self.config.hidden_size, hidden), "vocab_size": (self.config.vocab_size, vocab)}
 
     def _check_base_model(self, model: PreTrainedModel) -> None:
+        """A `ValueError` naming every `_shape_checks` value when one of them differs."""
         checks = self._shape_checks(model)
         if any(built != found for built, found in checks.values()):
             built = ", ".join(f"{name}={built}" for name, (built, _) in checks.items())
@@ -137,3 +146,23 @@ class DrafterModel(DrafterHubMixin, PreTrainedModel):
     def _tree_drafter(self, target: PreTrainedModel):
         """The per-call `TreeDrafter` for an attached ``target``."""
         raise NotImplementedError
+
+
+class DepthTreeDrafter(TreeDrafter):
+    """The per-call tree drafter of a model with a `TreeDrafterConfig` (Medusa heads, ParallelSpec): one distribution
+    per depth fills the static tree. The default tree is the config's, or with a calibration (its ``accuracy_key``)
+    the cost-aware one (`hf_speculative.drafters.cost_aware`); the acceptance settings and the vocabulary are the
+    config's. A subclass sets what its `draft_cost` reads before it calls ``__init__``."""
+
+    #: the calibration's per-depth top-i accuracies
+    accuracy_key = "depth_top_i_accuracy"
+
+    def __init__(self, config: TreeDrafterConfig, max_depth: int, draft_sampling: str, target: PreTrainedModel | None):
+        self.max_depth = max_depth
+        self.batch_tree = functools.partial(cost_aware_tree, config.tree, config, self.accuracy_key, target, self.draft_cost, max_depth)
+        self.default_tree = self.batch_tree(batch_size=1)
+        self.acceptance = config.acceptance
+        self.posterior_threshold = config.posterior_threshold
+        self.posterior_alpha = config.posterior_alpha
+        self.vocab_size = config.vocab_size
+        self.draft_sampling = draft_sampling

@@ -35,7 +35,7 @@ from transformers.utils import ModelOutput
 from ..._compat import takes_cache
 from ...trees import DraftTree, DynamicTree, TreeSpec
 from ..base import DraftingOptions, TreeDrafter, fill_children, input_embeddings, output_embeddings, vocab_logits
-from ..modeling_drafter import DrafterModel, base_model_name, decoder_layer_fields, text_config
+from ..modeling_drafter import DrafterModel, decoder_layer_fields, text_config
 from .configuration_eagle import EagleConfig
 
 __all__ = [
@@ -169,13 +169,12 @@ class EagleDrafter(EaglePreTrainedModel):
         EAGLE-3's ``lm_head`` and ``norm`` from the target's (on the ``draft_vocab_size`` lowest ids until
         `set_draft_vocab` picks the frequent ones)."""
         input_embeddings(model, cls.__name__)  # a clear TypeError when the target has no token embeddings
-        vocab, hidden = output_embeddings(model, cls.__name__).weight.shape
         tc = text_config(model)
         qkv_bias = bool(getattr(tc, "attention_bias", False)) or tc.model_type in ("qwen2",)
         config = EagleConfig(
-            variant=variant, hidden_size=hidden, vocab_size=vocab, draft_vocab_size=draft_vocab_size,
-            target_num_layers=tc.num_hidden_layers, qkv_bias=qkv_bias, base_model_name_or_path=base_model_name(model),
-            initializer_range=getattr(tc, "initializer_range", 0.02), **decoder_layer_fields(model), **config_kwargs,
+            variant=variant, draft_vocab_size=draft_vocab_size, target_num_layers=tc.num_hidden_layers, qkv_bias=qkv_bias,
+            initializer_range=getattr(tc, "initializer_range", 0.02), **cls._base_model_fields(model),
+            **decoder_layer_fields(model), **config_kwargs,
         )  # fmt: skip
         return cls._from_base_config(model, config, init_from_base=init_from_target)
 
@@ -301,17 +300,10 @@ class EagleDrafter(EaglePreTrainedModel):
 
     @takes_cache
     def forward(
-        self,
-        input_ids: torch.LongTensor,
-        target_features: torch.Tensor | None = None,
-        hidden: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        cache: tuple[torch.Tensor, torch.Tensor] | None = None,
-        use_cache: bool = False,
-        compute_logits: bool = True,
-        **kwargs,
-    ) -> EagleOutput:
+        self, input_ids: torch.LongTensor, target_features: torch.Tensor | None = None, hidden: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+        cache: tuple[torch.Tensor, torch.Tensor] | None = None, use_cache: bool = False, compute_logits: bool = True, **kwargs,
+    ) -> EagleOutput:  # fmt: skip
         """Rows ``(B, T)``: row j pairs token ``input_ids[:, j]`` (x_{j+1}) with ``target_features[:, j]`` (f_j) or,
         drafting deeper, the drafter's own output ``hidden[:, j]``. ``attention_mask``: an additive float mask
         ``(B or 1, 1, T, past + T)``; None is causal (no past). Returns the predicted features and logits."""

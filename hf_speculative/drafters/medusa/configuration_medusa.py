@@ -53,17 +53,12 @@ class MedusaConfig(TreeDrafterConfig):
     """
 
     model_type = "medusa_heads"
+    choices_field = "medusa_choices"
 
     def __init__(
-        self,
-        hidden_size: int = 4096,
-        vocab_size: int = 32000,
-        num_heads: int = 4,
-        num_layers: int = 1,
-        share_lm_head: bool = True,
-        medusa_choices: list[list[int]] | None = None,
-        **kwargs,
-    ):
+        self, hidden_size: int = 4096, vocab_size: int = 32000, num_heads: int = 4, num_layers: int = 1,
+        share_lm_head: bool = True, medusa_choices: list[list[int]] | None = None, **kwargs,
+    ):  # fmt: skip
         if num_heads < 1 or num_layers < 0:
             raise ValueError(f"MedusaConfig needs num_heads >= 1 and num_layers >= 0, got {num_heads}, {num_layers}")
         self.num_heads = num_heads
@@ -71,13 +66,5 @@ class MedusaConfig(TreeDrafterConfig):
         self.share_lm_head = share_lm_head
         if medusa_choices is None:
             medusa_choices = default_medusa_choices(num_heads)
-        tree = TreeSpec.from_choices(medusa_choices)  # validates
-        if tree.depth > num_heads:
-            raise ValueError(f"medusa_choices is {tree.depth} deep but there are only {num_heads} heads")
-        self.medusa_choices = tree.to_list()
+        self._set_choices(medusa_choices, num_heads, f"there are only {num_heads} heads")
         super().__init__(hidden_size=hidden_size, vocab_size=vocab_size, **kwargs)
-
-    @property
-    def tree(self) -> TreeSpec:
-        """The draft tree of `medusa_choices`."""
-        return TreeSpec.from_choices(self.medusa_choices)

@@ -12,8 +12,6 @@ one step returns the hidden state of the last accepted node, whose ``lm_head`` o
 
 from __future__ import annotations
 
-import functools
-
 from dataclasses import dataclass
 
 import torch
@@ -24,10 +22,9 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from ...trees import DraftTree, TreeSpec
-from ..base import DraftingOptions, TreeDrafter, final_hidden_state, output_embeddings, tree_from_depth_logits, vocab_logits
-from ..cost_aware import cost_aware_tree
+from ..base import DraftingOptions, final_hidden_state, tree_from_depth_logits, vocab_logits
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
-from ..modeling_drafter import DrafterModel, base_model_name
+from ..modeling_drafter import DepthTreeDrafter, DrafterModel
 from .configuration_medusa import MedusaConfig
 
 __all__ = ["MedusaResBlock", "MedusaHead", "MedusaHeadsModel", "MedusaOutput", "MedusaDrafter", "final_hidden_state"]
@@ -103,16 +100,8 @@ class MedusaHeadsModel(DraftVocabMixin, MedusaPreTrainedModel):
         cls, model: PreTrainedModel, num_heads: int = 4, num_layers: int = 1, share_lm_head: bool = True, **config_kwargs
     ) -> "MedusaHeadsModel":
         """Medusa-1 init for ``model``: W1 = 0 and W2 = the base ``lm_head`` (shared or copied)."""
-        vocab, hidden = output_embeddings(model, cls.__name__).weight.shape
-        config = MedusaConfig(
-            base_model_name_or_path=base_model_name(model),
-            hidden_size=hidden,
-            vocab_size=vocab,
-            num_heads=num_heads,
-            num_layers=num_layers,
-            share_lm_head=share_lm_head,
-            **config_kwargs,
-        )
+        fields = cls._base_model_fields(model)
+        config = MedusaConfig(num_heads=num_heads, num_layers=num_layers, share_lm_head=share_lm_head, **fields, **config_kwargs)
         return cls._from_base_config(model, config)
 
     def _init_from_base_model(self, model: PreTrainedModel) -> None:
@@ -183,7 +172,7 @@ class MedusaHeadsModel(DraftVocabMixin, MedusaPreTrainedModel):
         return MedusaDrafter(self, target=target)
 
 
-class MedusaDrafter(TreeDrafter):
+class MedusaDrafter(DepthTreeDrafter):
     """Fills a static tree from the Medusa heads' predictions at the last accepted node.
 
     Greedy: the node at depth d with rank i gets head (d-1)'s i-th most likely token, whatever its parent
@@ -192,19 +181,12 @@ class MedusaDrafter(TreeDrafter):
     """
 
     needs_target_hidden_states = True
+    accuracy_key = "head_top_i_accuracy"
 
     def __init__(self, heads: MedusaHeadsModel, draft_sampling: str = "without_replacement", target: PreTrainedModel | None = None):
-        config = heads.config
         self.heads = heads
-        self.max_depth = config.num_heads
-        self.batch_tree = functools.partial(cost_aware_tree, config.tree, config, "head_top_i_accuracy", target, self.draft_cost, config.num_heads)
-        self.default_tree = self.batch_tree(batch_size=1)
-        self.acceptance = config.acceptance
-        self.posterior_threshold = config.posterior_threshold
-        self.posterior_alpha = config.posterior_alpha
-        self.vocab_size = config.vocab_size
-        self.draft_sampling = draft_sampling
         self.hidden: torch.Tensor | None = None
+        super().__init__(heads.config, heads.config.num_heads, draft_sampling, target)
 
     def draft_cost(self, curve) -> list[float]:
         """Drafting cost per tree depth d in plain steps: d heads' vocabulary projections (one matmul over d rows

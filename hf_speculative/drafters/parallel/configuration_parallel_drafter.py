@@ -65,6 +65,7 @@ class ParallelDrafterConfig(TreeDrafterConfig):
     """
 
     model_type = "parallel_drafter"
+    choices_field = "parallel_choices"
 
     def __init__(
         self,
@@ -100,16 +101,8 @@ class ParallelDrafterConfig(TreeDrafterConfig):
         self.init_layer = init_layer
         if parallel_choices is None:
             parallel_choices = default_parallel_choices(num_mask_tokens)
-        tree = TreeSpec.from_choices(parallel_choices)  # validates
-        if tree.depth > num_mask_tokens + 1:
-            raise ValueError(f"parallel_choices is {tree.depth} deep but {num_mask_tokens} mask tokens fill at most {num_mask_tokens + 1} levels")
-        self.parallel_choices = tree.to_list()
+        self._set_choices(parallel_choices, num_mask_tokens + 1, f"{num_mask_tokens} mask tokens fill at most {num_mask_tokens + 1} levels")
         super().__init__(hidden_size=hidden_size, vocab_size=vocab_size, **kwargs)
-
-    @property
-    def tree(self) -> TreeSpec:
-        """The draft tree of `parallel_choices`."""
-        return TreeSpec.from_choices(self.parallel_choices)
 
     def decoder(self) -> PretrainedConfig:
         """The config of the drafter's decoder stack: the target's, with ``num_layers`` layers, no embedding

@@ -17,8 +17,6 @@ With ``use_target_hidden_states`` (Sec. 4.3, the EAGLE-style integration) a cont
 
 from __future__ import annotations
 
-import functools
-
 from dataclasses import dataclass
 
 import torch
@@ -32,16 +30,13 @@ from ...cache import full_length_cache
 from ...trees import DraftTree, TreeSpec
 from ..base import (
     DraftingOptions,
-    TreeDrafter,
     final_hidden_state,
     input_embeddings,
-    output_embeddings,
     tree_from_depth_logits,
     vocab_logits,
 )
-from ..modeling_drafter import DrafterModel, base_model_name
-from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
+from ..modeling_drafter import DepthTreeDrafter, DrafterModel
 from .configuration_parallel_drafter import ParallelDrafterConfig
 
 __all__ = ["ParallelDrafter", "ParallelDrafterOutput", "ParallelTreeDrafter"]
@@ -98,32 +93,19 @@ class ParallelDrafter(DraftVocabMixin, ParallelDrafterPreTrainedModel):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_base_model(
-        cls,
-        model: PreTrainedModel,
-        num_mask_tokens: int = 4,
-        num_layers: int = 1,
-        init_layer: int = -1,
-        use_target_hidden_states: bool = False,
-        **config_kwargs,
-    ) -> "ParallelDrafter":
+        cls, model: PreTrainedModel, num_mask_tokens: int = 4, num_layers: int = 1, init_layer: int = -1,
+        use_target_hidden_states: bool = False, **config_kwargs,
+    ) -> "ParallelDrafter":  # fmt: skip
         """A drafter for ``model``: its decoder layers copied from the target's layers ending at ``init_layer``
         (default: the last ``num_layers``), its final norm from the target's, the mask embeddings set to the
         mean token embedding plus small noise."""
-        vocab, hidden = output_embeddings(model, cls.__name__).weight.shape
-        total = len(getattr(model, model.base_model_prefix).layers)
-        last = init_layer % total
+        fields = cls._base_model_fields(model)
+        last = init_layer % len(getattr(model, model.base_model_prefix).layers)
         if last + 1 < num_layers:
             raise ValueError(f"init_layer={init_layer} leaves fewer than num_layers={num_layers} target layers to copy")
         config = ParallelDrafterConfig(
-            base_model_name_or_path=base_model_name(model),
-            decoder_config=model.config.to_dict(),
-            hidden_size=hidden,
-            vocab_size=vocab,
-            num_mask_tokens=num_mask_tokens,
-            num_layers=num_layers,
-            use_target_hidden_states=use_target_hidden_states,
-            init_layer=last,
-            **config_kwargs,
+            decoder_config=model.config.to_dict(), num_mask_tokens=num_mask_tokens, num_layers=num_layers,
+            use_target_hidden_states=use_target_hidden_states, init_layer=last, **fields, **config_kwargs,
         )
         return cls._from_base_config(model, config)
 
@@ -210,7 +192,7 @@ class ParallelDrafter(DraftVocabMixin, ParallelDrafterPreTrainedModel):
         return ParallelTreeDrafter(self, target=target)
 
 
-class ParallelTreeDrafter(TreeDrafter):
+class ParallelTreeDrafter(DepthTreeDrafter):
     """One drafter forward per step over ``[uncached committed tokens, MASK_1 .. MASK_k]`` fills the tree.
 
     Greedy: the node at depth d with rank i gets the i-th most likely token of distribution d (whatever its
@@ -219,21 +201,13 @@ class ParallelTreeDrafter(TreeDrafter):
     """
 
     def __init__(self, drafter: ParallelDrafter, draft_sampling: str = "without_replacement", target: PreTrainedModel | None = None):
-        config = drafter.config
         self.drafter = drafter
-        self.k = config.num_mask_tokens
-        self.max_depth = config.num_mask_tokens + 1
+        self.k = drafter.config.num_mask_tokens
         self.target_layers = getattr(getattr(target, "config", None), "num_hidden_layers", None)
-        self.batch_tree = functools.partial(cost_aware_tree, config.tree, config, "depth_top_i_accuracy", target, self.draft_cost, self.max_depth)
-        self.default_tree = self.batch_tree(batch_size=1)
-        self.acceptance = config.acceptance
-        self.posterior_threshold = config.posterior_threshold
-        self.posterior_alpha = config.posterior_alpha
-        self.vocab_size = config.vocab_size
-        self.needs_target_hidden_states = bool(config.use_target_hidden_states)
-        self.draft_sampling = draft_sampling
+        self.needs_target_hidden_states = bool(drafter.config.use_target_hidden_states)
         self.cache: DynamicCache | None = None
         self.target_hidden: torch.Tensor | None = None  # (positions, H): the target's final hidden state per position
+        super().__init__(drafter.config, self.k + 1, draft_sampling, target)
 
     def draft_cost(self, curve) -> list[float]:
         """Drafting cost per tree depth d in plain steps: the drafter's forward over about k + 2 tokens (its

@@ -35,11 +35,11 @@ from transformers.utils import ModelOutput
 
 from ...trees import DraftTree, DynamicTree, TreeSpec
 from ..base import (
-    ChainTreeFiller, DraftingOptions, TreeDrafter, output_embeddings, sparse_visibility, streaming_keep, vocab_logits,
+    ChainTreeFiller, DraftingOptions, TreeDrafter, sparse_visibility, streaming_keep, vocab_logits,
 )
 from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
-from ..modeling_drafter import DrafterModel, base_model_name, decoder_layer_fields, text_config
+from ..modeling_drafter import DrafterModel, decoder_layer_fields, text_config
 from .configuration_spire import SpireConfig, chain_with_alternatives
 
 __all__ = ["SpireDrafter", "SpireTreeDrafter", "SpireOutput", "sparse_visibility", "SpirePreTrainedModel"]
@@ -159,7 +159,6 @@ class SpireDrafter(DraftVocabMixin, SpirePreTrainedModel):
     ) -> "SpireDrafter":  # fmt: skip
         """SPIRe's pruned initialization (Sec. 3.2): copies of the target's decoder ``layers`` (default its last
         ``num_layers``) and final norm; the target's embeddings and ``lm_head`` are shared."""
-        vocab, hidden = output_embeddings(model, cls.__name__).weight.shape
         tc = text_config(model)
         L = tc.num_hidden_layers
         layers = list(range(L - num_layers, L)) if layers is None else [int(i) for i in layers]
@@ -168,9 +167,9 @@ class SpireDrafter(DraftVocabMixin, SpirePreTrainedModel):
         qkv_bias = getattr(model, model.base_model_prefix).layers[0].self_attn.q_proj.bias is not None
         config = SpireConfig(
             target_layers=layers, target_num_layers=L, sliding_window=sliding_window, num_sink_tokens=num_sink_tokens,
-            hidden_size=hidden, vocab_size=vocab, num_hidden_layers=len(layers), qkv_bias=qkv_bias,
-            attention_bias=bool(getattr(tc, "attention_bias", False)), base_model_name_or_path=base_model_name(model),
-            initializer_range=getattr(tc, "initializer_range", 0.02), **decoder_layer_fields(model), **config_kwargs,
+            num_hidden_layers=len(layers), qkv_bias=qkv_bias, attention_bias=bool(getattr(tc, "attention_bias", False)),
+            initializer_range=getattr(tc, "initializer_range", 0.02), **cls._base_model_fields(model),
+            **decoder_layer_fields(model), **config_kwargs,
         )  # fmt: skip
         return cls._from_base_config(model, config)
 

@@ -50,7 +50,7 @@ from ...trees import DraftTree, TreeSpec
 from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits, vocab_logits
 from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
-from ..modeling_drafter import DrafterModel, base_model_name
+from ..modeling_drafter import DrafterModel
 from ..placement import match_target
 from .configuration_speculative_streaming import LORA_TARGET_MODULES, SpeculativeStreamingConfig
 
@@ -300,9 +300,8 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
             num_streams=num_streams,
             num_msa_layers=num_msa_layers,
             mode=mode,
-            base_model_name_or_path=base_model_name(model),
             base_architecture=arch,
-            **{**base_config, **config_kwargs},
+            **{**base_config, **cls._base_model_fields(model), **config_kwargs},
         )
         return cls._from_base_config(model, config)
 
