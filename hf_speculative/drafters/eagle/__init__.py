@@ -6,18 +6,9 @@ from .configuration_eagle import EagleConfig, eagle3_feature_layers
 from .modeling_eagle import EagleDrafter, EagleOutput, EagleTreeDrafter, load_public_checkpoint
 
 __all__ = [
-    "EagleConfig",
-    "EagleDrafter",
-    "EagleOutput",
-    "EagleTreeDrafter",
-    "eagle3_feature_layers",
-    "load_public_checkpoint",
-    "EagleDataset",
-    "EagleCollator",
-    "EagleTrainer",
-    "eagle_loss",
-    "train_eagle",
-]
+    "EagleConfig", "EagleDrafter", "EagleOutput", "EagleTreeDrafter", "eagle3_feature_layers", "load_public_checkpoint",
+    "EagleDataset", "EagleCollator", "EagleTrainer", "eagle_loss", "train_eagle",
+]  # fmt: skip
 
 __getattr__ = lazy_getattr(__name__, {
     "training_eagle": ("EagleDataset", "EagleCollator", "EagleTrainer", "eagle_loss", "train_eagle"),
