@@ -40,6 +40,9 @@ LAYERS = [
     ("hf_speculative.decoding", 1),
     ("hf_speculative.generation", 1),
     ("hf_speculative.drafters", 2),  # the method drafters (medusa, parallel, streaming, ...)
+    ("hf_speculative.drafters.modeling_drafter", 2),  # the method drafters' PreTrainedModel base (target plumbing)
+    ("hf_speculative.drafters.configuration_drafter", 2),  # the config fields the method drafters share
+    ("hf_speculative.drafters.lazy", 2),  # the method drafter packages' lazy import of their training code
     ("hf_speculative.training", 2),
     ("hf_speculative.bench", 3),
     ("hf_speculative.downstream", 3),  # task fine-tuning arms: training + bench metrics and reference

@@ -7,6 +7,7 @@ from __future__ import annotations
 from transformers import LlamaConfig
 
 from ...trees import DynamicTree, TreeSpec
+from ..configuration_drafter import DrafterConfigMixin
 
 __all__ = ["EagleConfig", "eagle3_feature_layers", "VARIANTS"]
 
@@ -22,9 +23,10 @@ def eagle3_feature_layers(num_target_layers: int) -> list[int]:
     return [min(2, L - 1), L // 2, max(L - 3, 0)]
 
 
-class EagleConfig(LlamaConfig):
+class EagleConfig(DrafterConfigMixin, LlamaConfig):
     r"""Configuration of an `EagleDrafter`: the fields of a `LlamaConfig` (the drafter's one decoder layer, as the
-    public checkpoints' ``config.json`` writes them) plus the EAGLE settings.
+    public checkpoints' ``config.json`` writes them) plus the EAGLE settings and those of `DrafterConfigMixin`
+    (``base_model_name_or_path``, ``draft_vocab_size``: for EAGLE-3 as below).
 
     Args:
         variant (`str`, defaults to `"eagle3"`):
@@ -44,7 +46,6 @@ class EagleConfig(LlamaConfig):
         target_hidden_size (`int`, *optional*): the width of one target feature (default ``hidden_size``).
         fc_bias (`bool`, defaults to `False`): whether ``fc`` has a bias (EAGLE-1's Vicuna/LLaMA-2 checkpoints do).
         qkv_bias (`bool`, *optional*): biases on q/k/v (Qwen2-style); default ``attention_bias``.
-        base_model_name_or_path (`str`, *optional*): the target the drafter was built for.
         total_tokens, tree_depth, tree_top_k (`int`, default 24, 5, 4):
             EAGLE-2's dynamic tree (Sec. 4): expand the ``tree_top_k`` best nodes per depth down to ``tree_depth``,
             keep the ``total_tokens`` nodes of highest path confidence. The drafter's default tree.
@@ -78,7 +79,6 @@ class EagleConfig(LlamaConfig):
         if variant not in VARIANTS:
             raise ValueError(f"EagleConfig.variant must be one of {VARIANTS}, got {variant!r}")
         self.variant = variant
-        self.draft_vocab_size = draft_vocab_size
         self.target_layers = None if target_layers is None else [int(i) for i in target_layers]
         if self.target_layers is not None and len(self.target_layers) != (3 if variant == "eagle3" else 1):
             raise ValueError(f"{variant} reads {3 if variant == 'eagle3' else 1} target layers, got target_layers={target_layers}")
@@ -86,16 +86,14 @@ class EagleConfig(LlamaConfig):
         self.target_hidden_size = target_hidden_size
         self.fc_bias = bool(fc_bias)
         self.qkv_bias = qkv_bias
-        self.base_model_name_or_path = base_model_name_or_path
         self.total_tokens, self.tree_depth, self.tree_top_k = int(total_tokens), int(tree_depth), int(tree_top_k)
         self.tree_choices = None if tree_choices is None else TreeSpec.from_choices(tree_choices).to_list()
         self.feature_noise = float(feature_noise)
-        kwargs.setdefault("tie_word_embeddings", False)
         for key in ("bos_token_id", "eos_token_id"):
             kwargs.setdefault(key, None)
-        super().__init__(num_hidden_layers=num_hidden_layers, **kwargs)
-        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
-            raise ValueError(f"draft_vocab_size must be in 1..vocab_size ({self.vocab_size}), got {self.draft_vocab_size}")
+        super().__init__(
+            num_hidden_layers=num_hidden_layers, base_model_name_or_path=base_model_name_or_path, draft_vocab_size=draft_vocab_size, **kwargs
+        )
 
     @property
     def is_eagle3(self) -> bool:

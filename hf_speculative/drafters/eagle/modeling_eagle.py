@@ -29,17 +29,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
-from transformers import initialization as init
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 from transformers.utils import ModelOutput
 
 from ..._compat import takes_cache
-from ...hub import resolve_name_or_path
 from ...trees import DraftTree, DynamicTree, TreeSpec
 from ..base import DraftingOptions, TreeDrafter, fill_children, input_embeddings, output_embeddings
 from ...logits import vocab_logits
-from ..hub import DrafterHubMixin
-from ..placement import match_target
+from ..modeling_drafter import DrafterModel, decoder_layer_fields, text_config
 from .configuration_eagle import EagleConfig
 
 __all__ = [
@@ -126,23 +123,11 @@ class EagleDecoderLayer(nn.Module):
         return self.finish(hidden, self.self_attn.attend(q, k, v, mask)), (k, v)
 
 
-class EaglePreTrainedModel(DrafterHubMixin, PreTrainedModel):
+class EaglePreTrainedModel(DrafterModel):
     config_class = EagleConfig
     base_model_prefix = "eagle"
     main_input_name = "input_ids"
     _supports_sdpa = True
-
-    @torch.no_grad()
-    def _init_weights(self, module):
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, LlamaRMSNorm):
-            init.ones_(module.weight)
-        else:
-            super()._init_weights(module)
 
 
 class EagleDrafter(EaglePreTrainedModel):
@@ -171,8 +156,6 @@ class EagleDrafter(EaglePreTrainedModel):
             self.fc = nn.Linear(2 * H, H, bias=config.fc_bias)
             self.layers = nn.ModuleList([EagleDecoderLayer(config, eagle3=False)])
         self.rotary_emb = LlamaRotaryEmbedding(config)
-        self.__dict__["base_embeddings"] = None  # shared with the target: never saved, moved or trained here
-        self.__dict__["base_lm_head"] = None
         self.__dict__["num_target_layers"] = config.target_num_layers
         self.post_init()
 
@@ -186,30 +169,17 @@ class EagleDrafter(EaglePreTrainedModel):
         from the target's last decoder layer, ``fc`` as [0 ; I] (the feature passes through) for EAGLE-1/2, and
         EAGLE-3's ``lm_head`` and ``norm`` from the target's (on the ``draft_vocab_size`` lowest ids until
         `set_draft_vocab` picks the frequent ones)."""
-        input_embeddings(model, "an EagleDrafter")  # a clear TypeError when the target has no token embeddings
-        lm_head = output_embeddings(model, "an EagleDrafter")
-        vocab, hidden = lm_head.weight.shape
-        tc = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        fields = {k: getattr(tc, k) for k in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "hidden_act",
-                                              "rms_norm_eps", "max_position_embeddings", "head_dim") if getattr(tc, k, None) is not None}  # fmt: skip
-        rope = getattr(tc, "rope_parameters", None)
-        if rope:
-            fields["rope_parameters"] = dict(rope)
+        input_embeddings(model, cls.__name__)  # a clear TypeError when the target has no token embeddings
+        tc = text_config(model)
         qkv_bias = bool(getattr(tc, "attention_bias", False)) or tc.model_type in ("qwen2",)
         config = EagleConfig(
-            variant=variant, hidden_size=hidden, vocab_size=vocab, draft_vocab_size=draft_vocab_size,
-            target_num_layers=tc.num_hidden_layers, qkv_bias=qkv_bias,
-            base_model_name_or_path=getattr(model.config, "_name_or_path", None) or None,
-            initializer_range=getattr(tc, "initializer_range", 0.02), **fields, **config_kwargs,
+            variant=variant, draft_vocab_size=draft_vocab_size, target_num_layers=tc.num_hidden_layers, qkv_bias=qkv_bias,
+            initializer_range=getattr(tc, "initializer_range", 0.02), **cls._base_model_fields(model),
+            **decoder_layer_fields(model), **config_kwargs,
         )  # fmt: skip
-        drafter = cls(config).to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
-        if init_from_target:
-            drafter._init_from_target(model)
-        drafter.attach_base_model(model)
-        return drafter.eval()
+        return cls._from_base_config(model, config, init_from_base=init_from_target)
 
-    @torch.no_grad()
-    def _init_from_target(self, model) -> None:
+    def _init_from_base_model(self, model: PreTrainedModel) -> None:
         base = getattr(model, model.base_model_prefix)
         last = base.layers[-1]
         layer = self.midlayer if self.config.is_eagle3 else self.layers[0]
@@ -235,45 +205,29 @@ class EagleDrafter(EaglePreTrainedModel):
                 self.fc.bias.zero_()
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, base_model: PreTrainedModel | None = None, **kwargs) -> "EagleDrafter":
+    def _load_checkpoint(cls, path, *args, **kwargs) -> "EagleDrafter":
         """Our checkpoints (``model_type: eagle_drafter``) through `PreTrainedModel.from_pretrained`; a public
         EAGLE-1/2/3 checkpoint folder (its ``config.json`` a `LlamaConfig`, weights in ``pytorch_model.bin`` or
-        safetensors) through `load_public_checkpoint`. ``base_model=`` attaches the target at once."""
-        path = resolve_name_or_path(pretrained_model_name_or_path, what="EagleDrafter")
+        safetensors) through `load_public_checkpoint`."""
         config_file = Path(path) / "config.json"
         if config_file.is_file() and json.loads(config_file.read_text()).get("model_type") != EagleConfig.model_type:
-            drafter = load_public_checkpoint(path, dtype=kwargs.get("dtype"))
-        else:
-            drafter = super().from_pretrained(path, *args, **kwargs)
-        if base_model is not None:
-            drafter.attach_base_model(base_model)
-        return drafter.eval()
+            return load_public_checkpoint(path, dtype=kwargs.get("dtype"))
+        return super()._load_checkpoint(path, *args, **kwargs)
 
     def attach_base_model(self, model: PreTrainedModel) -> None:
-        """Check the target's shapes and share its (frozen) token embeddings and ``lm_head``. Moves the drafter to the
-        target's dtype and device (`hf_speculative.drafters.placement.match_target`)."""
-        emb, lm_head = input_embeddings(model, "an EagleDrafter"), output_embeddings(model, "an EagleDrafter")
-        vocab, hidden = lm_head.weight.shape
-        feature = self.config.target_hidden_size or self.config.hidden_size
-        if vocab != self.config.vocab_size or hidden != feature or emb.weight.shape[1] != self.config.hidden_size:
-            raise ValueError(
-                f"this EagleDrafter was built for hidden_size={feature}, vocab_size={self.config.vocab_size} but the "
-                f"target has hidden_size={hidden}, vocab_size={vocab}"
-            )
-        tc = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        self.__dict__["base_embeddings"] = emb
-        self.__dict__["base_lm_head"] = lm_head
-        self.__dict__["num_target_layers"] = tc.num_hidden_layers
+        """`DrafterModel.attach_base_model`, and the target's number of layers (EAGLE-3 reads three of them)."""
+        super().attach_base_model(model)
+        num_layers = text_config(model).num_hidden_layers
+        self.__dict__["num_target_layers"] = num_layers
         if self.config.target_num_layers is None:
-            self.config.target_num_layers = tc.num_hidden_layers
-        match_target(self, model)
+            self.config.target_num_layers = num_layers
 
-    def _require_base(self):
-        if self.base_embeddings is None or self.base_lm_head is None:
-            raise ValueError(
-                "this EagleDrafter shares the target's embeddings, which are not attached: use "
-                "EagleDrafter.from_pretrained(path, base_model=model) or drafter.attach_base_model(model)"
-            )
+    def _shape_checks(self, model: PreTrainedModel) -> dict[str, tuple[int, int]]:
+        vocab, hidden = output_embeddings(model, type(self).__name__).weight.shape
+        width = input_embeddings(model, type(self).__name__).weight.shape[1]
+        feature = self.config.target_hidden_size or self.config.hidden_size
+        return {"hidden_size": (feature, hidden), "vocab_size": (self.config.vocab_size, vocab),
+                "embedding_size": (self.config.hidden_size, width)}  # fmt: skip
 
     # ------------------------------------------------------------------ draft vocabulary (EAGLE-3)
     def _set_d2t(self, draft_ids: torch.Tensor) -> None:
@@ -347,17 +301,10 @@ class EagleDrafter(EaglePreTrainedModel):
 
     @takes_cache
     def forward(
-        self,
-        input_ids: torch.LongTensor,
-        target_features: torch.Tensor | None = None,
-        hidden: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        cache: tuple[torch.Tensor, torch.Tensor] | None = None,
-        use_cache: bool = False,
-        compute_logits: bool = True,
-        **kwargs,
-    ) -> EagleOutput:
+        self, input_ids: torch.LongTensor, target_features: torch.Tensor | None = None, hidden: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+        cache: tuple[torch.Tensor, torch.Tensor] | None = None, use_cache: bool = False, compute_logits: bool = True, **kwargs,
+    ) -> EagleOutput:  # fmt: skip
         """Rows ``(B, T)``: row j pairs token ``input_ids[:, j]`` (x_{j+1}) with ``target_features[:, j]`` (f_j) or,
         drafting deeper, the drafter's own output ``hidden[:, j]``. ``attention_mask``: an additive float mask
         ``(B or 1, 1, T, past + T)``; None is causal (no past). Returns the predicted features and logits."""
@@ -377,9 +324,7 @@ class EagleDrafter(EaglePreTrainedModel):
         return EagleOutput(hidden_states=out, logits=logits, cache=kv if use_cache else None)
 
     # ------------------------------------------------------------------ drafting
-    def get_tree_drafter(self, target: PreTrainedModel) -> "EagleTreeDrafter":
-        """The per-call drafter the engine uses for ``target.generate(assistant_model=self)``."""
-        self.attach_base_model(target)
+    def _tree_drafter(self, target: PreTrainedModel) -> "EagleTreeDrafter":
         return EagleTreeDrafter(self)
 
 

@@ -3,9 +3,8 @@ Multiple Decoding Heads", 2024, https://arxiv.org/abs/2401.10774)."""
 
 from __future__ import annotations
 
-from transformers import PretrainedConfig
-
 from ...trees import TreeSpec
+from ..configuration_drafter import TreeDrafterConfig
 
 __all__ = ["MedusaConfig", "default_medusa_choices"]
 
@@ -21,17 +20,19 @@ def default_medusa_choices(num_heads: int, num_nodes: int = 24) -> list[list[int
     return TreeSpec.optimize(prior, num_nodes).to_list()
 
 
-class MedusaConfig(PretrainedConfig):
+class MedusaConfig(TreeDrafterConfig):
     r"""Configuration of a `MedusaHeadsModel`: K Medusa heads on the last hidden state of a base model.
 
     Head k (0-based) reads the base model's final hidden state ``h_t`` (after the final norm, the state the
     base ``lm_head`` consumes) and predicts the token at position ``t + k + 2``: the base ``lm_head``
     predicts ``t + 1``, head 0 the token after it, and so on (Medusa Sec. 2.1.1).
 
+    The fields of `TreeDrafterConfig` and `DrafterConfigMixin` come with it: the target (``base_model_name_or_path``),
+    an FR-Spec ``draft_vocab_size``, the acceptance settings, ``initializer_range`` (the init of a head's own W2 when
+    it is not copied from a base ``lm_head``) and ``cost_aware_tree`` (on ``calibration["head_top_i_accuracy"]``,
+    written by `calibrate_tree`).
+
     Args:
-        base_model_name_or_path (`str`, *optional*):
-            Name or path of the base model the heads were trained on (recorded for the model card and for
-            users; the heads never load it themselves).
         hidden_size (`int`, defaults to 4096):
             Hidden size of the base model.
         vocab_size (`int`, defaults to 32000):
@@ -49,75 +50,21 @@ class MedusaConfig(PretrainedConfig):
             The static draft tree as Medusa-style paths of top-i indices (see `TreeSpec.from_choices`).
             Defaults to `default_medusa_choices(num_heads)`; `calibrate_tree` replaces it with the tree built
             from measured head accuracies (Medusa Sec. 2.3.3).
-        acceptance (`str`, defaults to `"exact"`):
-            `"exact"`: lossless rejection sampling when sampling (greedy decoding is always exact).
-            `"typical"`: Medusa's typical acceptance (Sec. 2.3.1) when sampling; lossy, faster at high
-            temperature.
-        posterior_threshold (`float`, defaults to 0.09):
-            Typical acceptance's hard threshold epsilon.
-        posterior_alpha (`float`, defaults to 0.3):
-            Typical acceptance's entropy-dependent threshold factor alpha (``alpha * exp(-H(p))``).
-        initializer_range (`float`, defaults to 0.02):
-            Std of the normal init of a head's own W2 when it is not copied from a base ``lm_head``.
-        draft_vocab_size (`int`, *optional*):
-            FR-Spec's truncated draft vocabulary: when drafting, the heads project onto only these K tokens (the
-            most frequent of the training data, `MedusaHeadsModel.set_draft_vocab`; their target ids are the
-            ``draft_to_target`` buffer saved with the weights). Verification keeps the full vocabulary, so the
-            output does not change. `None` (default): the full vocabulary.
-        cost_aware_tree (`bool`, defaults to `True`):
-            With a calibration (``calibration["head_top_i_accuracy"]``, written by `calibrate_tree`), the default
-            tree is the one with the best expected tau per unit of cost on the target's measured cost curve
-            (`hf_speculative.drafters.cost_aware`); `False` keeps ``medusa_choices``. The environment variable
-            ``HF_SPECULATIVE_COST_AWARE=0`` turns it off everywhere.
     """
 
     model_type = "medusa_heads"
+    choices_field = "medusa_choices"
 
     def __init__(
-        self,
-        base_model_name_or_path: str | None = None,
-        hidden_size: int = 4096,
-        vocab_size: int = 32000,
-        num_heads: int = 4,
-        num_layers: int = 1,
-        share_lm_head: bool = True,
-        medusa_choices: list[list[int]] | None = None,
-        acceptance: str = "exact",
-        posterior_threshold: float = 0.09,
-        posterior_alpha: float = 0.3,
-        initializer_range: float = 0.02,
-        draft_vocab_size: int | None = None,
-        cost_aware_tree: bool = True,
-        **kwargs,
-    ):
+        self, hidden_size: int = 4096, vocab_size: int = 32000, num_heads: int = 4, num_layers: int = 1,
+        share_lm_head: bool = True, medusa_choices: list[list[int]] | None = None, **kwargs,
+    ):  # fmt: skip
         if num_heads < 1 or num_layers < 0:
             raise ValueError(f"MedusaConfig needs num_heads >= 1 and num_layers >= 0, got {num_heads}, {num_layers}")
-        if acceptance not in ("exact", "typical"):
-            raise ValueError(f"MedusaConfig.acceptance must be 'exact' or 'typical', got {acceptance!r}")
-        self.base_model_name_or_path = base_model_name_or_path
-        self.hidden_size = hidden_size
-        self.vocab_size = vocab_size
         self.num_heads = num_heads
         self.num_layers = num_layers
         self.share_lm_head = share_lm_head
         if medusa_choices is None:
             medusa_choices = default_medusa_choices(num_heads)
-        tree = TreeSpec.from_choices(medusa_choices)  # validates
-        if tree.depth > num_heads:
-            raise ValueError(f"medusa_choices is {tree.depth} deep but there are only {num_heads} heads")
-        self.medusa_choices = tree.to_list()
-        self.acceptance = acceptance
-        self.posterior_threshold = posterior_threshold
-        self.posterior_alpha = posterior_alpha
-        self.initializer_range = initializer_range
-        if draft_vocab_size is not None and not 1 <= draft_vocab_size <= vocab_size:
-            raise ValueError(f"draft_vocab_size must be in 1..vocab_size ({vocab_size}), got {draft_vocab_size}")
-        self.draft_vocab_size = draft_vocab_size
-        self.cost_aware_tree = cost_aware_tree
-        kwargs.setdefault("tie_word_embeddings", False)
-        super().__init__(**kwargs)
-
-    @property
-    def tree(self) -> TreeSpec:
-        """The draft tree of `medusa_choices`."""
-        return TreeSpec.from_choices(self.medusa_choices)
+        self._set_choices(medusa_choices, num_heads, f"there are only {num_heads} heads")
+        super().__init__(hidden_size=hidden_size, vocab_size=vocab_size, **kwargs)

@@ -12,8 +12,6 @@ one step returns the hidden state of the last accepted node, whose ``lm_head`` o
 
 from __future__ import annotations
 
-import functools
-
 from dataclasses import dataclass
 
 import torch
@@ -23,14 +21,11 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.utils import ModelOutput
 
-from ...hub import resolve_name_or_path
 from ...trees import DraftTree, TreeSpec
-from ..base import DraftingOptions, TreeDrafter, final_hidden_state, output_embeddings, tree_from_depth_logits
+from ..base import DraftingOptions, final_hidden_state, tree_from_depth_logits
 from ...logits import vocab_logits
-from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
-from ..hub import DrafterHubMixin
-from ..placement import match_target
+from ..modeling_drafter import DepthTreeDrafter, DrafterModel
 from .configuration_medusa import MedusaConfig
 
 __all__ = ["MedusaResBlock", "MedusaHead", "MedusaHeadsModel", "MedusaOutput", "MedusaDrafter", "final_hidden_state"]
@@ -71,7 +66,7 @@ class MedusaOutput(ModelOutput):
     logits: torch.Tensor | None = None
 
 
-class MedusaPreTrainedModel(DrafterHubMixin, PreTrainedModel):
+class MedusaPreTrainedModel(DrafterModel):
     config_class = MedusaConfig
     base_model_prefix = "medusa"
     main_input_name = "hidden_states"
@@ -97,7 +92,6 @@ class MedusaHeadsModel(DraftVocabMixin, MedusaPreTrainedModel):
     def __init__(self, config: MedusaConfig):
         super().__init__(config)
         self.heads = nn.ModuleList([MedusaHead(config) for _ in range(config.num_heads)])
-        self.__dict__["base_lm_head"] = None  # not a submodule: never saved, moved or trained with the heads
         self._init_draft_vocab()  # FR-Spec draft vocabulary (config.draft_vocab_size): target ids, saved with the weights
         self.post_init()
 
@@ -107,64 +101,34 @@ class MedusaHeadsModel(DraftVocabMixin, MedusaPreTrainedModel):
         cls, model: PreTrainedModel, num_heads: int = 4, num_layers: int = 1, share_lm_head: bool = True, **config_kwargs
     ) -> "MedusaHeadsModel":
         """Medusa-1 init for ``model``: W1 = 0 and W2 = the base ``lm_head`` (shared or copied)."""
-        lm_head = output_embeddings(model, "Medusa heads")
-        config = MedusaConfig(
-            base_model_name_or_path=getattr(model.config, "_name_or_path", None) or getattr(model, "name_or_path", None),
-            hidden_size=lm_head.weight.shape[1],
-            vocab_size=lm_head.weight.shape[0],
-            num_heads=num_heads,
-            num_layers=num_layers,
-            share_lm_head=share_lm_head,
-            **config_kwargs,
-        )
-        heads = cls(config).to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
-        heads.attach_base_model(model)
-        if not share_lm_head:
-            with torch.no_grad():
-                for head in heads.heads:
-                    head.lm_head.weight.copy_(lm_head.weight)
-        return heads.eval()
+        fields = cls._base_model_fields(model)
+        config = MedusaConfig(num_heads=num_heads, num_layers=num_layers, share_lm_head=share_lm_head, **fields, **config_kwargs)
+        return cls._from_base_config(model, config)
+
+    def _init_from_base_model(self, model: PreTrainedModel) -> None:
+        if not self.config.share_lm_head:
+            for head in self.heads:
+                head.lm_head.weight.copy_(model.get_output_embeddings().weight)
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, base_model: PreTrainedModel | None = None, **kwargs) -> "MedusaHeadsModel":
-        """`PreTrainedModel.from_pretrained`, plus ``base_model=`` to attach the shared ``lm_head`` at once. A folder
-        that does not exist raises `FileNotFoundError` at once (`hf_speculative.hub.resolve_name_or_path`).
-
-        Also reads a folder in the reference implementation's layout (FasterDecoding/Medusa: ``config.json`` with
+    def _load_checkpoint(cls, path, *args, **kwargs) -> "MedusaHeadsModel":
+        """Also reads a folder in the reference implementation's layout (FasterDecoding/Medusa: ``config.json`` with
         ``medusa_num_heads`` and ``medusa_lm_head.safetensors`` / ``.pt``; see `fasterdecoding`), as heads that
         each own their vocabulary projection (``share_lm_head=False``)."""
         from .fasterdecoding import fasterdecoding_config, read_fasterdecoding_heads
 
-        path = resolve_name_or_path(pretrained_model_name_or_path, what="Medusa heads")
-        if fasterdecoding_config(path) is not None:
-            config, state = read_fasterdecoding_heads(path)
-            dtype = kwargs.get("dtype")
-            heads = cls(config)
-            heads.load_state_dict(state)
-            heads = heads.to(dtype if isinstance(dtype, torch.dtype) else next(iter(state.values())).dtype).eval()
-        else:
-            heads = super().from_pretrained(path, *args, **kwargs)
-        if base_model is not None:
-            heads.attach_base_model(base_model)
-        return heads
-
-    def attach_base_model(self, model: PreTrainedModel) -> None:
-        """Check the base model's shapes and, with ``share_lm_head``, use its (frozen) ``lm_head``. Moves the heads to
-        the base model's dtype and device (`hf_speculative.drafters.placement.match_target`)."""
-        lm_head = output_embeddings(model, "Medusa heads")
-        vocab, hidden = lm_head.weight.shape
-        if vocab != self.config.vocab_size or hidden != self.config.hidden_size:
-            raise ValueError(
-                f"these Medusa heads were built for hidden_size={self.config.hidden_size}, vocab_size={self.config.vocab_size} "
-                f"but the base model has hidden_size={hidden}, vocab_size={vocab}"
-            )
-        if self.config.share_lm_head:
-            self.__dict__["base_lm_head"] = lm_head
-        match_target(self, model)
+        if fasterdecoding_config(path) is None:
+            return super()._load_checkpoint(path, *args, **kwargs)
+        config, state = read_fasterdecoding_heads(path)
+        dtype = kwargs.get("dtype")
+        heads = cls(config)
+        heads.load_state_dict(state)
+        return heads.to(dtype if isinstance(dtype, torch.dtype) else next(iter(state.values())).dtype)
 
     @property
-    def tree(self) -> TreeSpec:
-        return self.config.tree
+    def shared_modules(self) -> tuple[str, ...]:
+        """With ``share_lm_head`` the heads use the base ``lm_head``; they never use its token embeddings."""
+        return ("base_lm_head",) if self.config.share_lm_head else ()
 
     # ------------------------------------------------------------------ forward
     def head_states(self, hidden_states: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
@@ -179,11 +143,7 @@ class MedusaHeadsModel(DraftVocabMixin, MedusaPreTrainedModel):
         ``draft_vocab``: project onto the draft vocabulary only (-inf elsewhere) when the heads have one."""
         d2t = self.draft_to_target if draft_vocab else None
         if self.config.share_lm_head:
-            if self.base_lm_head is None:
-                raise ValueError(
-                    "these Medusa heads share the base model's lm_head, which is not attached: use "
-                    "MedusaHeadsModel.from_pretrained(folder, base_model=model) or heads.attach_base_model(model)"
-                )
+            self._require_base()
             weight = self.base_lm_head.weight
             # one matmul for all heads
             return vocab_logits(states, weight) if d2t is None else draft_vocab_logits(states, weight, d2t)
@@ -203,13 +163,11 @@ class MedusaHeadsModel(DraftVocabMixin, MedusaPreTrainedModel):
         return MedusaOutput(loss=loss, logits=logits)
 
     # ------------------------------------------------------------------ drafting
-    def get_tree_drafter(self, target: PreTrainedModel) -> "MedusaDrafter":
-        """The per-call drafter the engine uses for ``target.generate(assistant_model=self)``."""
-        self.attach_base_model(target)
+    def _tree_drafter(self, target: PreTrainedModel) -> "MedusaDrafter":
         return MedusaDrafter(self, target=target)
 
 
-class MedusaDrafter(TreeDrafter):
+class MedusaDrafter(DepthTreeDrafter):
     """Fills a static tree from the Medusa heads' predictions at the last accepted node.
 
     Greedy: the node at depth d with rank i gets head (d-1)'s i-th most likely token, whatever its parent
@@ -218,16 +176,12 @@ class MedusaDrafter(TreeDrafter):
     """
 
     needs_target_hidden_states = True
+    accuracy_key = "head_top_i_accuracy"
 
     def __init__(self, heads: MedusaHeadsModel, draft_sampling: str = "without_replacement", target: PreTrainedModel | None = None):
-        config = heads.config
         self.heads = heads
-        self.max_depth = config.num_heads
-        self.batch_tree = functools.partial(cost_aware_tree, config.tree, config, "head_top_i_accuracy", target, self.draft_cost, config.num_heads)
-        self.default_tree = self.batch_tree(batch_size=1)
-        self.vocab_size = config.vocab_size
-        self.draft_sampling = draft_sampling
         self.hidden: torch.Tensor | None = None
+        super().__init__(heads.config, heads.config.num_heads, draft_sampling, target)
 
     def draft_cost(self, curve) -> list[float]:
         """Drafting cost per tree depth d in plain steps: d heads' vocabulary projections (one matmul over d rows

@@ -6,6 +6,7 @@ from __future__ import annotations
 from transformers import AutoConfig, LlamaConfig, PretrainedConfig
 
 from ...trees import TreeSpec
+from ..configuration_drafter import TreeDrafterConfig
 
 __all__ = ["ParallelDrafterConfig", "default_parallel_choices", "MASK_LOSS_DECAY"]
 
@@ -25,7 +26,7 @@ def default_parallel_choices(num_mask_tokens: int, num_nodes: int = 12) -> list[
     return TreeSpec.optimize(prior, num_nodes).to_list()
 
 
-class ParallelDrafterConfig(PretrainedConfig):
+class ParallelDrafterConfig(TreeDrafterConfig):
     r"""Configuration of a `ParallelDrafter`: a small transformer that drafts k + 1 tokens in ONE forward pass
     from the context and k learned [MASK] tokens (ParallelSpec Sec. 3-4).
 
@@ -34,9 +35,12 @@ class ParallelDrafterConfig(PretrainedConfig):
     (frozen, never stored in its checkpoint). The input ``[x_c .. x_t, MASK_1 .. MASK_k]`` (mask j at position
     ``t + j``) yields the distributions of ``x_{t+1} .. x_{t+k+1}``: depths 1 .. k + 1 of the draft tree.
 
+    The fields of `TreeDrafterConfig` and `DrafterConfigMixin` come with it: the target (``base_model_name_or_path``),
+    an FR-Spec ``draft_vocab_size``, the acceptance settings (``"exact"`` is ParallelSpec's Algorithm 1),
+    ``initializer_range`` (the init of the mask embeddings and the fusion layer) and ``cost_aware_tree`` (on
+    ``calibration["depth_top_i_accuracy"]``).
+
     Args:
-        base_model_name_or_path (`str`, *optional*):
-            The target the drafter was built for (recorded for users and the model card).
         decoder_config (`dict`, *optional*):
             The target's config (``to_dict()``, with ``model_type``) that shapes the drafter's decoder layers,
             rotary embedding and final norm. Defaults to a small Llama config of ``hidden_size``.
@@ -58,29 +62,13 @@ class ParallelDrafterConfig(PretrainedConfig):
         parallel_choices (`list[list[int]]`, *optional*):
             The static draft tree as Medusa-style paths of top-i indices; depth d holds the ranked tokens of
             the d-th of the k + 1 distributions. Defaults to `default_parallel_choices(num_mask_tokens)`.
-        acceptance (`str`, defaults to `"exact"`):
-            `"exact"` (tree rejection sampling, ParallelSpec Algorithm 1) or `"typical"` (Medusa's, lossy)
-            when sampling; greedy decoding is always exact.
-        posterior_threshold (`float`, defaults to 0.09), posterior_alpha (`float`, defaults to 0.3):
-            Typical acceptance's settings.
-        initializer_range (`float`, defaults to 0.02):
-            Std of the normal init of the mask embeddings and the fusion layer.
-        draft_vocab_size (`int`, *optional*):
-            FR-Spec's truncated draft vocabulary: when drafting, project onto only these K tokens (the most
-            frequent of the training data, `ParallelDrafter.set_draft_vocab`; their target ids are the
-            ``draft_to_target`` buffer saved with the weights). Verification keeps the full vocabulary, so the
-            output does not change. `None` (default): the full vocabulary.
-        cost_aware_tree (`bool`, defaults to `True`):
-            With a calibration (``calibration["depth_top_i_accuracy"]``), the default tree is the one with the
-            best expected tau per unit of cost on the target's measured cost curve
-            (`hf_speculative.drafters.cost_aware`); `False` keeps ``parallel_choices``.
     """
 
     model_type = "parallel_drafter"
+    choices_field = "parallel_choices"
 
     def __init__(
         self,
-        base_model_name_or_path: str | None = None,
         decoder_config: dict | None = None,
         hidden_size: int = 576,
         vocab_size: int = 49152,
@@ -89,18 +77,10 @@ class ParallelDrafterConfig(PretrainedConfig):
         use_target_hidden_states: bool = False,
         init_layer: int | None = None,
         parallel_choices: list[list[int]] | None = None,
-        acceptance: str = "exact",
-        posterior_threshold: float = 0.09,
-        posterior_alpha: float = 0.3,
-        initializer_range: float = 0.02,
-        draft_vocab_size: int | None = None,
-        cost_aware_tree: bool = True,
         **kwargs,
     ):
         if num_mask_tokens < 1 or num_layers < 1:
             raise ValueError(f"ParallelDrafterConfig needs num_mask_tokens >= 1 and num_layers >= 1, got {num_mask_tokens}, {num_layers}")
-        if acceptance not in ("exact", "typical"):
-            raise ValueError(f"ParallelDrafterConfig.acceptance must be 'exact' or 'typical', got {acceptance!r}")
         if decoder_config is None:
             decoder_config = LlamaConfig(
                 hidden_size=hidden_size, intermediate_size=4 * hidden_size, num_attention_heads=max(1, hidden_size // 64)
@@ -114,35 +94,15 @@ class ParallelDrafterConfig(PretrainedConfig):
             raise ValueError(f"decoder_config.hidden_size={decoder_config['hidden_size']} but hidden_size={hidden_size}")
         for key in ("architectures", "_name_or_path", "transformers_version", "auto_map", "dtype", "torch_dtype"):
             decoder_config.pop(key, None)
-        self.base_model_name_or_path = base_model_name_or_path
         self.decoder_config = decoder_config
-        self.hidden_size = hidden_size
-        self.vocab_size = vocab_size
         self.num_mask_tokens = num_mask_tokens
         self.num_layers = num_layers
         self.use_target_hidden_states = use_target_hidden_states
         self.init_layer = init_layer
         if parallel_choices is None:
             parallel_choices = default_parallel_choices(num_mask_tokens)
-        tree = TreeSpec.from_choices(parallel_choices)  # validates
-        if tree.depth > num_mask_tokens + 1:
-            raise ValueError(f"parallel_choices is {tree.depth} deep but {num_mask_tokens} mask tokens fill at most {num_mask_tokens + 1} levels")
-        self.parallel_choices = tree.to_list()
-        self.acceptance = acceptance
-        self.posterior_threshold = posterior_threshold
-        self.posterior_alpha = posterior_alpha
-        self.initializer_range = initializer_range
-        if draft_vocab_size is not None and not 1 <= draft_vocab_size <= vocab_size:
-            raise ValueError(f"draft_vocab_size must be in 1..vocab_size ({vocab_size}), got {draft_vocab_size}")
-        self.draft_vocab_size = draft_vocab_size
-        self.cost_aware_tree = cost_aware_tree
-        kwargs.setdefault("tie_word_embeddings", False)
-        super().__init__(**kwargs)
-
-    @property
-    def tree(self) -> TreeSpec:
-        """The draft tree of `parallel_choices`."""
-        return TreeSpec.from_choices(self.parallel_choices)
+        self._set_choices(parallel_choices, num_mask_tokens + 1, f"{num_mask_tokens} mask tokens fill at most {num_mask_tokens + 1} levels")
+        super().__init__(hidden_size=hidden_size, vocab_size=vocab_size, **kwargs)
 
     def decoder(self) -> PretrainedConfig:
         """The config of the drafter's decoder stack: the target's, with ``num_layers`` layers, no embedding

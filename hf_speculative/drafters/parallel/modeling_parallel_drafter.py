@@ -17,8 +17,6 @@ With ``use_target_hidden_states`` (Sec. 4.3, the EAGLE-style integration) a cont
 
 from __future__ import annotations
 
-import functools
-
 from dataclasses import dataclass
 
 import torch
@@ -28,21 +26,16 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from ..._compat import cache_arg, get_cache, takes_cache
-from ...hub import resolve_name_or_path
 from ...trees import DraftTree, TreeSpec
 from ..base import (
     DraftingOptions,
-    TreeDrafter,
     final_hidden_state,
     input_embeddings,
-    output_embeddings,
     tree_from_depth_logits,
 )
 from ...logits import vocab_logits
-from ..hub import DrafterHubMixin
-from ..placement import match_target
-from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
+from ..modeling_drafter import DepthTreeDrafter, DrafterModel
 from .configuration_parallel_drafter import ParallelDrafterConfig
 
 __all__ = ["ParallelDrafter", "ParallelDrafterOutput", "ParallelTreeDrafter"]
@@ -58,7 +51,7 @@ class ParallelDrafterOutput(ModelOutput):
     cache: object | None = None
 
 
-class ParallelDrafterPreTrainedModel(DrafterHubMixin, PreTrainedModel):
+class ParallelDrafterPreTrainedModel(DrafterModel):
     config_class = ParallelDrafterConfig
     base_model_prefix = "drafter"
     main_input_name = "input_ids"
@@ -93,97 +86,44 @@ class ParallelDrafter(DraftVocabMixin, ParallelDrafterPreTrainedModel):
         self.decoder = decoder
         self.mask_embeddings = nn.Embedding(config.num_mask_tokens, config.hidden_size)
         self.fuse = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False) if config.use_target_hidden_states else None
-        self.__dict__["base_embeddings"] = None  # not submodules: never saved, moved or trained with the drafter
-        self.__dict__["base_lm_head"] = None
         self._init_draft_vocab()  # FR-Spec draft vocabulary (config.draft_vocab_size), saved with the weights
         self.post_init()
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_base_model(
-        cls,
-        model: PreTrainedModel,
-        num_mask_tokens: int = 4,
-        num_layers: int = 1,
-        init_layer: int = -1,
-        use_target_hidden_states: bool = False,
-        **config_kwargs,
-    ) -> "ParallelDrafter":
+        cls, model: PreTrainedModel, num_mask_tokens: int = 4, num_layers: int = 1, init_layer: int = -1,
+        use_target_hidden_states: bool = False, **config_kwargs,
+    ) -> "ParallelDrafter":  # fmt: skip
         """A drafter for ``model``: its decoder layers copied from the target's layers ending at ``init_layer``
         (default: the last ``num_layers``), its final norm from the target's, the mask embeddings set to the
         mean token embedding plus small noise."""
-        emb, lm_head = input_embeddings(model, "a ParallelDrafter"), output_embeddings(model, "a ParallelDrafter")
-        vocab, hidden = lm_head.weight.shape
-        base = getattr(model, model.base_model_prefix)
-        total = len(base.layers)
-        last = init_layer % total
+        fields = cls._base_model_fields(model)
+        last = init_layer % len(getattr(model, model.base_model_prefix).layers)
         if last + 1 < num_layers:
             raise ValueError(f"init_layer={init_layer} leaves fewer than num_layers={num_layers} target layers to copy")
         config = ParallelDrafterConfig(
-            base_model_name_or_path=getattr(model.config, "_name_or_path", None) or None,
-            decoder_config=model.config.to_dict(),
-            hidden_size=hidden,
-            vocab_size=vocab,
-            num_mask_tokens=num_mask_tokens,
-            num_layers=num_layers,
-            use_target_hidden_states=use_target_hidden_states,
-            init_layer=last,
-            **config_kwargs,
+            decoder_config=model.config.to_dict(), num_mask_tokens=num_mask_tokens, num_layers=num_layers,
+            use_target_hidden_states=use_target_hidden_states, init_layer=last, **fields, **config_kwargs,
         )
-        drafter = cls(config).to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
-        with torch.no_grad():
-            for j, i in enumerate(range(last + 1 - num_layers, last + 1)):
-                state = {k: v for k, v in base.layers[i].state_dict().items()}
-                drafter.decoder.layers[j].load_state_dict(state)
-            drafter.decoder.norm.load_state_dict(base.norm.state_dict())
-            g = torch.Generator(device="cpu").manual_seed(0)
-            noise = torch.randn(num_mask_tokens, hidden, generator=g) * emb.weight.float().std()
-            drafter.mask_embeddings.weight.copy_(emb.weight.float().mean(0) + 0.1 * noise.to(emb.weight.device))
-        drafter.attach_base_model(model)
-        return drafter.eval()
+        return cls._from_base_config(model, config)
 
-    @classmethod
-    def from_pretrained(
-        cls, pretrained_model_name_or_path, *args, base_model: PreTrainedModel | None = None, **kwargs
-    ) -> "ParallelDrafter":
-        """`PreTrainedModel.from_pretrained`, plus ``base_model=`` to attach the shared modules at once. A folder
-        that does not exist raises `FileNotFoundError` at once (`hf_speculative.hub.resolve_name_or_path`)."""
-        path = resolve_name_or_path(pretrained_model_name_or_path, what="ParallelDrafter")
-        drafter = super().from_pretrained(path, *args, **kwargs)
-        if base_model is not None:
-            drafter.attach_base_model(base_model)
-        return drafter
-
-    def attach_base_model(self, model: PreTrainedModel) -> None:
-        """Check the target's shapes and share its (frozen) input embeddings and ``lm_head``. Moves the drafter to the
-        target's dtype and device (`hf_speculative.drafters.placement.match_target`)."""
-        emb, lm_head = input_embeddings(model, "a ParallelDrafter"), output_embeddings(model, "a ParallelDrafter")
-        vocab, hidden = lm_head.weight.shape
-        if vocab != self.config.vocab_size or hidden != self.config.hidden_size:
-            raise ValueError(
-                f"this ParallelDrafter was built for hidden_size={self.config.hidden_size}, vocab_size={self.config.vocab_size} "
-                f"but the target has hidden_size={hidden}, vocab_size={vocab}"
-            )
-        self.__dict__["base_embeddings"] = emb
-        self.__dict__["base_lm_head"] = lm_head
-        match_target(self, model)
-
-    @property
-    def tree(self) -> TreeSpec:
-        return self.config.tree
+    def _init_from_base_model(self, model: PreTrainedModel) -> None:
+        base = getattr(model, model.base_model_prefix)
+        last, num_layers = self.config.init_layer, self.config.num_layers
+        for j, i in enumerate(range(last + 1 - num_layers, last + 1)):
+            self.decoder.layers[j].load_state_dict(base.layers[i].state_dict())
+        self.decoder.norm.load_state_dict(base.norm.state_dict())
+        emb = input_embeddings(model, type(self).__name__).weight.float()
+        g = torch.Generator(device="cpu").manual_seed(0)
+        noise = torch.randn(self.config.num_mask_tokens, self.config.hidden_size, generator=g) * emb.std()
+        self.mask_embeddings.weight.copy_(emb.mean(0) + 0.1 * noise.to(emb.device))
 
     def mask_token_ids(self, device=None) -> torch.LongTensor:
         """The ids that stand for MASK_1 .. MASK_k in the drafter's inputs: ``vocab_size + j``."""
         return torch.arange(self.config.num_mask_tokens, device=device) + self.config.vocab_size
 
     # ------------------------------------------------------------------ forward
-    def _require_base(self):
-        if self.base_embeddings is None or self.base_lm_head is None:
-            raise ValueError(
-                "this ParallelDrafter shares the target's embeddings and lm_head, which are not attached: use "
-                "ParallelDrafter.from_pretrained(folder, base_model=model) or drafter.attach_base_model(model)"
-            )
-
     def embed(self, input_ids: torch.LongTensor, target_hidden_states: torch.Tensor | None = None) -> torch.Tensor:
         """Input embeddings: the target's table for tokens, the learned [MASK] embeddings for ids ``>= vocab_size``;
         with ``use_target_hidden_states`` a token's embedding is fused with ``target_hidden_states`` (the target's
@@ -242,13 +182,11 @@ class ParallelDrafter(DraftVocabMixin, ParallelDrafterPreTrainedModel):
         return ParallelDrafterOutput(logits=self.project(hidden, draft_vocab), hidden_states=hidden, cache=get_cache(out))
 
     # ------------------------------------------------------------------ drafting
-    def get_tree_drafter(self, target: PreTrainedModel) -> "ParallelTreeDrafter":
-        """The per-call drafter the engine uses for ``target.generate(assistant_model=self)``."""
-        self.attach_base_model(target)
+    def _tree_drafter(self, target: PreTrainedModel) -> "ParallelTreeDrafter":
         return ParallelTreeDrafter(self, target=target)
 
 
-class ParallelTreeDrafter(TreeDrafter):
+class ParallelTreeDrafter(DepthTreeDrafter):
     """One drafter forward per step over ``[uncached committed tokens, MASK_1 .. MASK_k]`` fills the tree.
 
     Greedy: the node at depth d with rank i gets the i-th most likely token of distribution d (whatever its
@@ -257,18 +195,13 @@ class ParallelTreeDrafter(TreeDrafter):
     """
 
     def __init__(self, drafter: ParallelDrafter, draft_sampling: str = "without_replacement", target: PreTrainedModel | None = None):
-        config = drafter.config
         self.drafter = drafter
-        self.k = config.num_mask_tokens
-        self.max_depth = config.num_mask_tokens + 1
+        self.k = drafter.config.num_mask_tokens
         self.target_layers = getattr(getattr(target, "config", None), "num_hidden_layers", None)
-        self.batch_tree = functools.partial(cost_aware_tree, config.tree, config, "depth_top_i_accuracy", target, self.draft_cost, self.max_depth)
-        self.default_tree = self.batch_tree(batch_size=1)
-        self.vocab_size = config.vocab_size
-        self.needs_target_hidden_states = bool(config.use_target_hidden_states)
-        self.draft_sampling = draft_sampling
+        self.needs_target_hidden_states = bool(drafter.config.use_target_hidden_states)
         self.cache: DynamicCache | None = None
         self.target_hidden: torch.Tensor | None = None  # (positions, H): the target's final hidden state per position
+        super().__init__(drafter.config, self.k + 1, draft_sampling, target)
 
     def draft_cost(self, curve) -> list[float]:
         """Drafting cost per tree depth d in plain steps: the drafter's forward over about k + 2 tokens (its

@@ -1,6 +1,7 @@
 """SPIRe drafter (Neelam et al. 2025): configuration, model and tree drafter; training (``training_spire``) is
 imported on first use, as it pulls in `transformers.Trainer`."""
 
+from ..lazy import lazy_getattr
 from .configuration_spire import SpireConfig, chain_with_alternatives
 from .modeling_spire import SpireDrafter, SpireOutput, SpireTreeDrafter, sparse_visibility
 
@@ -19,12 +20,6 @@ __all__ = [
     "train_spire",
 ]
 
-_LAZY = {name: "training_spire" for name in ("SpireDataset", "SpireCollator", "SpireTrainer", "mixed_loss", "spire_loss", "train_spire")}
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, {
+    "training_spire": ("SpireDataset", "SpireCollator", "SpireTrainer", "mixed_loss", "spire_loss", "train_spire"),
+})

@@ -6,6 +6,7 @@ from __future__ import annotations
 from transformers import LlamaConfig
 
 from ...trees import TreeSpec
+from ..configuration_drafter import DrafterConfigMixin
 
 __all__ = ["SpireConfig", "chain_with_alternatives"]
 
@@ -21,9 +22,10 @@ def chain_with_alternatives(depth: int, top_i: int) -> TreeSpec:
     return TreeSpec.from_choices(paths)
 
 
-class SpireConfig(LlamaConfig):
+class SpireConfig(DrafterConfigMixin, LlamaConfig):
     r"""Configuration of a `SpireDrafter`: the fields of a `LlamaConfig` describing the drafter's decoder layers (the
-    target's width, heads and MLP; ``num_hidden_layers`` of them) plus SPIRe's settings.
+    target's width, heads and MLP; ``num_hidden_layers`` of them) plus SPIRe's settings and those of
+    `DrafterConfigMixin` (``base_model_name_or_path``, an FR-Spec ``draft_vocab_size`` for drafting).
 
     Args:
         target_layers (`list[int]`):
@@ -42,9 +44,7 @@ class SpireConfig(LlamaConfig):
             input activation (l = i - 1) and 0 elsewhere, so ``m^i`` starts close to the activation a plain
             transformer layer would attend to.
         qkv_bias (`bool`, defaults to `False`): biases on q/k/v (Qwen2 targets).
-        draft_vocab_size (`int`, *optional*): an FR-Spec draft vocabulary for drafting (`DraftVocabMixin`).
         mixed_loss_omega (`float`, defaults to 0.5): omega of MixedLoss (Sec. 3.4), recorded for training.
-        base_model_name_or_path (`str`, *optional*): the target the drafter was built for.
         calibration (`dict`, *optional*): held-out measurements: ``depth_top_i_accuracy[d][i]``, the share of rows
             whose target token at depth d + 1 is among the drafter's top-(i + 1) given the chain up to d (written by
             ``hf-speculative train spire``).
@@ -94,17 +94,15 @@ class SpireConfig(LlamaConfig):
         self.tree_choices = None if tree_choices is None else TreeSpec.from_choices(tree_choices).to_list()
         self.memory_init_logit = float(memory_init_logit)
         self.qkv_bias = bool(qkv_bias)
-        self.draft_vocab_size = draft_vocab_size
         self.mixed_loss_omega = float(mixed_loss_omega)
-        self.base_model_name_or_path = base_model_name_or_path
         self.calibration = calibration
         self.cost_aware_tree = bool(cost_aware_tree)
         kwargs.pop("use_sliding_window", None)
         kwargs.pop("layer_types", None)
         kwargs.pop("max_window_layers", None)
-        super().__init__(num_hidden_layers=num_hidden_layers, **kwargs)
-        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
-            raise ValueError(f"draft_vocab_size must be in 1..vocab_size ({self.vocab_size}), got {self.draft_vocab_size}")
+        super().__init__(
+            num_hidden_layers=num_hidden_layers, base_model_name_or_path=base_model_name_or_path, draft_vocab_size=draft_vocab_size, **kwargs
+        )
 
     @property
     def tree(self) -> TreeSpec:

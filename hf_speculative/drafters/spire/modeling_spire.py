@@ -33,16 +33,14 @@ from transformers import initialization as init
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 from transformers.utils import ModelOutput
 
-from ...hub import resolve_name_or_path
 from ...trees import DraftTree, DynamicTree, TreeSpec
 from ..base import (
-    ChainTreeFiller, DraftingOptions, TreeDrafter, input_embeddings, output_embeddings, sparse_visibility, streaming_keep,
+    ChainTreeFiller, DraftingOptions, TreeDrafter, sparse_visibility, streaming_keep,
 )
 from ...logits import vocab_logits
 from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
-from ..hub import DrafterHubMixin
-from ..placement import match_target
+from ..modeling_drafter import DrafterModel, decoder_layer_fields, text_config
 from .configuration_spire import SpireConfig, chain_with_alternatives
 
 __all__ = ["SpireDrafter", "SpireTreeDrafter", "SpireOutput", "sparse_visibility", "SpirePreTrainedModel"]
@@ -118,21 +116,14 @@ class SpireOutput(ModelOutput):
     logits: torch.Tensor | None = None
 
 
-class SpirePreTrainedModel(DrafterHubMixin, PreTrainedModel):
+class SpirePreTrainedModel(DrafterModel):
     config_class = SpireConfig
     base_model_prefix = "spire"
     supports_gradient_checkpointing = False
     _supports_sdpa = True
 
     def _init_weights(self, module):
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, LlamaRMSNorm):
-            init.ones_(module.weight)
-        elif isinstance(module, SpireDrafter):
+        if isinstance(module, SpireDrafter):
             init.copy_(module.memory_logits, module.initial_memory_logits())
         else:
             super()._init_weights(module)
@@ -154,8 +145,6 @@ class SpireDrafter(DraftVocabMixin, SpirePreTrainedModel):
         self.memory_logits = nn.Parameter(self.initial_memory_logits())
         self.rotary_emb = LlamaRotaryEmbedding(config)
         self._init_draft_vocab()
-        self.__dict__["base_embeddings"] = None
-        self.__dict__["base_lm_head"] = None
         self.post_init()
 
     def initial_memory_logits(self) -> torch.Tensor:
@@ -171,76 +160,33 @@ class SpireDrafter(DraftVocabMixin, SpirePreTrainedModel):
     ) -> "SpireDrafter":  # fmt: skip
         """SPIRe's pruned initialization (Sec. 3.2): copies of the target's decoder ``layers`` (default its last
         ``num_layers``) and final norm; the target's embeddings and ``lm_head`` are shared."""
-        input_embeddings(model, "a SpireDrafter")
-        lm_head = output_embeddings(model, "a SpireDrafter")
-        vocab, hidden = lm_head.weight.shape
-        tc = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        tc = text_config(model)
         L = tc.num_hidden_layers
         layers = list(range(L - num_layers, L)) if layers is None else [int(i) for i in layers]
         if not layers or any(not 0 <= i < L for i in layers):
             raise ValueError(f"layers must be target layer indices in 0..{L - 1}, got {layers}")
-        fields = {k: getattr(tc, k) for k in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "hidden_act",
-                                              "rms_norm_eps", "max_position_embeddings", "head_dim") if getattr(tc, k, None) is not None}  # fmt: skip
-        rope = getattr(tc, "rope_parameters", None)
-        if rope:
-            fields["rope_parameters"] = dict(rope)
-        base = getattr(model, model.base_model_prefix)
-        qkv_bias = base.layers[0].self_attn.q_proj.bias is not None
+        qkv_bias = getattr(model, model.base_model_prefix).layers[0].self_attn.q_proj.bias is not None
         config = SpireConfig(
             target_layers=layers, target_num_layers=L, sliding_window=sliding_window, num_sink_tokens=num_sink_tokens,
-            hidden_size=hidden, vocab_size=vocab, num_hidden_layers=len(layers), qkv_bias=qkv_bias,
-            attention_bias=bool(getattr(tc, "attention_bias", False)),
-            base_model_name_or_path=getattr(model.config, "_name_or_path", None) or None,
-            initializer_range=getattr(tc, "initializer_range", 0.02), **fields, **config_kwargs,
+            num_hidden_layers=len(layers), qkv_bias=qkv_bias, attention_bias=bool(getattr(tc, "attention_bias", False)),
+            initializer_range=getattr(tc, "initializer_range", 0.02), **cls._base_model_fields(model),
+            **decoder_layer_fields(model), **config_kwargs,
         )  # fmt: skip
-        drafter = cls(config).to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
-        with torch.no_grad():
-            for mine, i in zip(drafter.layers, layers):
-                mine.load_state_dict(base.layers[i].state_dict(), strict=False)
-            drafter.norm.load_state_dict(base.norm.state_dict())
-        drafter.attach_base_model(model)
-        return drafter.eval()
+        return cls._from_base_config(model, config)
 
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, base_model: PreTrainedModel | None = None, **kwargs) -> "SpireDrafter":
-        """`PreTrainedModel.from_pretrained`, plus ``base_model=`` to attach the target's embeddings and ``lm_head``."""
-        path = resolve_name_or_path(pretrained_model_name_or_path, what="SpireDrafter")
-        drafter = super().from_pretrained(path, *args, **kwargs)
-        if base_model is not None:
-            drafter.attach_base_model(base_model)
-        return drafter.eval()
+    def _init_from_base_model(self, model: PreTrainedModel) -> None:
+        base = getattr(model, model.base_model_prefix)
+        for mine, i in zip(self.layers, self.config.target_layers):
+            mine.load_state_dict(base.layers[i].state_dict(), strict=False)
+        self.norm.load_state_dict(base.norm.state_dict())
 
-    def attach_base_model(self, model: PreTrainedModel) -> None:
-        """Check the target's shapes and share its (frozen) token embeddings and ``lm_head``. Moves the drafter to the
-        target's dtype and device (`hf_speculative.drafters.placement.match_target`)."""
-        emb, lm_head = input_embeddings(model, "a SpireDrafter"), output_embeddings(model, "a SpireDrafter")
-        vocab, hidden = lm_head.weight.shape
-        tc = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        L = self.config.target_num_layers
-        if vocab != self.config.vocab_size or hidden != self.config.hidden_size or (L is not None and tc.num_hidden_layers != L):
-            raise ValueError(
-                f"this SpireDrafter was built for a target with hidden_size={self.config.hidden_size}, vocab_size="
-                f"{self.config.vocab_size}, {L} layers, but the target has hidden_size={hidden}, vocab_size={vocab}, "
-                f"{tc.num_hidden_layers} layers"
-            )
-        self.__dict__["base_embeddings"] = emb
-        self.__dict__["base_lm_head"] = lm_head
-        match_target(self, model)
+    def _shape_checks(self, model: PreTrainedModel) -> dict[str, tuple[int, int]]:
+        checks = super()._shape_checks(model)
+        if self.config.target_num_layers is not None:
+            checks["num_hidden_layers"] = (self.config.target_num_layers, text_config(model).num_hidden_layers)
+        return checks
 
-    def _require_base(self) -> None:
-        if self.base_embeddings is None or self.base_lm_head is None:
-            raise ValueError(
-                "this SpireDrafter shares the target's embeddings and lm_head, which are not attached: use "
-                "SpireDrafter.from_pretrained(folder, base_model=model) or drafter.attach_base_model(model)"
-            )
-
-    @property
-    def tree(self) -> TreeSpec:
-        return self.config.tree
-
-    def get_tree_drafter(self, target: PreTrainedModel) -> "SpireTreeDrafter":
-        """The per-call drafter the engine uses for ``target.generate(assistant_model=self)``."""
-        self.attach_base_model(target)
+    def _tree_drafter(self, target: PreTrainedModel) -> "SpireTreeDrafter":
         return SpireTreeDrafter(self, target=target)
 
     # ------------------------------------------------------------------ building blocks

@@ -6,6 +6,7 @@ from __future__ import annotations
 from transformers import LlamaConfig
 
 from ...trees import TreeSpec
+from ..configuration_drafter import DrafterConfigMixin
 
 __all__ = ["SpeculativeStreamingConfig", "default_stream_tree"]
 
@@ -19,8 +20,11 @@ def default_stream_tree(num_streams: int, top_k: int | list[int] = 2) -> list[li
     return TreeSpec.cartesian(ks[:num_streams]).to_list()
 
 
-class SpeculativeStreamingConfig(LlamaConfig):
-    r"""A `LlamaConfig` plus the Speculative Streaming settings of a `LlamaForSpeculativeStreaming`.
+class SpeculativeStreamingConfig(DrafterConfigMixin, LlamaConfig):
+    r"""A `LlamaConfig` plus the Speculative Streaming settings of a `LlamaForSpeculativeStreaming` and those of
+    `DrafterConfigMixin` (``base_model_name_or_path``: ``"reference"`` means `hf_speculative.bench.load_reference_model`,
+    SmolLM2-135M-Instruct; ``draft_vocab_size``: the streams draft on this many target ids, see
+    `LlamaForSpeculativeStreaming.set_draft_vocab`).
 
     The top ``num_msa_layers`` (N_s) decoder layers become multi-stream attention (MSA) layers (Sec. 3.1.1):
     at layer ``N - N_s`` each position t gets ``num_streams`` (gamma) speculative streams
@@ -58,11 +62,6 @@ class SpeculativeStreamingConfig(LlamaConfig):
         cost_aware_tree (`bool`, defaults to `True`): with a calibration (``calibration["stream_top_i_accuracy"]``),
             the default tree is the one with the best expected tau per unit of cost on the target's measured
             cost curve (`hf_speculative.drafters.cost_aware`); `False` keeps ``stream_tree``.
-        draft_vocab_size (`int`, *optional*): FR-Spec draft vocabulary: the streams draft on this many target ids
-            (the most frequent of the training data, `LlamaForSpeculativeStreaming.set_draft_vocab`), so a drafting
-            step projects onto that share of the ``lm_head``; verification keeps the full vocabulary.
-        base_model_name_or_path (`str`, *optional*): the base model the streams belong to. ``"reference"``
-            means `hf_speculative.bench.load_reference_model` (SmolLM2-135M-Instruct).
     """
 
     model_type = "speculative_streaming"
@@ -114,12 +113,10 @@ class SpeculativeStreamingConfig(LlamaConfig):
         self.tree_top_k = tree_top_k
         self.stream_tree = stream_tree if stream_tree is not None else default_stream_tree(num_streams, tree_top_k)
         self.cost_aware_tree = cost_aware_tree
-        self.draft_vocab_size = draft_vocab_size
-        self.base_model_name_or_path = base_model_name_or_path
         self.base_architecture = base_architecture
         self.training = training
         self.results = results
-        super().__init__(**kwargs)
+        super().__init__(base_model_name_or_path=base_model_name_or_path, draft_vocab_size=draft_vocab_size, **kwargs)
         if self.num_msa_layers > self.num_hidden_layers:
             raise ValueError(f"num_msa_layers={num_msa_layers} exceeds the {self.num_hidden_layers} layers of the model")
         self.validate_pruning()

@@ -51,8 +51,8 @@ from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits
 from ...logits import vocab_logits
 from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
-from ..hub import DrafterHubMixin
-from ..placement import match_target, target_placement
+from ..modeling_drafter import DrafterModel
+from ..placement import match_target
 from .configuration_speculative_streaming import LORA_TARGET_MODULES, SpeculativeStreamingConfig
 
 __all__ = [
@@ -252,7 +252,7 @@ def stream_key_mask(attention_mask: torch.Tensor | None, batch: int, length: int
     return causal_key_mask(batch, length, dtype, device, past_length, attention_mask)
 
 
-class LlamaForSpeculativeStreaming(DrafterHubMixin, DraftVocabMixin, SpeculativeGenerationMixin, LlamaForCausalLM):
+class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGenerationMixin, LlamaForCausalLM):
     """An MSA-patched `LlamaForCausalLM` that drafts for itself: ``ss.generate(input_ids, max_new_tokens=...)``.
 
     Build with ``from_base_model(model, num_streams=3, num_msa_layers=4)`` (Llama, Mistral or Qwen2 layer
@@ -268,7 +268,7 @@ class LlamaForSpeculativeStreaming(DrafterHubMixin, DraftVocabMixin, Speculative
     _no_split_modules = []
     _keys_to_ignore_on_load_unexpected = [r"^model\.", r"^lm_head\."]
 
-    def __init__(self, config: SpeculativeStreamingConfig, base_model: PreTrainedModel | None = None):
+    def __init__(self, config: SpeculativeStreamingConfig):
         LlamaPreTrainedModel.__init__(self, config)
         self.streams = SpeculativeStreams(config)
         self.vocab_size = config.vocab_size
@@ -277,10 +277,6 @@ class LlamaForSpeculativeStreaming(DrafterHubMixin, DraftVocabMixin, Speculative
         self.__dict__["lm_head"] = None
         self.post_init()
         self._init_draft_vocab()  # FR-Spec draft vocabulary of the streams (config.draft_vocab_size)
-        if base_model is not None:
-            dtype, device = target_placement(base_model)
-            self.to(device=device, dtype=dtype)  # fresh streams are built in the base's dtype
-            self.attach_base_model(base_model)
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -305,24 +301,21 @@ class LlamaForSpeculativeStreaming(DrafterHubMixin, DraftVocabMixin, Speculative
             num_streams=num_streams,
             num_msa_layers=num_msa_layers,
             mode=mode,
-            base_model_name_or_path=getattr(model.config, "_name_or_path", None) or None,
             base_architecture=arch,
-            **{**base_config, **config_kwargs},
+            **{**base_config, **cls._base_model_fields(model), **config_kwargs},
         )
-        return cls(config, base_model=model).eval()
+        return cls._from_base_config(model, config)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, base_model: PreTrainedModel | None = None, **kwargs):
         """Load the streams; attach them to ``base_model``, or else load the base named in the config
         (``"reference"`` / the SmolLM2-135M-Instruct Hub id: `hf_speculative.bench.load_reference_model`). A folder
         that does not exist raises `FileNotFoundError` at once (`hf_speculative.hub.resolve_name_or_path`)."""
-        pretrained_model_name_or_path = resolve_name_or_path(pretrained_model_name_or_path, what="Speculative Streaming model")
-        ss = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-        if base_model is None:
-            base_model = load_base_model(ss.config.base_model_name_or_path)
-        ss.attach_base_model(base_model)
+        path = resolve_name_or_path(pretrained_model_name_or_path, what=cls.__name__)
+        ss = cls._load_checkpoint(path, *args, **kwargs)
+        ss.attach_base_model(base_model if base_model is not None else load_base_model(ss.config.base_model_name_or_path))
         if ss.config.mode == "shared":
-            ss._load_lora(pretrained_model_name_or_path, **kwargs)
+            ss._load_lora(path, **kwargs)
         return ss.eval()
 
     def attach_base_model(self, model: PreTrainedModel) -> None:
@@ -333,23 +326,22 @@ class LlamaForSpeculativeStreaming(DrafterHubMixin, DraftVocabMixin, Speculative
         layers = getattr(decoder, "layers", None)
         if layers is None or not hasattr(decoder, "rotary_emb") or not hasattr(decoder, "norm"):
             raise TypeError(f"{type(model).__name__} is not a Llama-family causal LM (needs .model.layers/.norm/.rotary_emb)")
-        lm_head = model.get_output_embeddings()
-        if len(layers) != self.config.num_hidden_layers or lm_head.weight.shape != (self.config.vocab_size, self.config.hidden_size):
-            raise ValueError(
-                f"these streams were built for {self.config.num_hidden_layers} layers, hidden_size={self.config.hidden_size}, "
-                f"vocab_size={self.config.vocab_size}; the base model has {len(layers)} layers and an lm_head of shape "
-                f"{tuple(lm_head.weight.shape)}"
-            )
+        self._check_base_model(model)
         for p in model.parameters():
             p.requires_grad_(False)
         if self.config.mode == "shared":
             self._inject_lora(model)
         self.__dict__["base"] = model
         self.__dict__["model"] = decoder
-        self.__dict__["lm_head"] = lm_head
+        self.__dict__["lm_head"] = model.get_output_embeddings()
         match_target(self, model)
         self.config._attn_implementation = model.config._attn_implementation
         self.generation_config = model.generation_config
+
+    def _shape_checks(self, model: PreTrainedModel) -> dict[str, tuple[int, int]]:
+        checks = super()._shape_checks(model)
+        checks["num_hidden_layers"] = (self.config.num_hidden_layers, len(model.model.layers))
+        return checks
 
     def add_pruning_head(self, layer: int, rank: int = 8, threshold: float = 0.0) -> None:
         """Give these streams parallel tree pruning (Sec. 3.1.3): an early exit after ``layer`` decoder layers
@@ -435,10 +427,6 @@ class LlamaForSpeculativeStreaming(DrafterHubMixin, DraftVocabMixin, Speculative
     def num_stream_parameters(self) -> int:
         """Parameters Speculative Streaming adds to the base model."""
         return sum(p.numel() for p in self.streams.parameters())
-
-    @property
-    def tree(self) -> TreeSpec:
-        return self.config.tree
 
     def _check_attached(self) -> None:
         if self.model is None:

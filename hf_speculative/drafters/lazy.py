@@ -1,0 +1,22 @@
+"""`lazy_getattr`: the module ``__getattr__`` of a drafter package whose training code is imported on first use, as
+it pulls in `transformers.Trainer` (the inference path never loads it)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+__all__ = ["lazy_getattr"]
+
+
+def lazy_getattr(package: str, submodules: dict[str, tuple[str, ...]]) -> Callable[[str], Any]:
+    """A module-level ``__getattr__`` for ``package`` that imports the names ``submodules[module]`` from
+    ``package.module`` when they are first asked for."""
+    where = {name: module for module, names in submodules.items() for name in names}
+
+    def __getattr__(name: str) -> Any:
+        if name in where:
+            return getattr(importlib.import_module(f".{where[name]}", package), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
