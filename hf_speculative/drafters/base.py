@@ -53,6 +53,8 @@ __all__ = [
     "streaming_slots",
     "chain_nodes",
     "ChainTreeFiller",
+    "ChainDrafting",
+    "require_mask_attention",
 ]
 
 
@@ -165,6 +167,27 @@ class TreeDrafter(ABC):
             drafter.end()
         self._per_row = None
         self.end()
+
+
+class ChainDrafting:
+    """`TreeDrafter.propose` / `propose_batch` of a drafter that drafts every row's chain in one batched forward per
+    depth (SPIRe, MagicDec): both call its ``_propose(states, sequences, tree, options)`` with the rows' states."""
+
+    def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
+        return self._propose([self], [sequence], tree, options)[0]
+
+    def propose_batch(self, sequences, rows, tree, options) -> list[DraftTree]:
+        return self._propose([self._row_drafter(r) for r in rows], sequences, tree, options)
+
+
+def require_mask_attention(model, role: str, mask: str, fix: str) -> None:
+    """A `ValueError` unless ``model`` runs eager or sdpa attention, the implementations that take a custom ``mask``."""
+    impl = getattr(model.config, "_attn_implementation", "eager")
+    if impl not in ("eager", "sdpa"):
+        raise ValueError(
+            f"{role} uses attn_implementation={impl!r}, which cannot take {mask}; call `{fix}.set_attn_implementation('sdpa')` "
+            "(or 'eager') first"
+        )
 
 
 def fill_children(

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 from .._compat import cache_arg
 from ..cache import attention_window
 from ..trees import DraftTree, TreeSpec, additive_mask
-from .base import DraftingOptions, TreeDrafter, fill_children
+from .base import DraftingOptions, TreeDrafter, fill_children, require_mask_attention
 from .placement import match_target
 
 __all__ = ["CausalLMDrafter", "layer_cut_draft", "windowed_mask"]
@@ -35,12 +35,7 @@ class CausalLMDrafter(TreeDrafter):
     def __init__(self, model: PreTrainedModel, tree: TreeSpec | None = None, draft_sampling: str = "without_replacement"):
         """``draft_sampling``: how siblings are drawn when sampling ("without_replacement", "with_replacement"
         or "deterministic" top-k); every choice is exact, they differ in acceptance rate."""
-        impl = getattr(model.config, "_attn_implementation", "eager")
-        if impl not in ("eager", "sdpa"):
-            raise ValueError(
-                f"the draft model uses attn_implementation={impl!r}, which cannot take a tree attention mask; "
-                "call `draft.set_attn_implementation('sdpa')` (or 'eager') first"
-            )
+        require_mask_attention(model, "the draft model", "a tree attention mask", "draft")
         self.model = model
         self.default_tree = tree or DEFAULT_LM_TREE
         self.draft_sampling = draft_sampling

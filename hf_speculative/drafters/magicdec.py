@@ -36,7 +36,7 @@ from .._compat import cache_arg, get_cache
 from ..cache import attention_window
 from ..trees import DraftTree, DynamicTree, TreeSpec
 from ..rows import cache_columns
-from .base import ChainTreeFiller, DraftingOptions, TreeDrafter, output_embeddings, sparse_visibility, streaming_slots
+from .base import ChainDrafting, ChainTreeFiller, DraftingOptions, TreeDrafter, output_embeddings, require_mask_attention, sparse_visibility, streaming_slots
 from .draft_lm import windowed_mask
 
 __all__ = ["MagicDecDrafter", "rerotate_keys"]
@@ -81,7 +81,7 @@ def _rotary_frequencies(model: PreTrainedModel) -> torch.Tensor:
     return inv_freq
 
 
-class MagicDecDrafter(TreeDrafter):
+class MagicDecDrafter(ChainDrafting, TreeDrafter):
     """Self-speculation by ``model`` with a StreamingLLM sparse KV cache (see the module docstring).
 
     Use as ``model.generate(input_ids, assistant_model=MagicDecDrafter(model), ...)``; ``model`` must be the target
@@ -128,12 +128,7 @@ class MagicDecDrafter(TreeDrafter):
             )
         if tree is not None and (not isinstance(tree, TreeSpec) or isinstance(tree, DynamicTree)):
             raise TypeError(f"tree must be a static hf_speculative.TreeSpec, got {tree!r}")
-        impl = getattr(model.config, "_attn_implementation", "eager")
-        if impl not in ("eager", "sdpa"):
-            raise ValueError(
-                f"the target uses attn_implementation={impl!r}, which cannot take the sparse cache's attention mask; "
-                "call `model.set_attn_implementation('sdpa')` (or 'eager') first"
-            )
+        require_mask_attention(model, "the target", "the sparse cache's attention mask", "model")
         self.model = model
         self.window, self.sinks = sliding_window, num_sink_tokens
         self.num_draft_tokens = num_draft_tokens
@@ -177,13 +172,6 @@ class MagicDecDrafter(TreeDrafter):
         self.kv = self.slot_positions = self.slot_valid = None
 
     # ------------------------------------------------------------------ drafting
-    def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
-        return self._propose([self], [sequence], tree, options)[0]
-
-    def propose_batch(self, sequences, rows, tree, options) -> list[DraftTree]:
-        """All rows' chains in one batched target forward per depth."""
-        return self._propose([self._row_drafter(r) for r in rows], sequences, tree, options)
-
     def _propose(self, states: list["MagicDecDrafter"], sequences, tree: TreeSpec, options: DraftingOptions) -> list[DraftTree]:
         if isinstance(tree, DynamicTree):
             raise ValueError("MagicDecDrafter drafts a static tree (a chain, with candidates per depth), not a DynamicTree")

@@ -348,6 +348,13 @@ def planned_steps(num_examples: int, batch_size: int, num_epochs: float, max_ste
     return max_steps if max_steps > 0 else max(1, math.ceil(num_examples / batch_size * num_epochs))
 
 
+#: the training arguments a labelled-shard drafter trainer (EAGLE, SPIRe) takes as ``**training``, with their defaults
+LABELLED_TRAINING_DEFAULTS = dict(
+    num_epochs=1.0, max_steps=-1, batch_size=4, learning_rate=3e-4, weight_decay=0.0, warmup_steps=10, logging_steps=10,
+    seed=0, progress=True, time_budget=None, callbacks=None, save_steps=None, resume=False,
+)  # fmt: skip
+
+
 def train_drafter(
     trainer_class: type[Trainer],
     model,

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from ...training.losses import kd_loss
-from ...training.trainer import DrafterTrainer, HiddenStates, train_drafter
+from ...training.trainer import LABELLED_TRAINING_DEFAULTS, DrafterTrainer, HiddenStates, train_drafter
 from .modeling_eagle import EagleDrafter, causal_mask
 
 __all__ = ["EagleDataset", "EagleCollator", "EagleTrainer", "eagle_loss", "train_eagle", "scale_fc_to_features", "hidden_states_from_model", "STEP_DECAY", "W_CLS"]
@@ -247,43 +247,24 @@ class EagleTrainer(DrafterTrainer):
 
 
 def train_eagle(
-    drafter: EagleDrafter,
-    states: HiddenStates,
-    output_dir: str,
-    steps: int | None = None,
-    num_epochs: float = 1.0,
-    max_steps: int = -1,
-    batch_size: int = 4,
-    max_length: int = 512,
-    learning_rate: float = 3e-4,
-    weight_decay: float = 0.0,
-    warmup_steps: int = 10,
-    logging_steps: int = 10,
-    time_budget: float | None = None,
-    final_layer: int | None = None,
-    callbacks: list | None = None,
-    progress: bool = True,
-    seed: int = 0,
-    scale_fc: bool = True,
-    save_steps: int | None = None,
-    resume: bool = False,
-) -> EagleTrainer:
+    drafter: EagleDrafter, states: HiddenStates, output_dir: str, steps: int | None = None, max_length: int = 512,
+    final_layer: int | None = None, scale_fc: bool = True, **training,
+) -> EagleTrainer:  # fmt: skip
     """Train ``drafter`` (attached to its target) on labelled ``states`` with the `EagleTrainer`; ``steps`` unrolled
-    drafting steps (default 1 for EAGLE-1/2, 4 for EAGLE-3); ``time_budget`` seconds stop it early (with a cosine
-    over the budget, `hf_speculative.training.callbacks.TimeBudgetCallback`); ``scale_fc``: EAGLE-3's ``fc`` starts from
-`scale_fc_to_features` (a fresh drafter; pass False to continue training one). Returns the trainer (its
-    ``state.log_history`` holds the loss parts). ``save_steps`` / ``resume``: resumable checkpoints in ``output_dir``
-    (`hf_speculative.training.trainer.train_resumable`)."""
+    drafting steps (default 1 for EAGLE-1/2, 4 for EAGLE-3); ``scale_fc``: EAGLE-3's ``fc`` starts from
+    `scale_fc_to_features` (a fresh drafter; pass False to continue training one). ``training``: num_epochs, max_steps,
+    batch_size, learning_rate, weight_decay, warmup_steps, logging_steps, seed, progress, callbacks, ``time_budget``
+    (seconds; a cosine over the budget, `hf_speculative.training.callbacks.TimeBudgetCallback`), ``save_steps`` /
+    ``resume`` (resumable checkpoints in ``output_dir``); defaults `LABELLED_TRAINING_DEFAULTS`. Returns the trainer (its
+    ``state.log_history`` holds the loss parts)."""
     drafter._require_base()
     steps = steps or (4 if drafter.config.is_eagle3 else 1)
     final_layer = final_layer or drafter.num_target_layers
     dataset = EagleDataset(states, drafter.config.feature_layers(drafter.num_target_layers), final_layer, max_length)
+    training = {**LABELLED_TRAINING_DEFAULTS, **training}
     if drafter.config.is_eagle3 and scale_fc:
-        scale_fc_to_features(drafter, dataset, seed=seed)
+        scale_fc_to_features(drafter, dataset, seed=training["seed"])
     return train_drafter(
-        EagleTrainer, drafter, dataset, EagleCollator(), output_dir, callbacks=callbacks, time_budget=time_budget,
-        resume=resume, trainer_kwargs={"steps": steps, "feature_noise": drafter.config.feature_noise},
-        num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
-        weight_decay=weight_decay, warmup_steps=warmup_steps, logging_steps=logging_steps, seed=seed, progress=progress,
-        save_steps=save_steps,
-    )  # fmt: skip
+        EagleTrainer, drafter, dataset, EagleCollator(), output_dir,
+        trainer_kwargs={"steps": steps, "feature_noise": drafter.config.feature_noise}, **training,
+    )

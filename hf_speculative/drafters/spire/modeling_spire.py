@@ -35,7 +35,7 @@ from transformers.utils import ModelOutput
 
 from ...trees import DraftTree, DynamicTree, TreeSpec
 from ..base import (
-    ChainTreeFiller, DraftingOptions, TreeDrafter, sparse_visibility, streaming_keep,
+    ChainDrafting, ChainTreeFiller, DraftingOptions, TreeDrafter, sparse_visibility, streaming_keep,
 )
 from ...logits import vocab_logits
 from ..cost_aware import cost_aware_tree
@@ -296,7 +296,7 @@ class SpireDrafter(DraftVocabMixin, SpirePreTrainedModel):
         return SpireOutput(hidden_states=out, logits=logits)
 
 
-class SpireTreeDrafter(TreeDrafter):
+class SpireTreeDrafter(ChainDrafting, TreeDrafter):
     """Per-call SPIRe state: the sparse cache of the target's memory (S sinks + the last W - 1 verified positions,
     keys and values per drafter layer) and the drafting loop.
 
@@ -433,13 +433,6 @@ class SpireTreeDrafter(TreeDrafter):
         for j, (st, m) in enumerate(zip(states, sizes)):
             key_pos[j, :m], key_ok[j, :m] = st.positions.to(device), True
         return kv, key_pos, key_ok
-
-    def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
-        return self._propose([self], [sequence], tree, options)[0]
-
-    def propose_batch(self, sequences, rows, tree, options) -> list[DraftTree]:
-        """All rows' chains in one batched drafter forward per depth."""
-        return self._propose([self._row_drafter(r) for r in rows], sequences, tree, options)
 
     def _propose(self, states: list["SpireTreeDrafter"], sequences, tree: TreeSpec, options: DraftingOptions) -> list[DraftTree]:
         if isinstance(tree, DynamicTree):

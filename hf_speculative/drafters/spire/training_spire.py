@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ...training.losses import kd_loss
-from ...training.trainer import DrafterTrainer, HiddenStates, train_drafter
+from ...training.trainer import LABELLED_TRAINING_DEFAULTS, DrafterTrainer, HiddenStates, train_drafter
 from .modeling_spire import SpireDrafter
 
 __all__ = ["SpireDataset", "SpireCollator", "SpireTrainer", "mixed_loss", "spire_loss", "train_spire", "depth_accuracies"]
@@ -183,32 +183,16 @@ class SpireTrainer(DrafterTrainer):
 
 
 def train_spire(
-    drafter: SpireDrafter,
-    states: HiddenStates,
-    output_dir: str,
-    omega: float | None = None,
-    num_epochs: float = 1.0,
-    max_steps: int = -1,
-    batch_size: int = 4,
-    max_length: int = 512,
-    learning_rate: float = 3e-4,
-    weight_decay: float = 0.0,
-    warmup_steps: int = 10,
-    logging_steps: int = 10,
-    time_budget: float | None = None,
-    callbacks: list | None = None,
-    progress: bool = True,
-    seed: int = 0,
-) -> SpireTrainer:
-    """Train ``drafter`` (attached to its target) on labelled ``states`` with the `SpireTrainer`; ``time_budget``
-    seconds stop it early (`hf_speculative.training.callbacks.TimeBudgetCallback`). Returns the trainer."""
+    drafter: SpireDrafter, states: HiddenStates, output_dir: str, omega: float | None = None, max_length: int = 512, **training,
+) -> SpireTrainer:  # fmt: skip
+    """Train ``drafter`` (attached to its target) on labelled ``states`` with the `SpireTrainer`. ``training``: the
+    arguments of `train_eagle`'s ``training`` (``time_budget`` seconds stop it early, with a cosine over the budget);
+    defaults `LABELLED_TRAINING_DEFAULTS`. Returns the trainer."""
     drafter._require_base()
     for p in (drafter.base_embeddings.weight, drafter.base_lm_head.weight):
         p.requires_grad_(False)
     dataset = SpireDataset(states, drafter.config.target_layers, drafter.config.num_sink_tokens, max_length)
     return train_drafter(
-        SpireTrainer, drafter, dataset, SpireCollator(), output_dir, callbacks=callbacks, time_budget=time_budget,
-        trainer_kwargs={"omega": omega}, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size,
-        learning_rate=learning_rate, weight_decay=weight_decay, warmup_steps=warmup_steps, logging_steps=logging_steps,
-        seed=seed, progress=progress,
-    )  # fmt: skip
+        SpireTrainer, drafter, dataset, SpireCollator(), output_dir, trainer_kwargs={"omega": omega},
+        **{**LABELLED_TRAINING_DEFAULTS, **training},
+    )
