@@ -48,10 +48,11 @@ class DownstreamModel:
     device: torch.device
 
 
-def _merged(base, folder: Path):
+def _merged(base, folder: Path, adapter: str = ADAPTER_SUBFOLDER):
+    """``base`` with the PEFT adapter at ``folder / adapter`` merged (an EAGLE folder names its LoRA folder's adapter)."""
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(base, str(folder / ADAPTER_SUBFOLDER)).merge_and_unload().eval()
+    return PeftModel.from_pretrained(base, str(folder / adapter)).merge_and_unload().eval()
 
 
 def load_downstream(folder: str | Path, device: str | None = None, dtype: torch.dtype = torch.float32) -> DownstreamModel:
@@ -85,7 +86,7 @@ def load_downstream(folder: str | Path, device: str | None = None, dtype: torch.
     elif method == "eagle":
         from ..drafters.eagle.modeling_eagle import EagleDrafter
 
-        model = _merged(base, folder)
+        model = _merged(base, folder, getattr(EagleDrafter.config_class.from_pretrained(folder), "base_adapter", ADAPTER_SUBFOLDER))
         eagle = EagleDrafter.from_pretrained(folder, base_model=model).to(device=model.device, dtype=model.dtype).eval()
         drafter, name, extra = eagle, "eagle-3", sum(p.numel() for p in eagle.parameters())
     else:  # lora: training-free drafting on the fine-tuned model

@@ -19,6 +19,7 @@ the base itself is never saved (``"reference"`` comes from the reference package
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -136,6 +137,12 @@ def _last_loss(trainer) -> dict:
         "first_logged": {k: v for k, v in logs[0].items() if k != "epoch"} if logs else None,
         "last_logged": {k: v for k, v in logs[-1].items() if k != "epoch"} if logs else None,
     }
+
+
+def adapter_path(folder: str | Path, adapter_folder: str | Path) -> str:
+    """The PEFT adapter of the ``lora`` folder ``adapter_folder`` as a path relative to ``folder`` (so a clone anywhere
+    finds it)."""
+    return os.path.relpath(Path(adapter_folder) / ADAPTER_SUBFOLDER, Path(folder))
 
 
 def _training_record(cfg: DownstreamTrainingConfig, trainer, seconds: float, train: list[Record], calib: list[Record]) -> dict:
@@ -292,7 +299,7 @@ def train_eagle(
     adapter_folder: str | Path,
 ) -> dict:  # fmt: skip
     """(d) EAGLE-3 on the frozen model of the ``lora`` folder ``adapter_folder`` (base + adapter, merged); saves the
-    drafter (bf16) and a copy of that adapter in ``out/adapter``."""
+    drafter (bf16) and, in its config, the path of that adapter relative to ``out`` (no copy: the folders stay small)."""
     from peft import PeftModel
 
     from ..drafters.draft_vocab import frequent_tokens
@@ -321,10 +328,9 @@ def train_eagle(
         final_layer=L, seed=cfg.seed, progress=cfg.progress, save_steps=cfg.save_steps, resume=cfg.resume,
     )  # fmt: skip
     seconds = time.perf_counter() - t0
-    drafter.config.base_adapter = ADAPTER_SUBFOLDER
+    drafter.config.base_adapter = adapter_path(out, adapter_folder)
     extra = sum(p.numel() for p in drafter.parameters())
     drafter.to(torch.bfloat16).save_pretrained(out)
-    shutil.copytree(Path(adapter_folder) / ADAPTER_SUBFOLDER, out / ADAPTER_SUBFOLDER, dirs_exist_ok=True)
     return {
         **_training_record(cfg, trainer, seconds, train, calib),
         "labelled_tokens": int(states.input_ids.numel()),
