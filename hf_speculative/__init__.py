@@ -5,9 +5,10 @@
     out = model.generate(input_ids, assistant_model=drafter, max_new_tokens=128)
 
 ``import hf_speculative`` registers the drafters with transformers' Auto classes, so that
-``AutoModel.from_pretrained(folder)`` finds them. The public names below are imported on first use; the one
-exception to the eager registration is the ``hf-speculative`` command itself, whose argument parsing must not
-import torch (its ``main`` registers the drafters once the arguments are parsed).
+``AutoModel.from_pretrained(folder)`` finds them: their configs, and stand-ins that import a drafter's modeling
+module when it is first loaded (`auto`). The public names below are imported on first use, so the import loads no
+drafter. The ``hf-speculative`` command registers after parsing its arguments instead, as ``--help`` must not
+import torch.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ _PUBLIC = {
 
 __all__ = [*_PUBLIC, "register_auto_classes"]
 
+from .auto import register_auto_classes  # noqa: E402
+
 
 def __getattr__(name: str):
     if name in _PUBLIC:
@@ -65,26 +68,6 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(set(globals()) | set(_PUBLIC))
-
-
-def register_auto_classes() -> None:
-    """Register every drafter's config and model with ``AutoConfig`` / ``AutoModel`` (idempotent), and make their
-    ``from_pretrained`` fail at once on a local folder that does not exist (`hub.guard_auto_classes`)."""
-    from transformers import AutoConfig, AutoModel
-
-    from .hub import guard_auto_classes
-
-    from .drafters.eagle import EagleConfig, EagleDrafter
-    from .drafters.medusa import MedusaConfig, MedusaHeadsModel
-    from .drafters.parallel import ParallelDrafter, ParallelDrafterConfig
-    from .drafters.spire import SpireConfig, SpireDrafter
-    from .drafters.streaming import LlamaForSpeculativeStreaming, SpeculativeStreamingConfig
-
-    for config, model in ((MedusaConfig, MedusaHeadsModel), (SpeculativeStreamingConfig, LlamaForSpeculativeStreaming),
-                          (ParallelDrafterConfig, ParallelDrafter), (EagleConfig, EagleDrafter), (SpireConfig, SpireDrafter)):  # fmt: skip
-        AutoConfig.register(config.model_type, config, exist_ok=True)
-        AutoModel.register(config, model, exist_ok=True)
-    guard_auto_classes()
 
 
 def _invoked_as_cli() -> bool:

@@ -72,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
-    import hf_speculative
+    from hf_speculative.auto import register_auto_classes
 
-    hf_speculative.register_auto_classes()  # the drafters load by AutoModel in every command
+    register_auto_classes()  # the drafters load by AutoModel in every command
     try:
         return args.func(args) or 0
     except FileNotFoundError as err:  # a missing folder or file: its message says which, a traceback adds nothing

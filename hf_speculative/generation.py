@@ -13,7 +13,7 @@ from transformers import GenerationMixin, PreTrainedModel
 
 from .acceptance import AcceptanceSettings
 from .decoding import check_tree_attention, tree_speculative_decoding
-from .drafters import resolve_drafter
+from .drafters.resolve import resolve_drafter
 
 __all__ = ["SpeculativeGenerationMixin", "enable", "is_enabled"]
 

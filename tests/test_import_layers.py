@@ -37,13 +37,15 @@ LAYERS = [
     ("hf_speculative.drafters.magicdec", 1),
     ("hf_speculative.drafters.placement", 1),  # the one dtype/device rule, applied where a drafter meets its target  # the target over a sparse cache: no model of its own, like draft_lm
     ("hf_speculative.drafters.__init__", 1),
+    ("hf_speculative.drafters.resolve", 1),  # the TreeDrafter for what generate() was given
     ("hf_speculative.decoding", 1),
     ("hf_speculative.generation", 1),
     ("hf_speculative.drafters", 2),  # the method drafters (medusa, parallel, streaming, ...)
     ("hf_speculative.drafters.modeling_drafter", 2),  # the method drafters' PreTrainedModel base (target plumbing)
     ("hf_speculative.drafters.configuration_drafter", 2),  # the config fields the method drafters share
-    ("hf_speculative.drafters.lazy", 2),  # the method drafter packages' lazy import of their training code
+    ("hf_speculative.drafters.lazy", 1),  # the drafter packages' lazy imports
     ("hf_speculative.training", 2),
+    ("hf_speculative.auto", 2),  # the drafters' configs and lazy model stand-ins in transformers' Auto classes
     ("hf_speculative.bench", 3),
     ("hf_speculative.downstream", 3),  # task fine-tuning arms: training + bench metrics and reference
     ("hf_speculative.commands", 4),
@@ -237,3 +239,43 @@ def test_help_is_fast(argv):
     imported = subprocess.run(probe, cwd=cwd, capture_output=True, text=True, timeout=60).stderr
     assert " torch\n" not in imported and " transformers\n" not in imported
     assert elapsed < 2.0, f"{' '.join(argv)} took {elapsed:.2f} s"
+
+
+def _fresh_python(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_import_loads_no_drafter():
+    """``import hf_speculative`` loads the drafters' configurations (for ``AutoConfig``) and nothing of a drafter:
+    no modeling, training or engine module."""
+    loaded = ast.literal_eval(_fresh_python(
+        "import sys, hf_speculative; print(sorted(m for m in sys.modules if m.startswith('hf_speculative')))"
+    ).strip())  # fmt: skip
+    light = {"hf_speculative", "hf_speculative.auto", "hf_speculative.hub", "hf_speculative.trees", "hf_speculative.drafters",
+             "hf_speculative.drafters.lazy", "hf_speculative.drafters.configuration_drafter"}  # fmt: skip
+    drafter_packages = {f"hf_speculative.drafters.{d}" for d in ("medusa", "streaming", "parallel", "eagle", "spire")}
+    heavy = [m for m in loaded if m not in light | drafter_packages and ".configuration_" not in m]
+    assert heavy == []
+    assert drafter_packages <= set(loaded)  # their configs are registered
+
+
+def test_auto_model_imports_a_drafter_on_first_load(tmp_path):
+    """The Auto registry holds a stand-in per drafter model until one is loaded: ``AutoModel.from_pretrained``
+    then imports that drafter's modeling module (only that one) and returns the real class."""
+    from conftest import tiny_model
+
+    import hf_speculative as hfs
+
+    hfs.MedusaHeadsModel.from_base_model(tiny_model(), num_heads=2).save_pretrained(tmp_path)
+    out = _fresh_python(
+        "import sys, hf_speculative\n"
+        "from transformers import AutoModel\n"
+        "before = [m for m in sys.modules if m.startswith('hf_speculative') and '.modeling_' in m]\n"
+        f"model = AutoModel.from_pretrained({str(tmp_path)!r})\n"
+        "after = sorted(m for m in sys.modules if m.startswith('hf_speculative') and '.modeling_' in m)\n"
+        "print(before, type(model).__module__, type(model).__name__, after)\n"
+    )
+    assert out.split() == ["[]", "hf_speculative.drafters.medusa.modeling_medusa", "MedusaHeadsModel",
+                           "['hf_speculative.drafters.medusa.modeling_medusa',", "'hf_speculative.drafters.modeling_drafter']"]  # fmt: skip

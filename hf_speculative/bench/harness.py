@@ -273,7 +273,7 @@ class _EngineMethod(BenchMethod):
         """The tree a call over ``batch_size`` rows verifies (for the report)."""
         if self.call_tree is not None or isinstance(self, (_LayerCutEngineMethod, TreePromptLookupMethod)):
             return self.call_tree or self.tree
-        from hf_speculative.drafters import resolve_drafter
+        from hf_speculative.drafters.resolve import resolve_drafter
 
         drafter = resolve_drafter(self.model, self.draft)
         drafter.attach_target(self.model)
@@ -303,7 +303,7 @@ class TreeLayerCutMethod(_LayerCutEngineMethod):
     def _layer_cut_tree(self):
         tree = parse_tree(self.options.tree)
         if tree is None:  # the drafter's own default tree, recorded for the JSON
-            from hf_speculative.drafters import resolve_drafter
+            from hf_speculative.drafters.resolve import resolve_drafter
 
             tree = resolve_drafter(self.model, self.draft).default_tree
         return tree
@@ -428,7 +428,7 @@ class DrafterMethod(_EngineMethod):
         self.draft = load_drafter(self.path, self.model)
         self.call_tree = self.tree = parse_tree(self.options.tree)
         if self.tree is None:  # the drafter's own tree, recorded for the JSON
-            from hf_speculative.drafters import resolve_drafter
+            from hf_speculative.drafters.resolve import resolve_drafter
 
             self.tree = getattr(resolve_drafter(self.model, self.draft), "default_tree", None)
 
@@ -440,10 +440,10 @@ def load_drafter(path: str, target=None):
     """Load a drafter folder: an hf_speculative drafter (registered Auto classes) or a causal LM."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-    from .. import register_auto_classes
+    from ..auto import register_auto_classes
     from ..hub import resolve_name_or_path
 
-    register_auto_classes()  # the drafters' Auto classes (the hf-speculative command imports the package lazily)
+    register_auto_classes()  # idempotent; a script may have imported only this module
     path = resolve_name_or_path(path, what="drafter")  # a missing folder fails here, with no Hub lookup
     config = AutoConfig.from_pretrained(path)
     archs = getattr(config, "architectures", None) or []
@@ -459,8 +459,7 @@ def load_drafter(path: str, target=None):
 def drafter_method_name(path: str) -> str:
     from transformers import AutoConfig
 
-    from .. import register_auto_classes
-
+    from ..auto import register_auto_classes
     from ..hub import resolve_name_or_path
 
     register_auto_classes()
@@ -549,9 +548,9 @@ def time_one(method: BenchMethod, prompt: BenchPrompt, common: dict, device, see
 
 
 def machine_info(device) -> dict:
-    import transformers
+    from importlib.metadata import version
 
-    import hf_speculative
+    import transformers
 
     info = {
         "platform": platform.platform(),
@@ -561,7 +560,7 @@ def machine_info(device) -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "hf_speculative": getattr(hf_speculative, "__version__", None),
+        "hf_speculative": version("hf-speculative"),
         "device": str(device),
     }
     if torch.device(device).type == "cuda":

@@ -1,49 +1,17 @@
-"""Drafters: one folder per method, all meeting the engine through `TreeDrafter`."""
+"""Drafters: one folder per method, all meeting the engine through `TreeDrafter`. Every name is imported on first
+use, so that importing a drafter's configuration loads no drafter."""
 
 from __future__ import annotations
 
-import torch
-from transformers import PreTrainedModel
-
-from .base import DraftingOptions, TreeDrafter, fill_children
-from .draft_lm import CausalLMDrafter, layer_cut_draft
-from .magicdec import MagicDecDrafter
-from .placement import match_target
-from .prompt_lookup import PromptLookupDrafter
+from .lazy import lazy_getattr
 
 __all__ = ["DraftingOptions", "TreeDrafter", "fill_children", "CausalLMDrafter", "layer_cut_draft", "PromptLookupDrafter", "MagicDecDrafter", "resolve_drafter", "match_target"]
 
-
-def _vocab_size(model) -> int | None:
-    emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    return emb.weight.shape[0] if emb is not None else getattr(model.config, "vocab_size", None)
-
-
-def resolve_drafter(target, assistant_model) -> TreeDrafter | None:
-    """The `TreeDrafter` for one call: from a drafter model, a `TreeDrafter`, or any causal LM; None if none.
-
-    A drafter model (or causal LM) of another dtype or device than ``target`` is moved to the target's first
-    (`match_target`: the one rule, with a warning line)."""
-    if assistant_model is None:
-        self_drafter = getattr(target, "get_self_drafter", None)
-        return self_drafter() if self_drafter is not None else None
-    if isinstance(assistant_model, torch.nn.Module):
-        match_target(assistant_model, target)
-    if isinstance(assistant_model, TreeDrafter):
-        drafter = assistant_model
-    elif hasattr(assistant_model, "get_tree_drafter"):
-        drafter = assistant_model.get_tree_drafter(target)
-    elif isinstance(assistant_model, PreTrainedModel) and hasattr(assistant_model, "get_output_embeddings"):
-        drafter = CausalLMDrafter(assistant_model)
-    else:
-        raise TypeError(
-            f"assistant_model must be an hf_speculative drafter, a TreeDrafter or a causal LM, got {type(assistant_model).__name__}"
-        )
-    target_vocab = _vocab_size(target)
-    draft_vocab = getattr(drafter, "vocab_size", None)
-    if draft_vocab is not None and target_vocab is not None and draft_vocab != target_vocab:
-        raise ValueError(
-            f"vocabulary mismatch: the target predicts {target_vocab} tokens but the drafter {draft_vocab}; "
-            "tree speculative decoding needs a drafter with the target's vocabulary"
-        )
-    return drafter
+__getattr__ = lazy_getattr(__name__, {
+    "base": ("DraftingOptions", "TreeDrafter", "fill_children"),
+    "draft_lm": ("CausalLMDrafter", "layer_cut_draft"),
+    "magicdec": ("MagicDecDrafter",),
+    "placement": ("match_target",),
+    "prompt_lookup": ("PromptLookupDrafter",),
+    "resolve": ("resolve_drafter",),
+})  # fmt: skip

@@ -112,7 +112,7 @@ class HybridDrafter(TreeDrafter):
 
     # ------------------------------------------------------------------ set-up
     def attach_target(self, target) -> None:
-        from . import resolve_drafter
+        from .resolve import resolve_drafter
 
         if id(target) not in self._resolved:  # a model part makes its per-target drafter once
             self._resolved = {id(target): [resolve_drafter(target, part) for part in self.parts]}

@@ -1,9 +1,8 @@
-"""Medusa heads (Cai et al., 2024): configuration, model and tree drafter; training and tree calibration
-(``training_medusa``, ``training_medusa2``, ``tree_calibration``) are imported on first use, as they pull in `transformers.Trainer`."""
+"""Medusa heads (Cai et al., 2024): configuration; model and tree drafter (``modeling_*``) and training and tree calibration
+(``training_medusa``, ``training_medusa2``, ``tree_calibration``) are imported on first use."""
 
 from ..lazy import lazy_getattr
 from .configuration_medusa import MedusaConfig, default_medusa_choices
-from .modeling_medusa import MedusaDrafter, MedusaHeadsModel, MedusaOutput, MedusaResBlock
 
 __all__ = [
     "MedusaConfig",
@@ -26,6 +25,7 @@ __all__ = [
 ]
 
 __getattr__ = lazy_getattr(__name__, {
+    "modeling_medusa": ("MedusaDrafter", "MedusaHeadsModel", "MedusaOutput", "MedusaResBlock",),
     "training_medusa": ("medusa_loss", "medusa_head_losses", "medusa_labels", "MedusaTrainer", "MedusaCollator",
                         "MedusaPositionDataset", "train_medusa"),
     "tree_calibration": ("calibrate_tree", "head_accuracies", "expected_acceptance_length", "MedusaCurveCallback"),

@@ -1,9 +1,8 @@
-"""ParallelSpec drafter (Xiao et al., 2024): configuration, model and tree drafter; training
-(``training_parallel_drafter``) is imported on first use, as it pulls in `transformers.Trainer`."""
+"""ParallelSpec drafter (Xiao et al., 2024): configuration; model and tree drafter (``modeling_*``) and training
+(``training_parallel_drafter``) are imported on first use."""
 
 from ..lazy import lazy_getattr
 from .configuration_parallel_drafter import ParallelDrafterConfig, default_parallel_choices
-from .modeling_parallel_drafter import ParallelDrafter, ParallelDrafterOutput, ParallelTreeDrafter
 
 __all__ = [
     "ParallelDrafterConfig",
@@ -18,6 +17,7 @@ __all__ = [
 ]
 
 __getattr__ = lazy_getattr(__name__, {
+    "modeling_parallel_drafter": ("ParallelDrafter", "ParallelDrafterOutput", "ParallelTreeDrafter",),
     "training_parallel_drafter": ("group_layout", "parallel_loss", "parallel_depth_losses", "ParallelGroupDataset",
                                   "ParallelGroupCollator", "ParallelDrafterTrainer", "train_parallel_drafter",
                                   "depth_accuracies", "calibrate_tree"),

@@ -1,9 +1,8 @@
-"""SPIRe drafter (Neelam et al. 2025): configuration, model and tree drafter; training (``training_spire``) is
-imported on first use, as it pulls in `transformers.Trainer`."""
+"""SPIRe drafter (Neelam et al. 2025): configuration; model and tree drafter (``modeling_*``) and training (``training_spire``) are
+imported on first use."""
 
 from ..lazy import lazy_getattr
 from .configuration_spire import SpireConfig, chain_with_alternatives
-from .modeling_spire import SpireDrafter, SpireOutput, SpireTreeDrafter, sparse_visibility
 
 __all__ = [
     "SpireConfig",
@@ -21,5 +20,6 @@ __all__ = [
 ]
 
 __getattr__ = lazy_getattr(__name__, {
+    "modeling_spire": ("SpireDrafter", "SpireOutput", "SpireTreeDrafter", "sparse_visibility",),
     "training_spire": ("SpireDataset", "SpireCollator", "SpireTrainer", "mixed_loss", "spire_loss", "train_spire"),
 })

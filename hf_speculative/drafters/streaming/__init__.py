@@ -1,14 +1,8 @@
 """Speculative Streaming (Bhendawade et al., 2024): multi-stream attention in the target's top layers; the
-target drafts for itself (`LlamaForSpeculativeStreaming`)."""
+target drafts for itself (`LlamaForSpeculativeStreaming`). Configuration here; the model is imported on first use."""
 
 from .configuration_speculative_streaming import SpeculativeStreamingConfig, default_stream_tree
-from .modeling_speculative_streaming import (
-    LlamaForSpeculativeStreaming,
-    SpeculativeStreamingDrafter,
-    SpeculativeStreamingOutput,
-    SpeculativeStreams,
-    StreamAdapter,
-)
+from ..lazy import lazy_getattr
 
 __all__ = [
     "SpeculativeStreamingConfig",
@@ -19,3 +13,8 @@ __all__ = [
     "SpeculativeStreams",
     "StreamAdapter",
 ]
+
+__getattr__ = lazy_getattr(__name__, {
+    "modeling_speculative_streaming": ("LlamaForSpeculativeStreaming", "SpeculativeStreamingDrafter", "SpeculativeStreamingOutput",
+                                       "SpeculativeStreams", "StreamAdapter"),
+})  # fmt: skip
