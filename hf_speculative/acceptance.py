@@ -90,9 +90,12 @@ def accept_greedy_all(tree: DraftTree, logits: torch.Tensor) -> AcceptanceResult
     ancestors = tree.ancestors.to(best.device)
     valid = ~(ancestors & ~match).any(-1)
     depth = torch.where(valid, tree.depths.to(best.device), -1)
-    node = int(depth.argmax())  # the host sync; the first deepest valid node in node order
-    path = ancestors[node].nonzero().squeeze(-1).tolist()  # parents precede children: root first
-    out = [int(t) for t in tokens[path[1:]].tolist()] + [int(best[node])]
+    node = depth.argmax()  # the first deepest valid node in node order
+    n = len(tree)
+    packed = torch.cat([node.view(1), ancestors[node].long(), tokens, best]).tolist()  # the one host sync
+    node, on_path, tokens, best = packed[0], packed[1 : 1 + n], packed[1 + n : 1 + 2 * n], packed[1 + 2 * n :]
+    path = [i for i in range(n) if on_path[i]]  # parents precede children: root first
+    out = [tokens[i] for i in path[1:]] + [best[node]]
     return AcceptanceResult(path, out, [logits[i].float() for i in path])
 
 
@@ -121,8 +124,47 @@ def _proposal(tree: DraftTree, node: int, removed: list[int], device) -> torch.T
         q = q.clone()
         q[removed] = 0.0
         total = q.sum()
-        q = q / total if total > 0 else q
+        q = q / torch.where(total > 0, total, 1.0)  # all removed: q stays 0 (no host read)
     return q
+
+
+def _test_one_hot_children(p: torch.Tensor, xs: list[int], generator) -> tuple[int | None, torch.Tensor]:
+    """Deterministic candidates (``q_i = onehot(x_i)``) of one node, in rank order: x_i is accepted with probability
+    ``p_i(x_i)``, p_i being p without the earlier candidates, renormalized. One host read: ``p(x_i)`` of all
+    candidates at once (``p_i(x_i) = p(x_i) / (1 - sum_{j<i} p(x_j))``). Returns the accepted index (or None) and
+    the residual p without the rejected candidates."""
+    px = p[xs].tolist()
+    seen, rest = set(), 1.0
+    for i, x in enumerate(xs):
+        u = float(torch.rand((), generator=generator, device="cpu"))
+        pxi = 0.0 if x in seen else px[i] / rest if rest > 0 else 0.0
+        if u < pxi:
+            return i, p
+        seen.add(x)
+        rest -= 0.0 if x in xs[:i] else px[i]
+    residual = p.clone()
+    residual[xs] = 0.0
+    total = residual.sum()
+    return None, residual / torch.where(total > 0, total, 1.0)
+
+
+def _test_sampled_children(tree: DraftTree, node: int, p: torch.Tensor, xs: list[int], generator) -> tuple[int | None, torch.Tensor]:
+    """Sampled candidates (proposal q_i per sibling, `_proposal`) of one node: x_i is accepted when
+    ``u_i q_i(x_i) < p_i(x_i)``, else ``p_{i+1} = norm(max(p_i - q_i, 0))``. Every test runs on the device and the
+    first accepted index is read once. Returns it (or None) and the residual after every candidate."""
+    us = torch.rand(len(xs), generator=generator, device="cpu").to(p.device)
+    accepted, removed = [], []
+    for i, x in enumerate(xs):
+        q = _proposal(tree, node, removed, p.device)
+        qx, pxi = q[x], p[x]
+        accepted.append((qx > 0) & (us[i] * qx < pxi))
+        residual = torch.clamp(p - q, min=0.0)
+        total = residual.sum()
+        p = torch.where(total > 0, residual / total, p)  # total == 0: p == q, where the child is always accepted
+        removed.append(x)
+    flags = torch.stack(accepted).tolist()
+    first = next((i for i, f in enumerate(flags) if f), None)
+    return first, p
 
 
 def accept_sampling(
@@ -131,7 +173,8 @@ def accept_sampling(
     """Lossless tree rejection sampling: the committed tokens follow the target's own distribution.
 
     For ``deterministic`` candidates ``q_i = onehot(x_i)``: x_i is accepted with probability ``p_i(x_i)`` and
-    the residual is p_i without x_i, renormalized (computed in place, no one-hot tensor per node).
+    the residual is p_i without x_i, renormalized (no one-hot tensor per node). One host read per depth, plus the
+    final draw from the residual.
     """
     tokens = tree.tokens.tolist()
     deterministic = tree.sampling == "deterministic"
@@ -139,34 +182,18 @@ def accept_sampling(
     while True:
         s = node_scores(node)
         p = torch.softmax(s.float(), dim=-1)
-        accepted, removed = None, []
-        for child in tree.children[node]:
-            x = tokens[child]
-            u = float(torch.rand((), generator=generator, device="cpu"))
-            if deterministic:
-                px = float(p[x])
-                if u < px:
-                    accepted = child
-                    break
-                if px < 1.0:  # px == 1 would always accept
-                    p = p.clone()
-                    p[x] = 0.0
-                    p = p / (1.0 - px)
-            else:
-                q = _proposal(tree, node, removed, p.device)
-                qx, px = float(q[x]), float(p[x])
-                if qx > 0 and u * qx < px:
-                    accepted = child
-                    break
-                residual = torch.clamp(p - q, min=0.0)
-                total = residual.sum()
-                if total > 0:  # total == 0 would need p == q, where the child is always accepted
-                    p = residual / total
-            removed.append(x)
+        children = list(tree.children[node])
         scores.append(s)
-        if accepted is None:
+        if children:
+            xs = [tokens[c] for c in children]
+            test = _test_one_hot_children(p, xs, generator) if deterministic else _test_sampled_children(tree, node, p, xs, generator)
+            index, p = test
+        else:
+            index = None
+        if index is None:
             out.append(int(torch.multinomial(p, 1, generator=generator)))
             return AcceptanceResult(path, out, scores)
+        accepted = children[index]
         out.append(tokens[accepted])
         path.append(accepted)
         node = accepted

@@ -39,11 +39,11 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ._compat import cache_arg, model_kwargs_cache
 from .cache import attention_window, keep_paths, prepare_tree_cache
-from .drafters.base import DraftingOptions, TreeDrafter
+from .drafters.base import DraftingOptions, TreeDrafter, batched
 from .logits import NodeLogits
 from .rows import TargetRows
 from .tree_forward import verification_forward
-from .trees import BatchTreeMaskBuffer, DraftTree, TreeSpec, batch_tree_block
+from .trees import BatchTreeMaskBuffer, DraftTree, DynamicTree, TreeSpec, batch_tree_block
 from .acceptance import AcceptanceSettings, accept_greedy_all
 
 __all__ = [
@@ -155,7 +155,6 @@ class _Batch:
         self.visible = visible
         self.next_position = visible.sum(-1)
         self.column_positions = column_positions if keep_positions else None
-        self.prefill_outputs = None  # the prefill's outputs until the loop has read them
 
     def sequences(self) -> list[torch.LongTensor]:
         return [self.rows[r].sequence for r in self.active]
@@ -281,8 +280,13 @@ def _check_call(model, input_ids, drafter: TreeDrafter, tree, synced_gpus: bool,
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError(f"a streamer takes one sequence, got a batch of {input_ids.shape[0]}")
     tree = tree if tree is not None else drafter.tree_for_batch(input_ids.shape[0])
-    if not isinstance(tree, TreeSpec):
-        raise TypeError(f"speculative_tree must be a hf_speculative.TreeSpec, got {type(tree).__name__}")
+    if not isinstance(tree, (TreeSpec, DynamicTree)):
+        raise TypeError(f"speculative_tree must be a hf_speculative.TreeSpec or DynamicTree, got {type(tree).__name__}")
+    if isinstance(tree, DynamicTree) and not drafter.fills_dynamic_tree:
+        raise TypeError(
+            f"a DynamicTree has no fixed shape and {type(drafter).__name__} fills static trees only (a TreeSpec); the "
+            "drafters that build one per step are Medusa heads, ParallelDrafter, Speculative Streaming and EagleDrafter"
+        )
     if drafter.max_depth is not None and tree.depth > drafter.max_depth:
         raise ValueError(
             f"the tree is {tree.depth} deep but {type(drafter).__name__} can fill at most {drafter.max_depth} levels"
@@ -461,6 +465,7 @@ def tree_speculative_decoding(
     cache to the accepted paths, (6) let the drafter catch up, (7) drop the rows that are done.
     """
     tree = _check_call(model, input_ids, drafter, tree, synced_gpus, streamer)
+    drafter = batched(drafter)  # a one-row drafter gets the engine's loop over the rows
     cache = model_kwargs_cache(model_kwargs)
     prepare_tree_cache(cache)
     device = input_ids.device
@@ -478,10 +483,10 @@ def tree_speculative_decoding(
     stats = SpeculativeStats()
     masks = _TreeMasks(model, device)
 
-    batch = _prefill_and_begin(model, input_ids, cache, model_kwargs, drafter, stopping, masks, stats, logits_processor, do_sample)
+    batch, prefill = _prefill_and_begin(model, input_ids, cache, model_kwargs, drafter, stopping, masks, stats, logits_processor, do_sample)
     # a drafter that reads every node's logits gets them from the verification forward itself (no lazy head)
-    lazy_head = None if drafter.verified_top_k else NodeLogits.lazy_head(model, batch.prefill_outputs)
-    batch.prefill_outputs = None
+    lazy_head = None if drafter.verified_top_k else NodeLogits.lazy_head(model, prefill)
+    del prefill
 
     while batch.active:
         past_length = batch.visible.shape[1]  # the roots (last committed tokens) are not cached yet
@@ -508,9 +513,10 @@ def tree_speculative_decoding(
     return _output(stopping, batch, cache, input_ids.shape[1], generation_config, stats)
 
 
-def _prefill_and_begin(model, input_ids, cache, model_kwargs, drafter, stopping, masks, stats, logits_processor, do_sample) -> "_Batch":
+def _prefill_and_begin(model, input_ids, cache, model_kwargs, drafter, stopping, masks, stats, logits_processor, do_sample):
     """The prefill: one target forward over the prompts commits each row's first new token, exactly as plain
-    generate; the drafter begins from it (with the prompt positions' top-k when it reads them)."""
+    generate; the drafter begins from it (with the prompt positions' top-k when it reads them). Returns the batch
+    and the prefill's outputs."""
     device = input_ids.device
     batch = _start(input_ids, model_kwargs, keep_positions=masks.window is not None)
     stats.rows = [row.stats for row in batch.rows]
@@ -530,8 +536,7 @@ def _prefill_and_begin(model, input_ids, cache, model_kwargs, drafter, stopping,
         row.stats.accepted_lengths.append(stopping.commit(row, [first[b]], [scores[b]], [raw[b]]))
     stats.accepted_lengths.append(len(batch.rows))
     _drop_finished_rows(batch, _rows_going_on(stopping, batch), cache, masks)
-    batch.prefill_outputs = outputs
-    return batch
+    return batch, outputs
 
 
 def _output(stopping: "_Stopping", batch: "_Batch", cache, prompt_length: int, generation_config, stats: SpeculativeStats):

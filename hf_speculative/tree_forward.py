@@ -103,6 +103,8 @@ class _Pruning:
         self.index = torch.tensor([list(k) + [0] * (width - len(k)) for k in keeps], device=hidden.device)
         self.drafts = [d.select(list(k)) for d, k in zip(self.drafts, keeps)]
         self.position_ids = self._gather(kwargs["position_ids"].expand(len(keeps), -1))
+        # the engine's mask buffer is rebuilt in place for the pruned trees: the layers below have already used the
+        # full trees' mask (this runs as layer `pruning_layer` starts), and the layers from here on read the new one
         self.mask = self.mask_for(self.drafts, self.position_ids)
         past = self.cache.get_seq_length() - hidden.shape[1]
         keep_columns(self.cache, past, self.index, num_layers=self.layer)

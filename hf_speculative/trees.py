@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 __all__ = [
-    "TreeSpec", "DynamicTree", "DraftTree", "additive_mask", "tree_attention_mask",
+    "TreeSpec", "DynamicTree", "DraftTree", "DraftingOptions", "fill_children", "additive_mask", "tree_attention_mask",
     "BatchTreeMaskBuffer", "batch_tree_block", "expected_acceptance_length",
 ]  # fmt: skip
 
@@ -84,6 +84,40 @@ def _draft_cost_fn(draft_cost) -> Callable[[int, int], float]:
     if not per_depth:
         raise ValueError("draft_cost as a sequence needs one cost per tree depth")
     return lambda n, d: per_depth[min(d, len(per_depth)) - 1]
+
+
+@dataclass
+class DraftingOptions:
+    """How this call wants candidates drawn (taken from the generation config)."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    generator: torch.Generator | None = None
+
+    def scheme(self, draft_sampling: str) -> str:
+        """The `DraftTree.sampling` scheme: a drafter's own choice when sampling, top-k when greedy."""
+        return draft_sampling if self.do_sample else "deterministic"
+
+
+def fill_children(
+    logits: torch.Tensor, num_children: int, scheme: str, options: DraftingOptions, probs: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Ranked candidates for one parent from the drafter's logits ``(vocab,)``.
+
+    ``scheme`` is a `DraftTree.sampling` value. ``"deterministic"``: the top-k tokens. Sampling: ``q = softmax(logits / T)`` and k draws,
+    without replacement by the Gumbel-top-k trick (the i-th is a draw from q without the first i-1) or
+    with replacement. ``probs``: q when the caller already has it (several parents drawing from one row).
+    Returns the tokens and q (None when deterministic).
+    """
+    k = min(num_children, logits.shape[-1])
+    if scheme == "deterministic":
+        return torch.topk(logits, k).indices, None
+    q = probs if probs is not None else torch.softmax(logits.float() / max(options.temperature, 1e-5), dim=-1)
+    if scheme == "with_replacement":
+        return torch.multinomial(q, num_children, replacement=True, generator=options.generator), q
+    u = torch.rand(q.shape, generator=options.generator, device=q.device).clamp_(1e-20, 1.0)
+    gumbel = torch.log(q) - torch.log(-torch.log(u))
+    return torch.topk(gumbel, k).indices, q
 
 
 @dataclass(frozen=True)
@@ -252,6 +286,36 @@ class TreeSpec:
         """JSON-friendly form for configs (inverse of `from_choices`)."""
         return [list(p) for p in self.paths]
 
+    def fill(self, logits: torch.Tensor, root_token: torch.Tensor, scheme: str, options: DraftingOptions) -> "DraftTree":
+        """This step's draft from one distribution per depth (row d drafts depth d + 1), whatever the parent: the
+        drafting rule of Medusa heads, ParallelSpec's mask positions and Speculative Streaming's streams.
+
+        ``"deterministic"``: the node of depth d and rank i gets row d - 1's i-th most likely token (Medusa's
+        Cartesian / sparse trees). Sampling: every inner node's children are drawn from its depth's q by
+        `fill_children`, and q is kept per node for exact tree rejection sampling.
+        """
+        device = root_token.device
+        root = root_token.reshape(1)
+        depths = self.depths.tolist()
+        if scheme == "deterministic":
+            width = max(self.ranks[1:]) + 1
+            top = torch.topk(logits[: self.depth], min(width, logits.shape[-1]), dim=-1).indices  # (depth, width)
+            idx = torch.tensor(depths[1:], device=top.device) - 1
+            rank = torch.tensor(self.ranks[1:], device=top.device)
+            tokens = torch.cat([root.to(top.device), top[idx, rank]]).to(device)
+            return DraftTree.from_spec(self, tokens, sampling=scheme)
+        n = self.num_nodes + 1
+        tokens = torch.empty(n, dtype=torch.long, device=device)
+        tokens[0] = root[0]
+        probs = torch.zeros(n, logits.shape[-1], device=device)
+        per_depth = torch.softmax(logits[: self.depth].float() / max(options.temperature, 1e-5), dim=-1)  # q once per depth
+        for node, kids in enumerate(self.children):
+            if kids:
+                chosen, q = fill_children(logits[depths[node]], len(kids), scheme, options, probs=per_depth[depths[node]])
+                tokens[list(kids)] = chosen.to(device)
+                probs[node] = q.to(device)
+        return DraftTree.from_spec(self, tokens, draft_probs=probs, sampling=scheme)
+
     def __repr__(self) -> str:
         return f"TreeSpec(num_nodes={self.num_nodes}, depth={self.depth})"
 
@@ -264,7 +328,7 @@ def expected_acceptance_length(tree: TreeSpec, accuracies) -> float:
     return tree.expected_acceptance_length(accuracies)
 
 
-class DynamicTree(TreeSpec):
+class DynamicTree:
     """A per-step tree built from the drafter's own confidence: EAGLE-2 (Li et al. 2024, Sec. 4).
 
     Pass it as ``speculative_tree=DynamicTree(total_tokens=16, depth=4, top_k=4)`` to a drafter that drafts
@@ -282,29 +346,23 @@ class DynamicTree(TreeSpec):
     exact and sampling stays lossless: tree rejection sampling with a one-hot proposal per child.
 
     The tree's shape changes every step: only ``depth`` (the drafter's depth check) and ``num_nodes``
-    (the budget) are known in advance; the per-node structure lives in each step's `DraftTree`.
+    (the budget) are known in advance; the per-node structure lives in each step's `DraftTree`. It is not a
+    `TreeSpec` (no parents, ranks or masks of its own); both fill a step's draft from per-depth logits (`fill`).
     """
 
     def __init__(self, total_tokens: int = 16, depth: int = 4, top_k: int = 4):
         if total_tokens < 1 or depth < 1 or top_k < 1:
             raise ValueError(f"DynamicTree needs total_tokens, depth and top_k >= 1, got {total_tokens}, {depth}, {top_k}")
-        object.__setattr__(self, "total_tokens", int(total_tokens))
-        object.__setattr__(self, "top_k", int(top_k))
-        object.__setattr__(self, "paths", tuple((0,) * d for d in range(1, int(depth) + 1)))  # the depth envelope
+        self.total_tokens, self.depth, self.top_k = int(total_tokens), int(depth), int(top_k)
 
     @property
     def num_nodes(self) -> int:
         """The node budget (drafted nodes, the root excluded)."""
         return self.total_tokens
 
-    def _no_shape(self, *args):
-        raise TypeError(
-            "a DynamicTree has no fixed shape: each step's DraftTree carries it. Only drafters that build it per step "
-            "(Medusa heads, ParallelDrafter, Speculative Streaming, EagleDrafter) accept it"
-        )
-
-    parents = ranks = depths = children = ancestors = property(_no_shape)
-    to_list = _no_shape
+    def fill(self, logits: torch.Tensor, root_token: torch.Tensor, scheme: str, options: DraftingOptions) -> "DraftTree":
+        """This step's draft from one distribution per depth (`build`): top-k candidates in every mode."""
+        return self.build(torch.log_softmax(logits[: self.depth].float(), dim=-1), root_token)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, DynamicTree) and (self.total_tokens, self.depth, self.top_k) == (

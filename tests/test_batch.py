@@ -209,11 +209,13 @@ def test_batch_of_one_with_padding_and_identical_rows():
     assert torch.equal(model.generate(same, assistant_model=drafter, max_new_tokens=16, do_sample=False), plain)
 
 
-def test_a_batch1_drafter_works_batched_through_the_default_contract():
-    """A drafter that implements only the batch-1 methods (as drafters written before batching do)."""
+def test_a_one_row_drafter_works_batched_through_the_engine_loop():
+    """A drafter that implements only the one-row methods says so (``drafts_one_row``) and the engine loops over the
+    rows; without the flag the engine asks for the batched methods, in words."""
 
     class LastTokenDrafter(TreeDrafter):
         default_tree = hfs.TreeSpec.chain(2)
+        drafts_one_row = True
 
         def begin(self, prompt_ids, target_outputs):
             self.seen = [prompt_ids.shape[1]]
@@ -229,6 +231,9 @@ def test_a_batch1_drafter_works_batched_through_the_default_contract():
     plain = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=PAD)
     assert torch.equal(model.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=12,
                                       do_sample=False, pad_token_id=PAD), plain)  # fmt: skip
+    LastTokenDrafter.drafts_one_row = False
+    with pytest.raises(NotImplementedError, match="drafts_one_row = True"):
+        model.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4, do_sample=False, pad_token_id=PAD)
 
 
 def test_output_scores_batched():

@@ -222,7 +222,7 @@ def test_clear_errors():
     drafter = hfs.MagicDecDrafter(model, sliding_window=WINDOW)
     with pytest.raises(ValueError, match="at most 8 levels"):
         model.generate(ids, assistant_model=drafter, speculative_tree=hfs.TreeSpec.chain(9), max_new_tokens=4)
-    with pytest.raises(ValueError, match="DynamicTree"):
+    with pytest.raises(TypeError, match="DynamicTree has no fixed shape and MagicDecDrafter fills static trees only"):
         model.generate(ids, assistant_model=drafter, speculative_tree=hfs.DynamicTree(8, 3, 2), max_new_tokens=4)
     other = _target(seed=3, vocab_size=64)
     with pytest.raises(ValueError, match="vocabulary mismatch"):

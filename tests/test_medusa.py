@@ -109,17 +109,17 @@ def test_drafts_from_the_hidden_state_of_the_token_before_the_root():
     model = hfs.enable(tiny_model(seed=3))
     heads = _perturb(hfs.MedusaHeadsModel.from_base_model(model, num_heads=3), 0.05)
     seen = []
-    real = MedusaDrafter.propose
+    real = MedusaDrafter.propose_batch
 
-    def spy(self, sequence, tree, options):
-        seen.append((sequence.clone(), self.hidden.clone()))
-        return real(self, sequence, tree, options)
+    def spy(self, sequences, rows, tree, options):
+        seen.extend((seq.clone(), self.row_hidden[r].clone()) for seq, r in zip(sequences, rows))
+        return real(self, sequences, rows, tree, options)
 
-    MedusaDrafter.propose = spy
+    MedusaDrafter.propose_batch = spy
     try:
         model.generate(torch.tensor([[5, 6, 7]]), assistant_model=heads, max_new_tokens=25, do_sample=False)
     finally:
-        MedusaDrafter.propose = real
+        MedusaDrafter.propose_batch = real
     assert len(seen) > 3
     for sequence, hidden in seen:
         with torch.no_grad():

@@ -19,11 +19,11 @@ batch of B left-padded prompts, B = 1 included):
 ``target_outputs.row(j)`` is a batch-1 view of row j: tensors sliced to ``[j : j + 1]`` (prompt padding removed
 on the prefill), its cache the row's real cached tokens only (`hf_speculative.rows`).
 
-**Drafting one row at a time.** The default batched methods call ``begin`` / ``propose`` / ``advance`` / ``end``
-once per row, on a shallow copy of the drafter per row (on the drafter itself for a single row). So a drafter
-written for batch 1 works for any batch, provided its ``begin`` *assigns* fresh per-call state (a new cache, new
-tensors) rather than mutating shared objects in place. A drafter that drafts all rows at once overrides the
-``*_batch`` methods (Medusa heads: one head forward over B hidden states).
+**Drafting one row at a time.** A drafter written for one sequence sets ``drafts_one_row = True`` and implements
+``begin`` / ``propose`` / ``advance`` / ``end``; the engine then loops over the rows (`RowLoop`: a shallow copy of
+the drafter per row, the drafter itself for a single row), so it works for any batch provided its ``begin``
+*assigns* fresh per-call state rather than mutating shared objects in place. A drafter that drafts all rows at once
+implements the ``*_batch`` methods (Medusa heads: one head forward over B hidden states; Token Recycling).
 
 The engine never branches on the kind of drafter.
 """
@@ -31,20 +31,18 @@ The engine never branches on the kind of drafter.
 from __future__ import annotations
 
 import copy
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from abc import ABC
 
 import torch
 
 from ..acceptance import AcceptanceResult
 from ..rows import TargetRows
-from ..trees import DraftTree, DynamicTree, TreeSpec
+from ..trees import DraftingOptions, DraftTree, DynamicTree, TreeSpec, fill_children
 
 __all__ = [
     "DraftingOptions",
     "TreeDrafter",
     "fill_children",
-    "tree_from_depth_logits",
     "final_hidden_state",
     "output_embeddings",
     "input_embeddings",
@@ -54,21 +52,10 @@ __all__ = [
     "chain_nodes",
     "ChainTreeFiller",
     "ChainDrafting",
+    "RowLoop",
+    "batched",
     "require_mask_attention",
 ]
-
-
-@dataclass
-class DraftingOptions:
-    """How this call wants candidates drawn (taken from the generation config)."""
-
-    do_sample: bool = False
-    temperature: float = 1.0
-    generator: torch.Generator | None = None
-
-    def scheme(self, draft_sampling: str) -> str:
-        """The `DraftTree.sampling` scheme: a drafter's own choice when sampling, top-k when greedy."""
-        return draft_sampling if self.do_sample else "deterministic"
 
 
 class TreeDrafter(ABC):
@@ -79,7 +66,12 @@ class TreeDrafter(ABC):
     #: deepest tree this drafter can fill (None: unbounded)
     max_depth: int | None = None
     #: the tree used when the call gives no ``speculative_tree``
-    default_tree: TreeSpec | None = None
+    default_tree: TreeSpec | DynamicTree | None = None
+    #: this drafter builds a `DynamicTree` per step (EAGLE-2) besides filling a static `TreeSpec`
+    fills_dynamic_tree: bool = False
+    #: the drafter drafts one row at a time: it implements ``begin`` / ``propose`` / ``advance`` / ``end`` for one
+    #: sequence and the engine loops over the rows (`RowLoop`); False: it implements the ``*_batch`` methods
+    drafts_one_row: bool = False
     #: drafters with a cost-aware default tree set ``batch_tree(batch_size) -> TreeSpec`` (see `tree_for_batch`)
     batch_tree = None
     #: how many of the target's most likely next tokens per verified position this drafter reads
@@ -106,9 +98,9 @@ class TreeDrafter(ABC):
     def begin(self, prompt_ids: torch.LongTensor, target_outputs) -> None:
         """Reset state for a new call; ``target_outputs`` is the target's prefill output."""
 
-    @abstractmethod
     def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
-        """This step's draft for the committed ``sequence`` (shape ``(1, L)``; the root is its last token)."""
+        """A one-row drafter's draft for the committed ``sequence`` (shape ``(1, L)``; the root is its last token)."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither propose (with drafts_one_row = True) nor propose_batch")
 
     def prune_batch(self, states: torch.Tensor, drafts: list[DraftTree]) -> list[list[int]] | None:
         """With `pruning_layer` set: the nodes of each row's draft that stay (ascending, closed under ancestors),
@@ -123,31 +115,15 @@ class TreeDrafter(ABC):
         """Release per-call state."""
 
     # ------------------------------------------------------------------ the batched contract (module docstring)
-    _per_row: dict[int, "TreeDrafter"] | None = None
-
-    def _row_drafter(self, row: int) -> "TreeDrafter":
-        return self if self._per_row is None else self._per_row[row]
-
     def begin_batch(self, prompts: list[torch.LongTensor], target_outputs: TargetRows) -> None:
-        """Reset state for a call over ``len(prompts)`` rows. Default: `begin` per row, on a shallow copy of the
-        drafter per row (on the drafter itself for a single row)."""
-        if len(prompts) == 1:
-            self._per_row = None
-            self.begin(prompts[0], target_outputs.row(0))
-            return
-        per_row = {}
-        for j, prompt in enumerate(prompts):
-            drafter = copy.copy(self)
-            drafter._per_row = None
-            drafter.begin(prompt, target_outputs.row(j))
-            per_row[j] = drafter
-        self._per_row = per_row
+        """Reset state for a call over ``len(prompts)`` rows."""
+        raise NotImplementedError(_ONE_ROW_HINT.format(type(self).__name__))
 
     def propose_batch(
         self, sequences: list[torch.LongTensor], rows: list[int], tree: TreeSpec, options: DraftingOptions
     ) -> list[DraftTree]:
         """One draft per row (``sequences[j]`` is the committed sequence of original row ``rows[j]``)."""
-        return [self._row_drafter(r).propose(seq, tree, options) for seq, r in zip(sequences, rows)]
+        raise NotImplementedError(_ONE_ROW_HINT.format(type(self).__name__))
 
     def advance_batch(
         self,
@@ -158,26 +134,81 @@ class TreeDrafter(ABC):
         target_outputs: TargetRows,
     ) -> None:
         """Bring each continuing row's state in step with its committed sequence (entry j: ``target_outputs.row(j)``)."""
-        for j, r in enumerate(rows):
-            self._row_drafter(r).advance(sequences[j], drafts[j], results[j], target_outputs.row(j))
+        raise NotImplementedError(_ONE_ROW_HINT.format(type(self).__name__))
 
     def end_batch(self) -> None:
         """Release the call's state (every row's)."""
-        for drafter in (self._per_row or {}).values():
+
+
+_ONE_ROW_HINT = (
+    "{} implements no batched drafting: set drafts_one_row = True to have the engine call begin / propose / advance "
+    "/ end once per row, or implement begin_batch / propose_batch / advance_batch / end_batch"
+)
+
+
+class RowLoop:
+    """The batched methods of a one-row drafter (``drafts_one_row = True``): ``begin`` / ``propose`` / ``advance`` /
+    ``end`` once per row, on a shallow copy of the drafter per row (the drafter itself for a single row). Safe when
+    the drafter's ``begin`` *assigns* fresh per-call state (a new cache, new tensors) rather than mutating shared
+    objects in place. Every other attribute is the drafter's."""
+
+    def __init__(self, drafter: TreeDrafter):
+        self.drafter = drafter
+        self.rows: dict[int, TreeDrafter] = {}
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["drafter"], name)
+
+    def row(self, row: int) -> TreeDrafter:
+        """The drafter of original row ``row``."""
+        return self.rows[row]
+
+    def begin_batch(self, prompts: list[torch.LongTensor], target_outputs: TargetRows) -> None:
+        self.rows = {0: self.drafter} if len(prompts) == 1 else {j: copy.copy(self.drafter) for j in range(len(prompts))}
+        for j, prompt in enumerate(prompts):
+            self.rows[j].begin(prompt, target_outputs.row(j))
+
+    def propose_batch(self, sequences, rows, tree, options) -> list[DraftTree]:
+        return [self.rows[r].propose(seq, tree, options) for seq, r in zip(sequences, rows)]
+
+    def advance_batch(self, sequences, rows, drafts, results, target_outputs: TargetRows) -> None:
+        for j, r in enumerate(rows):
+            self.rows[r].advance(sequences[j], drafts[j], results[j], target_outputs.row(j))
+
+    def end_batch(self) -> None:
+        for drafter in self.rows.values():
             drafter.end()
-        self._per_row = None
-        self.end()
+        if all(d is not self.drafter for d in self.rows.values()):
+            self.drafter.end()
+        self.rows = {}
+
+
+def batched(drafter: TreeDrafter) -> "TreeDrafter | RowLoop":
+    """What the engine calls for ``drafter``: the drafter itself, or for a one-row drafter its `RowLoop`."""
+    return RowLoop(drafter) if drafter.drafts_one_row else drafter
 
 
 class ChainDrafting:
-    """`TreeDrafter.propose` / `propose_batch` of a drafter that drafts every row's chain in one batched forward per
-    depth (SPIRe, MagicDec): both call its ``_propose(states, sequences, tree, options)`` with the rows' states."""
+    """The batched methods of a drafter that keeps one state per row but drafts every row's chain in one batched
+    forward per depth (SPIRe, MagicDec): the rows' states are a `RowLoop`'s, and ``propose_batch`` calls its
+    ``_propose(states, sequences, tree, options)`` with them."""
+
+    def begin_batch(self, prompts, target_outputs) -> None:
+        self._rows = RowLoop(self)
+        self._rows.begin_batch(prompts, target_outputs)
 
     def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
         return self._propose([self], [sequence], tree, options)[0]
 
     def propose_batch(self, sequences, rows, tree, options) -> list[DraftTree]:
-        return self._propose([self._row_drafter(r) for r in rows], sequences, tree, options)
+        return self._propose([self._rows.row(r) for r in rows], sequences, tree, options)
+
+    def advance_batch(self, sequences, rows, drafts, results, target_outputs) -> None:
+        self._rows.advance_batch(sequences, rows, drafts, results, target_outputs)
+
+    def end_batch(self) -> None:
+        self._rows.end_batch()
+        self._rows = None
 
 
 def require_mask_attention(model, role: str, mask: str, fix: str) -> None:
@@ -188,64 +219,6 @@ def require_mask_attention(model, role: str, mask: str, fix: str) -> None:
             f"{role} uses attn_implementation={impl!r}, which cannot take {mask}; call `{fix}.set_attn_implementation('sdpa')` "
             "(or 'eager') first"
         )
-
-
-def fill_children(
-    logits: torch.Tensor, num_children: int, scheme: str, options: DraftingOptions, probs: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Ranked candidates for one parent from the drafter's logits ``(vocab,)``.
-
-    ``scheme`` is a `DraftTree.sampling` value. ``"deterministic"``: the top-k tokens. Sampling: ``q = softmax(logits / T)`` and k draws,
-    without replacement by the Gumbel-top-k trick (the i-th is a draw from q without the first i-1) or
-    with replacement. ``probs``: q when the caller already has it (several parents drawing from one row).
-    Returns the tokens and q (None when deterministic).
-    """
-    k = min(num_children, logits.shape[-1])
-    if scheme == "deterministic":
-        return torch.topk(logits, k).indices, None
-    q = probs if probs is not None else torch.softmax(logits.float() / max(options.temperature, 1e-5), dim=-1)
-    if scheme == "with_replacement":
-        return torch.multinomial(q, num_children, replacement=True, generator=options.generator), q
-    u = torch.rand(q.shape, generator=options.generator, device=q.device).clamp_(1e-20, 1.0)
-    gumbel = torch.log(q) - torch.log(-torch.log(u))
-    return torch.topk(gumbel, k).indices, q
-
-
-def tree_from_depth_logits(
-    logits: torch.Tensor, sequence: torch.LongTensor, tree: TreeSpec, scheme: str, options: DraftingOptions
-) -> DraftTree:
-    """Fill a static tree from one distribution per depth (row d drafts depth d + 1), whatever the parent.
-
-    The drafting rule of Medusa heads, ParallelSpec's mask positions and Speculative Streaming's streams.
-    ``"deterministic"``: the node of depth d and rank i gets row d - 1's i-th most likely token (Medusa's
-    Cartesian / sparse trees). Sampling: every inner node's children are drawn from its depth's q by
-    `fill_children`, and q is kept per node for exact tree rejection sampling.
-
-    A `DynamicTree` is built from the rows' own probabilities instead (EAGLE-2), with top-k candidates in
-    every mode (see `DynamicTree`).
-    """
-    if isinstance(tree, DynamicTree):
-        return tree.build(torch.log_softmax(logits[: tree.depth].float(), dim=-1), sequence[0, -1])
-    device = sequence.device
-    depths = tree.depths.tolist()
-    if scheme == "deterministic":
-        width = max(tree.ranks[1:]) + 1
-        top = torch.topk(logits[: tree.depth], min(width, logits.shape[-1]), dim=-1).indices  # (depth, width)
-        idx = torch.tensor(depths[1:], device=top.device) - 1
-        rank = torch.tensor(tree.ranks[1:], device=top.device)
-        tokens = torch.cat([sequence[0, -1:].to(top.device), top[idx, rank]]).to(device)
-        return DraftTree.from_spec(tree, tokens, sampling=scheme)
-    n = tree.num_nodes + 1
-    tokens = torch.empty(n, dtype=torch.long, device=device)
-    tokens[0] = sequence[0, -1]
-    probs = torch.zeros(n, logits.shape[-1], device=device)
-    per_depth = torch.softmax(logits[: tree.depth].float() / max(options.temperature, 1e-5), dim=-1)  # q once per depth
-    for node, kids in enumerate(tree.children):
-        if kids:
-            chosen, q = fill_children(logits[depths[node]], len(kids), scheme, options, probs=per_depth[depths[node]])
-            tokens[list(kids)] = chosen.to(device)
-            probs[node] = q.to(device)
-    return DraftTree.from_spec(tree, tokens, draft_probs=probs, sampling=scheme)
 
 
 def final_hidden_state(outputs) -> torch.Tensor:
@@ -325,7 +298,7 @@ class ChainTreeFiller:
     For a `chain_with_alternatives`-shaped tree (a chain, or a chain with siblings as leaves) the chain node at depth
     d gets its children from its own distribution: its top-i (greedy) or draws from it (sampling; the chain goes on
     with the first draw), q kept per node for exact tree rejection sampling. Another shape is filled from the chain's
-    per-depth distributions by `tree_from_depth_logits` (the chain goes on with each depth's argmax).
+    per-depth distributions by `TreeSpec.fill` (the chain goes on with each depth's argmax).
 
     Usage: for d in ``range(filler.num_forwards)``, ``next_token = filler(d, logits)`` with the chain node's logits
     ``(vocab,)``; then ``filler.draft_tree()``.
@@ -359,5 +332,5 @@ class ChainTreeFiller:
 
     def draft_tree(self) -> DraftTree:
         if self.chain is None:
-            return tree_from_depth_logits(torch.stack(self.rows), self.sequence, self.tree, self.scheme, self.options)
+            return self.tree.fill(torch.stack(self.rows), self.sequence[0, -1], self.scheme, self.options)
         return DraftTree.from_spec(self.tree, self.tokens, draft_probs=self.probs, sampling=self.scheme)

@@ -32,6 +32,8 @@ DEFAULT_LM_TREE = TreeSpec.from_choices(
 class CausalLMDrafter(TreeDrafter):
     """Drafts a tree with a causal LM that shares the target's vocabulary."""
 
+    drafts_one_row = True
+
     def __init__(self, model: PreTrainedModel, tree: TreeSpec | None = None, draft_sampling: str = "without_replacement"):
         """``draft_sampling``: how siblings are drawn when sampling ("without_replacement", "with_replacement"
         or "deterministic" top-k); every choice is exact, they differ in acceptance rate."""

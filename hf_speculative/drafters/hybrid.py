@@ -25,7 +25,7 @@ import torch
 
 from ..trees import DraftTree, TreeSpec
 from ..rows import TargetRows
-from .base import DraftingOptions, TreeDrafter
+from .base import DraftingOptions, TreeDrafter, batched
 from .cost_aware import target_cost_curve
 from .online_accuracy import OnlineAccuracy
 
@@ -115,7 +115,7 @@ class HybridDrafter(TreeDrafter):
         from .resolve import resolve_drafter
 
         if id(target) not in self._resolved:  # a model part makes its per-target drafter once
-            self._resolved = {id(target): [resolve_drafter(target, part) for part in self.parts]}
+            self._resolved = {id(target): [batched(resolve_drafter(target, part)) for part in self.parts]}
         self.drafters = self._resolved[id(target)]
         for drafter in self.drafters:
             drafter.attach_target(target)

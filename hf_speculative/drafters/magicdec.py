@@ -34,7 +34,7 @@ from transformers.models.llama.modeling_llama import rotate_half
 
 from .._compat import cache_arg, get_cache
 from ..cache import attention_window
-from ..trees import DraftTree, DynamicTree, TreeSpec
+from ..trees import DraftTree, TreeSpec
 from ..rows import cache_columns
 from .base import ChainDrafting, ChainTreeFiller, DraftingOptions, TreeDrafter, output_embeddings, require_mask_attention, sparse_visibility, streaming_slots
 from .draft_lm import windowed_mask
@@ -126,7 +126,7 @@ class MagicDecDrafter(ChainDrafting, TreeDrafter):
                 f"num_draft_tokens={num_draft_tokens} is more than sliding_window={sliding_window}: the drafted chain must fit "
                 "in the window"
             )
-        if tree is not None and (not isinstance(tree, TreeSpec) or isinstance(tree, DynamicTree)):
+        if tree is not None and not isinstance(tree, TreeSpec):
             raise TypeError(f"tree must be a static hf_speculative.TreeSpec, got {tree!r}")
         require_mask_attention(model, "the target", "the sparse cache's attention mask", "model")
         self.model = model
@@ -173,8 +173,6 @@ class MagicDecDrafter(ChainDrafting, TreeDrafter):
 
     # ------------------------------------------------------------------ drafting
     def _propose(self, states: list["MagicDecDrafter"], sequences, tree: TreeSpec, options: DraftingOptions) -> list[DraftTree]:
-        if isinstance(tree, DynamicTree):
-            raise ValueError("MagicDecDrafter drafts a static tree (a chain, with candidates per depth), not a DynamicTree")
         scheme = options.scheme(self.draft_sampling)
         fillers = [ChainTreeFiller(seq, tree, scheme, options, self.vocab_size) for seq in sequences]
         self._draft_chains(states, sequences, fillers)

@@ -154,8 +154,11 @@ class DepthTreeDrafter(TreeDrafter):
     the cost-aware one (`hf_speculative.drafters.cost_aware`); the vocabulary is the config's (its acceptance settings
     are the call's default, `hf_speculative.acceptance.AcceptanceSettings.resolve`). A subclass sets what its `draft_cost` reads before it calls ``__init__``."""
 
+    drafts_one_row = True
+
     #: the calibration's per-depth top-i accuracies
     accuracy_key = "depth_top_i_accuracy"
+    fills_dynamic_tree = True  # `DynamicTree.fill` from the per-depth distributions
 
     def __init__(self, config: TreeDrafterConfig, max_depth: int, draft_sampling: str, target: PreTrainedModel | None):
         self.max_depth = max_depth

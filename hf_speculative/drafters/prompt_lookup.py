@@ -96,6 +96,8 @@ class PromptLookupDrafter(TreeDrafter):
         default_tree: the node / depth budget when a call gives no ``speculative_tree``.
     """
 
+    drafts_one_row = True
+
     def __init__(
         self,
         max_ngram_size: int = 3,

@@ -351,7 +351,10 @@ class EagleTreeDrafter(TreeDrafter):
     without replacement from the drafter's distribution (sampling, exact tree rejection sampling).
     """
 
+    drafts_one_row = True
+
     needs_target_hidden_states = True
+    fills_dynamic_tree = True
 
     def __init__(self, drafter: EagleDrafter, draft_sampling: str = "without_replacement"):
         self.drafter = drafter

@@ -22,7 +22,7 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from ...trees import DraftTree, TreeSpec
-from ..base import DraftingOptions, final_hidden_state, tree_from_depth_logits
+from ..base import DraftingOptions, final_hidden_state
 from ...logits import vocab_logits
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from ..modeling_drafter import DepthTreeDrafter, DrafterModel
@@ -204,36 +204,29 @@ class MedusaDrafter(DepthTreeDrafter):
         # own lm_head, a large share of a small model's decoding step (SmolLM2-135M: 4 heads ~ 0.8 target forwards)
         states = self.heads.head_states(self.hidden, num_heads=tree.depth)
         logits = self.heads.project(states, draft_vocab=True).float()  # (depth, V)
-        return tree_from_depth_logits(logits, sequence, tree, options.scheme(self.draft_sampling), options)
+        return tree.fill(logits, sequence[0, -1], options.scheme(self.draft_sampling), options)
 
     def end(self) -> None:
         self.hidden = None
 
     # ------------------------------------------------------------------ batched: all rows' heads in one forward
+    drafts_one_row = False  # the engine calls the batched methods below; begin / propose / advance serve one row
+
     def begin_batch(self, prompts, target_outputs) -> None:
-        self.row_hidden = None
-        if len(prompts) == 1:
-            return super().begin_batch(prompts, target_outputs)
-        self._per_row = None
         h = final_hidden_state(target_outputs.outputs)[:, -1]  # left padding: the last column is every row's last token
         self.row_hidden = {j: h[i] for j, i in enumerate(target_outputs.rows)}
 
     @torch.no_grad()
     def propose_batch(self, sequences, rows, tree, options):
-        if getattr(self, "row_hidden", None) is None:
-            return super().propose_batch(sequences, rows, tree, options)
         states = self.heads.head_states(torch.stack([self.row_hidden[r] for r in rows]), num_heads=tree.depth)
         logits = self.heads.project(states, draft_vocab=True).float()  # (A, depth, V)
         scheme = options.scheme(self.draft_sampling)
-        return [tree_from_depth_logits(logits[j], seq, tree, scheme, options) for j, seq in enumerate(sequences)]
+        return [tree.fill(logits[j], seq[0, -1], scheme, options) for j, seq in enumerate(sequences)]
 
     def advance_batch(self, sequences, rows, drafts, results, target_outputs) -> None:
-        if getattr(self, "row_hidden", None) is None:
-            return super().advance_batch(sequences, rows, drafts, results, target_outputs)
         h = final_hidden_state(target_outputs.outputs)
         for j, r in enumerate(rows):
             self.row_hidden[r] = h[target_outputs.rows[j], results[j].path[-1]]
 
     def end_batch(self) -> None:
         self.row_hidden = None
-        super().end_batch()

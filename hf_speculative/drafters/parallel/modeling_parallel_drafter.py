@@ -31,7 +31,6 @@ from ..base import (
     DraftingOptions,
     final_hidden_state,
     input_embeddings,
-    tree_from_depth_logits,
 )
 from ...logits import vocab_logits
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
@@ -257,7 +256,7 @@ class ParallelTreeDrafter(DepthTreeDrafter):
     @torch.no_grad()
     def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
         logits = self.draft_logits(sequence, tree.depth)  # (depth, V): depth d + 1 <- row d
-        return tree_from_depth_logits(logits, sequence, tree, options.scheme(self.draft_sampling), options)
+        return tree.fill(logits, sequence[0, -1], options.scheme(self.draft_sampling), options)
 
     def end(self) -> None:
         self.cache = None

@@ -33,7 +33,7 @@ from transformers import initialization as init
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 from transformers.utils import ModelOutput
 
-from ...trees import DraftTree, DynamicTree, TreeSpec
+from ...trees import DraftTree, TreeSpec
 from ..base import (
     ChainDrafting, ChainTreeFiller, DraftingOptions, TreeDrafter, sparse_visibility, streaming_keep,
 )
@@ -435,8 +435,6 @@ class SpireTreeDrafter(ChainDrafting, TreeDrafter):
         return kv, key_pos, key_ok
 
     def _propose(self, states: list["SpireTreeDrafter"], sequences, tree: TreeSpec, options: DraftingOptions) -> list[DraftTree]:
-        if isinstance(tree, DynamicTree):
-            raise ValueError("SpireDrafter drafts a static tree (its chain with candidates per depth), not a DynamicTree")
         if tree.depth > self.max_depth:
             raise ValueError(f"this SpireDrafter drafts {self.max_depth} tokens per step; the tree has depth {tree.depth}")
         scheme = options.scheme(self.draft_sampling)

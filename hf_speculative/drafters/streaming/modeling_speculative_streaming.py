@@ -47,7 +47,7 @@ from ..._compat import cache_arg, get_cache, takes_cache
 from ...generation import SpeculativeGenerationMixin
 from ...hub import resolve_name_or_path
 from ...trees import DraftTree, TreeSpec
-from ..base import DraftingOptions, TreeDrafter, tree_from_depth_logits
+from ..base import DraftingOptions, TreeDrafter
 from ...logits import vocab_logits
 from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
@@ -661,7 +661,10 @@ class SpeculativeStreamingDrafter(TreeDrafter):
     projects those of the last accepted node.
     """
 
+    drafts_one_row = True
+
     needs_target_hidden_states = True
+    fills_dynamic_tree = True
 
     def __init__(self, model: LlamaForSpeculativeStreaming, draft_sampling: str = "without_replacement", target: PreTrainedModel | None = None):
         self.model = model
@@ -721,8 +724,7 @@ class SpeculativeStreamingDrafter(TreeDrafter):
 
     @torch.no_grad()
     def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
-        logits = self.logits
-        return tree_from_depth_logits(logits, sequence, tree, options.scheme(self.draft_sampling), options)
+        return tree.fill(self.logits, sequence[0, -1], options.scheme(self.draft_sampling), options)
 
     def end(self) -> None:
         self.logits = None
