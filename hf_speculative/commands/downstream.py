@@ -63,6 +63,8 @@ def add_parser(subparsers) -> None:
     e.add_argument("--max-new-tokens", type=int, default=None, help="default: the task's")
     e.add_argument("--output", default=None, help="write the JSON here (default: print it)")
     e.add_argument("--write-card", action="store_true", help="also write the folder's model card (README.md) with these results")
+    e.add_argument("--drafter", default="prompt-lookup", choices=("prompt-lookup", "token-recycling", "hybrid"),
+                   help="a lora folder's training-free drafting (arm e); other folders draft with what they trained")
     e.add_argument("--device", default=None)
     e.add_argument("--threads", type=int, default=None)
     e.add_argument("--seed", type=int, default=0)
@@ -100,8 +102,10 @@ def run_eval(args) -> int:
     setup_torch(args)
     from ..downstream.evaluation import evaluate_folder
 
+    if args.write_card and args.drafter != "prompt-lookup":
+        raise SystemExit("hf-speculative downstream eval: --write-card records a folder's own decoding; drop it with --drafter")
     result = evaluate_folder(args.folder, args.task, args.data, limit=args.limit, max_new_tokens=args.max_new_tokens,
-                             device=args.device, progress=not args.no_progress)  # fmt: skip
+                             device=args.device, progress=not args.no_progress, drafter=args.drafter)  # fmt: skip
     result["threads"] = args.threads
     result["command"] = command_line(args)
     text = json.dumps(result, indent=1)

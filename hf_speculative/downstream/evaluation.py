@@ -7,8 +7,9 @@ What each folder decodes with (the model is always the fine-tuned one: base + th
 =============  =================================================  ===============================================
 method         plain                                              speculative
 =============  =================================================  ===============================================
-``lora``       base + adapter (merged), ``generate()``             the same model with tree prompt lookup (no
-                                                                  drafter weights: training-free drafting)
+``lora``       base + adapter (merged), ``generate()``             the same model with tree prompt lookup, Token
+                                                                  Recycling or both merged (``drafter``: no
+                                                                  drafter weights, training-free drafting)
 ``medusa2``    base + adapter (merged), ``generate()``             the same model with its Medusa-2 heads
 ``streaming``  ``ss.generate_autoregressive`` (the joint forward,  ``ss.generate``: drafts itself
                one token per forward)
@@ -55,8 +56,29 @@ def _merged(base, folder: Path, adapter: str = ADAPTER_SUBFOLDER):
     return PeftModel.from_pretrained(base, str(folder / adapter)).merge_and_unload().eval()
 
 
-def load_downstream(folder: str | Path, device: str | None = None, dtype: torch.dtype = torch.float32) -> DownstreamModel:
-    """Load a ``downstream train`` folder: its base (``"reference"``: the reference package) and what the folder adds."""
+#: training-free drafting of a ``lora`` folder (arm e): ``--drafter`` of ``downstream eval``
+TRAINING_FREE = ("prompt-lookup", "token-recycling", "hybrid")
+
+
+def _training_free_drafter(name: str):
+    """Tree prompt lookup; Token Recycling (its adjacency matrix learns from the verified logits across the
+    evaluated prompts, cold at the first); or both merged into one tree (`HybridDrafter`)."""
+    import hf_speculative as hfs
+
+    if name == "prompt-lookup":
+        return hfs.PromptLookupDrafter(), "tree prompt lookup"
+    if name == "token-recycling":
+        return hfs.TokenRecyclingDrafter(), "token recycling"
+    if name == "hybrid":
+        return hfs.HybridDrafter([hfs.PromptLookupDrafter(), hfs.TokenRecyclingDrafter()]), "hybrid (prompt lookup + token recycling)"
+    raise ValueError(f"drafter must be one of {TRAINING_FREE}, got {name!r}")
+
+
+def load_downstream(folder: str | Path, device: str | None = None, dtype: torch.dtype = torch.float32,
+                    drafter: str = "prompt-lookup") -> DownstreamModel:  # fmt: skip
+    """Load a ``downstream train`` folder: its base (``"reference"``: the reference package) and what the folder adds.
+    ``drafter``: the training-free drafting of a ``lora`` folder (`TRAINING_FREE`); other folders draft with
+    what they trained."""
     import hf_speculative as hfs
 
     from ..bench.reference import resolve_model
@@ -64,6 +86,8 @@ def load_downstream(folder: str | Path, device: str | None = None, dtype: torch.
     folder = Path(folder)
     info = read_downstream_info(folder)
     method = info["method"]
+    if drafter != "prompt-lookup" and method != "lora":
+        raise ValueError(f"--drafter {drafter} applies to a 'lora' folder; {folder} drafts with its own {method} drafter")
     base, tokenizer = resolve_model(info["base_model"], dtype=dtype, device=device)
     gen = dict(do_sample=False, return_dict_in_generate=True)
 
@@ -91,7 +115,7 @@ def load_downstream(folder: str | Path, device: str | None = None, dtype: torch.
         drafter, name, extra = eagle, "eagle-3", sum(p.numel() for p in eagle.parameters())
     else:  # lora: training-free drafting on the fine-tuned model
         model = _merged(base, folder)
-        drafter, name, extra = hfs.PromptLookupDrafter(), "tree prompt lookup", 0
+        (drafter, name), extra = _training_free_drafter(drafter), 0
     hfs.enable(model)
     return DownstreamModel(
         info, tokenizer,
@@ -114,7 +138,7 @@ def compute_metric(task: str, predictions: list[str], references: list[list[str]
 
 @torch.inference_mode()
 def evaluate_folder(folder: str | Path, task: str, data_dir, limit: int | None = None, max_new_tokens: int | None = None,
-                    device: str | None = None, progress: bool = True) -> dict:  # fmt: skip
+                    device: str | None = None, progress: bool = True, drafter: str = "prompt-lookup") -> dict:  # fmt: skip
     """Decode the test prompts of ``task`` with the folder's plain and speculative greedy decoding, interleaved per
     prompt (the order alternates from prompt to prompt; one warm-up prompt first, not counted); returns the eval
     record (`hf_speculative.commands.downstream` writes it as JSON)."""
@@ -123,7 +147,7 @@ def evaluate_folder(folder: str | Path, task: str, data_dir, limit: int | None =
     from .tasks import get_task
 
     spec = get_task(task)
-    loaded = load_downstream(folder, device=device)
+    loaded = load_downstream(folder, device=device, drafter=drafter)
     if loaded.info["task"] != task:
         print(f"note: {folder} was trained on {loaded.info['task']!r}, evaluated on {task!r}")
     records = spec.load(data_dir, "test")[: limit or None]

@@ -12,7 +12,7 @@ __all__ = ["ARM_NAMES", "read_results", "markdown_table", "plot_results"]
 TASK_ORDER = ("e2e_nlg", "wikisql", "dialogsum")
 TASK_NAMES = {"e2e_nlg": "E2E NLG", "wikisql": "WikiSQL", "dialogsum": "DialogSum"}
 ARM_NAMES = {
-    "lora": "LoRA fine-tuning (+ tree prompt lookup)",
+    "lora": "LoRA fine-tuning (+ training-free drafting)",
     "medusa2": "Medusa-2",
     "eagle": "EAGLE-3 (on the LoRA model)",
     "streaming": "Speculative Streaming (shared)",
@@ -31,7 +31,7 @@ def read_results(folder: str | Path) -> list[dict]:
         if isinstance(data, dict) and all(k in data for k in REQUIRED):
             rows.append(data)
     order = {m: i for i, m in enumerate(ARM_NAMES)}
-    rows.sort(key=lambda r: (TASK_ORDER.index(r["task"]) if r["task"] in TASK_ORDER else 99, order.get(r["method"], 99)))
+    rows.sort(key=lambda r: (TASK_ORDER.index(r["task"]) if r["task"] in TASK_ORDER else 99, order.get(r["method"], 99), r.get("drafter", "")))
     return rows
 
 
@@ -73,13 +73,15 @@ def plot_results(rows: list[dict], path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     tasks = [t for t in TASK_ORDER if any(r["task"] == t for r in rows)] or sorted({r["task"] for r in rows})
-    arms = [m for m in ARM_NAMES if any(r["method"] == m for r in rows)]
+    order = {m: i for i, m in enumerate(ARM_NAMES)}
+    arms = sorted({(r["method"], r.get("drafter", "")) for r in rows}, key=lambda a: (order.get(a[0], 99), a[1]))
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     width = 0.8 / max(len(arms), 1)
     for ax, key, label in ((axes[0], "speedup", "speedup over own plain decoding"), (axes[1], "tau", "tokens per step (tau)")):
         for j, arm in enumerate(arms):
-            values = [next((r[key] for r in rows if r["task"] == t and r["method"] == arm), 0.0) for t in tasks]
-            ax.bar([i + j * width for i in range(len(tasks))], values, width, label=ARM_NAMES[arm])
+            values = [next((r[key] for r in rows if r["task"] == t and (r["method"], r.get("drafter", "")) == arm), 0.0) for t in tasks]
+            label_ = ARM_NAMES.get(arm[0], arm[0]) if arm[0] != "lora" else f"LoRA + {arm[1]}"
+            ax.bar([i + j * width for i in range(len(tasks))], values, width, label=label_)
         ax.set_xticks([i + width * (len(arms) - 1) / 2 for i in range(len(tasks))])
         ax.set_xticklabels([TASK_NAMES.get(t, t) for t in tasks])
         ax.set_ylabel(label)
