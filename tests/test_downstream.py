@@ -173,10 +173,22 @@ def test_eagle_needs_a_lora_folder(work, trained, tmp_path):
         _train(work, "e2e_nlg", "eagle", tmp_path / "y", "--max-steps", "1")
 
 
-def test_other_tasks_train(work, tmp_path):
-    for task in ("wikisql", "dialogsum"):
-        info = _train(work, task, "streaming", tmp_path / task, "--max-steps", "4")
-        assert info["task"] == task and info["training"]["steps"] == 4
+@pytest.mark.parametrize("task", ["wikisql", "dialogsum"])
+def test_every_arm_trains_and_evaluates_on_the_other_tasks(work, task, tmp_path):
+    """Each arm on WikiSQL and DialogSum: a few steps of training, then ``downstream eval`` with the task's metric,
+    lossless against the folder's own plain decoding."""
+    keys = {"wikisql": {"exact_match"}, "dialogsum": {"rougeL", "rouge1"}}[task]
+    for method in ("lora", "streaming", "medusa2", "eagle"):
+        extra = ["--adapter", str(tmp_path / "lora")] if method == "eagle" else []
+        info = _train(work, task, method, tmp_path / method, "--max-steps", "2", *extra)
+        assert info["task"] == task and info["method"] == method and info["training"]["steps"] == 2
+        out = tmp_path / f"{method}.json"
+        argv = ["downstream", "eval", str(tmp_path / method), "--task", task, "--data", str(work[task]), "--limit", "2",
+                "--max-new-tokens", "8", "--output", str(out), "--no-progress"]  # fmt: skip
+        assert main(argv) == 0
+        result = json.loads(out.read_text())
+        assert result["task"] == task and result["n"] == 2 and result["lossless_rate"] == 1.0, (method, result)
+        assert set(result["metric"]) == keys
 
 
 def test_resume_restores_trainable_weights(work, tmp_path):
