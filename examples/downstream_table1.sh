@@ -35,8 +35,10 @@ for arm in "${ARMS[@]}"; do
   if [[ $STAGE != eval ]]; then
     extra=()
     [[ $method == eagle ]] && extra=(--adapter "$(folder "$task" lora)")
+    batch=$BATCH  # DialogSum's joint forward (1,024-token segments x 4 streams) needs > 24 GB at batch 8: STREAM_BATCH=2 there
+    [[ $task == dialogsum && $method == streaming ]] && batch=${STREAM_BATCH:-$BATCH}
     hf-speculative downstream train --task "$task" --method "$method" --data "$DATA/$dir" --out "$out" \
-      --time-budget "$BUDGET" --epochs 100 --batch-size "$BATCH" "${extra[@]}"
+      --time-budget "$BUDGET" --epochs 100 --batch-size "$batch" "${extra[@]}"
   fi
   if [[ $STAGE != train ]]; then
     hf-speculative downstream eval "$out" --task "$task" --data "$DATA/$dir" --limit "$LIMIT" --threads "$THREADS" \
