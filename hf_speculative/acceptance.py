@@ -137,11 +137,12 @@ def _test_one_hot_children(p: torch.Tensor, xs: list[int], generator) -> tuple[i
     seen, rest = set(), 1.0
     for i, x in enumerate(xs):
         u = float(torch.rand((), generator=generator, device="cpu"))
-        pxi = 0.0 if x in seen else px[i] / rest if rest > 0 else 0.0
-        if u < pxi:
+        if x in seen:  # a repeated candidate has probability 0 in the residual
+            continue
+        if rest > 0 and u < px[i] / rest:
             return i, p
         seen.add(x)
-        rest -= 0.0 if x in xs[:i] else px[i]
+        rest -= px[i]
     residual = p.clone()
     residual[xs] = 0.0
     total = residual.sum()
@@ -186,8 +187,7 @@ def accept_sampling(
         scores.append(s)
         if children:
             xs = [tokens[c] for c in children]
-            test = _test_one_hot_children(p, xs, generator) if deterministic else _test_sampled_children(tree, node, p, xs, generator)
-            index, p = test
+            index, p = _test_one_hot_children(p, xs, generator) if deterministic else _test_sampled_children(tree, node, p, xs, generator)
         else:
             index = None
         if index is None:

@@ -49,7 +49,6 @@ def lazy_model_class(config_class: type, module: str, name: str) -> type:
         "__doc__": f"Stand-in for `{name}` until its module is imported.",
         "__module__": f"{__package__}.{module}",
         "config_class": config_class,
-        "load": staticmethod(load),
         "from_pretrained": classmethod(from_pretrained),
         "_from_config": classmethod(from_config),
         "from_config": classmethod(from_config),
