@@ -276,6 +276,40 @@ def test_training_free_arm_on_the_lora_model(work, trained, drafter, tmp_path):
         main([*argv, "--write-card"])
 
 
+def test_streaming_arm_with_tree_pruning_and_a_learning_curve(work, trained, tmp_path):
+    """The paper's downstream mode: shared-mode streams plus a trained pruning early exit, with the learning curve
+    (expected tau) at shares of the time budget; decoding stays exact with pruning on, and pruning verifies fewer
+    nodes per step than the same folder without it."""
+    out = tmp_path / "pruned"
+    info = _train(work, "e2e_nlg", "streaming", out, "--max-steps", "100000", "--time-budget", "3", "--curve-points", "3",
+                  "--pruning-layer", "1", "--pruning-threshold", "0.2", "--pruning-budget", "1")  # fmt: skip
+    training = info["training"]
+    pruning = training["pruning"]
+    assert pruning["layer"] == 1 and pruning["threshold"] == 0.2 and pruning["steps"] >= 1
+    assert pruning["held_out_top1_after"] is not None
+    curve = training["learning_curve"]
+    seconds = [p["train_seconds"] for p in curve]
+    assert curve[0]["step"] == 0 and seconds[0] == 0.0 and seconds == sorted(seconds) and 2 <= len(curve) <= 4
+    assert curve[-1]["step"] == training["steps"] and seconds[-1] >= 3.0
+    assert all(p["expected_tau_calibrated"] >= 1.0 for p in curve)
+    config = json.loads((out / "config.json").read_text())
+    assert config["pruning_layer"] == 1 and config["pruning_threshold"] == 0.2
+    nodes = {}
+    for threshold in ("0.9", "0"):
+        result_path = tmp_path / f"pruned_{threshold}.json"
+        argv = ["downstream", "eval", str(out), "--task", "e2e_nlg", "--data", str(work["e2e_nlg"]), "--limit", "3",
+                "--max-new-tokens", "12", "--output", str(result_path), "--no-progress", "--pruning-threshold", threshold]  # fmt: skip
+        assert main(argv) == 0
+        result = json.loads(result_path.read_text())
+        assert result["lossless_rate"] == 1.0
+        assert result["train_seconds"] > training["train_seconds"]  # the early exit's time counts
+        assert ("tree pruning" in result["drafter"]) == (threshold != "0")
+        nodes[threshold] = result["verified_nodes_per_step"]
+    assert nodes["0.9"] < nodes["0"]
+    with pytest.raises(ValueError, match="no pruning early exit"):  # a streaming folder trained without one
+        main([*argv[:2], str(trained["streaming"]), *argv[3:]])
+
+
 def test_table_renders(tmp_path):
     results = tmp_path / "results"
     results.mkdir()

@@ -17,7 +17,7 @@ from hf_speculative.trees import DraftTree, tree_attention_mask
 from hf_speculative.tree_forward import verification_forward
 from hf_speculative.training.trainer import HiddenStates
 
-from conftest import FP32_LAYERS, tiny_model
+from conftest import FP32_LAYERS, tiny_chat_model, tiny_model
 
 
 def _pruned_ss(arch="llama", seed=0, layer=2, threshold=0.0, num_streams=3):
@@ -199,3 +199,118 @@ def test_training_the_early_exit_raises_its_accuracy():
     streams_after = [p for n, p in ss.streams.named_parameters() if not n.startswith("pruning.")]
     assert all(torch.equal(a, b) for a, b in zip(streams_before, streams_after))  # only the early exit trained
     assert all(p.requires_grad for p in ss.streams.parameters())
+
+
+# --------------------------------------------------------------------------- shared mode (the paper's downstream mode)
+
+
+def _pruned_shared(arch="llama", seed=0, layer=2, threshold=0.0):
+    """Shared mode on a 5-layer base (MSA layers 3-4): random NON-ZERO streams, LoRA and early-exit adapter."""
+    base = tiny_model(arch, seed=seed, num_layers=5)
+    ss = LlamaForSpeculativeStreaming.from_base_model(base, num_streams=3, num_msa_layers=2, mode="shared", lora_rank=4)
+    ss.add_pruning_head(layer, rank=4, threshold=threshold)
+    g = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        for p in ss.trainable_parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    return base, ss
+
+
+def test_shared_pruned_forward_equals_the_joint_forward_over_the_kept_tree(arch):
+    """Inside the engine's one (joint) forward the hook prunes at layer l; the main logits, the streams of every
+    kept node and every layer's cache equal those of an unpruned joint forward over the kept tree."""
+    _, ss = _pruned_shared(arch, seed=3, layer=2)
+    prefix = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(4))
+    spec = hfs.TreeSpec.cartesian([3, 2, 2])
+    tokens = torch.randint(0, 96, (len(spec.parents),), generator=torch.Generator().manual_seed(5))
+    draft = DraftTree.from_spec(spec, tokens)
+    past = prefix.shape[1]
+    dtype = ss.base.dtype
+
+    def prefilled():
+        cache = DynamicCache(config=ss.base.config)
+        with torch.no_grad():
+            ss(prefix, cache=cache, use_cache=True)
+        return cache
+
+    def tree_inputs(d):
+        return dict(input_ids=d.tokens[None], attention_mask=tree_attention_mask(d.ancestors, past, dtype, "cpu"),
+                    position_ids=(past + d.depths)[None], use_cache=True, output_hidden_states=True)  # fmt: skip
+
+    with torch.no_grad():
+        full = ss(**tree_inputs(draft), cache=prefilled())
+        probs = transition_probabilities(ss, full.hidden_states[2][0], draft)
+    middle = probs[1:].sort().values[(len(draft) - 1) // 2 - 1 : (len(draft) - 1) // 2 + 1]
+    ss.config.pruning_threshold = float(middle.mean())  # no node sits at the threshold
+    expected = _subtree_rule(draft, probs, ss.config.pruning_threshold)
+    assert 1 < len(expected) < len(draft)
+
+    cache = prefilled()
+    mask_for = lambda drafts, positions: tree_attention_mask(drafts[0].ancestors, past, dtype, "cpu")  # noqa: E731
+    with torch.no_grad():
+        out, (kept,) = verification_forward(ss, ss.get_self_drafter(), [draft], mask_for, **tree_inputs(draft), cache=cache)
+    assert kept.tokens.tolist() == tokens[expected].tolist() and kept.parents == draft.select(expected).parents
+    reference = prefilled()
+    with torch.no_grad():
+        alone = ss(**tree_inputs(kept), cache=reference)
+    torch.testing.assert_close(out.logits, alone.logits, **FP32_LAYERS)
+    torch.testing.assert_close(out.stream_states, alone.stream_states, **FP32_LAYERS)
+    for a, b in zip(cache.layers, reference.layers):
+        assert a.keys.shape[-2] == past + len(expected)
+        torch.testing.assert_close(a.keys, b.keys, **FP32_LAYERS)
+        torch.testing.assert_close(a.values, b.values, **FP32_LAYERS)
+
+
+@pytest.mark.parametrize("layer", [1, 2])
+def test_shared_greedy_equality_with_pruning(arch, layer):
+    """Shared mode with pruning: speculative greedy output equals the same model's own plain greedy decoding."""
+    _, ss = _pruned_shared(arch, seed=7, layer=layer, threshold=0.012)  # vocab 96: about uniform
+    sizes = []
+    for seed, (length, new) in enumerate([(3, 20), (10, 30)]):
+        ids = torch.randint(0, 96, (1, length), generator=torch.Generator().manual_seed(seed))
+        want = ss.generate_autoregressive(ids, max_new_tokens=new, do_sample=False)
+        out = ss.generate(ids, max_new_tokens=new, do_sample=False, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, want)
+        sizes += out.speculative_stats.tree_sizes
+    assert min(sizes) < len(ss.config.tree.parents)  # the trees were pruned
+
+
+def test_shared_pruning_is_active_and_exact_in_a_ragged_batch():
+    _, ss = _pruned_shared("llama", seed=7, layer=2, threshold=0.012)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, 96, (n,), generator=g) for n in (4, 9)]
+    ids = torch.zeros(2, 9, dtype=torch.long)
+    attention_mask = torch.zeros(2, 9, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, 9 - len(p) :], attention_mask[b, 9 - len(p) :] = p, 1
+    out = ss.generate(ids, attention_mask=attention_mask, max_new_tokens=16, do_sample=False, return_dict_in_generate=True)
+    full = len(ss.config.tree.parents)
+    assert all(min(r.tree_sizes[1:]) < full for r in out.speculative_stats.rows)  # both rows' trees were pruned
+    for b, p in enumerate(prompts):
+        want = ss.generate_autoregressive(p[None], max_new_tokens=16, do_sample=False)
+        assert out.sequences[b, 9 - len(p) : 9 - len(p) + want.shape[1]].tolist() == want[0].tolist()
+
+
+def test_shared_pruning_layer_is_a_plain_layer_and_reads_the_adapted_states():
+    from hf_speculative.drafters.streaming.training_pruning import pruning_states
+    from hf_speculative.training.data import Record
+
+    base, tok = tiny_chat_model(num_layers=5)
+    ss = LlamaForSpeculativeStreaming.from_base_model(base, num_streams=2, num_msa_layers=2, mode="shared", lora_rank=4)
+    with pytest.raises(ValueError, match=r"pruning_layer=3 must be in 1\.\.2"):
+        ss.add_pruning_head(3)  # the last plain layer: shared mode's MSA layers are not decoder-layer calls
+    assert ss.config.pruning_layer is None  # the refused call changed nothing
+    ss.add_pruning_head(2, rank=4)
+    with torch.no_grad():  # non-zero LoRA: the early exit must read the adapted model's states, not the base's
+        for name, p in base.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.3)
+    states = pruning_states(ss, tok, [Record("a", ["hello there"], answers=["general kenobi"])], max_length=64, progress=False)
+    with torch.no_grad():
+        expected = ss(states.input_ids[None], output_hidden_states=True).hidden_states[2][0]
+        for name, p in base.named_parameters():
+            if "lora_B" in name:
+                p.zero_()
+        unadapted = ss(states.input_ids[None], output_hidden_states=True).hidden_states[2][0]
+    torch.testing.assert_close(states.hidden.float(), expected, rtol=2e-3, atol=2e-3)  # stored in fp16
+    assert not torch.allclose(states.hidden.float(), unadapted, rtol=2e-3, atol=2e-3)

@@ -47,6 +47,12 @@ def add_parser(subparsers) -> None:
     t.add_argument("--num-msa-layers", type=int, default=4, help="streaming: N_s")
     t.add_argument("--num-heads", type=int, default=4, help="medusa2: heads")
     t.add_argument("--eagle-max-tokens", type=int, default=400_000, help="eagle: labelled training tokens")
+    t.add_argument("--curve-points", type=int, default=0,
+                   help="streaming: record held-out stream accuracy and expected tau at N points of training (of the time budget)")
+    t.add_argument("--pruning-layer", type=int, default=None,
+                   help="streaming: parallel tree pruning (Sec. 3.1.3) with an early exit after this many layers (default: none)")
+    t.add_argument("--pruning-threshold", type=float, default=0.01, help="streaming: prune tree nodes below this estimated transition probability")
+    t.add_argument("--pruning-budget", type=float, default=120.0, help="streaming: seconds of training for the pruning early exit")
     t.add_argument("--save-steps", type=int, default=200, help="a resumable checkpoint every N steps (0: none)")
     t.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     t.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
@@ -65,6 +71,8 @@ def add_parser(subparsers) -> None:
     e.add_argument("--write-card", action="store_true", help="also write the folder's model card (README.md) with these results")
     e.add_argument("--drafter", default="prompt-lookup", choices=("prompt-lookup", "token-recycling", "hybrid"),
                    help="a lora folder's training-free drafting (arm e); other folders draft with what they trained")
+    e.add_argument("--pruning-threshold", type=float, default=None,
+                   help="a streaming folder with a pruning early exit: decode with this threshold instead of its own (0: no pruning)")
     e.add_argument("--device", default=None)
     e.add_argument("--threads", type=int, default=None)
     e.add_argument("--seed", type=int, default=0)
@@ -89,7 +97,8 @@ def run_train(args) -> int:
         resume=args.resume, max_length=args.max_length or get_task(args.task).max_length,
         calibration_prompts=args.calibration_prompts, tree_nodes=args.tree_nodes, num_streams=args.num_streams,
         num_msa_layers=args.num_msa_layers, num_heads=args.num_heads, eagle_max_tokens=args.eagle_max_tokens,
-        seed=args.seed, progress=not args.no_progress,
+        curve_points=args.curve_points, pruning_layer=args.pruning_layer, pruning_threshold=args.pruning_threshold,
+        pruning_budget=args.pruning_budget, seed=args.seed, progress=not args.no_progress,
     )  # fmt: skip
     info = train_arm(args.method, args.task, args.data, args.out, cfg, base_model=args.model, device=args.device,
                      adapter_folder=args.adapter, limit=args.limit, command=command_line(args))  # fmt: skip
@@ -102,10 +111,11 @@ def run_eval(args) -> int:
     setup_torch(args)
     from ..downstream.evaluation import evaluate_folder
 
-    if args.write_card and args.drafter != "prompt-lookup":
-        raise SystemExit("hf-speculative downstream eval: --write-card records a folder's own decoding; drop it with --drafter")
+    if args.write_card and (args.drafter != "prompt-lookup" or args.pruning_threshold is not None):
+        raise SystemExit("hf-speculative downstream eval: --write-card records a folder's own decoding; drop it with --drafter / --pruning-threshold")
     result = evaluate_folder(args.folder, args.task, args.data, limit=args.limit, max_new_tokens=args.max_new_tokens,
-                             device=args.device, progress=not args.no_progress, drafter=args.drafter)  # fmt: skip
+                             device=args.device, progress=not args.no_progress, drafter=args.drafter,
+                             pruning_threshold=args.pruning_threshold)  # fmt: skip
     result["threads"] = args.threads
     result["command"] = command_line(args)
     text = json.dumps(result, indent=1)

@@ -29,17 +29,15 @@ def run(args) -> int:
     setup_torch(args)
     from ..model_card import write_drafter_card
     from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
-    from ..drafters.streaming.training_pruning import early_exit_accuracy, train_pruning_head
-    from ..drafters.streaming.training_speculative_streaming import extract_stream_inputs
+    from ..drafters.streaming.training_pruning import early_exit_accuracy, pruning_states, train_pruning_head
 
     model, tokenizer, records = load_model_and_records(args)
     ss = LlamaForSpeculativeStreaming.from_pretrained(args.streams, base_model=model)
     ss.add_pruning_head(args.pruning_layer, rank=args.pruning_rank, threshold=args.threshold)
     train_records, held_out = split_records(records, args.holdout, args.seed)
-    layer = args.pruning_layer
     with main_process_first():
-        train_states = extract_stream_inputs(model, tokenizer, train_records, layer, max_length=args.max_length)
-        hold_states = extract_stream_inputs(model, tokenizer, held_out, layer, max_length=args.max_length) if held_out else None
+        train_states = pruning_states(ss, tokenizer, train_records, max_length=args.max_length)
+        hold_states = pruning_states(ss, tokenizer, held_out, max_length=args.max_length) if held_out else None
     before = early_exit_accuracy(ss, hold_states) if hold_states is not None else None
     t0 = time.perf_counter()
     trainer = train_pruning_head(

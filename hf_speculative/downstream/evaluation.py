@@ -75,10 +75,11 @@ def _training_free_drafter(name: str):
 
 
 def load_downstream(folder: str | Path, device: str | None = None, dtype: torch.dtype = torch.float32,
-                    drafter: str = "prompt-lookup") -> DownstreamModel:  # fmt: skip
+                    drafter: str = "prompt-lookup", pruning_threshold: float | None = None) -> DownstreamModel:  # fmt: skip
     """Load a ``downstream train`` folder: its base (``"reference"``: the reference package) and what the folder adds.
     ``drafter``: the training-free drafting of a ``lora`` folder (`TRAINING_FREE`); other folders draft with
-    what they trained."""
+    what they trained. ``pruning_threshold``: a streaming folder with a pruning early exit decodes with this
+    threshold instead of its own (0: no pruning)."""
     import hf_speculative as hfs
 
     from ..bench.reference import resolve_model
@@ -88,6 +89,8 @@ def load_downstream(folder: str | Path, device: str | None = None, dtype: torch.
     method = info["method"]
     if drafter != "prompt-lookup" and method != "lora":
         raise ValueError(f"--drafter {drafter} applies to a 'lora' folder; {folder} drafts with its own {method} drafter")
+    if pruning_threshold is not None and (method != "streaming" or not (info.get("training") or {}).get("pruning")):
+        raise ValueError(f"--pruning-threshold applies to a streaming folder trained with --pruning-layer; {folder} has no pruning early exit")
     base, tokenizer = resolve_model(info["base_model"], dtype=dtype, device=device)
     gen = dict(do_sample=False, return_dict_in_generate=True)
 
@@ -96,11 +99,16 @@ def load_downstream(folder: str | Path, device: str | None = None, dtype: torch.
 
         ss = LlamaForSpeculativeStreaming.from_pretrained(folder, base_model=base)
         ss.streams.to(device=base.device)
+        if pruning_threshold is not None:
+            ss.config.pruning_threshold = pruning_threshold
+        name = "speculative streaming (shared mode, self-drafting)"
+        if ss.config.pruning_layer is not None and ss.config.pruning_threshold > 0:
+            name = f"speculative streaming (shared mode, self-drafting, tree pruning after layer {ss.config.pruning_layer} at {ss.config.pruning_threshold:g})"
         return DownstreamModel(
             info, tokenizer,
             plain=lambda ids, n: ss.generate_autoregressive(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, **gen),
             speculative=lambda ids, n: ss.generate(ids, max_new_tokens=n, **gen),
-            drafter="speculative streaming (shared mode, self-drafting)", extra_parameters=ss.num_stream_parameters(), device=base.device,
+            drafter=name, extra_parameters=ss.num_stream_parameters(), device=base.device,
         )  # fmt: skip
     if method == "medusa2":
         from ..drafters.medusa.training_medusa2 import load_medusa2
@@ -138,16 +146,18 @@ def compute_metric(task: str, predictions: list[str], references: list[list[str]
 
 @torch.inference_mode()
 def evaluate_folder(folder: str | Path, task: str, data_dir, limit: int | None = None, max_new_tokens: int | None = None,
-                    device: str | None = None, progress: bool = True, drafter: str = "prompt-lookup") -> dict:  # fmt: skip
+                    device: str | None = None, progress: bool = True, drafter: str = "prompt-lookup",
+                    pruning_threshold: float | None = None) -> dict:  # fmt: skip
     """Decode the test prompts of ``task`` with the folder's plain and speculative greedy decoding, interleaved per
     prompt (the order alternates from prompt to prompt; one warm-up prompt first, not counted); returns the eval
-    record (`hf_speculative.commands.downstream` writes it as JSON)."""
+    record (`hf_speculative.commands.downstream` writes it as JSON). The training time is the folder's, a pruning
+    early exit's extraction and training included."""
     from ..bench.harness import machine_info
     from ..training.data import encode_chat
     from .tasks import get_task
 
     spec = get_task(task)
-    loaded = load_downstream(folder, device=device, drafter=drafter)
+    loaded = load_downstream(folder, device=device, drafter=drafter, pruning_threshold=pruning_threshold)
     if loaded.info["task"] != task:
         print(f"note: {folder} was trained on {loaded.info['task']!r}, evaluated on {task!r}")
     records = spec.load(data_dir, "test")[: limit or None]
@@ -160,7 +170,7 @@ def evaluate_folder(folder: str | Path, task: str, data_dir, limit: int | None =
     loaded.speculative(prompts[0], 8)
     times = {"plain": 0.0, "speculative": 0.0}
     tokens = {"plain": 0, "speculative": 0}
-    texts, same, accepted, forwards = [], 0, [], 0
+    texts, same, accepted, forwards, nodes = [], 0, [], 0, []
     iterator = enumerate(prompts)
     if progress:
         from tqdm.auto import tqdm
@@ -182,12 +192,17 @@ def evaluate_folder(folder: str | Path, task: str, data_dir, limit: int | None =
             if kind == "speculative":
                 stats = out.speculative_stats
                 accepted += list(stats.accepted_lengths)
+                nodes += list(getattr(stats, "tree_sizes", []))
                 forwards += getattr(stats, "num_target_forwards", len(stats.accepted_lengths))
         same += int(torch.equal(outs["plain"], outs["speculative"]))
         texts.append(tok.decode(outs["plain"], skip_special_tokens=True).strip())
     plain_tps = tokens["plain"] / max(times["plain"], 1e-9)
     spec_tps = tokens["speculative"] / max(times["speculative"], 1e-9)
     training = loaded.info.get("training") or {}
+    train_seconds = training.get("train_seconds")
+    pruning = training.get("pruning") or {}
+    if train_seconds is not None and pruning:
+        train_seconds = round(train_seconds + pruning["extract_seconds"] + pruning["train_seconds"], 1)
     return {
         "task": task,
         "method": loaded.info["method"],
@@ -200,13 +215,14 @@ def evaluate_folder(folder: str | Path, task: str, data_dir, limit: int | None =
         "metric": compute_metric(task, texts, [list(r.reference) for r in records]),
         "extra_parameters": loaded.extra_parameters,
         "lora_parameters": training.get("lora_parameters"),
-        "train_seconds": training.get("train_seconds"),
+        "train_seconds": train_seconds,
         "train_steps": training.get("steps"),
         "train_device": training.get("device"),
         "plain_tokens_per_s": round(plain_tps, 3),
         "speculative_tokens_per_s": round(spec_tps, 3),
         "new_tokens": tokens,
         "target_forwards": forwards,
+        "verified_nodes_per_step": round(sum(nodes) / len(nodes), 2) if nodes else None,
         "max_new_tokens": n_new,
         "machine": machine_info(loaded.device),
         "samples": [{"prompt": r.prompt[-200:], "output": t, "reference": list(r.reference)[0]} for r, t in zip(records[:3], texts[:3])],

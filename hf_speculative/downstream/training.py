@@ -70,6 +70,14 @@ class DownstreamTrainingConfig:
             the steps, or under a ``time_budget`` (where the step count is not known) over the first
             `LAMBDA0_WARMUP_STEPS` steps.
         eagle_max_tokens / eagle_draft_vocab: EAGLE-3's labelled training tokens and its draft vocabulary.
+        curve_points / curve_examples: streaming: the learning curve (held-out stream accuracies and the expected
+            tau of the tree calibrated on them) at that many points of training, on the first ``curve_examples``
+            calibration pairs; under a ``time_budget`` the points fall at shares of the budget (tau against
+            training time, `hf_speculative.training.callbacks.LearningCurveCallback`).
+        pruning_layer / pruning_threshold / pruning_budget / pruning_examples: streaming: parallel tree pruning
+            (Sec. 3.1.3), the paper's downstream mode: after the streams, an early exit after ``pruning_layer``
+            layers of the fine-tuned model is trained for ``pruning_budget`` seconds on its states over the first
+            ``pruning_examples`` training pairs; nodes below ``pruning_threshold`` are pruned (None: no pruning).
     """
 
     lora_rank: int = 8
@@ -90,6 +98,12 @@ class DownstreamTrainingConfig:
     lambda0: float = 0.2
     eagle_max_tokens: int = 400_000
     eagle_draft_vocab: int = 8192
+    curve_points: int = 0
+    curve_examples: int = 64
+    pruning_layer: int | None = None
+    pruning_threshold: float = 0.01
+    pruning_budget: float = 120.0
+    pruning_examples: int = 1024
     seed: int = 0
     progress: bool = True
 
@@ -167,7 +181,7 @@ def _trainer_dir(out: Path) -> str:
     return str(out / "trainer_state")
 
 
-def _train_streams(model, tokenizer, train: list[Record], out: Path, cfg: DownstreamTrainingConfig):
+def _train_streams(model, tokenizer, train: list[Record], out: Path, cfg: DownstreamTrainingConfig, callbacks=None):
     """The Speculative Streaming trainer over ``train`` (the LoRA arm is the same loss with no streams); returns the
     trainer and the training seconds."""
     from ..drafters.streaming.training_speculative_streaming import tokenize_records, train_speculative_streaming
@@ -178,6 +192,7 @@ def _train_streams(model, tokenizer, train: list[Record], out: Path, cfg: Downst
         model, states, output_dir=_trainer_dir(out), num_epochs=cfg.epochs, learning_rate=cfg.learning_rate,
         batch_size=cfg.batch_size, segment_length=cfg.max_length, max_steps=cfg.max_steps, seed=cfg.seed,
         progress=cfg.progress, time_budget=cfg.time_budget, save_steps=cfg.save_steps, resume=cfg.resume,
+        callbacks=callbacks,
     )  # fmt: skip
     return trainer, time.perf_counter() - t0
 
@@ -212,7 +227,13 @@ def train_streaming(model, tokenizer, train: list[Record], calib: list[Record], 
         lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
     )  # fmt: skip
     ss.config.base_model_name_or_path = _hub_base_name(base_model)
-    trainer, seconds = _train_streams(ss, tokenizer, train, out, cfg)
+    curve = None
+    if cfg.curve_points and calib:
+        from ..drafters.streaming.training_speculative_streaming import StreamCurveCallback
+
+        held_out = tokenize_records(tokenizer, calib[: cfg.curve_examples], max_length=cfg.max_length)
+        curve = StreamCurveCallback(ss, held_out, num_nodes=cfg.tree_nodes, num_points=cfg.curve_points, tokens_per_step=cfg.batch_size)
+    trainer, seconds = _train_streams(ss, tokenizer, train, out, cfg, callbacks=[curve] if curve else None)
     calibration = {}
     if calib:
         acc = stream_accuracies(ss, tokenize_records(tokenizer, calib, max_length=cfg.max_length), segment_length=cfg.max_length)
@@ -225,6 +246,7 @@ def train_streaming(model, tokenizer, train: list[Record], calib: list[Record], 
         }
         ss.config.calibration = calibration
         print(f"calibrated stream tree: {tree.num_nodes} nodes, expected tau {calibration['expected_acceptance_length']}", file=sys.stderr)
+    pruning = _train_pruning(ss, tokenizer, train, calib, out, cfg) if cfg.pruning_layer is not None else None
     ss.save_pretrained(out)
     lora_params = sum(p.numel() for p in ss.trainable_parameters()) - ss.num_stream_parameters()
     return {
@@ -232,7 +254,45 @@ def train_streaming(model, tokenizer, train: list[Record], calib: list[Record], 
         "lora_parameters": lora_params,
         "extra_parameters": ss.num_stream_parameters(),
         "calibration": calibration,
+        **({"learning_curve": curve.curve} if curve else {}),
+        **({"pruning": pruning} if pruning else {}),
     }
+
+
+def _train_pruning(ss, tokenizer, train: list[Record], calib: list[Record], out: Path, cfg: DownstreamTrainingConfig) -> dict:
+    """Parallel tree pruning for trained shared-mode streams (Sec. 3.1.3): the early exit after ``pruning_layer``
+    layers of the fine-tuned model, trained on its states over the first ``pruning_examples`` training pairs for
+    ``pruning_budget`` seconds; held-out top-1 of the exit on the calibration pairs before and after."""
+    from ..drafters.streaming.training_pruning import early_exit_accuracy, pruning_states, train_pruning_head
+
+    ss.add_pruning_head(cfg.pruning_layer, threshold=cfg.pruning_threshold)
+    t0 = time.perf_counter()
+    states = pruning_states(ss, tokenizer, train[: cfg.pruning_examples], max_length=cfg.max_length, progress=cfg.progress)
+    held_out = pruning_states(ss, tokenizer, calib, max_length=cfg.max_length, progress=False) if calib else None
+    extract_seconds = time.perf_counter() - t0
+    before = early_exit_accuracy(ss, held_out) if held_out is not None else None
+    t0 = time.perf_counter()
+    trainer = train_pruning_head(
+        ss, states, output_dir=str(out / "trainer_state" / "pruning"), learning_rate=cfg.learning_rate,
+        batch_size=cfg.batch_size, segment_length=cfg.max_length, num_epochs=100, time_budget=cfg.pruning_budget,
+        seed=cfg.seed, progress=cfg.progress,
+    )  # fmt: skip
+    seconds = time.perf_counter() - t0
+    after = early_exit_accuracy(ss, held_out) if held_out is not None else None
+    record = {
+        "layer": cfg.pruning_layer,
+        "threshold": cfg.pruning_threshold,
+        "train_examples": min(len(train), cfg.pruning_examples),
+        "steps": trainer.state.global_step,
+        "extract_seconds": round(extract_seconds, 1),
+        "train_seconds": round(seconds, 1),
+        "held_out_top1_before": None if before is None else round(before, 4),
+        "held_out_top1_after": None if after is None else round(after, 4),
+        "adapter_parameters": sum(p.numel() for p in ss.streams.pruning.parameters()),
+    }
+    ss.config.pruning = record
+    print(f"pruning early exit after layer {cfg.pruning_layer}: held-out top-1 {before} -> {after}", file=sys.stderr)
+    return record
 
 
 def train_medusa2(model, tokenizer, train: list[Record], calib: list[Record], out: str | Path, cfg: DownstreamTrainingConfig, base_model: str) -> dict:

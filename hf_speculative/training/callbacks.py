@@ -27,8 +27,14 @@ class LearningCurveCallback(TrainerCallback):
     of training, its held-out top-i accuracies (`accuracies`: ``[depth][i]``) and the expected acceptance length of
     the tree calibrated on them for ``num_nodes``, appended to ``curve``; with ``save_dir`` the drafter is also saved
     in ``save_dir/step<N>`` (to measure real tau against training seen afterwards). ``per_step``: what one step
-    trains on (positions, groups, tokens). Subclasses implement `accuracies` and name the point's keys."""
+    trains on (positions, groups, tokens). Subclasses implement `accuracies` and name the point's keys.
 
+    Under a time budget (``budget``: the run's `TimeBudgetCallback`, set by `hf_speculative.training.trainer.train_drafter`)
+    the points fall at evenly spaced shares of the budget instead of the planned steps, the last one when training
+    ends; each point records the training seconds so far, and the seconds spent measuring it are not counted
+    against the budget (the curve is tau against training time)."""
+
+    FILE = "learning_curve.json"
     seen_key = "train_tokens"  # step x per_step
     top1_key = "top1"  # the per-depth top-1 accuracies
 
@@ -36,12 +42,15 @@ class LearningCurveCallback(TrainerCallback):
         self.model, self.held_out, self.num_nodes, self.num_points = model, held_out, num_nodes, num_points
         self.save_dir, self.per_step = save_dir, per_step
         self.curve: list[dict] = []
+        self.budget = None  # TimeBudgetCallback of a time-budgeted run
+        self._marks_passed = 0
+        self._file: Path | None = None  # the points so far, in the run's output folder (time-budgeted runs)
 
     def accuracies(self) -> list[list[float]]:
         """The drafter's held-out top-i accuracies ``[depth][i]`` (called in eval mode)."""
         raise NotImplementedError
 
-    def _record(self, step: int) -> None:
+    def _record(self, step: int, seconds: float | None = None) -> None:
         from ..trees import TreeSpec, expected_acceptance_length
 
         was_training = self.model.training
@@ -54,20 +63,52 @@ class LearningCurveCallback(TrainerCallback):
             self.top1_key: [round(r[0], 4) for r in acc],
             "expected_tau_calibrated": round(expected_acceptance_length(tree, acc), 4),
         }
+        if seconds is not None:
+            point["train_seconds"] = round(seconds, 1)
         if self.save_dir is not None:
             path = Path(self.save_dir) / f"step{step}"
             self.model.save_pretrained(path)
             point["checkpoint"] = str(path)
         self.curve.append(point)
+        if self._file is not None:  # a resumed run continues the curve
+            self._file.parent.mkdir(parents=True, exist_ok=True)
+            self._file.write_text(json.dumps(self.curve))
         self.model.train(was_training)
 
+    def _timed_record(self, step: int) -> None:
+        start = time.perf_counter()
+        self._record(step, self.budget.elapsed())
+        self.budget.start += time.perf_counter() - start  # measuring is not training: the budget gets its seconds back
+
     def on_train_begin(self, args, state, control, **kwargs):
-        self._record(0)
+        if self.budget is None:
+            self._record(0)
+        else:  # before the budget's clock starts: the seconds earlier (resumed) runs spent, and their points
+            self._file = Path(args.output_dir) / self.FILE
+            if self.budget.spent and self._file.is_file():
+                self.curve = [p for p in json.loads(self._file.read_text()) if p["step"] <= state.global_step]
+            self._marks_passed = self._marks(self.budget.spent)
+            if not self.curve or self.curve[-1]["step"] != state.global_step:
+                self._record(state.global_step, self.budget.spent)
+
+    def _marks(self, seconds: float) -> int:
+        """How many of the first ``num_points - 1`` shares of the budget ``seconds`` of training have passed."""
+        return min(self.num_points - 1, int(seconds * self.num_points / self.budget.seconds))
 
     def on_step_end(self, args, state, control, **kwargs):
+        if self.budget is not None:
+            passed = self._marks(self.budget.elapsed())
+            if passed > self._marks_passed:
+                self._marks_passed = passed
+                self._timed_record(state.global_step)
+            return
         marks = {max(1, round(state.max_steps * (i + 1) / self.num_points)) for i in range(self.num_points)}
         if state.global_step in marks:
             self._record(state.global_step)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.budget is not None and (not self.curve or self.curve[-1]["step"] != state.global_step):
+            self._record(state.global_step, self.budget.elapsed())
 
 
 class TimeBudgetCallback(TrainerCallback):

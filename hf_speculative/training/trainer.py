@@ -374,12 +374,16 @@ def train_drafter(
     stopping it after ``time_budget`` seconds (with ``anneal`` the learning rate follows a cosine over the budget,
     warmed up over ``warmup_steps``; without it the schedule stays the arguments' cosine) and `train_resumable`.
     ``trainer_kwargs``: the trainer's own arguments (its loss settings, ``optimizers``)."""
-    from .callbacks import TimeBudgetCallback
+    from .callbacks import LearningCurveCallback, TimeBudgetCallback
 
     args = drafter_training_args(output_dir, time_budget=time_budget if anneal else None, **training_args)
     callbacks = list(callbacks or [])
     if time_budget:
-        callbacks.append(TimeBudgetCallback(time_budget, anneal=anneal, warmup_steps=training_args["warmup_steps"]))
+        budget = TimeBudgetCallback(time_budget, anneal=anneal, warmup_steps=training_args["warmup_steps"])
+        for cb in callbacks:
+            if isinstance(cb, LearningCurveCallback):  # its points fall at shares of the budget
+                cb.budget = budget
+        callbacks.append(budget)
     model.train()
     trainer = trainer_class(
         model=model, args=args, train_dataset=dataset, data_collator=collator, callbacks=callbacks, **(trainer_kwargs or {})

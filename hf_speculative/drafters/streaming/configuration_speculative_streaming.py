@@ -48,7 +48,8 @@ class SpeculativeStreamingConfig(DrafterConfigMixin, LlamaConfig):
         stream_design (`str`, defaults to `"embeddings"`): ``"embeddings"`` (identifier embeddings P_j,
             Sec. 3.1.1) or ``"value_rotation"`` (Appendix C.3, not implemented).
         pruning_layer (`int`, *optional*): parallel tree pruning (Sec. 3.1.3): the early exit reads the state
-            after this many decoder layers (1 .. N - N_s: before the MSA layers); None: no pruning head.
+            after this many decoder layers (1 .. N - N_s: before the MSA layers; shared mode 1 .. N - N_s - 1);
+            None: no pruning head.
         pruning_rank (`int`, defaults to 8): theta, rank of the early-exit adapter used by pruning.
         pruning_threshold (`float`, defaults to 0.0): prune nodes (and their subtrees) whose estimated transition
             probability from their parent is below this threshold; 0 turns pruning off. Greedy drafts only.
@@ -124,12 +125,13 @@ class SpeculativeStreamingConfig(DrafterConfigMixin, LlamaConfig):
             raise ValueError(f"stream_tree is {self.tree.depth} deep but there are only {num_streams} streams")
 
     def validate_pruning(self) -> None:
-        if self.pruning_layer is not None and not 1 <= self.pruning_layer <= self.first_msa_layer:
+        # shared mode runs its MSA layers jointly (not as decoder-layer calls): the pruning happens as a plain layer starts
+        last = self.first_msa_layer if self.mode == "lossless" else self.first_msa_layer - 1
+        if self.pruning_layer is not None and not 1 <= self.pruning_layer <= last:
             raise ValueError(
-                f"pruning_layer={self.pruning_layer} must be in 1..{self.first_msa_layer} (the early exit comes before the MSA layers)"
+                f"pruning_layer={self.pruning_layer} must be in 1..{last} (the early exit comes before the MSA layers"
+                + (", and in shared mode before the last plain layer)" if self.mode != "lossless" else ")")
             )
-        if self.pruning_layer is not None and self.mode != "lossless":
-            raise ValueError("parallel tree pruning is implemented for mode='lossless' only")
         if self.pruning_threshold > 0 and self.pruning_layer is None:
             raise ValueError("pruning_threshold > 0 needs a pruning_layer (the early exit that estimates transition probabilities)")
 

@@ -521,14 +521,25 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
         cos, sin = decoder.rotary_emb(h, position_ids)
         hidden = [h]
         first = self.config.first_msa_layer
-        for layer in decoder.layers[:first]:
-            h = layer(
-                h, attention_mask=mask, position_embeddings=(cos, sin), position_ids=position_ids,
-                **cache_arg(cache), use_cache=cache is not None,
-            )  # fmt: skip
-            hidden.append(h)
+        received = {}  # what the last plain layer is called with, after any pre-hook of the engine (tree pruning)
+        handle = decoder.layers[first - 1].register_forward_pre_hook(lambda m, a, kw: received.update(kw), with_kwargs=True) if first else None
+        try:
+            for layer in decoder.layers[:first]:
+                h = layer(
+                    h, attention_mask=mask, position_embeddings=(cos, sin), position_ids=position_ids,
+                    **cache_arg(cache), use_cache=cache is not None,
+                )  # fmt: skip
+                hidden.append(h)
+        finally:
+            if handle is not None:
+                handle.remove()
         stream_inputs = h
-        key_mask = stream_key_mask(attention_mask, B, T, past_length, h.dtype, h.device)
+        if received and received["attention_mask"] is not mask:
+            # the engine pruned the trees inside this forward (`hf_speculative.tree_forward`): the MSA layers run on
+            # the kept nodes with the mask and rotary embeddings the plain layers above the pruning layer got
+            key_mask, (cos, sin) = received["attention_mask"][:, 0], received["position_embeddings"]
+        else:
+            key_mask = stream_key_mask(attention_mask, B, T, past_length, h.dtype, h.device)
         rows = torch.cat([h[:, :, None], self.streams.init_streams(h).to(h.dtype)], dim=2)  # (B, T, 1 + gamma, H)
         adapters = self.streams.adapters
         for i, layer in enumerate(self.msa_layers):

@@ -13,7 +13,7 @@ from ...training.trainer import DrafterTrainer, HiddenStates, planned_steps, tra
 from .pruning import early_exit_states
 from .training_speculative_streaming import IGNORE_INDEX, StreamCollator, StreamSegmentDataset, stream_losses
 
-__all__ = ["PruningHeadTrainer", "early_exit_accuracy", "train_pruning_head"]
+__all__ = ["PruningHeadTrainer", "early_exit_accuracy", "pruning_states", "train_pruning_head"]
 
 
 class PruningHeadTrainer(DrafterTrainer):
@@ -23,6 +23,16 @@ class PruningHeadTrainer(DrafterTrainer):
         states = early_exit_states(model, inputs["hidden"])
         loss = stream_losses(model.lm_head, states[..., None, :], inputs["targets"])[0]
         return (loss, states) if return_outputs else loss
+
+
+def pruning_states(ss, tokenizer, records, max_length: int = 1024, progress: bool = True) -> HiddenStates:
+    """The main stream's states entering layer l = ``pruning_layer`` over ``records`` (what the early exit reads):
+    the base's, cached per conversation in lossless mode; in shared mode the LoRA-adapted base's (the layers below
+    l never see the streams), computed afresh, since that cache is keyed by the base alone."""
+    from .training_speculative_streaming import extract_stream_inputs
+
+    shared = ss.config.mode == "shared"
+    return extract_stream_inputs(ss.base, tokenizer, records, ss.config.pruning_layer, max_length=max_length, cache=not shared, progress=progress)
 
 
 def _next_token_segments(states: HiddenStates, segment_length: int, max_tokens: int | None = None) -> StreamSegmentDataset:
@@ -57,13 +67,13 @@ def train_pruning_head(
     callbacks: Sequence | None = None,
 ):
     """Train ``ss.streams.pruning`` (the rank-theta early-exit adapter) on the base's states entering layer l
-    (`extract_stream_inputs(model, tokenizer, records, layer=l)`); every other parameter stays frozen."""
+    (`pruning_states`); every other parameter (in shared mode the base's LoRA weights too) stays frozen."""
     if ss.streams.pruning is None:
         raise ValueError("the model has no pruning adapter: set config.pruning_layer (LlamaForSpeculativeStreaming.add_pruning_head)")
     dataset = _next_token_segments(train_states, segment_length)
     warmup = budget_warmup_steps(planned_steps(len(dataset), batch_size, num_epochs, max_steps))
     trainable = {id(p) for p in ss.streams.pruning.parameters()}
-    frozen = [p for p in ss.parameters() if p.requires_grad and id(p) not in trainable]
+    frozen = [p for p in ss.trainable_parameters() if p.requires_grad and id(p) not in trainable]
     for p in frozen:
         p.requires_grad_(False)
     try:
