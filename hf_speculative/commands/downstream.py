@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from .common import command_line, setup_torch
+from .common import command_line, is_main_process, setup_torch
 
 TASKS = ("e2e_nlg", "wikisql", "dialogsum")
 METHODS = ("lora", "medusa2", "streaming", "eagle")
@@ -102,8 +102,9 @@ def run_train(args) -> int:
     )  # fmt: skip
     info = train_arm(args.method, args.task, args.data, args.out, cfg, base_model=args.model, device=args.device,
                      adapter_folder=args.adapter, limit=args.limit, command=command_line(args))  # fmt: skip
-    report = {k: v for k, v in info["training"].items() if k != "settings"}
-    print(json.dumps({"task": info["task"], "method": info["method"], "out": args.out, **report}, indent=1))
+    if is_main_process():  # under accelerate launch the other processes trained the same weights
+        report = {k: v for k, v in info["training"].items() if k != "settings"}
+        print(json.dumps({"task": info["task"], "method": info["method"], "out": args.out, **report}, indent=1))
     return 0
 
 

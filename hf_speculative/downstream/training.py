@@ -23,7 +23,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -160,15 +160,45 @@ def adapter_path(folder: str | Path, adapter_folder: str | Path) -> str:
 
 
 def _training_record(cfg: DownstreamTrainingConfig, trainer, seconds: float, train: list[Record], calib: list[Record]) -> dict:
+    from ..training.trainer import DrafterTrainer
+
     return {
         "train_examples": len(train),
         "calibration_examples": len(calib),
         "steps": trainer.state.global_step,
         "train_seconds": round(seconds, 1),
         "device": _device_name(),
+        "processes": _process_state().num_processes,
+        "processes_in_sync": _weights_agree(DrafterTrainer.trainable_tensors(trainer.model)),
         **_last_loss(trainer),
         "settings": asdict(cfg),
     }
+
+
+def _process_state():
+    """accelerate's `PartialState` (several processes under ``accelerate launch`` / ``torchrun``; gloo on CPU)."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
+
+
+def _is_main_process() -> bool:
+    return _process_state().is_main_process
+
+
+def _weights_agree(params) -> bool | None:
+    """Under several processes: whether every process holds the same trained weights (a checksum of ``params``
+    gathered from all of them); None in a single process."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    flat = torch.cat([p.detach().reshape(-1).double() for p in params])
+    weights = torch.linspace(0.5, 1.5, flat.numel(), dtype=torch.float64, device=flat.device)
+    mine = torch.stack([flat.sum(), (flat * weights).sum(), (flat * flat).sum()])
+    gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, mine)
+    return all(torch.allclose(g, mine, rtol=1e-9, atol=1e-12) for g in gathered)
 
 
 def _device_name() -> str:
@@ -209,7 +239,8 @@ def train_lora(model, tokenizer, train: list[Record], calib: list[Record], out: 
     trainer, seconds = _train_streams(peft_model, tokenizer, train, out, cfg)
     for c in peft_model.peft_config.values():
         c.base_model_name_or_path = _hub_base_name(base_model)
-    peft_model.save_pretrained(out / ADAPTER_SUBFOLDER)
+    if _is_main_process():
+        peft_model.save_pretrained(out / ADAPTER_SUBFOLDER)
     lora_params = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     record = {**_training_record(cfg, trainer, seconds, train, calib), "lora_parameters": lora_params, "extra_parameters": 0}
     return record
@@ -247,7 +278,8 @@ def train_streaming(model, tokenizer, train: list[Record], calib: list[Record], 
         ss.config.calibration = calibration
         print(f"calibrated stream tree: {tree.num_nodes} nodes, expected tau {calibration['expected_acceptance_length']}", file=sys.stderr)
     pruning = _train_pruning(ss, tokenizer, train, calib, out, cfg) if cfg.pruning_layer is not None else None
-    ss.save_pretrained(out)
+    if _is_main_process():
+        ss.save_pretrained(out)
     lora_params = sum(p.numel() for p in ss.trainable_parameters()) - ss.num_stream_parameters()
     return {
         **_training_record(cfg, trainer, seconds, train, calib),
@@ -321,7 +353,8 @@ def train_medusa2(model, tokenizer, train: list[Record], calib: list[Record], ou
         states = extract_hidden_states(peft_model.get_base_model(), tokenizer, calib, max_length=cfg.max_length, cache=False, progress=False)
         tree = calibrate_tree(heads, states, num_nodes=cfg.tree_nodes)
         print(f"calibrated Medusa tree: {tree.num_nodes} nodes, expected tau {heads.config.calibration['expected_acceptance_length']}", file=sys.stderr)
-    save_medusa2(joint, out)
+    if _is_main_process():
+        save_medusa2(joint, out)
     return {
         **_training_record(cfg, trainer, seconds, train, calib),
         "lora_parameters": sum(p.numel() for p in peft_model.parameters() if p.requires_grad),
@@ -390,9 +423,11 @@ def train_eagle(
     seconds = time.perf_counter() - t0
     drafter.config.base_adapter = adapter_path(out, adapter_folder)
     extra = sum(p.numel() for p in drafter.parameters())
-    drafter.to(torch.bfloat16).save_pretrained(out)
+    record = _training_record(cfg, trainer, seconds, train, calib)  # before the bf16 cast
+    if _is_main_process():
+        drafter.to(torch.bfloat16).save_pretrained(out)
     return {
-        **_training_record(cfg, trainer, seconds, train, calib),
+        **record,
         "labelled_tokens": int(states.input_ids.numel()),
         "adapter_from": str(adapter_folder),
         "adapter_train_seconds": (info.get("training") or {}).get("train_seconds"),
@@ -419,11 +454,17 @@ def train_arm(method: str, task: str, data_dir, out, cfg: DownstreamTrainingConf
     model, tokenizer = resolve_model(base_model, device=device)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    # under several processes (accelerate launch) each takes its share of every optimizer step's examples
+    processes = _process_state().num_processes
+    if cfg.batch_size % processes:
+        raise ValueError(f"--batch-size {cfg.batch_size} (examples per optimizer step) must divide among the {processes} processes")
+    run_cfg = replace(cfg, batch_size=cfg.batch_size // processes)
     if method == "eagle":
-        record = train_eagle(model, tokenizer, train, calib, out, cfg, base_model, adapter_folder)
+        record = train_eagle(model, tokenizer, train, calib, out, run_cfg, base_model, adapter_folder)
     else:
         fn = {"lora": train_lora, "streaming": train_streaming, "medusa2": train_medusa2}[method]
-        record = fn(model, tokenizer, train, calib, out, cfg, base_model)
+        record = fn(model, tokenizer, train, calib, out, run_cfg, base_model)
+    record["settings"] = asdict(cfg)
     from ..bench.reference import is_reference
 
     info = {
@@ -436,6 +477,7 @@ def train_arm(method: str, task: str, data_dir, out, cfg: DownstreamTrainingConf
         "training": record,
         "command": command,
     }
-    write_downstream_info(out, info)
-    shutil.rmtree(out / "trainer_state", ignore_errors=True)
+    if _is_main_process():  # the other processes trained the same weights
+        write_downstream_info(out, info)
+        shutil.rmtree(out / "trainer_state", ignore_errors=True)
     return info

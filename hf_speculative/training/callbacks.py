@@ -9,7 +9,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-__all__ = ["LearningCurveCallback", "TimeBudgetCallback", "budget_warmup_steps"]
+__all__ = ["LearningCurveCallback", "TimeBudgetCallback", "budget_warmup_steps", "process0_value"]
 
 MAX_BUDGET_WARMUP_STEPS = 100
 
@@ -111,6 +111,20 @@ class LearningCurveCallback(TrainerCallback):
             self._record(state.global_step, self.budget.elapsed())
 
 
+def process0_value(value: float) -> float:
+    """``value`` as process 0 has it when several processes train together (``accelerate launch``, ``torchrun``), so
+    that decisions taken on a clock (stop, learning rate) are the same in every process; ``value`` alone else."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.broadcast(t, 0)
+    return float(t)
+
+
 class TimeBudgetCallback(TrainerCallback):
     """Stops training once ``seconds`` have passed (a shared CPU's time slot). With ``anneal`` the learning rate
     follows a cosine over the budget: ``lr = base * warmup * 0.5 (1 + cos(pi f))`` with ``f`` the larger of the
@@ -118,7 +132,9 @@ class TimeBudgetCallback(TrainerCallback):
     use it with ``lr_scheduler_type="constant"``.
 
     The budget spans resumed runs: each checkpoint records the seconds spent so far (``time_budget.json``), and
-    ``spent`` (set from it by `hf_speculative.training.trainer.train_resumable`) counts against the budget."""
+    ``spent`` (set from it by `hf_speculative.training.trainer.train_resumable`) counts against the budget. Under
+    several processes every one follows process 0's clock (`process0_value`): they stop at the same step (a process
+    that stopped alone would leave the others waiting in the gradient all-reduce) and anneal alike."""
 
     FILE = "time_budget.json"
 
@@ -149,12 +165,12 @@ class TimeBudgetCallback(TrainerCallback):
             return
         if self.base is None:
             self.base = [g["lr"] for g in optimizer.param_groups]
-        frac = min(1.0, max(self.elapsed() / self.seconds, state.global_step / max(state.max_steps, 1)))
+        frac = min(1.0, max(process0_value(self.elapsed()) / self.seconds, state.global_step / max(state.max_steps, 1)))
         factor = min(1.0, (state.global_step + 1) / self.warmup_steps) * 0.5 * (1 + math.cos(math.pi * frac))
         for group, base in zip(optimizer.param_groups, self.base):
             group["lr"] = base * factor
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.elapsed() > self.seconds:
+        if process0_value(self.elapsed()) > self.seconds:
             control.should_training_stop = True
             control.should_save = bool(args.save_strategy != "no")  # a resumed run starts where the budget ended

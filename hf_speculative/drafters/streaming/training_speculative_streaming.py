@@ -35,6 +35,7 @@ from ...training.trainer import DrafterTrainer, HiddenStates, _cache_root, _mode
 __all__ = [
     "IGNORE_INDEX",
     "SHARED_STREAM_WEIGHT",
+    "average_gradients",
     "stream_labels",
     "stream_rows",
     "stream_losses",
@@ -115,6 +116,23 @@ def streaming_loss(per_stream: torch.Tensor, stream_weights: Sequence[float], ma
     if alpha_0 and main_loss is not None:
         loss = loss + alpha_0 * main_loss
     return loss
+
+
+def average_gradients(params: Sequence[torch.nn.Parameter]) -> None:
+    """Average the gradients of ``params`` across the processes training together (one all-reduce over a flat
+    buffer); nothing in a single process."""
+    import torch.distributed as dist
+
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
 
 
 class _StopForward(Exception):
@@ -281,17 +299,24 @@ class SpeculativeStreamingTrainer(DrafterTrainer):
 
     def _clip_grad_norm(self, model):
         """Clip (and report) the gradient norm over everything that trains: in shared mode the base's LoRA
-        weights too, which are not parameters of ``model`` (the `Trainer` would clip only the streams)."""
-        if not hasattr(model, "trainable_parameters"):
+        weights too, which are not parameters of ``model`` (the `Trainer` would clip only the streams). Under
+        several processes those weights are outside DistributedDataParallel's reach, so their gradients are
+        averaged across the processes here first (the streams' are averaged by DDP)."""
+        inner = self.model
+        if not hasattr(inner, "trainable_parameters"):
             return super()._clip_grad_norm(model)
-        return torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), self.args.max_grad_norm)
+        params = inner.trainable_parameters()
+        registered = {id(p) for p in inner.parameters()}
+        average_gradients([p for p in params if id(p) not in registered])
+        return torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
 
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
         states = stream_rows(model, inputs)
+        lm_head = getattr(model, "module", model).lm_head  # ``model`` may be the DistributedDataParallel wrapper
         if "teacher_ids" in inputs:  # target-labelled data: distil the target's own distribution
-            per_column = stream_kd_losses(model.lm_head, states, inputs["targets"], inputs["teacher_ids"], inputs["teacher_logprobs"])
+            per_column = stream_kd_losses(lm_head, states, inputs["targets"], inputs["teacher_ids"], inputs["teacher_logprobs"])
         else:
-            per_column = stream_losses(model.lm_head, states, inputs["targets"])
+            per_column = stream_losses(lm_head, states, inputs["targets"])
         parts = {}
         if "input_ids" in inputs:  # shared mode: column 0 is the main stream
             main_loss, per_stream = per_column[0], per_column[1:]
