@@ -310,6 +310,36 @@ def test_streaming_arm_with_tree_pruning_and_a_learning_curve(work, trained, tmp
         main([*argv[:2], str(trained["streaming"]), *argv[3:]])
 
 
+def test_prune_adds_tree_pruning_to_a_trained_streaming_folder(work, trained, tmp_path):
+    """``downstream prune`` gives a trained streaming folder its early exit in place: with pruning off the folder
+    decodes exactly as before (its recorded rows still reproduce), with pruning on it verifies fewer nodes, and
+    both are lossless."""
+    import shutil
+
+    folder = tmp_path / "streaming"
+    shutil.copytree(trained["streaming"], folder)
+
+    def evaluate(path, *extra):
+        out = tmp_path / f"{path.name}{'_'.join(extra)}.json"
+        argv = ["downstream", "eval", str(path), "--task", "e2e_nlg", "--data", str(work["e2e_nlg"]), "--limit", "3",
+                "--max-new-tokens", "12", "--output", str(out), "--no-progress", *extra]  # fmt: skip
+        assert main(argv) == 0
+        return json.loads(out.read_text())
+
+    before = evaluate(folder)
+    assert main(["downstream", "prune", str(folder), "--data", str(work["e2e_nlg"]), "--pruning-layer", "1",
+                 "--pruning-threshold", "0.9", "--pruning-budget", "1", "--no-progress"]) == 0  # fmt: skip
+    pruning = json.loads((folder / "downstream.json").read_text())["training"]["pruning"]
+    assert pruning["layer"] == 1 and pruning["steps"] >= 1 and "downstream prune" in pruning["command"]
+    assert not (folder / "trainer_state").exists()
+    off, on = evaluate(folder, "--pruning-threshold", "0"), evaluate(folder)
+    assert off["tau"] == before["tau"] and off["target_forwards"] == before["target_forwards"] and off["drafter"] == before["drafter"]
+    assert on["lossless_rate"] == off["lossless_rate"] == 1.0
+    assert on["verified_nodes_per_step"] < off["verified_nodes_per_step"] and "tree pruning after layer 1" in on["drafter"]
+    with pytest.raises(ValueError, match="a 'streaming' folder"):
+        main(["downstream", "prune", str(trained["lora"]), "--data", str(work["e2e_nlg"]), "--pruning-layer", "1"])
+
+
 def test_table_renders(tmp_path):
     results = tmp_path / "results"
     results.mkdir()

@@ -1,9 +1,11 @@
-"""``hf-speculative downstream train|eval|table``: task fine-tuning with speculative decoding (Speculative Streaming,
+"""``hf-speculative downstream train|prune|eval|table``: task fine-tuning with speculative decoding (Speculative Streaming,
 Sec. 4.1, Table 1) on E2E NLG, WikiSQL and DialogSum (`hf_speculative.downstream`).
 
     hf-speculative downstream train --task e2e_nlg --method streaming --data ../shared/data/e2e_nlg \\
         --out model_cards/speculative-streaming-smollm2-135m-e2e-nlg --time-budget 600
     hf-speculative downstream train --task e2e_nlg --method eagle --adapter model_cards/lora-smollm2-135m-e2e-nlg ...
+    hf-speculative downstream prune model_cards/speculative-streaming-smollm2-135m-e2e-nlg --data ../shared/data/e2e_nlg \\
+        --pruning-layer 8 --pruning-threshold 0.01
     hf-speculative downstream eval model_cards/speculative-streaming-smollm2-135m-e2e-nlg --task e2e_nlg \\
         --data ../shared/data/e2e_nlg --limit 50 --threads 2 --output results/downstream/e2e_streaming.json
     hf-speculative downstream table --results results/downstream --output docs/downstream_table.md --plot docs/downstream.png
@@ -61,6 +63,19 @@ def add_parser(subparsers) -> None:
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=run_train)
 
+    r = sub.add_parser("prune", help="add parallel tree pruning (a trained early exit, Sec. 3.1.3) to a trained streaming folder")
+    r.add_argument("folder", help="a 'downstream train --method streaming' folder (rewritten in place)")
+    r.add_argument("--data", required=True, help="the folder's task data (its training split trains the early exit)")
+    r.add_argument("--pruning-layer", type=int, required=True, help="the early exit reads the state after this many layers")
+    r.add_argument("--pruning-threshold", type=float, default=0.01, help="prune tree nodes below this estimated transition probability")
+    r.add_argument("--pruning-budget", type=float, default=120.0, help="seconds of training for the early exit")
+    r.add_argument("--pruning-examples", type=int, default=1024, help="training pairs whose states it trains on")
+    r.add_argument("--device", default=None)
+    r.add_argument("--threads", type=int, default=None)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--no-progress", action="store_true")
+    r.set_defaults(func=run_prune)
+
     e = sub.add_parser("eval", help="plain vs speculative greedy decoding of a trained folder on the task's test prompts")
     e.add_argument("folder", help="a 'downstream train' folder")
     e.add_argument("--task", required=True, choices=TASKS)
@@ -105,6 +120,16 @@ def run_train(args) -> int:
     if is_main_process():  # under accelerate launch the other processes trained the same weights
         report = {k: v for k, v in info["training"].items() if k != "settings"}
         print(json.dumps({"task": info["task"], "method": info["method"], "out": args.out, **report}, indent=1))
+    return 0
+
+
+def run_prune(args) -> int:
+    setup_torch(args)
+    from ..downstream.training import prune_folder
+
+    record = prune_folder(args.folder, args.data, args.pruning_layer, threshold=args.pruning_threshold, budget=args.pruning_budget,
+                          examples=args.pruning_examples, device=args.device, progress=not args.no_progress, command=command_line(args))  # fmt: skip
+    print(json.dumps({"folder": args.folder, "pruning": record}, indent=1))
     return 0
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "train_medusa2",
     "train_eagle",
     "train_arm",
+    "prune_folder",
 ]
 
 METHODS = ("lora", "medusa2", "streaming", "eagle")
@@ -433,6 +434,35 @@ def train_eagle(
         "adapter_train_seconds": (info.get("training") or {}).get("train_seconds"),
         "extra_parameters": extra,
     }
+
+
+def prune_folder(folder, data_dir, layer: int, threshold: float = 0.01, budget: float = 120.0, examples: int = 1024,
+                 device=None, progress: bool = True, command: str | None = None) -> dict:  # fmt: skip
+    """Add parallel tree pruning (Sec. 3.1.3) to a trained ``streaming`` folder: its early exit after ``layer`` layers,
+    trained as ``downstream train --pruning-layer`` would (`_train_pruning`) on the folder's own task and training
+    split; rewrites the folder's config and weights and records the run in its ``downstream.json``."""
+    from ..bench.reference import resolve_model
+    from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
+    from .tasks import calibration_split, get_task
+
+    folder = Path(folder)
+    info = read_downstream_info(folder)
+    if info["method"] != "streaming":
+        raise ValueError(f"{folder}: tree pruning is Speculative Streaming's (a 'streaming' folder), this one is {info['method']!r}")
+    known = DownstreamTrainingConfig.__dataclass_fields__
+    settings = {k: v for k, v in (info.get("training") or {}).get("settings", {}).items() if k in known}
+    cfg = replace(DownstreamTrainingConfig(**settings), pruning_layer=layer, pruning_threshold=threshold,
+                  pruning_budget=budget, pruning_examples=examples, progress=progress)  # fmt: skip
+    train, calib = calibration_split(get_task(info["task"]).load(data_dir, "train"), cfg.calibration_prompts, seed=cfg.seed)
+    base, tokenizer = resolve_model(info["base_model"], device=device)
+    ss = LlamaForSpeculativeStreaming.from_pretrained(folder, base_model=base)
+    record = _train_pruning(ss, tokenizer, train, calib, folder, cfg)
+    record["command"] = command
+    ss.save_pretrained(folder)
+    shutil.rmtree(folder / "trainer_state", ignore_errors=True)
+    info["training"]["pruning"] = record
+    write_downstream_info(folder, info)
+    return record
 
 
 def train_arm(method: str, task: str, data_dir, out, cfg: DownstreamTrainingConfig, base_model: str = "reference", device=None,
