@@ -212,12 +212,12 @@ def _trainer_dir(out: Path) -> str:
     return str(out / "trainer_state")
 
 
-def _train_streams(model, tokenizer, train: list[Record], out: Path, cfg: DownstreamTrainingConfig, callbacks=None):
-    """The Speculative Streaming trainer over ``train`` (the LoRA arm is the same loss with no streams); returns the
-    trainer and the training seconds."""
+def _train_streams(model, tokenizer, train: list[Record], out: Path, cfg: DownstreamTrainingConfig, callbacks=None, states=None):
+    """The Speculative Streaming trainer over ``train`` (the LoRA arm is the same loss with no streams; ``states``: the
+    records already tokenized); returns the trainer and the training seconds."""
     from ..drafters.streaming.training_speculative_streaming import tokenize_records, train_speculative_streaming
 
-    states = tokenize_records(tokenizer, train, max_length=cfg.max_length)
+    states = states if states is not None else tokenize_records(tokenizer, train, max_length=cfg.max_length)
     t0 = time.perf_counter()
     trainer = train_speculative_streaming(
         model, states, output_dir=_trainer_dir(out), num_epochs=cfg.epochs, learning_rate=cfg.learning_rate,
@@ -260,12 +260,14 @@ def train_streaming(model, tokenizer, train: list[Record], calib: list[Record], 
     )  # fmt: skip
     ss.config.base_model_name_or_path = _hub_base_name(base_model)
     curve = None
+    states = tokenize_records(tokenizer, train, max_length=cfg.max_length)
     if cfg.curve_points and calib:
         from ..drafters.streaming.training_speculative_streaming import StreamCurveCallback
 
         held_out = tokenize_records(tokenizer, calib[: cfg.curve_examples], max_length=cfg.max_length)
-        curve = StreamCurveCallback(ss, held_out, num_nodes=cfg.tree_nodes, num_points=cfg.curve_points, tokens_per_step=cfg.batch_size)
-    trainer, seconds = _train_streams(ss, tokenizer, train, out, cfg, callbacks=[curve] if curve else None)
+        per_step = cfg.batch_size * _process_state().num_processes * states.input_ids.numel() / len(states)  # tokens, on average
+        curve = StreamCurveCallback(ss, held_out, num_nodes=cfg.tree_nodes, num_points=cfg.curve_points, tokens_per_step=per_step)
+    trainer, seconds = _train_streams(ss, tokenizer, train, out, cfg, callbacks=[curve] if curve else None, states=states)
     calibration = {}
     if calib:
         acc = stream_accuracies(ss, tokenize_records(tokenizer, calib, max_length=cfg.max_length), segment_length=cfg.max_length)
