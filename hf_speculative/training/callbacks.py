@@ -84,8 +84,8 @@ class LearningCurveCallback(TrainerCallback):
         if self.budget is None:
             self._record(0)
         else:  # before the budget's clock starts: the seconds earlier (resumed) runs spent, and their points
-            self._file = Path(args.output_dir) / self.FILE
-            if self.budget.spent and self._file.is_file():
+            self._file = Path(args.output_dir) / self.FILE if state.is_world_process_zero else None
+            if self.budget.spent and self._file is not None and self._file.is_file():
                 self.curve = [p for p in json.loads(self._file.read_text()) if p["step"] <= state.global_step]
             self._marks_passed = self._marks(self.budget.spent)
             if not self.curve or self.curve[-1]["step"] != state.global_step:
