@@ -5,7 +5,8 @@ repository root, writing to a scratch folder, no card) and checks that the deter
 target forwards, new tokens, lossless rate, task metric, extra parameters. Speedup is a wall-time ratio and is
 reported beside the recorded one, not compared.
 
-    python scripts/reproduce_downstream.py [--only e2e_nlg_lora,wikisql_lora] [--out DIR] [--report FILE.md]
+    python scripts/reproduce_downstream.py [--results docs/results/downstream_longer] [--only e2e_nlg_lora,wikisql_lora]
+        [--out DIR] [--report FILE.md]
 """
 
 from __future__ import annotations
@@ -37,11 +38,12 @@ def rerun(record: dict, out: Path) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder of eval JSONs (default: docs/results/downstream)")
     parser.add_argument("--only", default=None, help="comma-separated JSON names (without .json)")
     parser.add_argument("--out", default=None, help="keep the new JSONs here (default: a temporary folder)")
     parser.add_argument("--report", default=None, help="also write the comparison as markdown here")
     args = parser.parse_args()
-    names = sorted(p.stem for p in RESULTS.glob("*.json"))
+    names = sorted(p.stem for p in args.results.glob("*.json"))
     if args.only:
         names = [n for n in names if n in args.only.split(",")]
     out_dir = Path(args.out or tempfile.mkdtemp(prefix="reproduce-"))
@@ -49,7 +51,7 @@ def main() -> int:
     lines = ["| row | folder | tau recorded / now | lossless | metric | speedup recorded / now | reproduced |", "|---|---|---|---|---|---|---|"]
     failed = []
     for name in names:
-        record = json.loads((RESULTS / f"{name}.json").read_text())
+        record = json.loads((args.results / f"{name}.json").read_text())
         if not record.get("folder", "").startswith("model_cards/"):
             continue
         now = rerun(record, out_dir / f"{name}.json")
