@@ -268,6 +268,9 @@ def train_streaming(model, tokenizer, train: list[Record], calib: list[Record], 
         per_step = cfg.batch_size * _process_state().num_processes * states.input_ids.numel() / len(states)  # tokens, on average
         curve = StreamCurveCallback(ss, held_out, num_nodes=cfg.tree_nodes, num_points=cfg.curve_points, tokens_per_step=per_step)
     trainer, seconds = _train_streams(ss, tokenizer, train, out, cfg, callbacks=[curve] if curve else None, states=states)
+    curve_seconds = None
+    if curve and curve.curve and "train_seconds" in curve.curve[-1]:  # the budget's clock: measuring the curve is not training
+        curve_seconds, seconds = round(seconds - curve.curve[-1]["train_seconds"], 1), curve.curve[-1]["train_seconds"]
     calibration = {}
     if calib:
         acc = stream_accuracies(ss, tokenize_records(tokenizer, calib, max_length=cfg.max_length), segment_length=cfg.max_length)
@@ -289,7 +292,7 @@ def train_streaming(model, tokenizer, train: list[Record], calib: list[Record], 
         "lora_parameters": lora_params,
         "extra_parameters": ss.num_stream_parameters(),
         "calibration": calibration,
-        **({"learning_curve": curve.curve} if curve else {}),
+        **({"learning_curve": curve.curve, "learning_curve_seconds": curve_seconds} if curve else {}),
         **({"pruning": pruning} if pruning else {}),
     }
 
