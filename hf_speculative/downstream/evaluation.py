@@ -201,7 +201,7 @@ def evaluate_folder(folder: str | Path, task: str, data_dir, limit: int | None =
     training = loaded.info.get("training") or {}
     train_seconds = training.get("train_seconds")
     pruning = training.get("pruning") or {}
-    if train_seconds is not None and pruning:
+    if train_seconds is not None and pruning and "tree pruning" in loaded.drafter:  # the early exit is part of this decoding
         train_seconds = round(train_seconds + pruning["extract_seconds"] + pruning["train_seconds"], 1)
     return {
         "task": task,

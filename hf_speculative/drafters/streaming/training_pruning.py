@@ -71,7 +71,7 @@ def train_pruning_head(
     if ss.streams.pruning is None:
         raise ValueError("the model has no pruning adapter: set config.pruning_layer (LlamaForSpeculativeStreaming.add_pruning_head)")
     dataset = _next_token_segments(train_states, segment_length)
-    warmup = budget_warmup_steps(planned_steps(len(dataset), batch_size, num_epochs, max_steps))
+    warmup = budget_warmup_steps(planned_steps(len(dataset), batch_size, num_epochs, max_steps), 0.05, time_budget)
     trainable = {id(p) for p in ss.streams.pruning.parameters()}
     frozen = [p for p in ss.trainable_parameters() if p.requires_grad and id(p) not in trainable]
     for p in frozen:
