@@ -31,6 +31,31 @@ def _pruned_ss(arch="llama", seed=0, layer=2, threshold=0.0, num_streams=3):
     return base, ss
 
 
+def _assert_caches_equal(cache, reference, length: int) -> None:
+    """Every layer of ``cache`` holds ``length`` columns, equal to ``reference``'s."""
+    for a, b in zip(cache.layers, reference.layers):
+        assert a.keys.shape[-2] == length
+        torch.testing.assert_close(a.keys, b.keys, **FP32_LAYERS)
+        torch.testing.assert_close(a.values, b.values, **FP32_LAYERS)
+
+
+def _greedy_prompts():
+    """(prompt, new tokens): a short and a longer random prompt."""
+    for seed, (length, new) in enumerate([(3, 20), (10, 30)]):
+        yield torch.randint(0, 96, (1, length), generator=torch.Generator().manual_seed(seed)), new
+
+
+def _ragged_batch():
+    """Two random prompts (4 and 9 tokens) and their left-padded batch with its attention mask."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, 96, (n,), generator=g) for n in (4, 9)]
+    ids = torch.zeros(2, 9, dtype=torch.long)
+    attention_mask = torch.zeros(2, 9, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, 9 - len(p) :], attention_mask[b, 9 - len(p) :] = p, 1
+    return prompts, ids, attention_mask
+
+
 def _subtree_rule(draft: DraftTree, probs, threshold) -> list[int]:
     """Independent statement of the rule: a node stays iff it and all its ancestors reach the threshold."""
     return [i for i in range(len(draft)) if all(float(probs[a]) >= threshold for a in draft.path_to(i))]
@@ -105,18 +130,14 @@ def test_pruned_forward_removes_exactly_the_subtrees_below_the_threshold(arch):
             kept.tokens[None], attention_mask=tree_attention_mask(kept.ancestors, past, base.dtype, "cpu"),
             position_ids=(past + kept.depths)[None], **cache_arg(reference), use_cache=True,
         )  # fmt: skip
-    for a, b in zip(cache.layers, reference.layers):
-        assert a.keys.shape[-2] == past + len(expected)
-        torch.testing.assert_close(a.keys, b.keys, **FP32_LAYERS)
-        torch.testing.assert_close(a.values, b.values, **FP32_LAYERS)
+    _assert_caches_equal(cache, reference, past + len(expected))
 
 
 @pytest.mark.parametrize("layer", [1, 2])
 def test_greedy_equality_with_pruning(arch, layer):
     base, ss = _pruned_ss(arch, seed=7, layer=layer, threshold=0.012)  # vocab 96: about uniform
     sizes = []
-    for seed, (length, new) in enumerate([(3, 20), (10, 30)]):
-        ids = torch.randint(0, 96, (1, length), generator=torch.Generator().manual_seed(seed))
+    for ids, new in _greedy_prompts():
         ref = base.generate(ids, max_new_tokens=new, do_sample=False)
         out = ss.generate(ids, max_new_tokens=new, do_sample=False, return_dict_in_generate=True)
         assert torch.equal(out.sequences, ref)
@@ -131,12 +152,7 @@ def test_pruning_is_active_and_exact_in_a_batch(arch):
     """Two left-padded rows: each row's tree is pruned by its own early exit inside the engine's one forward,
     and each row equals its own plain greedy decoding."""
     base, ss = _pruned_ss(arch, seed=7, layer=2, threshold=0.012)
-    g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(1, 96, (n,), generator=g) for n in (4, 9)]
-    ids = torch.zeros(2, 9, dtype=torch.long)
-    attention_mask = torch.zeros(2, 9, dtype=torch.long)
-    for b, p in enumerate(prompts):
-        ids[b, 9 - len(p) :], attention_mask[b, 9 - len(p) :] = p, 1
+    prompts, ids, attention_mask = _ragged_batch()
     calls = []
     handle = base.register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
@@ -255,10 +271,7 @@ def test_shared_pruned_forward_equals_the_joint_forward_over_the_kept_tree(arch)
         alone = ss(**tree_inputs(kept), cache=reference)
     torch.testing.assert_close(out.logits, alone.logits, **FP32_LAYERS)
     torch.testing.assert_close(out.stream_states, alone.stream_states, **FP32_LAYERS)
-    for a, b in zip(cache.layers, reference.layers):
-        assert a.keys.shape[-2] == past + len(expected)
-        torch.testing.assert_close(a.keys, b.keys, **FP32_LAYERS)
-        torch.testing.assert_close(a.values, b.values, **FP32_LAYERS)
+    _assert_caches_equal(cache, reference, past + len(expected))
 
 
 @pytest.mark.parametrize("layer", [1, 2])
@@ -266,8 +279,7 @@ def test_shared_greedy_equality_with_pruning(arch, layer):
     """Shared mode with pruning: speculative greedy output equals the same model's own plain greedy decoding."""
     _, ss = _pruned_shared(arch, seed=7, layer=layer, threshold=0.012)  # vocab 96: about uniform
     sizes = []
-    for seed, (length, new) in enumerate([(3, 20), (10, 30)]):
-        ids = torch.randint(0, 96, (1, length), generator=torch.Generator().manual_seed(seed))
+    for ids, new in _greedy_prompts():
         want = ss.generate_autoregressive(ids, max_new_tokens=new, do_sample=False)
         out = ss.generate(ids, max_new_tokens=new, do_sample=False, return_dict_in_generate=True)
         assert torch.equal(out.sequences, want)
@@ -277,12 +289,7 @@ def test_shared_greedy_equality_with_pruning(arch, layer):
 
 def test_shared_pruning_is_active_and_exact_in_a_ragged_batch():
     _, ss = _pruned_shared("llama", seed=7, layer=2, threshold=0.012)
-    g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(1, 96, (n,), generator=g) for n in (4, 9)]
-    ids = torch.zeros(2, 9, dtype=torch.long)
-    attention_mask = torch.zeros(2, 9, dtype=torch.long)
-    for b, p in enumerate(prompts):
-        ids[b, 9 - len(p) :], attention_mask[b, 9 - len(p) :] = p, 1
+    prompts, ids, attention_mask = _ragged_batch()
     out = ss.generate(ids, attention_mask=attention_mask, max_new_tokens=16, do_sample=False, return_dict_in_generate=True)
     full = len(ss.config.tree.parents)
     assert all(min(r.tree_sizes[1:]) < full for r in out.speculative_stats.rows)  # both rows' trees were pruned

@@ -74,6 +74,20 @@ def render_model_card(info: dict, result: dict | None = None, folder: str | Path
         f"- parameters: LoRA {training.get('lora_parameters')}, extra (drafting) {training.get('extra_parameters')}\n"
         f"- command: `{info.get('command')}`"
     )
+    curve = training.get("learning_curve")
+    if curve:
+        points = "; ".join(f"{p.get('train_seconds', 0) / 60:.0f} min: {p['expected_tau_calibrated']:.2f}" for p in curve)
+        intro += f"\n- learning curve (held-out expected tau of the calibrated tree against training time): {points}"
+    pruning = training.get("pruning")
+    if pruning:
+        intro += (
+            f"\n- parallel tree pruning (Sec. 3.1.3): early exit after layer {pruning['layer']}, threshold {pruning['threshold']},"
+            f" {pruning['adapter_parameters']} parameters trained {pruning['steps']} steps ({pruning['extract_seconds']} s of state"
+            f" extraction, {pruning['train_seconds']} s of training) on {pruning['train_examples']} pairs; held-out top-1 of the exit"
+            f" {pruning['held_out_top1_before']} before, {pruning['held_out_top1_after']} after"
+            + (f"; command: `{pruning['command']}`" if pruning.get("command") else "")
+            + " (`downstream eval --pruning-threshold 0` decodes without it)"
+        )
     loading = _loading(f"model_cards/{Path(folder).name}" if folder is not None else "<this folder>", task, method)
     data = ModelCardData(
         base_model=info.get("base_model_hub_id", info.get("base_model")), library_name="hf_speculative",
