@@ -59,6 +59,19 @@ def _measured(result: dict) -> str:
     )
 
 
+def _command_for(command: str | None, folder: str | None) -> str | None:
+    """The training command as it reproduces this folder: ``--out`` names the folder where it lives now (a run may
+    have written it elsewhere first; ``downstream.json`` keeps the command as it ran)."""
+    import shlex
+
+    if not command or folder is None:
+        return command
+    argv = shlex.split(command)
+    if "--out" in argv and argv.index("--out") + 1 < len(argv):
+        argv[argv.index("--out") + 1] = folder
+    return shlex.join(argv)
+
+
 def render_model_card(info: dict, result: dict | None = None, folder: str | Path | None = None) -> ModelCard:
     """The card from a folder's ``downstream.json`` (``info``) and an eval record (``result``)."""
     task, method = info["task"], info["method"]
@@ -72,7 +85,7 @@ def render_model_card(info: dict, result: dict | None = None, folder: str | Path
         f" (budget {settings.get('time_budget')} s) on {training.get('device')}; LoRA rank {settings.get('lora_rank')}, alpha {settings.get('lora_alpha')},"
         f" learning rate {settings.get('learning_rate')}\n"
         f"- parameters: LoRA {training.get('lora_parameters')}, extra (drafting) {training.get('extra_parameters')}\n"
-        f"- command: `{info.get('command')}`"
+        f"- command: `{_command_for(info.get('command'), f'model_cards/{Path(folder).name}' if folder is not None else None)}`"
     )
     curve = training.get("learning_curve")
     if curve:
