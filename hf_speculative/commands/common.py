@@ -157,22 +157,18 @@ def command_line(args=None) -> str | None:
     return None
 
 
-def _process_state():
-    """accelerate's `PartialState` of this process (gloo on CPU, as the Trainer sets it up)."""
-    import torch
-    from accelerate import PartialState
-
-    return PartialState(cpu=not torch.cuda.is_available())
-
-
 def num_processes() -> int:
     """Processes training together (several under ``accelerate launch`` / ``torchrun``; 1 alone)."""
-    return _process_state().num_processes
+    from ..training.distributed import num_processes as count
+
+    return count()
 
 
 def is_main_process() -> bool:
     """True in a single process, and in process 0 of ``accelerate launch`` / ``torchrun``."""
-    return _process_state().is_main_process
+    from ..training.distributed import is_main_process as main
+
+    return main()
 
 
 @contextmanager
@@ -180,7 +176,9 @@ def main_process_first():
     """Under several processes (``accelerate launch``, ``torchrun``) the main process runs the block first and
     the others after it, so that they read the caches it wrote (hidden states) instead of racing to write them.
     In a single process, just the block."""
-    with _process_state().main_process_first():
+    from ..training.distributed import process_state
+
+    with process_state().main_process_first():
         yield
 
 

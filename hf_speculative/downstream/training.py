@@ -30,6 +30,7 @@ import torch
 
 from ..drafters.streaming.configuration_speculative_streaming import LORA_TARGET_MODULES
 from ..training.data import Record
+from ..training.distributed import is_main_process, num_processes, weights_agree
 
 __all__ = [
     "METHODS",
@@ -169,37 +170,11 @@ def _training_record(cfg: DownstreamTrainingConfig, trainer, seconds: float, tra
         "steps": trainer.state.global_step,
         "train_seconds": round(seconds, 1),
         "device": _device_name(),
-        "processes": _process_state().num_processes,
-        "processes_in_sync": _weights_agree(DrafterTrainer.trainable_tensors(trainer.model)),
+        "processes": num_processes(),
+        "processes_in_sync": weights_agree(DrafterTrainer.trainable_tensors(trainer.model)),
         **_last_loss(trainer),
         "settings": asdict(cfg),
     }
-
-
-def _process_state():
-    """accelerate's `PartialState` (several processes under ``accelerate launch`` / ``torchrun``; gloo on CPU)."""
-    from accelerate import PartialState
-
-    return PartialState(cpu=not torch.cuda.is_available())
-
-
-def _is_main_process() -> bool:
-    return _process_state().is_main_process
-
-
-def _weights_agree(params) -> bool | None:
-    """Under several processes: whether every process holds the same trained weights (a checksum of ``params``
-    gathered from all of them); None in a single process."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return None
-    flat = torch.cat([p.detach().reshape(-1).double() for p in params])
-    weights = torch.linspace(0.5, 1.5, flat.numel(), dtype=torch.float64, device=flat.device)
-    mine = torch.stack([flat.sum(), (flat * weights).sum(), (flat * flat).sum()])
-    gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, mine)
-    return all(torch.allclose(g, mine, rtol=1e-9, atol=1e-12) for g in gathered)
 
 
 def _device_name() -> str:
@@ -240,7 +215,7 @@ def train_lora(model, tokenizer, train: list[Record], calib: list[Record], out: 
     trainer, seconds = _train_streams(peft_model, tokenizer, train, out, cfg)
     for c in peft_model.peft_config.values():
         c.base_model_name_or_path = _hub_base_name(base_model)
-    if _is_main_process():
+    if is_main_process():
         peft_model.save_pretrained(out / ADAPTER_SUBFOLDER)
     lora_params = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     record = {**_training_record(cfg, trainer, seconds, train, calib), "lora_parameters": lora_params, "extra_parameters": 0}
@@ -265,7 +240,7 @@ def train_streaming(model, tokenizer, train: list[Record], calib: list[Record], 
         from ..drafters.streaming.training_speculative_streaming import StreamCurveCallback
 
         held_out = tokenize_records(tokenizer, calib[: cfg.curve_examples], max_length=cfg.max_length)
-        per_step = cfg.batch_size * _process_state().num_processes * states.input_ids.numel() / len(states)  # tokens, on average
+        per_step = cfg.batch_size * num_processes() * states.input_ids.numel() / len(states)  # tokens, on average
         curve = StreamCurveCallback(ss, held_out, num_nodes=cfg.tree_nodes, num_points=cfg.curve_points, tokens_per_step=per_step)
     trainer, seconds = _train_streams(ss, tokenizer, train, out, cfg, callbacks=[curve] if curve else None, states=states)
     curve_seconds = None
@@ -284,7 +259,7 @@ def train_streaming(model, tokenizer, train: list[Record], calib: list[Record], 
         ss.config.calibration = calibration
         print(f"calibrated stream tree: {tree.num_nodes} nodes, expected tau {calibration['expected_acceptance_length']}", file=sys.stderr)
     pruning = _train_pruning(ss, tokenizer, train, calib, out, cfg) if cfg.pruning_layer is not None else None
-    if _is_main_process():
+    if is_main_process():
         ss.save_pretrained(out)
     lora_params = sum(p.numel() for p in ss.trainable_parameters()) - ss.num_stream_parameters()
     return {
@@ -359,7 +334,7 @@ def train_medusa2(model, tokenizer, train: list[Record], calib: list[Record], ou
         states = extract_hidden_states(peft_model.get_base_model(), tokenizer, calib, max_length=cfg.max_length, cache=False, progress=False)
         tree = calibrate_tree(heads, states, num_nodes=cfg.tree_nodes)
         print(f"calibrated Medusa tree: {tree.num_nodes} nodes, expected tau {heads.config.calibration['expected_acceptance_length']}", file=sys.stderr)
-    if _is_main_process():
+    if is_main_process():
         save_medusa2(joint, out)
     return {
         **_training_record(cfg, trainer, seconds, train, calib),
@@ -430,7 +405,7 @@ def train_eagle(
     drafter.config.base_adapter = adapter_path(out, adapter_folder)
     extra = sum(p.numel() for p in drafter.parameters())
     record = _training_record(cfg, trainer, seconds, train, calib)  # before the bf16 cast
-    if _is_main_process():
+    if is_main_process():
         drafter.to(torch.bfloat16).save_pretrained(out)
     return {
         **record,
@@ -490,7 +465,7 @@ def train_arm(method: str, task: str, data_dir, out, cfg: DownstreamTrainingConf
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     # under several processes (accelerate launch) each takes its share of every optimizer step's examples
-    processes = _process_state().num_processes
+    processes = num_processes()
     if cfg.batch_size % processes:
         raise ValueError(f"--batch-size {cfg.batch_size} (examples per optimizer step) must divide among the {processes} processes")
     run_cfg = replace(cfg, batch_size=cfg.batch_size // processes)
@@ -512,7 +487,7 @@ def train_arm(method: str, task: str, data_dir, out, cfg: DownstreamTrainingConf
         "training": record,
         "command": command,
     }
-    if _is_main_process():  # the other processes trained the same weights
+    if is_main_process():  # the other processes trained the same weights
         write_downstream_info(out, info)
         shutil.rmtree(out / "trainer_state", ignore_errors=True)
     return info

@@ -9,7 +9,9 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-__all__ = ["LearningCurveCallback", "TimeBudgetCallback", "budget_warmup_steps", "process0_value"]
+from .distributed import process0_value
+
+__all__ = ["LearningCurveCallback", "TimeBudgetCallback", "budget_warmup_steps"]
 
 MAX_BUDGET_WARMUP_STEPS = 100
 
@@ -109,20 +111,6 @@ class LearningCurveCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if self.budget is not None and (not self.curve or self.curve[-1]["step"] != state.global_step):
             self._record(state.global_step, self.budget.elapsed())
-
-
-def process0_value(value: float) -> float:
-    """``value`` as process 0 has it when several processes train together (``accelerate launch``, ``torchrun``), so
-    that decisions taken on a clock (stop, learning rate) are the same in every process; ``value`` alone else."""
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return value
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.broadcast(t, 0)
-    return float(t)
 
 
 class TimeBudgetCallback(TrainerCallback):

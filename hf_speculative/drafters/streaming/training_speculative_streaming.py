@@ -29,13 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from ...training.distributed import average_gradients
 from ...training.callbacks import LearningCurveCallback, TimeBudgetCallback, budget_warmup_steps
 from ...training.trainer import DrafterTrainer, HiddenStates, _cache_root, _model_key, cached_states, encode_record, planned_steps, train_drafter
 
 __all__ = [
     "IGNORE_INDEX",
     "SHARED_STREAM_WEIGHT",
-    "average_gradients",
     "stream_labels",
     "stream_rows",
     "stream_losses",
@@ -116,23 +116,6 @@ def streaming_loss(per_stream: torch.Tensor, stream_weights: Sequence[float], ma
     if alpha_0 and main_loss is not None:
         loss = loss + alpha_0 * main_loss
     return loss
-
-
-def average_gradients(params: Sequence[torch.nn.Parameter]) -> None:
-    """Average the gradients of ``params`` across the processes training together (one all-reduce over a flat
-    buffer); nothing in a single process."""
-    import torch.distributed as dist
-
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= dist.get_world_size()
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
 
 
 class _StopForward(Exception):
