@@ -235,16 +235,30 @@ def test_what_the_engines_cannot_load_is_refused(tmp_path, capsys):
 CARD = Path(__file__).resolve().parents[1] / "model_cards" / "eagle-smollm2-135m-instruct"
 
 
+@pytest.fixture(scope="module")
+def card_shaped(tmp_path_factory):
+    """A drafter of the reference EAGLE-3 card's shape: its committed config.json with random weights (the card's
+    trained weights are not in the repository), saved in the card's dtype."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(CARD)
+    torch.manual_seed(0)
+    drafter = EagleDrafter(config).to(torch.bfloat16)
+    folder = tmp_path_factory.mktemp("eagle-card")
+    drafter.save_pretrained(folder)
+    return folder
+
+
 @pytest.mark.skipif(not (CARD / "config.json").is_file(), reason="the reference EAGLE-3 card is not in this checkout")
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_reference_card_exports(fmt, tmp_path):
-    assert _export(CARD, fmt, tmp_path / fmt) == 0
+def test_reference_card_exports(fmt, card_shaped, tmp_path):
+    assert _export(card_shaped, fmt, tmp_path / fmt) == 0
     config = json.loads((tmp_path / fmt / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 8192
     assert (config["hidden_size"], config["target_hidden_size"], config["rope_theta"]) == (576, 576, 100000.0)
     weights = load_file(str(tmp_path / fmt / "model.safetensors"))
     assert set(weights) == EAGLE3_KEYS and weights["fc.weight"].dtype == torch.bfloat16
-    card, loaded = EagleDrafter.from_pretrained(CARD), EagleDrafter.from_pretrained(tmp_path / fmt)
+    card, loaded = EagleDrafter.from_pretrained(card_shaped), EagleDrafter.from_pretrained(tmp_path / fmt)
     assert loaded.config.target_num_layers is None and card.config.target_num_layers == 30
     for k, v in card.state_dict().items():
         assert torch.equal(v.float(), loaded.state_dict()[k].float()), k
