@@ -34,6 +34,8 @@ _PUBLIC = {
     "PromptLookupDrafter": "drafters",
     "MagicDecDrafter": "drafters",
     "TokenRecyclingDrafter": "drafters.token_recycling",
+    "SuffixConfig": "drafters.suffix",
+    "SuffixDrafter": "drafters.suffix",
     "HybridDrafter": "drafters.hybrid",
     "MedusaConfig": "drafters.medusa",
     "MedusaHeadsModel": "drafters.medusa",

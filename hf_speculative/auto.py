@@ -21,6 +21,7 @@ DRAFTER_CLASSES = (
      "drafters.parallel.modeling_parallel_drafter", "ParallelDrafter"),
     ("drafters.eagle.configuration_eagle", "EagleConfig", "drafters.eagle.modeling_eagle", "EagleDrafter"),
     ("drafters.spire.configuration_spire", "SpireConfig", "drafters.spire.modeling_spire", "SpireDrafter"),
+    ("drafters.suffix.configuration_suffix", "SuffixConfig", "drafters.suffix.modeling_suffix", "SuffixDrafter"),
 )  # fmt: skip
 
 
