@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -78,6 +79,8 @@ class SuffixDrafter(TreeDrafter):
         self.cost_curve = cost_curve
         self._step_cost = lambda n: 1.0
         self._rows: dict[int, list] = {}  # row -> [prompt length, latest committed sequence]
+        #: how many drafting steps matched how many tokens (the longer of the two structures' matches; 0: none)
+        self.match_lengths: Counter = Counter()
 
     @property
     def vocab_size(self) -> int | None:
@@ -125,13 +128,14 @@ class SuffixDrafter(TreeDrafter):
         seq = sequence.cpu().numpy().astype(np.int64)
         cfg, root = self.config, int(seq[-1])
         candidates = []
-        length, follow = match_in_sequence(seq, cfg.max_match_length)
-        if length >= cfg.min_match_length:
-            candidates.append(self._expand(seq + 1, follow, root, length, tree))
+        local, follow = match_in_sequence(seq, cfg.max_match_length)
+        if local >= cfg.min_match_length:
+            candidates.append(self._expand(seq + 1, follow, root, local, tree))
         length, lo, hi = self.index.longest_match(seq, cfg.max_match_length)
         if length >= cfg.min_match_length:
             follow = self.index.occurrences(lo, hi, cfg.max_occurrences) + length
             candidates.append(self._expand(self.index.codes, follow, root, length, tree))
+        self.match_lengths[max(local, length)] += 1
         candidates = [c for c in candidates if len(c[0]) > 1]
         if not candidates:
             return DraftTree(tokens=sequence[-1:].clone(), parents=(-1,))
