@@ -259,10 +259,11 @@ def test_eval_json_is_complete_and_lossless(work, trained, method, tmp_path):
     assert "E2E NLG" in card and f"| {result['tau']:.2f} |" in card and "downstream train" in card
 
 
-@pytest.mark.parametrize("drafter", ["token-recycling", "hybrid"])
+@pytest.mark.parametrize("drafter", ["token-recycling", "hybrid", "suffix", "hybrid-suffix"])
 def test_training_free_arm_on_the_lora_model(work, trained, drafter, tmp_path):
-    """Arm (e): the LoRA folder's model with Token Recycling, or prompt lookup and Token Recycling merged into one
-    tree, exact against that model's plain decoding; refused on a folder with its own drafter, and with a card."""
+    """Arm (e): the LoRA folder's model with Token Recycling, SuffixDecoding warmed with the training targets, or
+    prompt lookup merged with either into one tree, exact against that model's plain decoding; refused on a folder
+    with its own drafter, and with a card."""
     out = tmp_path / f"{drafter}.json"
     argv = ["downstream", "eval", str(trained["lora"]), "--task", "e2e_nlg", "--data", str(work["e2e_nlg"]),
             "--limit", "3", "--max-new-tokens", "12", "--output", str(out), "--no-progress", "--drafter", drafter]  # fmt: skip
@@ -270,6 +271,8 @@ def test_training_free_arm_on_the_lora_model(work, trained, drafter, tmp_path):
     result = json.loads(out.read_text())
     assert result["method"] == "lora" and result["drafter"].startswith(drafter.split("-")[0])
     assert result["lossless_rate"] == 1.0 and result["tau"] >= 1.0 and result["extra_parameters"] == 0
+    if "suffix" in drafter:  # warmed with the training targets, then each evaluated output learned
+        assert result["suffix_structure"]["outputs"] > 3 and sum(result["suffix_match_lengths"].values()) > 0
     with pytest.raises(ValueError, match="applies to a 'lora' folder"):
         main([*argv[:2], str(trained["medusa2"]), *argv[3:]])
     with pytest.raises(SystemExit, match="--write-card"):

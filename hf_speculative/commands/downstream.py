@@ -84,8 +84,9 @@ def add_parser(subparsers) -> None:
     e.add_argument("--max-new-tokens", type=int, default=None, help="default: the task's")
     e.add_argument("--output", default=None, help="write the JSON here (default: print it)")
     e.add_argument("--write-card", action="store_true", help="also write the folder's model card (README.md) with these results")
-    e.add_argument("--drafter", default="prompt-lookup", choices=("prompt-lookup", "token-recycling", "hybrid"),
-                   help="a lora folder's training-free drafting (arm e); other folders draft with what they trained")
+    e.add_argument("--drafter", default="prompt-lookup", choices=("prompt-lookup", "token-recycling", "hybrid", "suffix", "hybrid-suffix"),
+                   help="a lora folder's training-free drafting (arm e; suffix and hybrid-suffix are warmed with the task's "
+                   "training targets); other folders draft with what they trained")
     e.add_argument("--pruning-threshold", type=float, default=None,
                    help="a streaming folder with a pruning early exit: decode with this threshold instead of its own (0: no pruning)")
     e.add_argument("--device", default=None)

@@ -8,7 +8,8 @@ What each folder decodes with (the model is always the fine-tuned one: base + th
 method         plain                                              speculative
 =============  =================================================  ===============================================
 ``lora``       base + adapter (merged), ``generate()``             the same model with tree prompt lookup, Token
-                                                                  Recycling or both merged (``drafter``: no
+                                                                  Recycling, SuffixDecoding (warmed with the task's
+                                                                  training targets) or a hybrid (``drafter``: no
                                                                   drafter weights, training-free drafting)
 ``medusa2``    base + adapter (merged), ``generate()``             the same model with its Medusa-2 heads
 ``streaming``  ``ss.generate_autoregressive`` (the joint forward,  ``ss.generate``: drafts itself
@@ -47,6 +48,7 @@ class DownstreamModel:
     drafter: str
     extra_parameters: int
     device: torch.device
+    drafter_stats: Callable[[], dict] | None = None
 
 
 def _merged(base, folder: Path, adapter: str = ADAPTER_SUBFOLDER):
@@ -57,14 +59,44 @@ def _merged(base, folder: Path, adapter: str = ADAPTER_SUBFOLDER):
 
 
 #: training-free drafting of a ``lora`` folder (arm e): ``--drafter`` of ``downstream eval``
-TRAINING_FREE = ("prompt-lookup", "token-recycling", "hybrid")
+TRAINING_FREE = ("prompt-lookup", "token-recycling", "hybrid", "suffix", "hybrid-suffix")
+#: the drafters warmed with the task's training targets (never its test set)
+SUFFIX_DRAFTERS = ("suffix", "hybrid-suffix")
 
 
-def _training_free_drafter(name: str):
-    """Tree prompt lookup; Token Recycling (its adjacency matrix learns from the verified logits across the
-    evaluated prompts, cold at the first); or both merged into one tree (`HybridDrafter`)."""
+def training_targets(task: str, data_dir) -> list[str]:
+    """The reference answers of the task's training split: what a SuffixDecoding drafter is warmed with."""
+    from .tasks import get_task
+
+    return [answer for r in get_task(task).load(data_dir, "train") for answer in (r.answers or [])[:1] if answer]
+
+
+def _suffix_drafter(texts: list[str] | None, tokenizer):
+    """A `SuffixDrafter` warmed with ``texts`` (each followed by the tokenizer's EOS, as the model ends an answer)."""
     import hf_speculative as hfs
 
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    encoded = [tokenizer(t, add_special_tokens=False)["input_ids"] + eos for t in texts or []]
+    return hfs.SuffixDrafter().warm(encoded)
+
+
+def _suffix_stats(drafter) -> dict:
+    index = drafter.index
+    return {"suffix_structure": {"outputs": len(index), "tokens": index.num_tokens, "bytes": index.nbytes},
+            "suffix_match_lengths": {str(k): v for k, v in sorted(drafter.match_lengths.items())}}  # fmt: skip
+
+
+def _training_free_drafter(name: str, warm_texts: list[str] | None = None, tokenizer=None):
+    """Tree prompt lookup; Token Recycling (its adjacency matrix learns from the verified logits across the
+    evaluated prompts, cold at the first); SuffixDecoding warmed with ``warm_texts`` (and learning the evaluated
+    outputs as it goes); or a hybrid (`HybridDrafter`): prompt lookup with Token Recycling, or with SuffixDecoding."""
+    import hf_speculative as hfs
+
+    if name in SUFFIX_DRAFTERS:
+        suffix = _suffix_drafter(warm_texts, tokenizer)
+        if name == "suffix":
+            return suffix, f"suffix decoding (warmed with {len(suffix.index)} training targets)"
+        return hfs.HybridDrafter([hfs.PromptLookupDrafter(), suffix]), "hybrid (prompt lookup + suffix decoding)"
     if name == "prompt-lookup":
         return hfs.PromptLookupDrafter(), "tree prompt lookup"
     if name == "token-recycling":
@@ -75,10 +107,11 @@ def _training_free_drafter(name: str):
 
 
 def load_downstream(folder: str | Path, device: str | None = None, dtype: torch.dtype = torch.float32,
-                    drafter: str = "prompt-lookup", pruning_threshold: float | None = None) -> DownstreamModel:  # fmt: skip
+                    drafter: str = "prompt-lookup", pruning_threshold: float | None = None,
+                    warm_texts: list[str] | None = None) -> DownstreamModel:  # fmt: skip
     """Load a ``downstream train`` folder: its base (``"reference"``: the reference package) and what the folder adds.
-    ``drafter``: the training-free drafting of a ``lora`` folder (`TRAINING_FREE`); other folders draft with
-    what they trained. ``pruning_threshold``: a streaming folder with a pruning early exit decodes with this
+    ``drafter``: the training-free drafting of a ``lora`` folder (`TRAINING_FREE`; a suffix drafter is warmed with
+    ``warm_texts``); other folders draft with what they trained. ``pruning_threshold``: a streaming folder with a pruning early exit decodes with this
     threshold instead of its own (0: no pruning)."""
     import hf_speculative as hfs
 
@@ -123,13 +156,15 @@ def load_downstream(folder: str | Path, device: str | None = None, dtype: torch.
         drafter, name, extra = eagle, "eagle-3", sum(p.numel() for p in eagle.parameters())
     else:  # lora: training-free drafting on the fine-tuned model
         model = _merged(base, folder)
-        (drafter, name), extra = _training_free_drafter(drafter), 0
+        (drafter, name), extra = _training_free_drafter(drafter, warm_texts, tokenizer), 0
     hfs.enable(model)
+    suffix = next((d for d in getattr(drafter, "parts", [drafter]) if isinstance(d, hfs.SuffixDrafter)), None)
     return DownstreamModel(
         info, tokenizer,
         plain=lambda ids, n: model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, **gen),
         speculative=lambda ids, n: model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=drafter, max_new_tokens=n, **gen),
         drafter=name, extra_parameters=extra, device=model.device,
+        drafter_stats=(lambda: _suffix_stats(suffix)) if suffix is not None else None,
     )  # fmt: skip
 
 
@@ -157,7 +192,8 @@ def evaluate_folder(folder: str | Path, task: str, data_dir, limit: int | None =
     from .tasks import get_task
 
     spec = get_task(task)
-    loaded = load_downstream(folder, device=device, drafter=drafter, pruning_threshold=pruning_threshold)
+    warm_texts = training_targets(task, data_dir) if drafter in SUFFIX_DRAFTERS else None
+    loaded = load_downstream(folder, device=device, drafter=drafter, pruning_threshold=pruning_threshold, warm_texts=warm_texts)
     if loaded.info["task"] != task:
         print(f"note: {folder} was trained on {loaded.info['task']!r}, evaluated on {task!r}")
     records = spec.load(data_dir, "test")[: limit or None]
@@ -225,5 +261,6 @@ def evaluate_folder(folder: str | Path, task: str, data_dir, limit: int | None =
         "verified_nodes_per_step": round(sum(nodes) / len(nodes), 2) if nodes else None,
         "max_new_tokens": n_new,
         "machine": machine_info(loaded.device),
+        **(loaded.drafter_stats() if loaded.drafter_stats is not None else {}),
         "samples": [{"prompt": r.prompt[-200:], "output": t, "reference": list(r.reference)[0]} for r, t in zip(records[:3], texts[:3])],
     }
