@@ -229,7 +229,7 @@ def test_sampling_matches_target_distribution(make):
 # ----------------------------------------------------------------------------- the command
 
 
-def test_warm_suffix_command(tmp_path, capsys):
+def test_warm_suffix_and_bench_methods(tmp_path, capsys):
     import json
 
     from hf_speculative.bench.tiny import tiny_chat_tokenizer, tiny_llama
@@ -248,3 +248,11 @@ def test_warm_suffix_command(tmp_path, capsys):
     assert report["outputs"] == 3 and report["tokens"] > 0 and report["bytes"] <= report["max_cache_bytes"]
     warmed = hfs.SuffixDrafter.from_pretrained(out)
     assert len(warmed.index) == 3 and warmed.index.num_tokens == report["tokens"]
+    result = tmp_path / "b.json"
+    assert main(["bench", *common, "--prompts", str(prompts), "--methods", "plain,suffix,hybrid:pl+sx", "--suffix", str(out),
+                 "--max-new-tokens", "6", "--no-numerics-floor", "--output", str(result)]) == 0  # fmt: skip
+    data = json.loads(result.read_text())
+    assert data["setting"]["methods"]["suffix"]["warm_outputs"] >= 3  # the warmed outputs, and the run's own
+    assert data["setting"]["methods"]["hybrid:pl+sx"]["parts"] == ["pl", "sx"]
+    for name in ("suffix", "hybrid:pl+sx"):
+        assert data["methods"][name]["lossless_rate"] == 1.0, name

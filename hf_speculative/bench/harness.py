@@ -80,6 +80,8 @@ class BenchOptions:
         drafters: ``{method name: path}`` from ``--drafter``.
         recycling: a saved `TokenRecyclingDrafter` folder that ``token-recycling`` and ``hybrid`` start from (None:
             an empty matrix, which learns over the run's prompts in their order).
+        suffix: a saved `SuffixDrafter` folder that ``suffix`` and the hybrid part ``sx`` start from (None: an empty
+            structure, which learns the run's outputs in their order).
     """
 
     draft_layers: int = 8
@@ -95,6 +97,7 @@ class BenchOptions:
     magicdec_positions: str = "cache"
     drafters: dict[str, str] = field(default_factory=dict)
     recycling: str | None = None
+    suffix: str | None = None
 
 
 def parse_tree(spec: str | None):
@@ -381,10 +384,34 @@ class TokenRecyclingMethod(_EngineMethod):
                 "tree": "cost-aware, re-chosen online" if self.tree is None else self._tree_settings()["tree"]}  # fmt: skip
 
 
+def _suffix_drafter(options: BenchOptions):
+    import hf_speculative as hfs
+
+    return hfs.SuffixDrafter.from_pretrained(options.suffix) if options.suffix else hfs.SuffixDrafter()
+
+
+@register_method
+class SuffixMethod(_EngineMethod):
+    name = "suffix"
+    description = "hf_speculative tree loop, SuffixDecoding (longest suffix match over outputs seen and the context; no model)"
+
+    def setup(self):
+        super().setup()
+        self.draft = _suffix_drafter(self.options)
+        self.call_tree = self.tree = parse_tree(self.options.tree)
+
+    def settings(self):
+        c = self.draft.config
+        return {"alpha": c.alpha, "max_match_length": c.max_match_length, "min_probability": c.min_probability,
+                "max_nodes": c.max_nodes, "suffix": self.options.suffix, "warm_outputs": len(self.draft.index),
+                "tree": "budget, sized per step by the match" if self.tree is None else self._tree_settings()["tree"]}  # fmt: skip
+
+
 @register_method
 class HybridMethod(_EngineMethod):
     """``hybrid``: tree prompt lookup, Token Recycling and every ``--drafter`` in one merged tree; ``hybrid:A+B+...``
-    merges only the named parts (``pl``: prompt lookup, ``tr``: Token Recycling, or a ``--drafter`` method name)."""
+    merges only the named parts (``pl``: prompt lookup, ``tr``: Token Recycling, ``sx``: SuffixDecoding, or a
+    ``--drafter`` method name)."""
 
     name = "hybrid"
     description = "hf_speculative tree loop, one merged tree from tree prompt lookup, Token Recycling and every --drafter"
@@ -395,11 +422,11 @@ class HybridMethod(_EngineMethod):
 
         super().setup()
         names = self.parts or ("pl", "tr", *self.options.drafters)
-        unknown = [n for n in names if n not in ("pl", "tr", *self.options.drafters)]
+        unknown = [n for n in names if n not in ("pl", "tr", "sx", *self.options.drafters)]
         if unknown:
-            raise ValueError(f"unknown hybrid part(s) {unknown}: use pl, tr or a --drafter name {sorted(self.options.drafters)}")
+            raise ValueError(f"unknown hybrid part(s) {unknown}: use pl, tr, sx or a --drafter name {sorted(self.options.drafters)}")
         build = {"pl": lambda: hfs.PromptLookupDrafter(max_ngram_size=self.options.max_matching_ngram),
-                 "tr": lambda: _recycling_drafter(self.options)}  # fmt: skip
+                 "tr": lambda: _recycling_drafter(self.options), "sx": lambda: _suffix_drafter(self.options)}  # fmt: skip
         self.part_names = list(names)
         self.draft = hfs.HybridDrafter([build[n]() if n in build else load_drafter(self.options.drafters[n], self.model) for n in names])
         self.call_tree = self.tree = parse_tree(self.options.tree)

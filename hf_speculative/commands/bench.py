@@ -31,6 +31,8 @@ def add_parser(subparsers) -> None:
                    help="hf-assisted assistant_confidence_threshold (-1: transformers default 0.4)")  # fmt: skip
     p.add_argument("--recycling", default=None, help="token-recycling / hybrid: start from this saved TokenRecyclingDrafter "
                    "folder (hf-speculative warm-recycling); default: an empty matrix that learns over the run")
+    p.add_argument("--suffix", default=None, help="suffix / hybrid part sx: start from this saved SuffixDrafter folder "
+                   "(hf-speculative warm-suffix); default: an empty structure that learns the run's outputs")
     p.add_argument("--prompt-lookup-tokens", type=int, default=3)
     p.add_argument("--max-matching-ngram", type=int, default=2)
     p.add_argument("--prompts", default="mt_bench", help="a built-in set (mt_bench, the default; alpaca, dialogsum, "
@@ -83,6 +85,7 @@ def run(args) -> int:
         magicdec_positions=args.magicdec_positions,
         drafters=drafters,
         recycling=str(resolve_name_or_path(args.recycling, what="Token Recycling drafter")) if args.recycling else None,
+        suffix=str(resolve_name_or_path(args.suffix, what="SuffixDecoding drafter")) if args.suffix else None,
     )
     model, tokenizer = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)
     if args.per_category:
