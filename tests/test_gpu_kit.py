@@ -1,0 +1,89 @@
+"""The GPU kit (scripts/gpu/): its smoke run end to end on CPU, the packing plan's call sizes and command length,
+and the GGUF parts and data reassembled as the machine does it."""
+
+import io
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+
+import bundle  # noqa: E402
+import kit  # noqa: E402
+import pack  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kit")
+    rc = kit.main(["--smoke", "--work", str(root / "work"), "--out", str(root / "out")])
+    return rc, root
+
+
+def test_smoke_run_trains_benchmarks_and_writes_back(smoke):
+    rc, root = smoke
+    results = json.loads((root / "out" / "results.json").read_text())
+    assert rc == 0, [s for s in results["steps"] if s.get("status") == "failed"]
+    assert [s["step"] for s in results["steps"]] == ["setup", *(name for name, _ in kit.STEPS)]
+    b1 = results["bench"]["bench-heldout-b1"]["methods"]
+    assert {"plain", "hf-prompt-lookup", "hf-assisted", "tree-prompt-lookup", "token-recycling", "eagle3"} <= set(b1)
+    assert "2" in results["bench"]["bench-heldout-b2"]["batches"]  # batch 8 on the GPU, 2 in the smoke run
+    assert set(results["downstream"]) == {"medusa2-smollm2-135m-e2e-nlg-gpu", "speculative-streaming-smollm2-135m-e2e-nlg-gpu"}
+    assert "# GPU kit run:" in (root / "out" / "results.md").read_text()
+
+
+def test_smoke_run_returns_few_small_files_that_restore_the_drafters(smoke, tmp_path):
+    _, root = smoke
+    files = list((root / "out").iterdir())
+    assert len(files) + 1 <= 8  # + log.txt, which the device command writes
+    assert all(f.stat().st_size <= 15 * 2**20 for f in files)
+    folders = bundle.read_bundle(root / "out", tmp_path)
+    assert {f.name for f in folders} == {p.name for p in (root / "work" / "drafters").iterdir()}
+    from hf_speculative.drafters.eagle import EagleDrafter
+
+    eagle = EagleDrafter.from_pretrained(tmp_path / "eagle3-smollm2-135m-instruct-gpu")
+    assert eagle.config.is_eagle3
+
+
+def test_shards_hold_at_most_the_limit(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    (tmp_path / "d" / "a").mkdir(parents=True)
+    save_file({f"w{i}": torch.zeros(256, 1024) for i in range(6)}, str(tmp_path / "d" / "a" / "model.safetensors"))
+    (tmp_path / "d" / "a" / "config.json").write_text("{}")
+    files = bundle.write_bundle(tmp_path / "d", tmp_path / "o", max_shard_mib=1.1)
+    shards = [f for f in files if f.suffix == ".safetensors"]
+    assert len(shards) == 3 and all(f.stat().st_size <= 1.1 * 2**20 for f in shards)  # float32 travels as bfloat16
+    bundle.read_bundle(tmp_path / "o", tmp_path / "r")
+    assert (tmp_path / "r" / "a" / "config.json").is_file() and (tmp_path / "r" / "a" / "model.safetensors").is_file()
+
+
+def test_dry_run_calls_fit_and_the_command_is_short(capsys):
+    assert pack.main(["--dry-run"]) == 0
+    text = capsys.readouterr().out
+    sizes = [float(line.split("= ")[1].split(" MiB")[0]) for line in text.splitlines() if line.startswith("call ")]
+    assert len(sizes) >= 2 and all(s < 60 for s in sizes)  # the 98 MB GGUF takes two calls at least
+    assert len(pack.device_command(9)) <= 2000
+    assert "--no-index" in pack.device_command(9) and "kit.py --minutes 9" in pack.device_command(9)
+
+
+def test_packed_parts_reassemble_on_the_machine(tmp_path):
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(bytes(range(256)) * 4000)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("e2e_nlg/devset.csv")
+        info.size = 7
+        tar.addfile(info, io.BytesIO(b"mr,ref\n"))
+    calls = pack.plan_calls(gguf.stat().st_size, {"data.tar.gz": len(buf.getvalue())}, tree=59.0, minutes=9)
+    assert len(calls) == 2  # half a MiB of room per call here
+    pack.write_calls(calls, gguf, buf.getvalue(), [], root=tmp_path / "repo")
+    carry = tmp_path / "repo" / pack.CARRY
+    assert kit.reassemble_gguf(carry, tmp_path / "site").read_bytes() == gguf.read_bytes()
+    kit.unpack_data(carry, tmp_path / "data")
+    assert (tmp_path / "data" / "e2e_nlg" / "devset.csv").read_text() == "mr,ref\n"
