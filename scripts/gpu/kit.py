@@ -215,7 +215,8 @@ def bench(run: Run, seconds: float, prompts: str, batch: int | None = None) -> d
     methods, extra = bench_methods(run, batch is not None)
     source = prompts if not run.smoke else run.data / "prompts.jsonl"
     output = run.work / f"bench-{prompts}-b{batch or 1}.json"
-    count = ["--batch-size", batch, "--limit", run.pick(2 * batch, 4)] if batch else ["--per-category", 1]
+    per_category = 2 if prompts == "heldout" else 1  # 8 prompts either way on the GPU
+    count = ["--batch-size", batch, "--limit", run.pick(2 * batch, 4)] if batch else ["--per-category", per_category]
     cli("bench", *run.model_args("bfloat16"), "--prompts", source, "--methods", ",".join(methods), *extra, *count,
         "--output", output)  # fmt: skip
     run.results["bench"][output.stem] = json.loads(output.read_text())
