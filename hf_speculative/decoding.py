@@ -39,9 +39,11 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ._compat import cache_arg, model_kwargs_cache
 from .cache import attention_window, keep_paths, prepare_tree_cache
+from .kernels import engine_kernels, head_projector
 from .drafters.base import DraftingOptions, TreeDrafter, batched
 from .logits import NodeLogits
 from .rows import TargetRows
+from .step_pricing import StepPricer, pricing_enabled
 from .tree_forward import verification_forward
 from .trees import BatchTreeMaskBuffer, DraftTree, DynamicTree, TreeSpec, batch_tree_block
 from .acceptance import AcceptanceSettings, accept_greedy_all
@@ -335,8 +337,10 @@ def _top_k(logits: torch.Tensor, k: int, spans: list[tuple[int, int]]) -> list[t
     return [top[a, start:end] for a, (start, end) in enumerate(spans)]
 
 
-def _draft(drafter: TreeDrafter, batch: _Batch, tree: TreeSpec, options: DraftingOptions) -> list[DraftTree]:
-    """1. every row still generating drafts its tree."""
+def _draft(drafter: TreeDrafter, batch: _Batch, tree: TreeSpec, options: DraftingOptions, drafting: bool) -> list[DraftTree]:
+    """1. every row still generating drafts its tree (or, on a one-token step the pricer chose, its root alone)."""
+    if not drafting:
+        return [DraftTree(tokens=seq[0, -1:].clone(), parents=(-1,)) for seq in batch.sequences()]
     return drafter.propose_batch(batch.sequences(), list(batch.active), tree, options)
 
 
@@ -346,19 +350,20 @@ def _verify(model, drafter: TreeDrafter, batch: _Batch, drafts, masks: _TreeMask
     device = batch.visible.device
     input_ids, position_ids = batch.tree_inputs(drafts, device)
     no_rows = torch.empty(0, dtype=torch.long, device=device)
-    return verification_forward(
-        model, drafter, drafts, lambda pruned, positions: masks(batch, pruned, positions),
-        input_ids=input_ids, attention_mask=masks(batch, drafts, position_ids), position_ids=position_ids,
-        **cache_arg(cache), use_cache=True, output_hidden_states=want_hidden or lazy_head is not None,
-        # with the lazy head the forward computes no logits itself: `NodeLogits` computes the rows the walk reads
-        logits_to_keep=no_rows if lazy_head is not None else 0,
-    )  # fmt: skip
+    with engine_kernels(model, rows=input_ids.numel()):  # the linear layers at this machine's cost for that many rows
+        return verification_forward(
+            model, drafter, drafts, lambda pruned, positions: masks(batch, pruned, positions),
+            input_ids=input_ids, attention_mask=masks(batch, drafts, position_ids), position_ids=position_ids,
+            **cache_arg(cache), use_cache=True, output_hidden_states=want_hidden or lazy_head is not None,
+            # with the lazy head the forward computes no logits itself: `NodeLogits` computes the rows the walk reads
+            logits_to_keep=no_rows if lazy_head is not None else 0,
+        )  # fmt: skip
 
 
-def _accept(accept, outputs, drafts, batch: _Batch, lazy_head, logits_processor):
+def _accept(accept, outputs, drafts, batch: _Batch, lazy_head, logits_processor, project=None):
     """3. per row, the longest valid path and the bonus token: greedy over every node's logits in tensor ops when
     the forward computed them all and no logits processor applies; else the walk over lazily computed rows."""
-    logits = [NodeLogits(outputs, lazy_head, d, row=a) for a, d in enumerate(drafts)]
+    logits = [NodeLogits(outputs, lazy_head, d, row=a, project=project) for a, d in enumerate(drafts)]
     if accept is None and lazy_head is None and not logits_processor:
         return [accept_greedy_all(d, outputs.logits[a, : len(d)]) for a, d in enumerate(drafts)], logits
     NodeLogits.prefetch(logits)
@@ -456,6 +461,7 @@ def tree_speculative_decoding(
     drafter: TreeDrafter,
     tree: TreeSpec | None = None,
     acceptance: AcceptanceSettings | str | None = None,
+    pricing: bool | None = None,
     **model_kwargs,
 ):
     """Tree speculative decoding of a batch of sequences; called by `generate` after its usual preparation.
@@ -486,16 +492,19 @@ def tree_speculative_decoding(
     batch, prefill = _prefill_and_begin(model, input_ids, cache, model_kwargs, drafter, stopping, masks, stats, logits_processor, do_sample)
     # a drafter that reads every node's logits gets them from the verification forward itself (no lazy head)
     lazy_head = None if drafter.verified_top_k else NodeLogits.lazy_head(model, prefill)
+    project = head_projector(model, lazy_head) if lazy_head is not None else None
     del prefill
 
+    pricer = StepPricer() if pricing_enabled(pricing) else None
     while batch.active:
         past_length = batch.visible.shape[1]  # the roots (last committed tokens) are not cached yet
+        drafting, rows, step_start = pricer is None or pricer.draft_this_step(), len(batch.active), time.perf_counter()
         with _Timer(stats.timings, "draft", device):
-            drafts = _draft(drafter, batch, tree, options)
+            drafts = _draft(drafter, batch, tree, options, drafting)
         with _Timer(stats.timings, "target", device):
             outputs, drafts = _verify(model, drafter, batch, drafts, masks, cache, want_hidden, lazy_head)
         with _Timer(stats.timings, "engine", device):
-            results, logits = _accept(accept, outputs, drafts, batch, lazy_head, logits_processor)
+            results, logits = _accept(accept, outputs, drafts, batch, lazy_head, logits_processor, project)
             _commit(stopping, batch, drafts, results, logits, stats)
             _compact_cache(cache, batch, past_length, results)
             going_on = _rows_going_on(stopping, batch)
@@ -506,6 +515,8 @@ def tree_speculative_decoding(
             _advance_drafter(drafter, batch, going_on, drafts, results, outputs)
         with _Timer(stats.timings, "engine", device):
             _drop_finished_rows(batch, going_on, cache, masks)
+        if pricer is not None:
+            pricer.record(drafting, time.perf_counter() - step_start, stats.accepted_lengths[-1], rows)
 
     drafter.end_batch()
     if streamer is not None:

@@ -14,6 +14,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from .acceptance import AcceptanceSettings
 from .decoding import check_tree_attention, tree_speculative_decoding
 from .drafters.resolve import resolve_drafter
+from .kernels import prepare_kernels
 
 __all__ = ["SpeculativeGenerationMixin", "enable", "is_enabled"]
 
@@ -32,6 +33,9 @@ class SpeculativeGenerationMixin:
             verifies a single chain like transformers' assisted decoding).
         speculative_acceptance (`str`): ``"exact"`` (default) or ``"typical"`` (Medusa 2.3.1, lossy, sampling only);
             by default the drafter model's config decides (`AcceptanceSettings.resolve`).
+        speculative_pricing (`bool`): draft only while tree steps are faster than one-token steps on this machine
+            (`hf_speculative.step_pricing`; default on, ``HF_SPECULATIVE_PRICING=0`` turns it off). The output is the
+            same either way.
     """
 
     def generate(
@@ -47,11 +51,12 @@ class SpeculativeGenerationMixin:
         *,
         speculative_tree=None,
         speculative_acceptance=None,
+        speculative_pricing=None,
         **kwargs,
     ):
         if assistant_model is None and not hasattr(self, "get_self_drafter"):
-            if speculative_tree is not None or speculative_acceptance is not None:
-                raise ValueError("speculative_tree / speculative_acceptance need an assistant_model (a drafter)")
+            if speculative_tree is not None or speculative_acceptance is not None or speculative_pricing is not None:
+                raise ValueError("speculative_tree / speculative_acceptance / speculative_pricing need an assistant_model (a drafter)")
             return super().generate(
                 inputs, generation_config, logits_processor, stopping_criteria, prefix_allowed_tokens_fn,
                 synced_gpus, assistant_model, streamer, **kwargs,
@@ -69,6 +74,7 @@ class SpeculativeGenerationMixin:
             tree=speculative_tree,
             acceptance=AcceptanceSettings.resolve(speculative_acceptance, getattr(assistant_model, "config", None)),
             streamer=streamer,  # generate only forwards custom arguments to a custom decoding callable
+            pricing=speculative_pricing,
         )
         return super().generate(
             inputs, generation_config, logits_processor, stopping_criteria, prefix_allowed_tokens_fn,
@@ -94,9 +100,18 @@ def is_enabled(model) -> bool:
     return isinstance(model, SpeculativeGenerationMixin)
 
 
-def enable(model: PreTrainedModel) -> PreTrainedModel:
-    """Give a transformers causal LM tree speculative generation (idempotent); returns the same object."""
+def enable(model: PreTrainedModel, kernels: str = "auto") -> PreTrainedModel:
+    """Give a transformers causal LM tree speculative generation (idempotent); returns the same object.
+
+    ``kernels``: ``"auto"`` (default) runs the engine's forwards through the fastest kernels this CPU has for their
+    row count (`hf_speculative.kernels`: built here once per machine, the weights' prepared copies made on first
+    use); ``"torch"`` keeps torch's own (as does ``HF_SPECULATIVE_KERNELS=torch``). Plain ``generate()`` and the
+    model's own forward always run torch's."""
+    if kernels not in ("auto", "torch"):
+        raise ValueError(f"kernels must be 'auto' or 'torch', got {kernels!r}")
     if is_enabled(model):
+        model._hfs_kernels = kernels
+        prepare_kernels(model)
         return model
     if not isinstance(model, GenerationMixin):
         raise TypeError(f"enable() needs a transformers model that can generate, got {type(model).__name__}")
@@ -107,4 +122,6 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
         _ENABLED_CLASSES[cls] = type(cls.__name__, (SpeculativeGenerationMixin, cls), {"__module__": cls.__module__})
         _ENABLED_CLASSES[cls].__qualname__ = cls.__qualname__
     model.__class__ = _ENABLED_CLASSES[cls]
+    model._hfs_kernels = kernels
+    prepare_kernels(model)
     return model

@@ -45,8 +45,9 @@ class NodeLogits:
     forward.
     """
 
-    def __init__(self, outputs, head: torch.nn.Module | None, draft: DraftTree | None = None, row: int = 0):
+    def __init__(self, outputs, head: torch.nn.Module | None, draft: DraftTree | None = None, row: int = 0, project=None):
         self.head = head
+        self.project = project  # the engine's kernel for a few head rows (`kernels.head_projector`), or None
         self.seconds = 0.0  # time spent in the LM head here: the target's work, not the engine's
         if head is None:
             self.full = outputs.logits[row]
@@ -68,6 +69,9 @@ class NodeLogits:
         self.seconds += time.perf_counter() - start
 
     def _project(self, states: torch.Tensor) -> torch.Tensor:
+        fast = self.project(states) if self.project is not None else None
+        if fast is not None:
+            return fast
         weight = getattr(self.head, "weight", None)
         if isinstance(self.head, torch.nn.Linear) and weight is not None:
             logits = vocab_logits(states, weight)

@@ -21,6 +21,7 @@ measures once; `set_cost_curve` injects a fixed curve (tests, or a curve measure
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -187,11 +188,13 @@ def measure_cost_curve(
 
     ``logits_to_keep=None`` (default) times a tree step as the engine runs it: the forward computes no logits
     and the LM head runs on the rows the acceptance walk reads first (`logits.PREFETCH_ROWS`, one product);
-    an int times the forward with transformers' ``logits_to_keep`` instead (0: the head on every row)."""
+    an int times the forward with transformers' ``logits_to_keep`` instead (0: the head on every row). The engine's
+    forwards run the linear layers through the kernel its table chooses for their row count (`hf_speculative.kernels`),
+    and so do these (with ``logits_to_keep=None``): the curve prices the verification forward the engine runs."""
     from transformers import DynamicCache
 
-    from ..logits import PREFETCH_ROWS
-    from ..logits import vocab_logits
+    from ..kernels import engine_kernels, head_projector
+    from ..logits import PREFETCH_ROWS, vocab_logits
     from ..trees import additive_mask
 
     nodes = sorted({1, *(int(n) for n in nodes)})
@@ -208,20 +211,26 @@ def measure_cost_curve(
     states = torch.randn(max(rows, default=1), head.weight.shape[1], generator=gen).to(device) if rows else None
 
     lm_head = model.get_output_embeddings()
+    fast_head = head_projector(model, lm_head)
     no_rows = torch.empty(0, dtype=torch.long, device=device)
+
+    def head_rows(states: torch.Tensor) -> None:
+        if fast_head is None or fast_head(states) is None:
+            vocab_logits(states, lm_head.weight)
 
     def forward(n: int) -> float:
         engine_step = logits_to_keep is None and n > 1
         keep = (1 if n == 1 else no_rows) if logits_to_keep is None else logits_to_keep
         _sync(device)
         start = time.perf_counter()
-        out = model(
-            input_ids=ids[:, prefix : prefix + n], attention_mask=masks[n], **cache_arg(cache), use_cache=True,
-            position_ids=torch.arange(prefix, prefix + n, device=device)[None], logits_to_keep=keep,
-            output_hidden_states=engine_step,
-        )  # fmt: skip
+        with engine_kernels(model, rows=n) if logits_to_keep is None else contextlib.nullcontext():
+            out = model(
+                input_ids=ids[:, prefix : prefix + n], attention_mask=masks[n], **cache_arg(cache), use_cache=True,
+                position_ids=torch.arange(prefix, prefix + n, device=device)[None], logits_to_keep=keep,
+                output_hidden_states=engine_step,
+            )  # fmt: skip
         if engine_step:  # the engine's lazy LM head: the first rows the walk reads, in one product
-            vocab_logits(out.hidden_states[-1][0, : max(2, min(n, PREFETCH_ROWS))], lm_head.weight)
+            head_rows(out.hidden_states[-1][0, : max(2, min(n, PREFETCH_ROWS))])
         _sync(device)
         seconds = time.perf_counter() - start
         cache.crop(prefix - cache.get_seq_length())  # a negative count: the columns to drop
@@ -259,16 +268,20 @@ _LOADED: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDic
 
 
 #: bumped when what a curve measures changes, so that curves cached by older code are measured again
-CURVE_VERSION = "engine-step-2"
+CURVE_VERSION = "engine-step-3"  # 3: timed with the engine's kernels
 
 
 def cost_curve_path(model, prefix: int = 128) -> Path:
-    """``$HF_SPECULATIVE_CACHE/cost_curves/<key>.json``, the key naming the machine, dtype and model."""
+    """``$HF_SPECULATIVE_CACHE/cost_curves/<key>.json``, the key naming the machine, dtype, model and whether the
+    engine's kernels are on (`hf_speculative.kernels.kernels_setting`)."""
+    from ..kernels import kernels_setting
     from ..paths import cache_root, model_key
 
     param = next(model.parameters())
     with torch.no_grad():
         parts = [machine_description(param.device), str(param.dtype), model_key(model, prefix), CURVE_VERSION]
+    if kernels_setting(model) != "auto":
+        parts.append(f"kernels={kernels_setting(model)}")
     key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
     return cache_root() / "cost_curves" / f"{key}.json"
 
