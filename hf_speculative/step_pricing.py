@@ -1,0 +1,98 @@
+"""Online step pricing: speculate only while it pays, so a speculative ``generate()`` is never slower than plain.
+
+A tree step commits tau tokens for the time of one draft, one verification forward over the tree and the engine's
+bookkeeping; a one-token step commits one token for the time of one forward over one token. Which is faster depends
+on the machine (the cost curve), the text (how much the drafter's trees are accepted) and the drafter's own cost, and
+it changes as a generation goes on. The engine measures both as it decodes (`StepPricer`):
+
+* it speculates first, for ``window`` steps; then it times ``probe`` one-token steps (no draft: the root alone is
+  verified) to learn what plain decoding costs here;
+* from then on it compares tokens per second of the recent tree steps with that of one-token steps; when the tree
+  steps lose (or none of the last ``window`` tree steps accepted a drafted token, which no timing can redeem) it
+  decodes one-token steps for a back-off of ``backoff`` steps, doubling each time speculation loses again (up to
+  ``max_backoff``), then tries ``window`` tree steps again; while tree steps win, a one-token step every
+  ``recheck`` steps keeps the plain price current.
+
+A one-token step is an ordinary decoding step through the engine (the same forward, acceptance and cache), so the
+output is unchanged: greedy stays token for token equal to plain ``generate()``, sampling keeps its distribution.
+The drafter is still told each committed token (`TreeDrafter.advance_batch`), so it keeps learning and keeps in step.
+Turn pricing off with ``generate(..., speculative_pricing=False)`` or ``HF_SPECULATIVE_PRICING=0``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from dataclasses import dataclass, field
+
+__all__ = ["PRICING_ENV", "StepPricer", "pricing_enabled"]
+
+PRICING_ENV = "HF_SPECULATIVE_PRICING"
+
+
+def pricing_enabled(setting: bool | None = None) -> bool:
+    """The call's ``speculative_pricing`` when given, else ``$HF_SPECULATIVE_PRICING`` (on unless 0/false/off)."""
+    if setting is not None:
+        return bool(setting)
+    return os.environ.get(PRICING_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+@dataclass
+class StepPricer:
+    """Decides each step whether to draft (see the module docstring); `record` is told what each step did."""
+
+    window: int = 6
+    probe: int = 2
+    backoff: int = 8
+    max_backoff: int = 128
+    recheck: int = 48
+    margin: float = 0.02
+    tree_steps: deque = field(default_factory=deque)  # (seconds, tokens) of the recent tree steps
+    plain_seconds: deque = field(default_factory=deque)  # seconds per token of the recent one-token steps
+    _plan: deque = field(default_factory=deque)  # the steps decided ahead: True = draft
+    _since_plain: int = 0
+    _losses: int = 0
+
+    def __post_init__(self):
+        self.tree_steps = deque(maxlen=self.window)
+        self.plain_seconds = deque(maxlen=max(self.probe, 2))
+
+    def draft_this_step(self) -> bool:
+        if not self._plan:
+            self._plan.extend(self._next_plan())
+        return self._plan.popleft()
+
+    def record(self, drafted: bool, seconds: float, tokens: int, rows: int) -> None:
+        """One step took ``seconds`` and committed ``tokens`` over ``rows`` rows."""
+        if drafted:
+            self.tree_steps.append((seconds, tokens / max(rows, 1)))
+            self._since_plain += 1
+        else:
+            self.plain_seconds.append(seconds)
+            self._since_plain = 0
+
+    # ------------------------------------------------------------------ the plan
+    def _next_plan(self) -> list[bool]:
+        if len(self.tree_steps) < self.window:
+            return [True] * (self.window - len(self.tree_steps))
+        if not self.plain_seconds:
+            return [False] * self.probe
+        if not self.speculation_pays():
+            self._losses += 1
+            self.tree_steps.clear()  # judged again on fresh tree steps after the back-off
+            steps = min(self.backoff * 2 ** (self._losses - 1), self.max_backoff)
+            return [False] * steps + [True] * self.window
+        self._losses = 0
+        if self._since_plain >= self.recheck:
+            return [False]
+        return [True]
+
+    def speculation_pays(self) -> bool:
+        """Tokens per second of the recent tree steps beat one-token steps' (by ``margin``), and some drafted token
+        was accepted."""
+        tokens = sum(t for _, t in self.tree_steps)
+        if tokens <= len(self.tree_steps):  # one token per step: nothing drafted was ever accepted
+            return False
+        seconds_per_token = sum(s for s, _ in self.tree_steps) / tokens
+        plain = sorted(self.plain_seconds)[len(self.plain_seconds) // 2]  # the median: one slow step decides nothing
+        return seconds_per_token * (1 + self.margin) < plain

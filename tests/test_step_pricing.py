@@ -1,0 +1,102 @@
+"""Online step pricing: tree steps only while they pay. A drafter whose trees are never accepted decodes at one target
+forward per token with (almost) no drafts; one-token steps in between tree steps leave every drafter's output exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hf_speculative as hfs
+from hf_speculative.drafters.base import TreeDrafter
+from hf_speculative.step_pricing import StepPricer
+from hf_speculative.trees import DraftTree, TreeSpec
+
+from conftest import tiny_model
+from test_batch import DRAFTERS, PAD, left_padded
+
+
+def _steps(pricer: StepPricer, n: int, tokens: float, seconds: float, plain_seconds: float) -> list[bool]:
+    """Run ``n`` steps of a pricer whose tree steps commit ``tokens`` in ``seconds`` and plain steps take
+    ``plain_seconds``; returns which steps drafted."""
+    plan = []
+    for _ in range(n):
+        drafted = pricer.draft_this_step()
+        plan.append(drafted)
+        pricer.record(drafted, seconds if drafted else plain_seconds, tokens if drafted else 1, rows=1)
+    return plan
+
+
+def test_pricer_keeps_drafting_while_trees_pay():
+    plan = _steps(StepPricer(), 200, tokens=3, seconds=1.5, plain_seconds=1.0)
+    assert plan[:6] == [True] * 6 and plan[6:8] == [False, False]  # speculate, then learn the plain price
+    assert sum(plan) >= 190  # one recheck every 48 tree steps
+
+
+def test_pricer_backs_off_when_trees_lose_and_tries_again():
+    plan = _steps(StepPricer(), 200, tokens=1.4, seconds=1.6, plain_seconds=1.0)  # 1.14 s/token against 1.0
+    drafted = sum(plan)
+    assert drafted <= 6 + 6 * 5  # the first window, then one window after each doubling back-off (8, 16, 32, 64)
+    assert plan[-64:].count(True) <= 6
+
+
+def test_pricer_never_drafts_on_when_nothing_is_accepted_however_cheap():
+    plan = _steps(StepPricer(), 100, tokens=1, seconds=0.5, plain_seconds=1.0)
+    assert sum(plan) <= 6 * 4 and not any(plan[-18:])  # windows after back-offs of 8, 16 and 32 steps; then 64
+
+
+class WrongTokens(TreeDrafter):
+    """Proposes a chain whose every token differs from what the model will say (known from its plain output)."""
+
+    drafts_one_row = True
+
+    def __init__(self, reference: torch.Tensor, vocab: int, depth: int = 4):
+        self.reference, self.vocab, self.depth, self.proposals = reference, vocab, depth, 0
+        self.default_tree = TreeSpec.chain(depth)
+
+    def propose(self, sequence, tree, options):
+        self.proposals += 1
+        position = sequence.shape[1]
+        wrong = [(int(self.reference[min(position + i, self.reference.numel() - 1)]) + 1) % self.vocab for i in range(self.depth)]
+        return DraftTree(tokens=torch.tensor([int(sequence[0, -1])] + wrong), parents=tuple(range(-1, self.depth)))
+
+
+def test_a_drafter_that_never_pays_decodes_one_token_per_forward_without_drafting():
+    model = hfs.enable(tiny_model("llama"))
+    prompt = torch.tensor([[5, 17, 33, 2, 9, 41, 7]])
+    plain = model.generate(prompt, max_new_tokens=80, do_sample=False)
+    drafter = WrongTokens(plain[0], model.config.vocab_size)
+    out = model.generate(prompt, assistant_model=drafter, max_new_tokens=80, do_sample=False,
+                         return_dict_in_generate=True, speculative_pricing=True)  # fmt: skip
+    assert torch.equal(out.sequences, plain)
+    stats = out.speculative_stats
+    assert stats.num_target_forwards == 80  # one forward per token (the prefill's included)
+    assert drafter.proposals <= 6 + 6 * 3  # the first window and one after each back-off (8, 16, 32)
+    assert stats.tree_sizes[-30:].count(1) >= 24  # the tail is one-token steps: no drafts
+    unpriced = WrongTokens(plain[0], model.config.vocab_size)
+    model.generate(prompt, assistant_model=unpriced, max_new_tokens=80, do_sample=False, speculative_pricing=False)
+    assert unpriced.proposals == 79  # without pricing every step drafts
+
+
+def _alternating(monkeypatch):
+    """Every other step a one-token step, whatever the timings."""
+    state = {"step": 0}
+
+    def draft_this_step(self):
+        state["step"] += 1
+        return state["step"] % 2 == 1
+
+    monkeypatch.setattr(StepPricer, "draft_this_step", draft_this_step)
+
+
+@pytest.mark.parametrize("name", sorted(DRAFTERS))
+def test_one_token_steps_between_tree_steps_keep_every_drafter_exact(monkeypatch, name):
+    _alternating(monkeypatch)
+    model = hfs.enable(tiny_model("llama"))
+    ids, mask = left_padded()
+    plain = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=PAD)
+    drafter = DRAFTERS[name](model)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=PAD,
+                         assistant_model=drafter, speculative_pricing=True)  # fmt: skip
+    assert torch.equal(out, plain), name
+    single = model.generate(ids[:1], max_new_tokens=10, do_sample=False, assistant_model=DRAFTERS[name](model), speculative_pricing=True)
+    assert torch.equal(single, model.generate(ids[:1], max_new_tokens=10, do_sample=False)), name
