@@ -25,6 +25,9 @@ torch.set_num_threads(1)
 # Calibrated drafters keep their saved trees unless a test turns cost-aware trees on (with an injected cost curve):
 # no timing enters a test's outcome and nothing is measured into the user's cache.
 os.environ.setdefault("HF_SPECULATIVE_COST_AWARE", "0")
+# Online step pricing decides from wall-clock timings: off unless a test asks for it (speculative_pricing=True), so
+# that tree sizes and tau in a test never depend on how busy the machine is. The output is the same either way.
+os.environ.setdefault("HF_SPECULATIVE_PRICING", "0")
 
 # Tolerance for float32 tensors that two computation orders reach through a model's layers (tree forward against
 # per-branch forwards, batched against one by one, fused against naive kernels): the last bits depend on the CPU's

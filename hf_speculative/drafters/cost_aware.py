@@ -23,22 +23,25 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+import torch
 from transformers.utils import logging
 
 from ..trees import TreeSpec
 
-__all__ = ["COST_AWARE_ENV", "DEFAULT_COST_CURVE_POINTS", "cost_aware_enabled", "cost_aware_tree", "target_cost_curve"]
+__all__ = ["COST_AWARE_ENV", "DEFAULT_COST_CURVE_POINTS", "DEFAULT_COST_CURVE_POINTS_BF16", "cost_aware_enabled", "cost_aware_tree", "target_cost_curve"]
 
 logger = logging.get_logger(__name__)
 
 COST_AWARE_ENV = "HF_SPECULATIVE_COST_AWARE"
 
 
-#: ``c(n)`` for drafters that size their tree online (Token Recycling, hybrid trees) when the target has no measured
-#: curve: a forward over n tokens in one-token steps, between the fp32 curves measured on this project's 2-core AMD
-#: EPYC and Intel Xeon machines with SmolLM2-135M. Measure the machine's own with ``hf-speculative calibrate`` or
-#: ``hf_speculative.perf_model.get_cost_curve(model)`` (cached; later calls read it).
-DEFAULT_COST_CURVE_POINTS = {1: 1.0, 2: 1.1, 4: 1.25, 8: 1.35, 16: 1.6, 32: 2.2, 64: 3.4}
+#: ``c(n)`` for drafters that size their tree online (Token Recycling, hybrid trees, suffix trees) when the target has no
+#: measured curve: a forward over n tokens in one-token steps as the engine runs it (its kernels on), per dtype, as
+#: measured with SmolLM2-135M on this project's 2-core Intel Xeon (AMX) with 2 threads (docs/step_cost.md); float32
+#: also stands for float16 and for CPUs without native bf16. Measure the machine's own with ``hf-speculative
+#: calibrate`` (cached; later calls read it).
+DEFAULT_COST_CURVE_POINTS = {1: 1.0, 2: 1.05, 4: 1.14, 8: 1.25, 16: 1.38, 32: 1.8, 64: 2.9}
+DEFAULT_COST_CURVE_POINTS_BF16 = {1: 1.0, 2: 1.02, 4: 1.06, 8: 1.09, 16: 1.17, 32: 1.33, 64: 1.8}
 
 
 def target_cost_curve(target, curve=None):
@@ -55,8 +58,15 @@ def target_cost_curve(target, curve=None):
         "no measured cost curve for this model: trees are sized with a default one; measure this machine's once with "
         "`hf-speculative calibrate --model M` or `hf_speculative.perf_model.get_cost_curve(model)`"
     )
-    points = DEFAULT_COST_CURVE_POINTS
+    bf16 = next(target.parameters()).dtype == torch.bfloat16 and _native_bf16()
+    points = DEFAULT_COST_CURVE_POINTS_BF16 if bf16 else DEFAULT_COST_CURVE_POINTS
     return CostCurve(nodes=tuple(points), ratios=tuple(points.values()), meta={"source": "default"})
+
+
+def _native_bf16() -> bool:
+    from ..kernels.linear import _native_bf16 as native
+
+    return native()
 
 
 def cost_aware_enabled(config) -> bool:

@@ -95,7 +95,7 @@ class HybridDrafter(TreeDrafter):
             (`cost_aware.target_cost_curve`).
     """
 
-    def __init__(self, parts: list, max_nodes: int = 24, max_depth: int = 8, cost_curve=None):
+    def __init__(self, parts: list, max_nodes: int = 48, max_depth: int = 10, cost_curve=None):
         if not parts:
             raise ValueError("HybridDrafter needs at least one drafter")
         if max_nodes < 1 or max_depth < 1:

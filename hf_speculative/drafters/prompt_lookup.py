@@ -93,8 +93,15 @@ class PromptLookupDrafter(TreeDrafter):
         min_ngram_size: shortest one (default 2: single-token matches give many weak candidates, and on
             a CPU a tree of them costs more than it gains: 6 MT-Bench prompts, 0.99x with 1, 1.02x with 2).
         max_candidates: earlier occurrences considered per step.
-        default_tree: the node / depth budget when a call gives no ``speculative_tree``.
+        default_tree: the node / depth budget when a call gives no ``speculative_tree``; None (default): up to
+            `MAX_DEPTH` levels (transformers' prompt lookup drafts 10 tokens) and as many nodes, up to `MAX_NODES`, as a
+            forward verifies for at most `NODE_COST_LIMIT` one-token steps on the target's cost curve (set when a call
+            attaches the target).
     """
+
+    MAX_DEPTH = 10
+    MAX_NODES = 40
+    NODE_COST_LIMIT = 1.3
 
     drafts_one_row = True
 
@@ -112,8 +119,20 @@ class PromptLookupDrafter(TreeDrafter):
         self.max_ngram_size = max_ngram_size
         self.min_ngram_size = min_ngram_size
         self.max_candidates = max_candidates
-        # budget: 16 nodes, 6 levels (a Cartesian [4,1,1,1,1,1] spec is only read for its size and depth)
+        self._cost_aware_budget = default_tree is None
+        # until a target is attached: 24 nodes, 6 levels (a Cartesian spec is only read for its size and depth)
         self.default_tree = default_tree if default_tree is not None else TreeSpec.cartesian([4, 1, 1, 1, 1, 1])
+
+    def attach_target(self, target) -> None:
+        """The default budget from the target's cost curve (cached, else the documented default; never measured)."""
+        if not self._cost_aware_budget:
+            return
+        from .cost_aware import target_cost_curve
+        from .hybrid import budget_tree
+
+        curve = target_cost_curve(target)
+        nodes = max([n for n in range(4, self.MAX_NODES + 1) if curve(n + 1) <= self.NODE_COST_LIMIT], default=4)
+        self.default_tree = budget_tree(nodes, min(self.MAX_DEPTH, nodes))
 
     @torch.no_grad()
     def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:

@@ -65,7 +65,7 @@ class TokenRecyclingDrafter(TreeDrafter):
     def __init__(
         self,
         num_successors: int = 8,
-        max_nodes: int = 24,
+        max_nodes: int = 48,
         max_depth: int = 8,
         refresh_every: int = 16,
         cost_curve=None,

@@ -25,6 +25,7 @@ unchanged: memory grows by the size of the linear weights (LM head included). ``
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import time
@@ -166,6 +167,7 @@ class KernelTable:
         return cls({int(b): str(k) for b, k in data["choice"].items()}, ms, data.get("meta", {}))
 
 
+@functools.lru_cache(maxsize=None)
 def _native_bf16() -> bool:
     """True when the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX)."""
     try:
