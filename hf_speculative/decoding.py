@@ -43,7 +43,7 @@ from .kernels import engine_kernels, head_projector
 from .drafters.base import DraftingOptions, TreeDrafter, batched
 from .logits import NodeLogits
 from .rows import TargetRows
-from .step_pricing import StepPricer, pricing_enabled
+from .step_pricing import pricer_for, pricing_enabled
 from .tree_forward import verification_forward
 from .trees import BatchTreeMaskBuffer, DraftTree, DynamicTree, TreeSpec, batch_tree_block
 from .acceptance import AcceptanceSettings, accept_greedy_all
@@ -471,6 +471,7 @@ def tree_speculative_decoding(
     cache to the accepted paths, (6) let the drafter catch up, (7) drop the rows that are done.
     """
     tree = _check_call(model, input_ids, drafter, tree, synced_gpus, streamer)
+    priced = drafter  # the step prices follow the drafter the caller gave (`step_pricing.pricer_for`)
     drafter = batched(drafter)  # a one-row drafter gets the engine's loop over the rows
     cache = model_kwargs_cache(model_kwargs)
     prepare_tree_cache(cache)
@@ -495,7 +496,7 @@ def tree_speculative_decoding(
     project = head_projector(model, lazy_head) if lazy_head is not None else None
     del prefill
 
-    pricer = StepPricer() if pricing_enabled(pricing) else None
+    pricer = pricer_for(priced, model, len(batch.rows)) if pricing_enabled(pricing) else None
     while batch.active:
         past_length = batch.visible.shape[1]  # the roots (last committed tokens) are not cached yet
         drafting, rows, step_start = pricer is None or pricer.draft_this_step(), len(batch.active), time.perf_counter()

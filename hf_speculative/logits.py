@@ -63,7 +63,10 @@ class NodeLogits:
             nodes.append(self.first_child[nodes[-1]])
         nodes = [i for i in nodes if i not in self.rows]
         start = time.perf_counter()
-        logits = self._project(self.hidden[nodes if len(nodes) > 1 else nodes * 2])  # never a single-row product
+        # without the engine's kernels never a single-row product (slow on some CPU BLAS); with them, what the
+        # measured kernel table chose for that many rows
+        rows = nodes if len(nodes) > 1 or self.project is not None else nodes * 2
+        logits = self._project(self.hidden[rows])
         for i, node_i in enumerate(nodes):
             self.rows[node_i] = logits[i].float()
         self.seconds += time.perf_counter() - start

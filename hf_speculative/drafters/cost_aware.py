@@ -40,8 +40,8 @@ COST_AWARE_ENV = "HF_SPECULATIVE_COST_AWARE"
 #: measured with SmolLM2-135M on this project's 2-core Intel Xeon (AMX) with 2 threads (docs/step_cost.md); float32
 #: also stands for float16 and for CPUs without native bf16. Measure the machine's own with ``hf-speculative
 #: calibrate`` (cached; later calls read it).
-DEFAULT_COST_CURVE_POINTS = {1: 1.0, 2: 1.05, 4: 1.14, 8: 1.25, 16: 1.38, 32: 1.8, 64: 2.9}
-DEFAULT_COST_CURVE_POINTS_BF16 = {1: 1.0, 2: 1.02, 4: 1.06, 8: 1.09, 16: 1.17, 32: 1.33, 64: 1.8}
+DEFAULT_COST_CURVE_POINTS = {1: 1.0, 2: 1.14, 4: 1.18, 8: 1.21, 16: 1.25, 32: 1.48, 64: 2.28}
+DEFAULT_COST_CURVE_POINTS_BF16 = {1: 1.0, 2: 1.02, 4: 1.03, 8: 1.03, 16: 1.06, 32: 1.19, 64: 1.45}
 
 
 def target_cost_curve(target, curve=None):

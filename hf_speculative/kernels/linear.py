@@ -202,6 +202,21 @@ def kernels_setting(model=None) -> str:
 # ----------------------------------------------------------------------------- measuring and caching the table
 
 
+_LINEARS: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = weakref.WeakKeyDictionary()
+#: engine forwards between two scans of a model's modules (a module added later, e.g. an adapter, is found then)
+RESCAN_EVERY = 256
+
+
+def _cached_linears(model) -> list[torch.nn.Linear]:
+    """`_linears`, scanned again every `RESCAN_EVERY` calls (a scan walks every module: about 2 ms on a 30-layer
+    model, too much for every step)."""
+    entry = _LINEARS.get(model)
+    if entry is None or entry[0] >= RESCAN_EVERY:
+        entry = _LINEARS[model] = [0, _linears(model)]
+    entry[0] += 1
+    return entry[1]
+
+
 def _linears(model) -> list[torch.nn.Linear]:
     """The model's linear layers a kernel may replace: plain ``nn.Linear`` on the CPU, whose forward is the class's
     own (a module whose forward was replaced, e.g. by accelerate's hooks, is left alone)."""
@@ -339,7 +354,7 @@ def kernel_for_rows(model, rows: int) -> LinearKernel | None:
 def engine_kernels(model, rows: int):
     """For one forward of the engine over ``rows`` rows: the model's linear layers run the table's kernel."""
     kernel = kernel_for_rows(model, rows)
-    linears = [m for m in _linears(model) if kernel is not None and kernel.supports(m.weight)]
+    linears = [m for m in _cached_linears(model) if kernel is not None and kernel.supports(m.weight)] if kernel else []
     for module in linears:
         module.forward = _bound(module, kernel)  # an instance attribute: removed again below
     try:
@@ -361,15 +376,17 @@ def _bound(module: torch.nn.Linear, kernel: LinearKernel):
 
 
 def head_projector(model, head: torch.nn.Module):
-    """``project(states)``: the LM head on a few rows (the engine's lazy head), through the table's kernel for that
-    many rows when ``head`` is a plain ``nn.Linear``; None when the kernels are off or cannot run it."""
+    """``project(states)``: the LM head on a few rows (the engine's lazy head) through the table's kernel for that
+    many rows (``F.linear`` where the table chose torch's: what it measured), when ``head`` is a plain ``nn.Linear``
+    on the CPU; None when the kernels are off (the engine then keeps its own product)."""
     if type(head) is not torch.nn.Linear or kernels_setting(model) == "torch" or head.weight.device.type != "cpu":
         return None
 
-    def project(states: torch.Tensor) -> torch.Tensor | None:
+    def project(states: torch.Tensor) -> torch.Tensor:
+        states = states.to(head.weight.dtype)
         kernel = kernel_for_rows(model, states.reshape(-1, states.shape[-1]).shape[0])
-        if kernel is None or not kernel.supports(head.weight):
-            return None
-        return fast_linear(head, states.to(head.weight.dtype), kernel)
+        if kernel is None or not kernel.supports(head.weight):  # the table chose torch's kernel for this many rows
+            return F.linear(states, head.weight, head.bias)
+        return fast_linear(head, states, kernel)
 
     return project
