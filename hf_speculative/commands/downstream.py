@@ -84,7 +84,7 @@ def add_parser(subparsers) -> None:
     e.add_argument("--max-new-tokens", type=int, default=None, help="default: the task's")
     e.add_argument("--output", default=None, help="write the JSON here (default: print it)")
     e.add_argument("--write-card", action="store_true", help="also write the folder's model card (README.md) with these results")
-    e.add_argument("--drafter", default="prompt-lookup", choices=("prompt-lookup", "token-recycling", "hybrid", "suffix", "hybrid-suffix"),
+    e.add_argument("--drafter", default="prompt-lookup", choices=("prompt-lookup", "token-recycling", "hybrid", "suffix", "hybrid-suffix", "hf-prompt-lookup"),
                    help="a lora folder's training-free drafting (arm e; suffix and hybrid-suffix are warmed with the task's "
                    "training targets); other folders draft with what they trained")
     e.add_argument("--pruning-threshold", type=float, default=None,

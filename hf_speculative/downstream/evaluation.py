@@ -59,7 +59,9 @@ def _merged(base, folder: Path, adapter: str = ADAPTER_SUBFOLDER):
 
 
 #: training-free drafting of a ``lora`` folder (arm e): ``--drafter`` of ``downstream eval``
-TRAINING_FREE = ("prompt-lookup", "token-recycling", "hybrid", "suffix", "hybrid-suffix")
+TRAINING_FREE = ("prompt-lookup", "token-recycling", "hybrid", "suffix", "hybrid-suffix", "hf-prompt-lookup")
+#: transformers' own prompt lookup (a chain of this many tokens), the baseline beside the tree drafters
+HF_PROMPT_LOOKUP_TOKENS = 10
 #: the drafters warmed with the task's training targets (never its test set)
 SUFFIX_DRAFTERS = ("suffix", "hybrid-suffix")
 
@@ -99,6 +101,8 @@ def _training_free_drafter(name: str, warm_texts: list[str] | None = None, token
         return hfs.HybridDrafter([hfs.PromptLookupDrafter(), suffix]), "hybrid (prompt lookup + suffix decoding)"
     if name == "prompt-lookup":
         return hfs.PromptLookupDrafter(), "tree prompt lookup"
+    if name == "hf-prompt-lookup":  # no drafter of ours: generate(prompt_lookup_num_tokens=...)
+        return None, f"transformers prompt lookup ({HF_PROMPT_LOOKUP_TOKENS} tokens)"
     if name == "token-recycling":
         return hfs.TokenRecyclingDrafter(), "token recycling"
     if name == "hybrid":
@@ -159,10 +163,11 @@ def load_downstream(folder: str | Path, device: str | None = None, dtype: torch.
         (drafter, name), extra = _training_free_drafter(drafter, warm_texts, tokenizer), 0
     hfs.enable(model)
     suffix = next((d for d in getattr(drafter, "parts", [drafter]) if isinstance(d, hfs.SuffixDrafter)), None)
+    drafting = {"assistant_model": drafter} if drafter is not None else {"prompt_lookup_num_tokens": HF_PROMPT_LOOKUP_TOKENS}
     return DownstreamModel(
         info, tokenizer,
         plain=lambda ids, n: model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, **gen),
-        speculative=lambda ids, n: model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=drafter, max_new_tokens=n, **gen),
+        speculative=lambda ids, n: model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, **drafting, **gen),
         drafter=name, extra_parameters=extra, device=model.device,
         drafter_stats=(lambda: _suffix_stats(suffix)) if suffix is not None else None,
     )  # fmt: skip
@@ -225,8 +230,8 @@ def evaluate_folder(folder: str | Path, task: str, data_dir, limit: int | None =
             times[kind] += time.perf_counter() - t0
             outs[kind] = out.sequences[0, ids.shape[1] :].cpu()
             tokens[kind] += outs[kind].numel()
-            if kind == "speculative":
-                stats = out.speculative_stats
+            stats = getattr(out, "speculative_stats", None)  # None: transformers' own decoding
+            if kind == "speculative" and stats is not None:
                 accepted += list(stats.accepted_lengths)
                 nodes += list(getattr(stats, "tree_sizes", []))
                 forwards += getattr(stats, "num_target_forwards", len(stats.accepted_lengths))
@@ -245,7 +250,7 @@ def evaluate_folder(folder: str | Path, task: str, data_dir, limit: int | None =
         "folder": str(folder),
         "drafter": loaded.drafter,
         "n": len(records),
-        "tau": round(sum(accepted) / max(len(accepted), 1), 4),
+        "tau": round(sum(accepted) / len(accepted), 4) if accepted else None,
         "speedup": round(spec_tps / plain_tps, 4),
         "lossless_rate": round(same / len(records), 4),
         "metric": compute_metric(task, texts, [list(r.reference) for r in records]),

@@ -59,7 +59,7 @@ def markdown_table(rows: list[dict]) -> str:
     for r in rows:
         lines.append(
             f"| {TASK_NAMES.get(r['task'], r['task'])} | {ARM_NAMES.get(r['method'], r['method'])} | {r.get('drafter', '')} "
-            f"| {r['speedup']:.2f}x | {r['tau']:.2f} | {_metric(r)} | {_params(r['extra_parameters'])} "
+            f"| {r['speedup']:.2f}x | {'-' if r['tau'] is None else format(r['tau'], '.2f')} | {_metric(r)} | {_params(r['extra_parameters'])} "
             f"| {_minutes(r.get('train_seconds'))} ({r.get('train_steps', '-')}) | {r['lossless_rate']:.2f} | {r['n']} |"
         )
     return "\n".join(lines) + "\n"
@@ -79,7 +79,7 @@ def plot_results(rows: list[dict], path: str | Path) -> Path:
     width = 0.8 / max(len(arms), 1)
     for ax, key, label in ((axes[0], "speedup", "speedup over own plain decoding"), (axes[1], "tau", "tokens per step (tau)")):
         for j, arm in enumerate(arms):
-            values = [next((r[key] for r in rows if r["task"] == t and (r["method"], r.get("drafter", "")) == arm), 0.0) for t in tasks]
+            values = [next((r[key] or 0.0 for r in rows if r["task"] == t and (r["method"], r.get("drafter", "")) == arm), 0.0) for t in tasks]
             label_ = ARM_NAMES.get(arm[0], arm[0]) if arm[0] != "lora" else f"LoRA + {arm[1]}"
             ax.bar([i + j * width for i in range(len(tasks))], values, width, label=label_)
         ax.set_xticks([i + width * (len(arms) - 1) / 2 for i in range(len(tasks))])
