@@ -22,6 +22,7 @@ DRAFTER_CLASSES = (
     ("drafters.eagle.configuration_eagle", "EagleConfig", "drafters.eagle.modeling_eagle", "EagleDrafter"),
     ("drafters.spire.configuration_spire", "SpireConfig", "drafters.spire.modeling_spire", "SpireDrafter"),
     ("drafters.suffix.configuration_suffix", "SuffixConfig", "drafters.suffix.modeling_suffix", "SuffixDrafter"),
+    ("drafters.configuration_token_recycling", "TokenRecyclingConfig", "drafters.token_recycling", "TokenRecyclingDrafter"),
 )  # fmt: skip
 
 
@@ -58,14 +59,11 @@ def lazy_model_class(config_class: type, module: str, name: str) -> type:
 
 
 def register_auto_classes() -> None:
-    """Register every drafter's config and model with ``AutoConfig`` / ``AutoModel`` (idempotent; a model class
-    already imported is registered as itself), and make their ``from_pretrained`` fail at once on a local folder
-    that does not exist (`hub.guard_auto_classes`)."""
+    """Register every drafter's config and model with ``AutoConfig`` / ``AutoModel`` through their own ``register``
+    calls (idempotent; a model class already imported is registered as itself). Nothing of transformers is replaced."""
     import sys
 
     from transformers import AutoConfig, AutoModel
-
-    from .hub import guard_auto_classes
 
     for config_module, config_name, model_module, model_name in DRAFTER_CLASSES:
         config = _import(config_module, config_name)
@@ -73,4 +71,3 @@ def register_auto_classes() -> None:
         loaded = sys.modules.get(f"{__package__}.{model_module}")
         model = getattr(loaded, model_name) if loaded is not None else lazy_model_class(config, model_module, model_name)
         AutoModel.register(config, model, exist_ok=True)
-    guard_auto_classes()

@@ -3,9 +3,9 @@
 ``from_pretrained`` treats any name that is not an existing folder as a Hub repo id. A typo in a folder
 (``model_cards/medusa-smolm2``) then costs half a minute of Hub retries and ends in "couldn't connect",
 and without a network a real Hub id does the same. :func:`resolve_name_or_path` runs before every load of
-ours (drafters' ``from_pretrained``, the bench's ``--model`` and ``--drafter``, ``--prompts``), and after
-``import hf_speculative`` before transformers' ``AutoConfig`` / ``AutoModel*.from_pretrained`` too (only a
-name that cannot be a Hub repo there, see :func:`guard_auto_classes`):
+ours (drafters' ``from_pretrained``, the bench's ``--model`` and ``--drafter``, ``--prompts``, the demo). It leaves
+transformers' own ``AutoConfig`` / ``AutoModel*.from_pretrained`` alone: ``import hf_speculative`` only registers
+classes with them.
 
 - an existing path, absolute or relative to the current directory, comes back as an absolute path;
 - a name that can only be a path (``./x``, ``../x``, ``/x``, ``~/x``, two or more separators, a first
@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
-__all__ = ["looks_like_path", "resolve_name_or_path", "hub_offline", "hub_reachable", "missing_folder", "guard_auto_classes"]
+__all__ = ["looks_like_path", "resolve_name_or_path", "hub_offline", "hub_reachable", "missing_folder"]
 
 
 def _is_repo_id(text: str) -> bool:
@@ -146,31 +146,3 @@ def resolve_name_or_path(name_or_path: str | os.PathLike | None, what: str = "mo
         f", and as a Hub repo id it cannot be downloaded: the Hugging Face Hub ({_endpoint()}) cannot be reached (no "
         "network) and nothing of it is cached. Give a local folder, or set HF_HUB_OFFLINE=1 to use the local cache only.",
     )  # fmt: skip
-
-
-def _guarded(original):
-    def from_pretrained(cls, pretrained_model_name_or_path=None, *args, **kwargs):
-        if isinstance(pretrained_model_name_or_path, (str, os.PathLike)):
-            resolve_name_or_path(pretrained_model_name_or_path, what="model")  # raises at once; the name goes on unchanged
-        return original.__func__(cls, pretrained_model_name_or_path, *args, **kwargs)
-
-    from_pretrained.__doc__, from_pretrained.__wrapped__ = original.__func__.__doc__, original.__func__
-    from_pretrained._hf_speculative_guard = True
-    return classmethod(from_pretrained)
-
-
-def guard_auto_classes() -> None:
-    """Make ``AutoConfig.from_pretrained`` and every ``AutoModel*.from_pretrained`` check their name with
-    `resolve_name_or_path` first: a local folder that does not exist raises `missing_folder` at once, from any
-    directory, where transformers would take the name for a Hub id and retry its download for about a minute
-    without a network. A name that can be loaded goes to transformers unchanged. Idempotent."""
-    from transformers.models.auto import configuration_auto, modeling_auto
-    from transformers.models.auto.auto_factory import _BaseAutoModelClass
-
-    # every Auto class holds its own copy of from_pretrained (transformers' auto_class_update)
-    classes = [configuration_auto.AutoConfig]
-    classes += [c for c in vars(modeling_auto).values() if isinstance(c, type) and issubclass(c, _BaseAutoModelClass)]
-    for cls in classes:
-        current = cls.__dict__.get("from_pretrained")
-        if isinstance(current, classmethod) and not getattr(current.__func__, "_hf_speculative_guard", False):
-            setattr(cls, "from_pretrained", _guarded(current))

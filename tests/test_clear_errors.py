@@ -1,6 +1,9 @@
 """Bad input fails at once with a message that names it: missing folders, an unreachable Hub, empty prompts."""
 
+import json
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -18,6 +21,8 @@ DRAFTER_LOADERS = {
     "medusa": lambda path: hfs.MedusaHeadsModel.from_pretrained(path),
     "parallel": lambda path: hfs.ParallelDrafter.from_pretrained(path),
     "streaming": lambda path: hfs.LlamaForSpeculativeStreaming.from_pretrained(path),
+    "token recycling": lambda path: hfs.TokenRecyclingDrafter.from_pretrained(path),
+    "suffix": lambda path: hfs.SuffixDrafter.from_pretrained(path),
     "bench --drafter": lambda path: load_drafter(path),
     "bench --model": lambda path: resolve_model(path),
 }
@@ -112,7 +117,7 @@ def test_a_missing_folder_is_one_error_from_any_directory(offline, tmp_path, mon
     messages = []
     for cwd in ("project", "elsewhere"):
         monkeypatch.chdir(tmp_path / cwd)
-        for load in (DRAFTER_LOADERS["medusa"], DRAFTER_LOADERS["bench --drafter"], AutoModel.from_pretrained):
+        for load in (DRAFTER_LOADERS["medusa"], DRAFTER_LOADERS["token recycling"], DRAFTER_LOADERS["bench --drafter"]):
             start = time.perf_counter()
             with pytest.raises(FileNotFoundError) as err:
                 load("model_cards/typo")
@@ -123,18 +128,44 @@ def test_a_missing_folder_is_one_error_from_any_directory(offline, tmp_path, mon
     assert all(f"looked for {tmp_path}" in m for m in messages)
 
 
-@pytest.mark.parametrize("auto", [AutoModel, AutoModelForCausalLM, AutoConfig])
-def test_auto_classes_fail_at_once_on_a_missing_local_folder(auto, tmp_path, monkeypatch, no_hub):
-    (tmp_path / "model_cards").mkdir()
-    monkeypatch.chdir(tmp_path)
-    for name in ("model_cards/typo", "./typo", "/no/such/folder"):
-        start = time.perf_counter()
-        with pytest.raises(FileNotFoundError, match=f"{name!r} does not exist"):
-            auto.from_pretrained(name)
-        assert time.perf_counter() - start < 2.0
-    model = tiny_model()
-    model.save_pretrained(tmp_path / "model_cards" / "tiny")
-    assert auto.from_pretrained("model_cards/tiny") is not None  # an existing folder loads as before
+AUTO_CLASSES = ("AutoConfig", "AutoModel", "AutoModelForCausalLM")
+
+FROM_PRETRAINED_BEFORE_AND_AFTER_IMPORT = f"""
+import json
+import transformers
+classes = [getattr(transformers, name) for name in {AUTO_CLASSES!r}]
+before = [c.__dict__.get("from_pretrained") for c in classes]
+functions = [c.from_pretrained.__func__ for c in classes]
+described = [[f.__module__, f.__qualname__, f.__code__.co_filename, hasattr(f, "__wrapped__")] for f in functions]
+import hf_speculative
+changed = [c.__name__ for c, b in zip(classes, before) if c.__dict__.get("from_pretrained") is not b]
+print(json.dumps({{"changed": changed, "described": described}}))
+"""
+
+
+def _describe_from_pretrained(cls) -> list:
+    function = cls.from_pretrained.__func__
+    return [function.__module__, function.__qualname__, function.__code__.co_filename, hasattr(function, "__wrapped__")]
+
+
+def test_import_leaves_transformers_from_pretrained_alone():
+    """``import hf_speculative`` registers classes and replaces nothing: in a fresh process the Auto classes'
+    ``from_pretrained`` are the same objects before and after the import, and here (imported) they are the functions
+    a process that never imported hf_speculative has."""
+    run = subprocess.run([sys.executable, "-c", FROM_PRETRAINED_BEFORE_AND_AFTER_IMPORT], capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    fresh = json.loads(run.stdout.strip().splitlines()[-1])
+    assert fresh["changed"] == []
+    here = [_describe_from_pretrained(cls) for cls in (AutoConfig, AutoModel, AutoModelForCausalLM)]
+    assert here == fresh["described"]
+    assert all(module.startswith("transformers.") and "hf_speculative" not in path for module, _, path, _ in here)
+
+
+def test_a_registered_drafter_still_loads_through_the_auto_classes(tmp_path):
+    hfs.MedusaHeadsModel.from_base_model(tiny_model(), num_heads=2).save_pretrained(tmp_path / "heads")
+    assert type(AutoModel.from_pretrained(tmp_path / "heads")).__name__ == "MedusaHeadsModel"
+    assert AutoConfig.from_pretrained(tmp_path / "heads").model_type == "medusa_heads"
 
 
 def test_the_cli_prints_a_missing_folder_as_one_line(tmp_path, monkeypatch, capsys, no_hub):

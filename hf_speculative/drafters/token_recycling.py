@@ -37,6 +37,7 @@ import torch
 from ..trees import DraftTree, TreeSpec
 from ..rows import TargetRows
 from .base import DraftingOptions, TreeDrafter
+from .configuration_token_recycling import TokenRecyclingConfig
 from .cost_aware import target_cost_curve
 from .online_accuracy import OnlineAccuracy
 
@@ -44,7 +45,10 @@ __all__ = ["TokenRecyclingDrafter"]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-DRAFTER_TYPE = "token_recycling"
+DRAFTER_TYPE = TokenRecyclingConfig.model_type
+#: what ``AutoModel.from_pretrained`` passes besides the folder; a drafter with no network has no use for them
+_LOADER_ARGUMENTS = {"trust_remote_code", "adapter_kwargs", "cache_dir", "force_download", "local_files_only", "token",
+                     "revision", "subfolder", "proxies", "code_revision", "_from_auto", "_from_pipeline", "_commit_hash"}  # fmt: skip
 
 #: hit-rate prior per rank before any observation (worth `OnlineAccuracy.prior_weight` observations)
 DEFAULT_PRIOR = (0.35, 0.12, 0.06, 0.04, 0.03, 0.02, 0.015, 0.01)
@@ -61,6 +65,8 @@ class TokenRecyclingDrafter(TreeDrafter):
         cost_curve: the target's cost curve ``c(n)`` (a `CostCurve` or a callable); None: the target's cached curve,
             else a documented default (`cost_aware.target_cost_curve`).
     """
+
+    config_class = TokenRecyclingConfig  # AutoModel.from_pretrained(folder) finds it by the config's model_type
 
     def __init__(
         self,
@@ -200,8 +206,9 @@ class TokenRecyclingDrafter(TreeDrafter):
 
         folder = Path(save_directory)
         folder.mkdir(parents=True, exist_ok=True)
-        config = {"drafter_type": DRAFTER_TYPE, "num_successors": self.num_successors, "max_nodes": self.max_nodes,
-                  "max_depth": self.tree_depth, "refresh_every": self.refresh_every, "vocab_size": self.vocab_size}  # fmt: skip
+        config = {"model_type": DRAFTER_TYPE, "drafter_type": DRAFTER_TYPE, "num_successors": self.num_successors,
+                  "max_nodes": self.max_nodes, "max_depth": self.tree_depth, "refresh_every": self.refresh_every,
+                  "vocab_size": self.vocab_size}  # fmt: skip
         (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
         tensors = {f"hit_rates.{k}": v for k, v in self.hit_rates.state_dict().items()}
         if self.adjacency is not None:
@@ -209,16 +216,22 @@ class TokenRecyclingDrafter(TreeDrafter):
         save_file(tensors, str(folder / WEIGHTS_NAME))
 
     @classmethod
-    def from_pretrained(cls, pretrained_path: str | os.PathLike, **kwargs) -> "TokenRecyclingDrafter":
-        """Load a folder written by `save_pretrained`; ``kwargs`` override its saved arguments."""
+    def from_pretrained(cls, pretrained_path: str | os.PathLike, config: TokenRecyclingConfig | None = None,
+                        **kwargs) -> "TokenRecyclingDrafter":  # fmt: skip
+        """Load a folder written by `save_pretrained` (also what ``AutoModel.from_pretrained(folder)`` calls, with the
+        folder's ``config``); ``kwargs`` override its saved arguments."""
         from safetensors.torch import load_file
 
-        folder = Path(pretrained_path).expanduser()
+        from ..hub import resolve_name_or_path
+
+        folder = Path(resolve_name_or_path(pretrained_path, what="Token Recycling drafter"))
         if not (folder / CONFIG_NAME).is_file():
             raise FileNotFoundError(f"no Token Recycling drafter at {str(folder)!r} (expected {CONFIG_NAME} there)")
-        config = json.loads((folder / CONFIG_NAME).read_text())
-        if config.get("drafter_type") != DRAFTER_TYPE:
-            raise ValueError(f"{str(folder)!r} holds a {config.get('drafter_type')!r} drafter, not Token Recycling")
+        config = config.to_dict() if config is not None else json.loads((folder / CONFIG_NAME).read_text())
+        kind = config.get("model_type") or config.get("drafter_type")
+        if kind != DRAFTER_TYPE:
+            raise ValueError(f"{str(folder)!r} holds a {kind!r} drafter, not Token Recycling")
+        kwargs = {k: v for k, v in kwargs.items() if k not in _LOADER_ARGUMENTS}
         args = {k: config[k] for k in ("num_successors", "max_nodes", "max_depth", "refresh_every") if k in config}
         drafter = cls(**{**args, **kwargs})
         tensors = load_file(str(folder / WEIGHTS_NAME)) if (folder / WEIGHTS_NAME).is_file() else {}
