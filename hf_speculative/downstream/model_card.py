@@ -7,7 +7,7 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from ..model_card import render_card
+from ..model_card import public_data_source, render_card, user_data_path
 from .table import ARM_NAMES, TASK_NAMES
 from .tasks import get_task
 
@@ -37,7 +37,7 @@ def _loading(folder: str, task: str, method: str) -> str:
         "from hf_speculative.training.data import encode_chat",
         "",
         f'arm = load_downstream("{folder}")  # the reference base model + what this folder adds',
-        f'record = load_task("{task}", "../shared/data/{task}", "test")[0]  # a test prompt (the data stay outside the package)',
+        f'record = load_task("{task}", "path/to/{task}", "test")[0]  # a test prompt of the downloaded data set',
         "ids = torch.tensor([encode_chat(arm.tokenizer, record.messages)])",
         f"fast = arm.speculative(ids, {n})  # speculative greedy decoding",
         f"assert torch.equal(fast.sequences, arm.plain(ids, {n}).sequences)  # the same tokens as its plain decoding",
@@ -45,6 +45,12 @@ def _loading(folder: str, task: str, method: str) -> str:
         "```",
     ]
     return "\n".join(lines) + f"\n\nDecoding: {_DECODING[method]}. Decoding length used for the task: {n} new tokens."
+
+
+def _data_line(task: str, data: str | None) -> str:
+    """Where the task's data come from, as a user gets them, and the folder the commands below name for them."""
+    source = public_data_source(data or task) or public_data_source(task) or "the task's public data set"
+    return f"{source}, downloaded to `path/to/{task}` in the commands below"
 
 
 def _measured(result: dict) -> str:
@@ -80,7 +86,7 @@ def render_model_card(info: dict, result: dict | None = None, folder: str | Path
     intro = (
         "Speculative Streaming's Table 1 setting (Bhendawade et al., 2024, Sec. 4.1), reproduced with `hf-speculative downstream`"
         " (see docs/downstream.md). The folder holds what this arm adds to the base model; the base comes from the reference package.\n\n"
-        f"- task: {task}; data: `{info.get('data')}`\n- split: {_SPLITS.get(task, info.get('split'))}\n"
+        f"- task: {task}; data: {_data_line(task, info.get('data'))}\n- split: {_SPLITS.get(task, info.get('split'))}\n"
         f"- training: {training.get('steps')} optimizer steps of {settings.get('batch_size')} examples, {training.get('train_seconds')} s"
         f" (budget {settings.get('time_budget')} s) on {training.get('device')}; LoRA rank {settings.get('lora_rank')}, alpha {settings.get('lora_alpha')},"
         f" learning rate {settings.get('learning_rate')}\n"
@@ -108,7 +114,8 @@ def render_model_card(info: dict, result: dict | None = None, folder: str | Path
     )  # fmt: skip
     title = f"{ARM_NAMES.get(method, method)}: SmolLM2-135M-Instruct fine-tuned for {TASK_NAMES.get(task, task)}"
     sections = {"Measured (`downstream eval`)": _measured(result) if result is not None else "", "Loading": loading}
-    return render_card(data, title, intro, sections)
+    sections = {name: user_data_path(text) for name, text in sections.items()}
+    return render_card(data, title, user_data_path(intro), sections)
 
 
 def write_model_card(folder: str | Path, info: dict, result: dict | None = None) -> Path:

@@ -1,0 +1,75 @@
+"""Every folder in model_cards/ loads the way its card and the README say, after ``import hf_speculative`` and with no
+``trust_remote_code``: a folder with weights through ``AutoModel.from_pretrained``, a card that keeps only its config
+through ``AutoConfig.from_pretrained``; and every card names only commands and data a user has."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel, PretrainedConfig
+
+import hf_speculative as hfs
+
+ROOT = Path(__file__).resolve().parents[1]
+CARDS = sorted(p for p in (ROOT / "model_cards").iterdir() if p.is_dir())
+WEIGHTS = (".safetensors", ".bin")
+
+
+def _has_weights(folder: Path) -> bool:
+    return any(p.name.endswith(WEIGHTS) for p in folder.iterdir() if p.is_file())
+
+
+@pytest.mark.parametrize("folder", [f for f in CARDS if (f / "config.json").is_file() and _has_weights(f)], ids=lambda p: p.name)
+def test_a_folder_with_weights_loads_with_auto_model(folder):
+    model = AutoModel.from_pretrained(folder)
+    assert type(model).__module__.startswith("hf_speculative."), type(model)
+    assert type(model).config_class.model_type == json.loads((folder / "config.json").read_text())["model_type"]
+
+
+@pytest.mark.parametrize("folder", [f for f in CARDS if (f / "config.json").is_file()], ids=lambda p: p.name)
+def test_every_drafter_config_loads_with_auto_config(folder):
+    config = AutoConfig.from_pretrained(folder)
+    assert type(config) is not PretrainedConfig and type(config).__module__.startswith("hf_speculative."), type(config)
+
+
+@pytest.mark.parametrize("folder", [f for f in CARDS if not (f / "config.json").is_file()], ids=lambda p: p.name)
+def test_a_folder_without_config_is_an_adapter_of_the_target(folder):
+    """The LoRA arms add an adapter to the base model (``load_downstream``), no drafter of their own."""
+    assert (folder / "adapter" / "adapter_config.json").is_file() and (folder / "downstream.json").is_file()
+
+
+@pytest.mark.parametrize("folder", CARDS, ids=lambda p: p.name)
+def test_cards_name_only_data_a_user_has(folder):
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    assert "shared/data" not in card and "../shared" not in card and "/work/" not in card
+
+
+def test_card_renderers_write_the_public_data_set_for_the_projects_copy():
+    from hf_speculative.downstream.model_card import render_model_card
+
+    info = {"task": "e2e_nlg", "method": "lora", "data": "../shared/data/e2e_nlg",
+            "command": "hf-speculative downstream train --task e2e_nlg --method lora --data ../shared/data/e2e_nlg --out x"}  # fmt: skip
+    card = str(render_model_card(info, None, "model_cards/lora-x"))
+    assert "shared/data" not in card and "--data path/to/e2e_nlg" in card and "tuetschek/e2e-dataset" in card
+
+
+def test_token_recycling_folder_round_trips_through_auto_model(tmp_path):
+    drafter = hfs.TokenRecyclingDrafter(num_successors=4, max_nodes=12)
+    drafter._ensure_matrix(32, torch.device("cpu"))
+    drafter.update(torch.tensor([3, 5]), torch.tensor([[1, 2, 3, 4], [6, 7, 8, 9]]))
+    drafter.save_pretrained(tmp_path)
+    loaded = AutoModel.from_pretrained(tmp_path)
+    assert isinstance(loaded, hfs.TokenRecyclingDrafter) and loaded.max_nodes == 12
+    assert torch.equal(loaded.adjacency, drafter.adjacency)
+    assert AutoConfig.from_pretrained(tmp_path).num_successors == 4
+
+
+def test_token_recycling_folder_saved_before_it_had_a_model_type_still_loads(tmp_path):
+    hfs.TokenRecyclingDrafter(num_successors=4).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["model_type"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert hfs.TokenRecyclingDrafter.from_pretrained(tmp_path).num_successors == 4
