@@ -516,8 +516,9 @@ def tree_speculative_decoding(
             _advance_drafter(drafter, batch, going_on, drafts, results, outputs)
         with _Timer(stats.timings, "engine", device):
             _drop_finished_rows(batch, going_on, cache, masks)
-        if pricer is not None:
-            pricer.record(drafting, time.perf_counter() - step_start, stats.accepted_lengths[-1], rows)
+        if pricer is not None:  # a step whose drafts hold no node past the root was a one-token step
+            drafted = drafting and stats.tree_sizes[-1] > rows
+            pricer.record(drafted, time.perf_counter() - step_start, stats.accepted_lengths[-1], rows)
 
     drafter.end_batch()
     if streamer is not None:

@@ -66,7 +66,9 @@ class StepPricer:
         return self._plan.popleft()
 
     def record(self, drafted: bool, seconds: float, tokens: int, rows: int) -> None:
-        """One step took ``seconds`` and committed ``tokens`` over ``rows`` rows."""
+        """One step took ``seconds`` and committed ``tokens`` over ``rows`` rows; ``drafted``: it verified drafted
+        nodes (a step whose drafter found nothing to propose, e.g. prompt lookup without a match, was a one-token
+        step, and is priced as one)."""
         if drafted:
             self.tree_steps.append((seconds, tokens / max(rows, 1)))
             self._since_plain += 1
