@@ -288,7 +288,8 @@ def cost_curve_path(model, prefix: int = 128) -> Path:
 
 def set_cost_curve(model, curve: CostCurve | None) -> None:
     """Use ``curve`` for ``model`` in this process (deterministic tests; a curve measured elsewhere);
-    None forgets it."""
+    None forgets it (and what was read or found missing on disk: the next call looks again)."""
+    _LOADED.pop(model, None)
     if curve is None:
         _INJECTED.pop(model, None)
     else:
@@ -297,7 +298,8 @@ def set_cost_curve(model, curve: CostCurve | None) -> None:
 
 def get_cost_curve(model, measure_if_missing: bool = True, **measure_kwargs) -> CostCurve | None:
     """The model's cost curve: injected (`set_cost_curve`), else cached on disk, else measured once
-    (`measure_cost_curve`) and cached. Returns None when missing and ``measure_if_missing`` is False."""
+    (`measure_cost_curve`) and cached. Returns None when missing and ``measure_if_missing`` is False; a miss is
+    remembered for the model in this process (a curve another process calibrates later is read after a restart)."""
     if model in _INJECTED:
         return _INJECTED[model]
     param = next(model.parameters())
@@ -305,6 +307,8 @@ def get_cost_curve(model, measure_if_missing: bool = True, **measure_kwargs) -> 
     memo_key = (str(param.device), param.dtype, measure_kwargs.get("prefix", 128))
     if memo_key in loaded:
         return loaded[memo_key]
+    if loaded.get(("missing", *memo_key)) and not measure_if_missing:
+        return None  # looked for once in this process: the cache key hashes the weights (0.1 s on a 135M model)
     path = cost_curve_path(model, measure_kwargs.get("prefix", 128))
     if path.exists():
         try:
@@ -313,6 +317,7 @@ def get_cost_curve(model, measure_if_missing: bool = True, **measure_kwargs) -> 
         except (ValueError, KeyError, TypeError, json.JSONDecodeError):
             pass  # a damaged file is measured again
     if not measure_if_missing:
+        loaded[("missing", *memo_key)] = True
         return None
     was_training = model.training
     model.eval()
