@@ -255,7 +255,7 @@ def test_import_loads_no_drafter():
     ).strip())  # fmt: skip
     light = {"hf_speculative", "hf_speculative.auto", "hf_speculative.hub", "hf_speculative.trees", "hf_speculative.drafters",
              "hf_speculative.drafters.lazy", "hf_speculative.drafters.configuration_drafter"}  # fmt: skip
-    drafter_packages = {f"hf_speculative.drafters.{d}" for d in ("medusa", "streaming", "parallel", "eagle", "spire")}
+    drafter_packages = {f"hf_speculative.drafters.{d}" for d in ("medusa", "streaming", "parallel", "eagle", "spire", "suffix")}
     heavy = [m for m in loaded if m not in light | drafter_packages and ".configuration_" not in m]
     assert heavy == []
     assert drafter_packages <= set(loaded)  # their configs are registered
