@@ -6,7 +6,9 @@ Definitions (the same as Spec-Bench, Xia et al. 2024, and DESIGN.md "Measuring")
   ``sum(new_tokens) / sum(target_forwards)``. Plain decoding has tau = 1 (the prefill forward
   gives the first token, each later forward one more).
 * **tokens/s** -- ``sum(new_tokens) / sum(wall_time)`` of the timed ``generate`` calls.
-* **speedup** -- mean over prompts of ``tokens/s(method) / tokens/s(plain)`` on the same prompt.
+* **speedup** -- median over prompts of ``tokens/s(method) / tokens/s(plain)`` on the same prompt, reported with
+  the per-prompt range and middle half (`verdict.SpeedupSpread`), so one disturbed run cannot decide it; runs whose
+  time per token is far above the same method's other prompts' are named as disturbed (`verdict.disturbed_runs`).
 * **step overhead** -- ``(wall / target_forwards)(method) / (wall / new_tokens)(plain)``: how much
   longer one speculative step (draft + tree verification + bookkeeping) takes than one plain
   decoding step.  speedup ~= tau / step_overhead.
@@ -28,10 +30,14 @@ from typing import Iterable, Sequence
 
 from ..plotting import save_figure
 from .numerics import FLOOR_VARIANTS, divergence_summary, first_divergence
+from .verdict import SpeedupSpread, disturbed_line, disturbed_runs
 
 __all__ = [
     "Measurement",
     "speedup",
+    "prompt_speedups",
+    "disturbed",
+    "speedup_lines",
     "step_overhead",
     "tau",
     "lossless_rate",
@@ -98,15 +104,26 @@ def tau(measurements: Sequence[Measurement]) -> float | None:
     return sum(m.new_tokens for m in measurements) / sum(m.target_forwards for m in measurements)
 
 
-def speedup(method: Sequence[Measurement], baseline: Sequence[Measurement]) -> float | None:
-    """Mean over prompts of tokens/s(method) / tokens/s(baseline) (prompts matched by id)."""
+def prompt_speedups(method: Sequence[Measurement], baseline: Sequence[Measurement]) -> SpeedupSpread | None:
+    """Per-prompt ``tokens/s(method) / tokens/s(baseline)`` (prompts matched by id), or None when none matches."""
     base = {m.prompt_id: m for m in baseline}
     ratios = [
         m.tokens_per_s / base[m.prompt_id].tokens_per_s
         for m in method
         if m.prompt_id in base and base[m.prompt_id].tokens_per_s > 0 and m.new_tokens > 0
     ]
-    return sum(ratios) / len(ratios) if ratios else None
+    return SpeedupSpread(tuple(ratios)) if ratios else None
+
+
+def speedup(method: Sequence[Measurement], baseline: Sequence[Measurement]) -> float | None:
+    """Median over prompts of tokens/s(method) / tokens/s(baseline) (prompts matched by id)."""
+    spread = prompt_speedups(method, baseline)
+    return spread.median if spread is not None else None
+
+
+def disturbed(ms: Sequence[Measurement]) -> dict[str, float]:
+    """``{prompt id: ratio}``: this method's runs whose seconds per token are far above its other prompts'."""
+    return disturbed_runs({m.prompt_id: m.wall / m.new_tokens for m in ms if m.new_tokens > 0})
 
 
 def step_overhead(method: Sequence[Measurement], baseline: Sequence[Measurement]) -> float | None:
@@ -174,6 +191,8 @@ def summarize_method(
         "tokens_per_s": _tokens_per_s(ms),
         "median_tokens_per_s": statistics.median(m.tokens_per_s for m in ms) if ms else None,
         "speedup": speedup(ms, base) if base else None,
+        "speedup_spread": _spread_dict(prompt_speedups(ms, base)) if base else None,
+        "disturbed": disturbed(ms),
         "step_overhead": step_overhead(ms, base) if base else None,
         "lossless_rate": lossless_rate(ms, base, greedy) if base else None,
         **_divergence_fields(ms, base, greedy),
@@ -200,6 +219,10 @@ def summarize_method(
             "tokens_per_s": _tokens_per_s(cms),
         }
     return out
+
+
+def _spread_dict(spread: SpeedupSpread | None) -> dict | None:
+    return spread.as_dict() if spread is not None else None
 
 
 def _divergence_fields(ms, base, greedy: bool) -> dict:
@@ -279,6 +302,19 @@ def markdown_table(methods: dict[str, dict]) -> str:
             f"{_fmt(lossless, '.0f', '%')} | {_first_divergence_cell(s)} |"
         )
     return "\n".join(lines)
+
+
+def speedup_lines(methods: dict[str, dict], repeats: int = 1) -> str:
+    """Each method's median speedup with its per-prompt spread, and a line naming disturbed runs, if any."""
+    lines = ["speedup: median over prompts of tokens/s against plain on the same prompt (the verdict), per-prompt range"]
+    for name, s in methods.items():
+        spread = s.get("speedup_spread")
+        if spread and name != BASELINE:
+            wide = "; the spread is wide: measure again with more --repeats" if spread["wide"] and repeats < 3 else ""
+            lines.append(f"  {name}: {spread['median']:.2f}x (median of {len(spread['per_prompt'])} prompts; per prompt "
+                         f"{spread['min']:.2f}-{spread['max']:.2f}x, middle half {spread['q1']:.2f}-{spread['q3']:.2f}x){wide}")  # fmt: skip
+    line = disturbed_line({name: s["disturbed"] for name, s in methods.items() if s.get("disturbed")})
+    return "\n".join(lines + ([line] if line else []))
 
 
 FLOOR_LABELS = {

@@ -60,7 +60,7 @@ def run(args) -> int:
     from ..bench.harness import BenchOptions, drafter_method_name, run_benchmark
     from ..bench.prompts import describe_prompts, first_per_category, load_prompts, spread_over_categories
     from ..bench.reference import resolve_model
-    from ..bench.report import category_table, floor_lines, markdown_table, plot_results, write_json
+    from ..bench.report import category_table, floor_lines, markdown_table, plot_results, speedup_lines, write_json
     from ..hub import resolve_name_or_path
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -107,6 +107,7 @@ def run(args) -> int:
     print(f"{result['setting']['dtype']}; identical to plain: share of prompts whose greedy output equals plain "
           "generate()'s in the same dtype; first divergence: index of the first differing new token")  # fmt: skip
     print(markdown_table(result["methods"]))
+    print(speedup_lines(result["methods"], args.repeats))
     if "numerics_floor" in result:
         print()
         print(floor_lines(result["numerics_floor"]))
