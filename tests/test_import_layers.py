@@ -27,13 +27,16 @@ LAYERS = [
     ("hf_speculative.tree_forward", 0),  # the verification forward, with a drafter's pruning hook inside it
     ("hf_speculative.cache", 0),
     ("hf_speculative.hub", 0),  # resolve a folder or Hub name (used by every from_pretrained)
-    ("hf_speculative.paths", 0),  # the cache root and model key
+    ("hf_speculative.paths", 0),  # the cache root, model key and machine description
+    ("hf_speculative.kernels", 0),  # the engine's linear-layer kernels (a C kernel built per CPU, oneDNN prepacked)
+    ("hf_speculative.step_pricing", 0),  # online step pricing: draft only while tree steps pay
     ("hf_speculative.plotting", 0),  # save_figure: the bench, perf-model and downstream plots
     ("hf_speculative.perf_model", 1),  # the cost model (package: cost_curve, roofline, shapes): the engine's step, no training
     ("hf_speculative.model_card", 1),  # every model card: huggingface_hub.ModelCard, the shared sections, a template per drafter
     ("hf_speculative.drafters.base", 1),  # the drafter interface the engine calls
     ("hf_speculative.drafters.draft_lm", 1),
     ("hf_speculative.drafters.prompt_lookup", 1),
+    ("hf_speculative.drafters.cost_aware", 1),  # a drafter's tree sized on the target's cost curve
     ("hf_speculative.drafters.magicdec", 1),
     ("hf_speculative.drafters.placement", 1),  # the one dtype/device rule, applied where a drafter meets its target  # the target over a sparse cache: no model of its own, like draft_lm
     ("hf_speculative.drafters.__init__", 1),

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ..trees import DraftTree, TreeSpec
+from ..trees import DraftTree, TreeSpec, budget_tree  # noqa: F401  (budget_tree: also importable from here)
 from ..rows import TargetRows
 from .base import DraftingOptions, TreeDrafter, batched
 from .cost_aware import target_cost_curve
@@ -33,12 +33,6 @@ __all__ = ["HybridDrafter", "merge_drafts", "budget_tree"]
 
 #: acceptance prior per sibling rank for a part with no history (the same at every depth)
 PART_PRIOR = [0.4, 0.15, 0.08, 0.05, 0.04, 0.03, 0.02, 0.02] + [0.01] * 56
-
-
-def budget_tree(num_nodes: int, depth: int) -> TreeSpec:
-    """A tree that only carries a budget (``num_nodes`` nodes, ``depth`` levels): a chain plus first-level siblings."""
-    depth = max(1, min(depth, num_nodes))
-    return TreeSpec.from_choices([[0] * d for d in range(1, depth + 1)] + [[i] for i in range(1, num_nodes - depth + 1)])
 
 
 def merge_drafts(drafts: list[DraftTree], values: list[list[float]]) -> tuple[list[int], list[int], list[float], list[int]]:

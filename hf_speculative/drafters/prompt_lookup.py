@@ -128,7 +128,7 @@ class PromptLookupDrafter(TreeDrafter):
         if not self._cost_aware_budget:
             return
         from .cost_aware import target_cost_curve
-        from .hybrid import budget_tree
+        from ..trees import budget_tree
 
         curve = target_cost_curve(target)
         nodes = max([n for n in range(4, self.MAX_NODES + 1) if curve(n + 1) <= self.NODE_COST_LIMIT], default=4)

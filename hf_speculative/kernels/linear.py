@@ -266,8 +266,7 @@ def kernel_table_path(model) -> Path:
     dtype and the model."""
     import hashlib
 
-    from ..paths import cache_root, model_key
-    from ..perf_model.cost_curve import machine_description
+    from ..paths import cache_root, machine_description, model_key
 
     param = next(model.parameters())
     with torch.no_grad():

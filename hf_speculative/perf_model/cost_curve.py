@@ -25,7 +25,6 @@ import contextlib
 import hashlib
 import json
 import os
-import platform
 import time
 import weakref
 from dataclasses import asdict, dataclass, field
@@ -35,6 +34,7 @@ from typing import Sequence
 import torch
 
 from .._compat import cache_arg
+from ..paths import machine_description
 
 DEFAULT_NODES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 DEFAULT_PROJECTION_ROWS = (1, 2, 3, 4, 6, 8)
@@ -147,23 +147,6 @@ class CostCurve:
 
 
 # ----------------------------------------------------------------------------- measuring
-
-
-def machine_description(device: torch.device | str = "cpu") -> str:
-    """What a cost curve depends on besides the model: the CUDA device's name, or the CPU model, platform
-    and torch's intra-op thread count."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return f"cuda:{torch.cuda.get_device_name(device)}"
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{device.type}:{platform.system()}-{platform.machine()}:{cpu}:threads={torch.get_num_threads()}"
 
 
 def _sync(device: torch.device) -> None:

@@ -39,7 +39,8 @@ from ...rows import TargetRows
 from ...trees import DraftTree, TreeSpec
 from ..base import DraftingOptions, TreeDrafter
 from ..cost_aware import target_cost_curve
-from ..hybrid import _best_nodes, budget_tree, merge_drafts
+from ...trees import budget_tree
+from ..hybrid import _best_nodes, merge_drafts
 from .configuration_suffix import SuffixConfig
 from .speculation_tree import expand_speculation_tree
 from .suffix_index import SuffixIndex, match_in_sequence
