@@ -50,11 +50,11 @@ class StepPricer:
     max_backoff: int = 128
     recheck: int = 48
     margin: float = 0.02
-    tree_steps: deque = field(default_factory=deque)  # (seconds, tokens) of the recent tree steps
-    plain_seconds: deque = field(default_factory=deque)  # seconds per token of the recent one-token steps
-    _plan: deque = field(default_factory=deque)  # the steps decided ahead: True = draft
-    _since_plain: int = 0
-    _losses: int = 0
+    tree_steps: deque = field(init=False)  # (seconds, tokens per row) of the last `window` tree steps
+    plain_seconds: deque = field(init=False)  # seconds of the recent one-token steps
+    _plan: deque = field(init=False, default_factory=deque)  # the steps decided ahead: True = draft
+    _since_plain: int = field(init=False, default=0)
+    _losses: int = field(init=False, default=0)
 
     def __post_init__(self):
         self.tree_steps = deque(maxlen=self.window)

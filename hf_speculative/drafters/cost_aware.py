@@ -58,15 +58,11 @@ def target_cost_curve(target, curve=None):
         "no measured cost curve for this model: trees are sized with a default one; measure this machine's once with "
         "`hf-speculative calibrate --model M` or `hf_speculative.perf_model.get_cost_curve(model)`"
     )
-    bf16 = next(target.parameters()).dtype == torch.bfloat16 and _native_bf16()
+    from ..kernels import native_bf16
+
+    bf16 = next(target.parameters()).dtype == torch.bfloat16 and native_bf16()
     points = DEFAULT_COST_CURVE_POINTS_BF16 if bf16 else DEFAULT_COST_CURVE_POINTS
     return CostCurve(nodes=tuple(points), ratios=tuple(points.values()), meta={"source": "default"})
-
-
-def _native_bf16() -> bool:
-    from ..kernels.linear import _native_bf16 as native
-
-    return native()
 
 
 def cost_aware_enabled(config) -> bool:

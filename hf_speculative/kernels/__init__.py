@@ -16,6 +16,7 @@ from .linear import (
     kernel_table_path,
     kernels_setting,
     measure_kernel_table,
+    native_bf16,
     prepare_kernels,
     set_kernel_table,
 )
@@ -23,5 +24,5 @@ from .linear import (
 __all__ = [
     "KERNELS_ENV", "ROW_BUCKETS", "KernelTable", "LinearKernel", "available_kernels", "default_kernel_table",
     "engine_kernels", "fast_linear", "head_projector", "kernel_for_rows", "kernel_table", "kernel_table_path",
-    "kernels_setting", "measure_kernel_table", "prepare_kernels", "set_kernel_table",
+    "kernels_setting", "measure_kernel_table", "native_bf16", "prepare_kernels", "set_kernel_table",
 ]  # fmt: skip

@@ -38,8 +38,8 @@ import torch.nn.functional as F
 
 __all__ = [
     "KERNELS_ENV", "ROW_BUCKETS", "KernelTable", "LinearKernel", "available_kernels", "default_kernel_table",
-    "engine_kernels", "fast_linear", "head_projector", "kernel_for_rows", "kernel_table", "prepare_kernels", "kernel_table_path", "measure_kernel_table", "set_kernel_table",
-    "kernels_setting",
+    "engine_kernels", "fast_linear", "head_projector", "kernel_for_rows", "kernel_table", "kernel_table_path",
+    "kernels_setting", "measure_kernel_table", "native_bf16", "prepare_kernels", "set_kernel_table",
 ]  # fmt: skip
 
 KERNELS_ENV = "HF_SPECULATIVE_KERNELS"
@@ -168,7 +168,7 @@ class KernelTable:
 
 
 @functools.lru_cache(maxsize=None)
-def _native_bf16() -> bool:
+def native_bf16() -> bool:
     """True when the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX)."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
@@ -183,7 +183,7 @@ def default_kernel_table(dtype: torch.dtype, kernels: dict[str, LinearKernel]) -
     CPU has native bf16 products; torch's otherwise."""
     if dtype == torch.float32 and "packed" in kernels:
         kernel = "packed"
-    elif dtype == torch.bfloat16 and "onednn" in kernels and _native_bf16():
+    elif dtype == torch.bfloat16 and "onednn" in kernels and native_bf16():
         kernel = "onednn"
     else:
         kernel = "torch"
@@ -312,20 +312,7 @@ def fast_linear(module: torch.nn.Linear, x: torch.Tensor, kernel: LinearKernel) 
     return _bound(module, kernel)(x)
 
 
-def _kernel_named(model, name: str) -> LinearKernel | None:
-    if name == "torch":
-        return None
-    dtype = next(model.parameters()).dtype
-    return available_kernels_cached(dtype).get(name)
-
-
-_AVAILABLE: dict = {}
-
-
-def available_kernels_cached(dtype: torch.dtype) -> dict[str, LinearKernel]:
-    if dtype not in _AVAILABLE:
-        _AVAILABLE[dtype] = available_kernels(dtype)
-    return _AVAILABLE[dtype]
+_AVAILABLE: dict = {}  # dtype -> available_kernels(dtype), for the engine's per-step lookups
 
 
 def prepare_kernels(model) -> None:
@@ -346,14 +333,20 @@ def kernel_for_rows(model, rows: int) -> LinearKernel | None:
     """The kernel the engine runs a forward of ``rows`` rows with (None: torch's own)."""
     if torch.is_grad_enabled() or kernels_setting(model) == "torch":
         return None
-    return _kernel_named(model, kernel_table(model).kernel_for(rows))
+    name = kernel_table(model).kernel_for(rows)
+    if name == "torch":
+        return None
+    dtype = next(model.parameters()).dtype
+    if dtype not in _AVAILABLE:
+        _AVAILABLE[dtype] = available_kernels(dtype)
+    return _AVAILABLE[dtype].get(name)
 
 
 @contextlib.contextmanager
 def engine_kernels(model, rows: int):
     """For one forward of the engine over ``rows`` rows: the model's linear layers run the table's kernel."""
     kernel = kernel_for_rows(model, rows)
-    linears = [m for m in _cached_linears(model) if kernel is not None and kernel.supports(m.weight)] if kernel else []
+    linears = [m for m in _cached_linears(model) if kernel.supports(m.weight)] if kernel is not None else []
     for module in linears:
         module.forward = _bound(module, kernel)  # an instance attribute: removed again below
     try:
