@@ -4,10 +4,10 @@
     hfs.enable(model)
     out = model.generate(input_ids, assistant_model=drafter, max_new_tokens=128)
 
-``import hf_speculative`` registers the drafters with transformers' Auto classes, so that
-``AutoModel.from_pretrained(folder)`` finds them: their configs, and stand-ins that import a drafter's modeling
-module when it is first loaded (`auto`). The public names below are imported on first use, so the import loads no
-drafter. The ``hf-speculative`` command registers after parsing its arguments instead, as ``--help`` must not
+``import hf_speculative`` registers the drafters (each in its own package, `registry`) with transformers' Auto
+classes, so that ``AutoModel.from_pretrained(folder)`` finds them: their configs, and stand-ins that import a
+drafter's modeling module when it is first loaded (`auto`). The public names (the engine's below, each drafter's
+from its registration) are imported on first use, so the import loads no drafter. The ``hf-speculative`` command registers after parsing its arguments instead, as ``--help`` must not
 import torch.
 """
 
@@ -19,57 +19,52 @@ import sys
 
 __version__ = "0.1.0"
 
-#: public name -> the submodule that defines it
-_PUBLIC = {
-    "enable": "generation",
-    "is_enabled": "generation",
-    "SpeculativeGenerationMixin": "generation",
-    "TreeSpec": "trees",
-    "DraftTree": "trees",
-    "DynamicTree": "trees",
-    "TreeDrafter": "drafters",
-    "DraftingOptions": "drafters",
-    "CausalLMDrafter": "drafters",
-    "layer_cut_draft": "drafters",
-    "PromptLookupDrafter": "drafters",
-    "MagicDecDrafter": "drafters",
-    "TokenRecyclingDrafter": "drafters.token_recycling",
-    "SuffixConfig": "drafters.suffix",
-    "SuffixDrafter": "drafters.suffix",
-    "HybridDrafter": "drafters.hybrid",
-    "MedusaConfig": "drafters.medusa",
-    "MedusaHeadsModel": "drafters.medusa",
-    "SpeculativeStreamingConfig": "drafters.streaming",
-    "LlamaForSpeculativeStreaming": "drafters.streaming",
-    "ParallelDrafterConfig": "drafters.parallel",
-    "ParallelDrafter": "drafters.parallel",
-    "EagleConfig": "drafters.eagle",
-    "EagleDrafter": "drafters.eagle",
-    "SpireConfig": "drafters.spire",
-    "SpireDrafter": "drafters.spire",
-    "SpeculativeStats": "decoding",
-    "SpeculativeGenerateOutput": "decoding",
-    "AcceptanceResult": "acceptance",
-    "accept_greedy": "acceptance",
-    "accept_sampling": "acceptance",
-    "accept_typical": "acceptance",
+#: the engine's public names -> the submodule that defines them; each drafter's come from its registration
+_ENGINE = {
+    "enable": "engine.generation",
+    "is_enabled": "engine.generation",
+    "SpeculativeGenerationMixin": "engine.generation",
+    "TreeSpec": "engine.trees",
+    "DraftTree": "engine.trees",
+    "DynamicTree": "engine.trees",
+    "DraftingOptions": "engine.trees",
+    "TreeDrafter": "engine.protocol",
+    "OneRowDrafter": "engine.protocol",
+    "SpeculativeStats": "engine.decoding",
+    "SpeculativeGenerateOutput": "engine.decoding",
+    "AcceptanceResult": "engine.acceptance",
+    "accept_greedy": "engine.acceptance",
+    "accept_sampling": "engine.acceptance",
+    "accept_typical": "engine.acceptance",
 }
 
-__all__ = [*_PUBLIC, "register_auto_classes"]
-
+from . import drafters as _drafters  # noqa: E402  (registers every drafter; imports none)
 from .auto import register_auto_classes  # noqa: E402
+from .registry import drafter_entries, register_drafter  # noqa: E402
+
+
+def _public() -> dict[str, str]:
+    """Every public name -> the full name of the module that defines it."""
+    names = {name: f"{__name__}.{module}" for name, module in _ENGINE.items()}
+    for entry in drafter_entries():
+        names.update({name: entry.qualified(module) for name, module in entry.public.items()})
+    return names
+
+
+__all__ = [*_ENGINE, *(name for entry in drafter_entries() for name in entry.public), "register_auto_classes", "register_drafter"]
 
 
 def __getattr__(name: str):
-    if name in _PUBLIC:
-        value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+    public = _public()
+    if name in public:
+        value = getattr(importlib.import_module(public[name]), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_PUBLIC))
+    return sorted(set(globals()) | set(_public()))
 
 
 def _invoked_as_cli() -> bool:

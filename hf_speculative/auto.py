@@ -7,37 +7,20 @@ gets a stand-in per model class (`lazy_model_class`) that imports the modeling m
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .registry import drafter_entries, load_object
 
-__all__ = ["DRAFTER_CLASSES", "lazy_model_class", "register_auto_classes"]
-
-#: (configuration module, config class, modeling module, model class) of every drafter ``AutoModel`` loads
-DRAFTER_CLASSES = (
-    ("drafters.medusa.configuration_medusa", "MedusaConfig", "drafters.medusa.modeling_medusa", "MedusaHeadsModel"),
-    ("drafters.streaming.configuration_speculative_streaming", "SpeculativeStreamingConfig",
-     "drafters.streaming.modeling_speculative_streaming", "LlamaForSpeculativeStreaming"),
-    ("drafters.parallel.configuration_parallel_drafter", "ParallelDrafterConfig",
-     "drafters.parallel.modeling_parallel_drafter", "ParallelDrafter"),
-    ("drafters.eagle.configuration_eagle", "EagleConfig", "drafters.eagle.modeling_eagle", "EagleDrafter"),
-    ("drafters.spire.configuration_spire", "SpireConfig", "drafters.spire.modeling_spire", "SpireDrafter"),
-    ("drafters.suffix.configuration_suffix", "SuffixConfig", "drafters.suffix.modeling_suffix", "SuffixDrafter"),
-    ("drafters.configuration_token_recycling", "TokenRecyclingConfig", "drafters.token_recycling", "TokenRecyclingDrafter"),
-)  # fmt: skip
+__all__ = ["lazy_model_class", "register_auto_classes"]
 
 
-def _import(module: str, name: str) -> Any:
-    return getattr(importlib.import_module(f".{module}", __package__), name)
-
-
-def lazy_model_class(config_class: type, module: str, name: str) -> type:
-    """A stand-in for the model class ``name`` of ``module`` in ``AutoModel``'s registry: its ``from_pretrained`` and
-    ``from_config`` import the real class, register it in the stand-in's place and hand over."""
+def lazy_model_class(config_class: type, dotted: str) -> type:
+    """A stand-in for the model class ``dotted`` (``package.module.Name``) in ``AutoModel``'s registry: its
+    ``from_pretrained`` and ``from_config`` import the real class, register it in the stand-in's place and hand over."""
+    module, _, name = dotted.rpartition(".")
 
     def load() -> type:
         from transformers import AutoModel
 
-        real = _import(module, name)
+        real = load_object(dotted)
         AutoModel.register(config_class, real, exist_ok=True)
         return real
 
@@ -49,7 +32,7 @@ def lazy_model_class(config_class: type, module: str, name: str) -> type:
 
     namespace = {
         "__doc__": f"Stand-in for `{name}` until its module is imported.",
-        "__module__": f"{__package__}.{module}",
+        "__module__": module,
         "config_class": config_class,
         "from_pretrained": classmethod(from_pretrained),
         "_from_config": classmethod(from_config),
@@ -59,15 +42,20 @@ def lazy_model_class(config_class: type, module: str, name: str) -> type:
 
 
 def register_auto_classes() -> None:
-    """Register every drafter's config and model with ``AutoConfig`` / ``AutoModel`` through their own ``register``
-    calls (idempotent; a model class already imported is registered as itself). Nothing of transformers is replaced."""
+    """Register every registered drafter's config and model (`hf_speculative.registry`) with ``AutoConfig`` /
+    ``AutoModel`` through their own ``register`` calls (idempotent; a model class already imported is registered as
+    itself). Nothing of transformers is replaced."""
     import sys
 
     from transformers import AutoConfig, AutoModel
 
-    for config_module, config_name, model_module, model_name in DRAFTER_CLASSES:
-        config = _import(config_module, config_name)
+    for entry in drafter_entries():
+        if entry.config is None or entry.model is None:
+            continue
+        config = entry.load(entry.config)
         AutoConfig.register(config.model_type, config, exist_ok=True)
-        loaded = sys.modules.get(f"{__package__}.{model_module}")
-        model = getattr(loaded, model_name) if loaded is not None else lazy_model_class(config, model_module, model_name)
+        dotted = entry.qualified(entry.model)
+        module, _, name = dotted.rpartition(".")
+        loaded = sys.modules.get(module)
+        model = getattr(loaded, name) if loaded is not None else lazy_model_class(config, dotted)
         AutoModel.register(config, model, exist_ok=True)

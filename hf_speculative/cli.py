@@ -1,7 +1,7 @@
 """The ``hf-speculative`` command: only the argument parsers are wired here.
 
 Each command lives in its own module of `hf_speculative.commands`, which has ``add_parser(subparsers)`` and
-``run(args)``; adding a command is one line below. Parsing imports no torch or transformers, so ``--help``
+``run(args)``; adding a command is one line below (a drafter's ``train`` commands come from its registration). Parsing imports no torch or transformers, so ``--help``
 answers at once; a command imports what it needs when it runs.
 
     hf-speculative distill  --model reference --prompts FILE --out data.jsonl     # self-distillation
@@ -40,15 +40,12 @@ COMMANDS = [
     "downstream",
 ]
 
-#: ``train <method>`` commands: modules of hf_speculative.commands
-TRAIN_COMMANDS = [
-    "train_medusa",
-    "train_parallel",
-    "train_streaming",
-    "train_streaming_pruning",
-    "train_eagle",
-    "train_spire",
-]
+def train_commands() -> list[str]:
+    """The ``train <method>`` commands: modules with ``add_parser`` / ``run``, as each drafter registers them
+    (`hf_speculative.registry`)."""
+    from hf_speculative.registry import drafter_entries
+
+    return [command for entry in drafter_entries() for command in entry.train_commands]
 
 
 def _command(name: str):
@@ -65,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         _command(name).add_parser(sub)
     train = sub.add_parser("train", help="train a drafter")
     methods = train.add_subparsers(dest="method", required=True)
-    for name in TRAIN_COMMANDS:
-        _command(name).add_parser(methods)
+    for name in train_commands():
+        importlib.import_module(name).add_parser(methods)
     return parser
 
 

@@ -1,10 +1,12 @@
 """Model cards (README.md) as `huggingface_hub.ModelCard`: the Hub metadata in `ModelCardData`, the sections every
 drafter's card shares (usage, tree, training, results, limitations) rendered here, and a few lines of template per
-drafter family (card_templates.yaml, loaded as `CARDS`), filled from the drafter's config and the ``training``, ``calibration`` and ``results``
+drafter family (the ``card.yaml`` of its folder, registered in `hf_speculative.registry`), filled from the drafter's config and the ``training``, ``calibration`` and ``results``
 records that the CLI and the benchmark write into it."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import os
 import re
@@ -17,13 +19,15 @@ from typing import Callable
 import yaml
 from huggingface_hub import ModelCard, ModelCardData
 
-from .trees import TreeSpec
+from .engine.trees import TreeSpec
+from .registry import drafter_entries
 
 __all__ = [
     "REFERENCE_BASE_MODEL",
-    "CARDS",
+    "cards",
     "DrafterCard",
     "card_kind",
+    "training_record",
     "drafter_card",
     "public_data_source",
     "render_card",
@@ -147,75 +151,34 @@ class DrafterCard:
     no_results: str = "Not measured yet."
 
 
-def _training(drafter) -> dict:
+def training_record(drafter) -> dict:
+    """The training record a drafter's config carries ({} when none)."""
     return getattr(drafter.config, "training", None) or {}
 
 
-def _medusa_projection(drafter, backbone: str = "base model", stored: str = "not stored here") -> str:
-    shared = f"the {backbone}'s own frozen `lm_head` (shared, {stored})"
-    return shared if drafter.config.share_lm_head else "its own vocabulary projection W2"
+@functools.cache
+def _families() -> dict[str, tuple[DrafterCard, Callable[[object], dict]]]:
+    """Every registered drafter family's card: ``kind -> (card, facts)``, from the ``card`` (YAML, one entry per kind)
+    and ``card_facts`` (``kind -> facts(drafter)``) its package registers (`hf_speculative.registry`)."""
+    families = {}
+    for entry in drafter_entries():
+        if entry.card is None:
+            continue
+        folder = Path(importlib.import_module(entry.package).__file__).parent
+        facts = entry.load(entry.card_facts) if entry.card_facts else {}
+        for kind, card in yaml.safe_load((folder / entry.card).read_text()).items():
+            families[kind] = (DrafterCard(**card), facts.get(kind, lambda drafter: {}))
+    return families
 
 
-def _medusa_facts(heads) -> dict:
-    kd = "KD" in str(_training(heads).get("method"))
-    loss = "`sum_k 0.8^k KL(p_target(. | x_<=t+k+1) || head_k(h_t))` (the target's stored top-k)" if kd else "`sum_k 0.8^k CE(head_k(h_t), x_(t+k+2))`"
-    return {"projection": _medusa_projection(heads), "loss": loss}
-
-
-def _medusa2_facts(heads) -> dict:
-    t = _training(heads)
-    lm = {"kl": "`KL(p_original || p)` (self-distillation against the adapter-disabled model, Medusa 2.3.2)",
-          "ce": "next-token cross entropy", "ce+kl": "cross entropy + `KL(p_original || p)`"}  # fmt: skip
-    init = f"`{t['init_heads']}` (Medusa-1 stage)" if t.get("init_heads") else "zero-init W1 (no Medusa-1 stage)"
-    return {"projection": _medusa_projection(heads, "backbone", "not stored"), "lm": lm.get(t.get("lm_loss"), t.get("lm_loss")), "init": init}
-
-
-def _parallel_facts(drafter) -> dict:
-    fused = "Each context token is fused with the target's final hidden state at the previous position (`W [e(x_i); h_(i-1)]`, ParallelSpec Sec. 4.3)."
-    return {"k_plus_1": drafter.config.num_mask_tokens + 1, "conditioning": fused if drafter.config.use_target_hidden_states else "It reads tokens only."}
-
-
-def _streaming_facts(ss) -> dict:
-    params = ss.num_stream_parameters()
-    base = _training(ss).get("base_parameters") or (sum(p.numel() for p in ss.base.parameters()) if ss.base is not None else None)
-    return {"params": f"{params:,}", "share": f"{100 * params / base:.3f}%" if base else "?", "base_params": f"{base:,}" if base else "?"}
-
-
-def _eagle_facts(drafter) -> dict:
-    cfg = drafter.config
-    if not cfg.is_eagle3:
-        arch = "`fc` over [token embedding ; the target's final feature] (2H -> H), one decoder layer, the target's `lm_head`."
-        return {"name": "EAGLE", "paper": "Li et al. 2024, EAGLE, arXiv:2401.15077", "arch": arch, "tree": repr(cfg.tree)}
-    arch = (
-        f"`fc` fuses three target layers {cfg.feature_layers()} (3H -> H); one decoder layer attends over [normed embedding ; "
-        f"normed feature] (2H); its own `lm_head` over a {cfg.draft_vocab_size or cfg.vocab_size}-token draft vocabulary "
-        "(`d2t`: target id = draft id + d2t[draft id])."
-    )
-    return {"name": "EAGLE-3", "paper": "Li et al. 2025, EAGLE-3, arXiv:2503.01840", "arch": arch, "tree": repr(cfg.tree)}
-
-
-def _spire_facts(drafter) -> dict:
-    cfg = drafter.config
-    vocab = f"; drafting projects onto a {cfg.draft_vocab_size}-token draft vocabulary (FR-Spec)" if cfg.draft_vocab_size else ""
-    return {"vocab": vocab, "nodes": cfg.tree.num_nodes}
-
-
-#: the card of each drafter family, by `card_kind`
-CARDS = {kind: DrafterCard(**card) for kind, card in yaml.safe_load((Path(__file__).parent / "card_templates.yaml").read_text()).items()}
-
-#: what each family's card says beyond its config entries, computed from the drafter
-_FACTS: dict[str, Callable[[object], dict]] = {
-    "medusa_heads": _medusa_facts,
-    "medusa2": _medusa2_facts,
-    "parallel_drafter": _parallel_facts,
-    "speculative_streaming": _streaming_facts,
-    "eagle_drafter": _eagle_facts,
-    "spire_drafter": _spire_facts,
-}
+def cards() -> dict[str, DrafterCard]:
+    """The card of each drafter family, by `card_kind`."""
+    return {kind: card for kind, (card, _) in _families().items()}
 
 
 def card_kind(config: dict) -> str:
-    """Which of `CARDS` a drafter's config (as a dict) gets: Medusa heads trained as Medusa-2 get ``"medusa2"``."""
+    """Which of `cards` a drafter's config (as a dict) gets: its ``model_type``; Medusa heads trained as Medusa-2 get
+    ``"medusa2"``."""
     method = str((config.get("training") or {}).get("method", ""))
     return "medusa2" if config["model_type"] == "medusa_heads" and method.startswith("medusa-2") else config["model_type"]
 
@@ -223,7 +186,7 @@ def card_kind(config: dict) -> str:
 def usage_snippet(kind: str, base_model: str, location: str | os.PathLike | None) -> str:
     """The python block of a ``kind`` card's Usage section; ``location``: the folder or Hub id it loads the drafter
     from (``None``: a placeholder)."""
-    card = CARDS[kind]
+    card = cards()[kind]
     where = "<this folder or its Hub repo id>" if location is None else os.fspath(location)
     return usage_code(base_model, [card.loader.format(location=where)], **card.usage)
 
@@ -270,13 +233,13 @@ def drafter_card(drafter, results: dict | str | None = None, location: str | os.
     folder or Hub id its Usage snippet loads the drafter from."""
     config = drafter.config.to_dict()
     kind = card_kind(config)
-    card = CARDS[kind]
+    card = cards()[kind]
     base_model = config.get("base_model_name_or_path")
     params = sum(p.numel() for p in drafter.parameters())
     size = sum(t.numel() * t.element_size() for t in chain(drafter.parameters(), drafter.buffers()))
     fields = _Fields({
         **config, "t": config.get("training") or {}, "base_model": base_model or "<base model>", "params": f"{params:,}",
-        "size": f"{size / 2**20:.1f} MiB in {str(drafter.dtype).replace('torch.', '')}", **_FACTS[kind](drafter),
+        "size": f"{size / 2**20:.1f} MiB in {str(drafter.dtype).replace('torch.', '')}", **_families()[kind][1](drafter),
     })  # fmt: skip
     usage = usage_snippet(kind, fields["base_model"], location)
     sections = {"Usage": usage + (f"\n\n{card.usage_note.format_map(fields)}" if card.usage_note else "")}

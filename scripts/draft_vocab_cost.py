@@ -22,7 +22,8 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative.bench import load_reference_model
-from hf_speculative.drafters.base import DraftingOptions, vocab_logits
+from hf_speculative.engine.trees import DraftingOptions
+from hf_speculative.engine.logits import vocab_logits
 from hf_speculative.drafters.draft_vocab import draft_vocab_logits, frequent_tokens
 
 

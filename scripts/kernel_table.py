@@ -13,7 +13,7 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative.bench import load_reference_model
-from hf_speculative.kernels import measure_kernel_table
+from hf_speculative.engine.kernels import measure_kernel_table
 from hf_speculative.perf_model import machine_description
 
 

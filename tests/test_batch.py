@@ -10,7 +10,7 @@ from transformers import DynamicCache, StaticCache, StoppingCriteria, StoppingCr
 
 import hf_speculative as hfs
 from hf_speculative._compat import cache_arg
-from hf_speculative.drafters.base import TreeDrafter
+from hf_speculative.engine.protocol import TreeDrafter
 
 from conftest import noisy_copy, tiny_model
 
@@ -132,7 +132,7 @@ def test_batched_greedy_equals_plain_batched_generate(arch, name):
 def test_mask_buffer_keeps_rows_before_its_first_step():
     """Rows that leave the batch at the prefill leave the (not yet sized) mask buffer nothing to select; the first
     tree step sizes it to the rows that remain."""
-    from hf_speculative.trees import BatchTreeMaskBuffer
+    from hf_speculative.engine.trees import BatchTreeMaskBuffer
 
     buffer = BatchTreeMaskBuffer(torch.float32, "cpu")
     buffer.select(torch.tensor([0, 2]))
@@ -210,12 +210,11 @@ def test_batch_of_one_with_padding_and_identical_rows():
 
 
 def test_a_one_row_drafter_works_batched_through_the_engine_loop():
-    """A drafter that implements only the one-row methods says so (``drafts_one_row``) and the engine loops over the
-    rows; without the flag the engine asks for the batched methods, in words."""
+    """A drafter that implements only the one-row methods subclasses `OneRowDrafter` and the engine's adapter runs
+    them per row; a `TreeDrafter` with only those methods is told, in words, what to implement."""
 
-    class LastTokenDrafter(TreeDrafter):
+    class LastTokenDrafter(hfs.OneRowDrafter):
         default_tree = hfs.TreeSpec.chain(2)
-        drafts_one_row = True
 
         def begin(self, prompt_ids, target_outputs):
             self.seen = [prompt_ids.shape[1]]
@@ -231,9 +230,12 @@ def test_a_one_row_drafter_works_batched_through_the_engine_loop():
     plain = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=PAD)
     assert torch.equal(model.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=12,
                                       do_sample=False, pad_token_id=PAD), plain)  # fmt: skip
-    LastTokenDrafter.drafts_one_row = False
-    with pytest.raises(NotImplementedError, match="drafts_one_row = True"):
-        model.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4, do_sample=False, pad_token_id=PAD)
+    class NotBatched(TreeDrafter):
+        default_tree = hfs.TreeSpec.chain(2)
+        propose = LastTokenDrafter.propose
+
+    with pytest.raises(NotImplementedError, match="subclass OneRowDrafter"):
+        model.generate(ids, attention_mask=mask, assistant_model=NotBatched(), max_new_tokens=4, do_sample=False, pad_token_id=PAD)
 
 
 def test_output_scores_batched():

@@ -5,14 +5,7 @@ import json
 import pytest
 
 import hf_speculative as hfs
-from hf_speculative.bench.harness import (
-    METHODS,
-    BenchMethod,
-    BenchOptions,
-    parse_tree,
-    register_method,
-    run_benchmark,
-)
+from hf_speculative.bench.harness import METHODS, BenchMethod, BenchOptions, parse_tree, register_method, run_benchmark
 from hf_speculative.bench.report import markdown_table
 from hf_speculative.training.data import Record
 

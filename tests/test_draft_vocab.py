@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModel
 
 import hf_speculative as hfs
-from hf_speculative.drafters.base import DraftingOptions
+from hf_speculative.engine.trees import DraftingOptions
 from hf_speculative.drafters.draft_vocab import draft_vocab_logits, draft_vocab_weight, frequent_tokens
 
 from conftest import random_tree, tiny_model

@@ -1,5 +1,5 @@
 """A drafter meets a target of another dtype: it moves to the target's dtype and device when it is attached
-(`hf_speculative.drafters.placement.match_target`), with one warning line; the target never changes. Every drafter
+(`hf_speculative.engine.placement.match_target`), with one warning line; the target never changes. Every drafter
 class x drafter dtype {float32, bfloat16} x target dtype {float32, bfloat16} runs, and with a float32 target the
 greedy tokens equal plain `generate()` whatever dtype the drafter came in."""
 
@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModel
 
 import hf_speculative as hfs
-from hf_speculative.drafters.placement import match_target
+from hf_speculative.engine.placement import match_target
 
 from conftest import noisy_copy, tiny_model
 

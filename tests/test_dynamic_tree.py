@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hf_speculative as hfs
-from hf_speculative.acceptance import accept_sampling
+from hf_speculative.engine.acceptance import accept_sampling
 
 from conftest import tiny_model
 

@@ -20,35 +20,27 @@ ROOT = "hf_speculative"
 #: layer of a module (by longest matching prefix): a module may import only modules of its own layer or below
 LAYERS = [
     ("hf_speculative._compat", 0),  # what differs between the supported transformers releases
-    ("hf_speculative.trees", 0),
-    ("hf_speculative.acceptance", 0),
-    ("hf_speculative.rows", 0),  # the engine's batch-1 row views of the target's outputs, for drafters
-    ("hf_speculative.logits", 0),  # the target's logits per tree node (lazy LM head), vocab_logits
-    ("hf_speculative.tree_forward", 0),  # the verification forward, with a drafter's pruning hook inside it
-    ("hf_speculative.cache", 0),
+    ("hf_speculative.registry", 0),  # the drafter registry: each drafter registers itself in its own package
+    ("hf_speculative.engine", 0),  # the engine: decoding loop, trees, acceptance, verification forward, kernels, protocol
     ("hf_speculative.hub", 0),  # resolve a folder or Hub name (used by every from_pretrained)
     ("hf_speculative.paths", 0),  # the cache root, model key and machine description
-    ("hf_speculative.kernels", 0),  # the engine's linear-layer kernels (a C kernel built per CPU, oneDNN prepacked)
-    ("hf_speculative.step_pricing", 0),  # online step pricing: draft only while tree steps pay
     ("hf_speculative.plotting", 0),  # save_figure: the bench, perf-model and downstream plots
     ("hf_speculative.perf_model", 1),  # the cost model (package: cost_curve, roofline, shapes): the engine's step, no training
-    ("hf_speculative.model_card", 1),  # every model card: huggingface_hub.ModelCard, the shared sections, a template per drafter
-    ("hf_speculative.drafters.base", 1),  # the drafter interface the engine calls
+    ("hf_speculative.model_card", 1),  # every model card: huggingface_hub.ModelCard, the shared sections, each family's card.yaml
+    ("hf_speculative.drafters.base", 1),  # what drafters share to read their target
+    ("hf_speculative.drafters.sparse_cache", 1),  # StreamingLLM's sparse cache (SPIRe, MagicDec)
+    ("hf_speculative.drafters.chain", 1),  # chains drafted one token per forward (SPIRe, MagicDec)
     ("hf_speculative.drafters.draft_lm", 1),
     ("hf_speculative.drafters.prompt_lookup", 1),
     ("hf_speculative.drafters.cost_aware", 1),  # a drafter's tree sized on the target's cost curve
-    ("hf_speculative.drafters.magicdec", 1),
-    ("hf_speculative.drafters.placement", 1),  # the one dtype/device rule, applied where a drafter meets its target  # the target over a sparse cache: no model of its own, like draft_lm
-    ("hf_speculative.drafters.__init__", 1),
-    ("hf_speculative.drafters.resolve", 1),  # the TreeDrafter for what generate() was given
-    ("hf_speculative.decoding", 1),
-    ("hf_speculative.generation", 1),
+    ("hf_speculative.drafters.magicdec", 1),  # the target over a sparse cache: no model of its own, like draft_lm
+    ("hf_speculative.drafters.__init__", 1),  # registers every drafter (imports each folder's registration only)
+    ("hf_speculative.drafters.lazy", 1),  # the drafter packages' lazy imports
     ("hf_speculative.drafters", 2),  # the method drafters (medusa, parallel, streaming, ...)
     ("hf_speculative.drafters.modeling_drafter", 2),  # the method drafters' PreTrainedModel base (target plumbing)
     ("hf_speculative.drafters.configuration_drafter", 2),  # the config fields the method drafters share
-    ("hf_speculative.drafters.lazy", 1),  # the drafter packages' lazy imports
     ("hf_speculative.training", 2),
-    ("hf_speculative.auto", 2),  # the drafters' configs and lazy model stand-ins in transformers' Auto classes
+    ("hf_speculative.auto", 2),  # the registered drafters' configs and lazy model stand-ins in transformers' Auto classes
     ("hf_speculative.bench", 3),
     ("hf_speculative.downstream", 3),  # task fine-tuning arms: training + bench metrics and reference
     ("hf_speculative.commands", 4),
@@ -160,7 +152,8 @@ def _without_root(graph):
 
 def test_resolver_sees_relative_and_nested_imports():
     graph = import_graph()
-    assert "hf_speculative.drafters.base" in graph["hf_speculative.decoding"]  # from .drafters.base import ...
+    assert "hf_speculative.engine.protocol" in graph["hf_speculative.engine.decoding"]  # from .protocol import ...
+    assert "hf_speculative.engine.protocol" in graph["hf_speculative.drafters.chain"]  # from ..engine.protocol import ...
     assert "hf_speculative.bench.harness" in graph["hf_speculative.commands.bench"]  # inside run()
     assert "hf_speculative.commands.common" in graph["hf_speculative.commands.train_medusa"]
     assert "hf_speculative.commands.bench" not in import_graph(top_level_only=True)["hf_speculative.cli"]
@@ -256,9 +249,10 @@ def test_import_loads_no_drafter():
     loaded = ast.literal_eval(_fresh_python(
         "import sys, hf_speculative; print(sorted(m for m in sys.modules if m.startswith('hf_speculative')))"
     ).strip())  # fmt: skip
-    light = {"hf_speculative", "hf_speculative.auto", "hf_speculative.hub", "hf_speculative.trees", "hf_speculative.drafters",
+    light = {"hf_speculative", "hf_speculative.auto", "hf_speculative.hub", "hf_speculative.registry", "hf_speculative.engine",
+             "hf_speculative.engine.trees", "hf_speculative.drafters",
              "hf_speculative.drafters.lazy", "hf_speculative.drafters.configuration_drafter"}  # fmt: skip
-    drafter_packages = {f"hf_speculative.drafters.{d}" for d in ("medusa", "streaming", "parallel", "eagle", "spire", "suffix")}
+    drafter_packages = {f"hf_speculative.drafters.{d}" for d in ("medusa", "streaming", "parallel", "eagle", "spire", "suffix", "token_recycling")}
     heavy = [m for m in loaded if m not in light | drafter_packages and ".configuration_" not in m]
     assert heavy == []
     assert drafter_packages <= set(loaded)  # their configs are registered

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 import hf_speculative as hfs
-from hf_speculative import kernels
-from hf_speculative.kernels.build import build_small_gemm
-from hf_speculative.kernels.linear import PackedKernel
+from hf_speculative.engine import kernels
+from hf_speculative.engine.kernels.build import build_small_gemm
+from hf_speculative.engine.kernels.linear import PackedKernel
 
 from conftest import FP32_LAYERS, tiny_model
 from test_batch import left_padded
@@ -58,7 +58,7 @@ def test_prepared_weight_follows_in_place_changes(packed_available):
 def test_onednn_bfloat16_close_to_linear():
     kernel = kernels.available_kernels(torch.bfloat16).get("onednn")
     if kernel is None:
-        pytest.skip("torch was built without oneDNN")
+        pytest.skip("oneDNN cannot run bfloat16 on this CPU (or torch was built without it)")
     module = torch.nn.Linear(64, 96).to(torch.bfloat16)
     x = torch.randn(9, 64, dtype=torch.bfloat16)
     with torch.no_grad():

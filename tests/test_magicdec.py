@@ -13,8 +13,9 @@ from transformers import DynamicCache
 
 import hf_speculative as hfs
 from hf_speculative._compat import cache_arg, get_cache
-from hf_speculative.drafters.base import DraftingOptions, streaming_slots
-from hf_speculative.rows import TargetRows, cache_columns
+from hf_speculative.engine.trees import DraftingOptions
+from hf_speculative.drafters.sparse_cache import streaming_slots
+from hf_speculative.engine.rows import TargetRows, cache_columns
 from hf_speculative.drafters.magicdec import rerotate_keys
 from hf_speculative.drafters.spire import chain_with_alternatives
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from transformers import AutoConfig, AutoModel
 
 import hf_speculative as hfs
-from hf_speculative.acceptance import AcceptanceSettings
+from hf_speculative.engine.acceptance import AcceptanceSettings
 from hf_speculative.drafters.medusa import MedusaDrafter
 from hf_speculative.drafters.medusa.modeling_medusa import final_hidden_state
 from hf_speculative.drafters.medusa.training_medusa import medusa_head_losses, medusa_labels, medusa_loss
@@ -311,7 +311,7 @@ def test_save_load_round_trip_and_auto_model(tmp_path, share_lm_head):
 
 
 def test_typical_acceptance_only_when_enabled_in_the_config(monkeypatch):
-    import hf_speculative.acceptance as acceptance
+    import hf_speculative.engine.acceptance as acceptance
 
     model = hfs.enable(tiny_model(seed=6))
     calls = []

@@ -24,7 +24,7 @@ from hf_speculative.drafters.parallel.training_parallel_drafter import (
     train_parallel_drafter,
 )
 from hf_speculative.training.trainer import HiddenStates
-from hf_speculative.trees import additive_mask
+from hf_speculative.engine.trees import additive_mask
 
 from conftest import FP32_LAYERS, random_tree, tiny_model
 from test_sampling import ALPHA, NEW, VOCAB, chi_square_pvalue, _exact_generate, _sample_counts

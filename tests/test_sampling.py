@@ -17,8 +17,8 @@ from scipy.stats import chisquare
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import hf_speculative as hfs
-from hf_speculative.drafters.base import DraftingOptions, fill_children
-from hf_speculative.acceptance import accept_sampling
+from hf_speculative.engine.trees import DraftingOptions, fill_children
+from hf_speculative.engine.acceptance import accept_sampling
 
 from conftest import tiny_model
 
@@ -229,7 +229,7 @@ def test_reference_distribution_matches_plain_sampling(sampling_models):
 
 
 def test_typical_acceptance_only_when_asked(sampling_models, monkeypatch):
-    import hf_speculative.acceptance as acceptance
+    import hf_speculative.engine.acceptance as acceptance
 
     target, draft = sampling_models
     calls = []

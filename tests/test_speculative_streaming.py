@@ -188,7 +188,7 @@ def test_tree_mask_rows_are_used_for_the_streams():
         cache = DynamicCache(config=base.config)
         ss(prefix[:, :-1], cache=cache, use_cache=True)
         tokens[0] = prefix[0, -1]
-        from hf_speculative.trees import tree_attention_mask
+        from hf_speculative.engine.trees import tree_attention_mask
 
         mask = tree_attention_mask(spec.ancestors, 5, torch.float32, "cpu")
         pos = (5 + spec.depths)[None]
@@ -548,7 +548,7 @@ def test_shared_tree_forward_matches_path_forwards():
     spec = hfs.TreeSpec.cartesian([2, 2])
     tokens = torch.randint(0, 96, (spec.num_nodes + 1,), generator=torch.Generator().manual_seed(6))
     tokens[0] = prefix[0, -1]
-    from hf_speculative.trees import tree_attention_mask
+    from hf_speculative.engine.trees import tree_attention_mask
 
     with torch.no_grad():
         cache = DynamicCache(config=base.config)

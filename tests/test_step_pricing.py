@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import hf_speculative as hfs
-from hf_speculative.drafters.base import TreeDrafter
-from hf_speculative.step_pricing import StepPricer
-from hf_speculative.trees import DraftTree, TreeSpec
+from hf_speculative.engine.protocol import OneRowDrafter
+from hf_speculative.engine.step_pricing import StepPricer
+from hf_speculative.engine.trees import DraftTree, TreeSpec
 
 from conftest import tiny_model
 from test_batch import DRAFTERS, PAD, left_padded
@@ -44,10 +44,8 @@ def test_pricer_never_drafts_on_when_nothing_is_accepted_however_cheap():
     assert sum(plan) <= 6 * 4 and not any(plan[-18:])  # windows after back-offs of 8, 16 and 32 steps; then 64
 
 
-class WrongTokens(TreeDrafter):
+class WrongTokens(OneRowDrafter):
     """Proposes a chain whose every token differs from what the model will say (known from its plain output)."""
-
-    drafts_one_row = True
 
     def __init__(self, reference: torch.Tensor, vocab: int, depth: int = 4):
         self.reference, self.vocab, self.depth, self.proposals = reference, vocab, depth, 0

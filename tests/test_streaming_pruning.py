@@ -13,8 +13,8 @@ from hf_speculative.drafters.streaming import LlamaForSpeculativeStreaming
 from hf_speculative.drafters.streaming.pruning import prune_tree, transition_probabilities
 from hf_speculative.drafters.streaming.training_pruning import early_exit_accuracy, train_pruning_head
 from hf_speculative.drafters.streaming.training_speculative_streaming import IGNORE_INDEX
-from hf_speculative.trees import DraftTree, tree_attention_mask
-from hf_speculative.tree_forward import verification_forward
+from hf_speculative.engine.trees import DraftTree, tree_attention_mask
+from hf_speculative.engine.tree_forward import verification_forward
 from hf_speculative.training.trainer import HiddenStates
 
 from conftest import FP32_LAYERS, tiny_chat_model, tiny_model

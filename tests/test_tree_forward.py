@@ -8,8 +8,8 @@ from transformers import DynamicCache
 
 import hf_speculative as hfs
 from hf_speculative._compat import cache_arg
-from hf_speculative.cache import keep_path
-from hf_speculative.trees import tree_attention_mask
+from hf_speculative.engine.cache import keep_path
+from hf_speculative.engine.trees import tree_attention_mask
 
 from conftest import FP32_LAYERS, random_tree, tiny_model
 
@@ -71,7 +71,7 @@ def test_cache_after_compaction_equals_rerun(arch):
 
 def test_lazy_logits_only_when_logits_are_the_plain_lm_head():
     """Models whose logits are not lm_head(h) (logit scaling, soft-capping) fall back to full logits, exactly."""
-    from hf_speculative.logits import NodeLogits
+    from hf_speculative.engine.logits import NodeLogits
     from transformers import LlamaForCausalLM
 
     class ScaledLogits(LlamaForCausalLM):  # stands for Cohere's logit_scale / Gemma's soft-capping

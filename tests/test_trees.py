@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import hf_speculative as hfs
-from hf_speculative.trees import additive_mask, tree_attention_mask
+from hf_speculative.engine.trees import additive_mask, tree_attention_mask
 
 
 def test_from_choices_orders_breadth_first_and_derives_structure():
@@ -91,7 +91,7 @@ def test_draft_tree_path_and_dynamic_structure():
 def test_tree_mask_buffer_equals_fresh_masks_every_step():
     """The engine's reused mask buffer gives exactly `tree_attention_mask` at every step: growing past lengths,
     changing tree shapes (more than the block cache holds), hidden padding columns."""
-    from hf_speculative.trees import MAX_BLOCKS, BatchTreeMaskBuffer, TreeSpec, batch_tree_block
+    from hf_speculative.engine.trees import MAX_BLOCKS, BatchTreeMaskBuffer, TreeSpec, batch_tree_block
 
     pad = torch.tensor([False, False, True, True, True])
     buffer = BatchTreeMaskBuffer(torch.float32, "cpu")

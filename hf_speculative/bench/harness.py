@@ -257,7 +257,7 @@ class _EngineMethod(BenchMethod):
         hfs.enable(self.model)
 
     def _tree_settings(self):
-        from ..trees import DynamicTree
+        from ..engine.trees import DynamicTree
 
         if self.tree is None:
             return {"tree": None, "tree_nodes": None}
@@ -276,7 +276,7 @@ class _EngineMethod(BenchMethod):
         """The tree a call over ``batch_size`` rows verifies (for the report)."""
         if self.call_tree is not None or isinstance(self, (_LayerCutEngineMethod, TreePromptLookupMethod)):
             return self.call_tree or self.tree
-        from hf_speculative.drafters.resolve import resolve_drafter
+        from hf_speculative.engine.resolve import resolve_drafter
 
         drafter = resolve_drafter(self.model, self.draft)
         drafter.attach_target(self.model)
@@ -306,7 +306,7 @@ class TreeLayerCutMethod(_LayerCutEngineMethod):
     def _layer_cut_tree(self):
         tree = parse_tree(self.options.tree)
         if tree is None:  # the drafter's own default tree, recorded for the JSON
-            from hf_speculative.drafters.resolve import resolve_drafter
+            from hf_speculative.engine.resolve import resolve_drafter
 
             tree = resolve_drafter(self.model, self.draft).default_tree
         return tree
@@ -455,7 +455,7 @@ class DrafterMethod(_EngineMethod):
         self.draft = load_drafter(self.path, self.model)
         self.call_tree = self.tree = parse_tree(self.options.tree)
         if self.tree is None:  # the drafter's own tree, recorded for the JSON
-            from hf_speculative.drafters.resolve import resolve_drafter
+            from hf_speculative.engine.resolve import resolve_drafter
 
             self.tree = getattr(resolve_drafter(self.model, self.draft), "default_tree", None)
 

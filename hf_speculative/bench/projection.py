@@ -50,7 +50,7 @@ class StepTiming:
 
 def _tree_mask(tree, n_tokens: int, prefix_len: int, dtype, device):
     """The engine's tree mask; without a tree, a causal block (the ancestor matrix of a chain)."""
-    from ..trees import tree_attention_mask
+    from ..engine.trees import tree_attention_mask
 
     ancestors = tree.ancestors if tree is not None else torch.ones(n_tokens, n_tokens, dtype=torch.bool).tril()
     return tree_attention_mask(ancestors, prefix_len, dtype, device)

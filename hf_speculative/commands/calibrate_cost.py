@@ -1,5 +1,5 @@
 """``hf-speculative calibrate``: measure what a tree step costs on this machine and cache it: the kernel table (which
-kernel runs the target's linear layers at each row count, `hf_speculative.kernels`) and then, with those kernels, the
+kernel runs the target's linear layers at each row count, `hf_speculative.engine.kernels`) and then, with those kernels, the
 cost curve c(n) of the verification forward as the engine runs it.
 
     hf-speculative calibrate --model reference [--dtype bfloat16] [--threads 2]
@@ -27,8 +27,8 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     setup_torch(args)
     from ..bench.reference import resolve_model
-    from ..generation import enable
-    from ..kernels import kernel_table_path, measure_kernel_table, set_kernel_table
+    from ..engine.generation import enable
+    from ..engine.kernels import kernel_table_path, measure_kernel_table, set_kernel_table
     from ..perf_model import cost_curve_path, get_cost_curve, measure_cost_curve
 
     model, _ = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)

@@ -15,7 +15,22 @@ import sys
 import time
 from pathlib import Path
 
-from .common import add_data_arg, add_labelled_args, add_model_args, add_train_args, batch_report, draft_vocab_source, labelled_training_states, command_line, finish_folder, load_model_and_records, main_process_first, record_reference_base, setup_torch, split_records
+from .common import (
+    add_data_arg,
+    add_labelled_args,
+    add_model_args,
+    add_train_args,
+    batch_report,
+    draft_vocab_source,
+    labelled_training_states,
+    command_line,
+    finish_folder,
+    load_model_and_records,
+    main_process_first,
+    record_reference_base,
+    setup_torch,
+    split_records,
+)
 
 
 def add_parser(subparsers) -> None:
@@ -56,7 +71,7 @@ def add_segment_training_args(p, lr: float, batch_size: int, max_train_tokens: b
 
 def run(args) -> int:
     setup_torch(args)
-    from ..trees import TreeSpec, expected_acceptance_length
+    from ..engine.trees import TreeSpec, expected_acceptance_length
     from ..model_card import write_drafter_card
     from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
     from ..drafters.streaming.training_speculative_streaming import (

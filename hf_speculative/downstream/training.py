@@ -226,7 +226,7 @@ def train_streaming(model, tokenizer, train: list[Record], calib: list[Record], 
     """(c) shared-mode Speculative Streaming; saves config + streams + ``lora/`` (``ss.save_pretrained``)."""
     from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
     from ..drafters.streaming.training_speculative_streaming import stream_accuracies, tokenize_records
-    from ..trees import TreeSpec, expected_acceptance_length
+    from ..engine.trees import TreeSpec, expected_acceptance_length
 
     out = Path(out)
     ss = LlamaForSpeculativeStreaming.from_base_model(
@@ -311,7 +311,13 @@ def _train_pruning(ss, tokenizer, train: list[Record], calib: list[Record], out:
 def train_medusa2(model, tokenizer, train: list[Record], calib: list[Record], out: str | Path, cfg: DownstreamTrainingConfig, base_model: str) -> dict:
     """(b) Medusa-2: the LoRA and the heads trained jointly; saves heads + ``adapter/`` (`save_medusa2`)."""
     from ..drafters.medusa.modeling_medusa import MedusaHeadsModel
-    from ..drafters.medusa.training_medusa2 import Medusa2Dataset, Medusa2Model, add_lora, save_medusa2, train_medusa2 as fit
+    from ..drafters.medusa.training_medusa2 import (
+        Medusa2Dataset,
+        Medusa2Model,
+        add_lora,
+        save_medusa2,
+        train_medusa2 as fit,
+    )
     from ..drafters.medusa.tree_calibration import calibrate_tree
     from ..training.trainer import extract_hidden_states
 

@@ -1,17 +1,35 @@
-"""Drafters: one folder per method, all meeting the engine through `TreeDrafter`. Every name is imported on first
-use, so that importing a drafter's configuration loads no drafter."""
+"""Drafters: one folder per method, all meeting the engine through `hf_speculative.engine.protocol.TreeDrafter`.
+
+Importing this package registers every drafter (`hf_speculative.registry`): the single-module drafters below, and
+each folder's own (its ``__init__`` registers it), found by importing the subpackages. Nothing else is imported:
+every name loads on first use."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
+from ..registry import register_drafter
 from .lazy import lazy_getattr
 
-__all__ = ["DraftingOptions", "TreeDrafter", "fill_children", "CausalLMDrafter", "layer_cut_draft", "PromptLookupDrafter", "MagicDecDrafter", "resolve_drafter", "match_target"]
-
-__getattr__ = lazy_getattr(__name__, {
-    "base": ("DraftingOptions", "TreeDrafter", "fill_children"),
+PUBLIC = {
     "draft_lm": ("CausalLMDrafter", "layer_cut_draft"),
     "magicdec": ("MagicDecDrafter",),
-    "placement": ("match_target",),
     "prompt_lookup": ("PromptLookupDrafter",),
-    "resolve": ("resolve_drafter",),
-})  # fmt: skip
+    "hybrid": ("HybridDrafter",),
+}
+
+__all__ = [name for names in PUBLIC.values() for name in names]
+__getattr__ = lazy_getattr(__name__, PUBLIC)
+
+register_drafter(
+    "causal-lm", __name__, public={"CausalLMDrafter": "draft_lm", "layer_cut_draft": "draft_lm"},
+    assistant="draft_lm.causal_lm_assistant",
+)  # fmt: skip
+register_drafter("prompt-lookup", __name__, public={"PromptLookupDrafter": "prompt_lookup"})
+register_drafter("magicdec", __name__, public={"MagicDecDrafter": "magicdec"})
+register_drafter("hybrid", __name__, public={"HybridDrafter": "hybrid"})
+
+for _package in pkgutil.iter_modules(__path__):
+    if _package.ispkg:
+        importlib.import_module(f".{_package.name}", __name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from ..trees import TreeSpec
+from ..engine.trees import TreeSpec
 
 __all__ = ["DrafterConfigMixin", "TreeDrafterConfig"]
 

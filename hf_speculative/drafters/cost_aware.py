@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 from transformers.utils import logging
 
-from ..trees import TreeSpec
+from ..engine.trees import TreeSpec
 
 __all__ = ["COST_AWARE_ENV", "DEFAULT_COST_CURVE_POINTS", "DEFAULT_COST_CURVE_POINTS_BF16", "cost_aware_enabled", "cost_aware_tree", "target_cost_curve"]
 
@@ -58,7 +58,7 @@ def target_cost_curve(target, curve=None):
         "no measured cost curve for this model: trees are sized with a default one; measure this machine's once with "
         "`hf-speculative calibrate --model M` or `hf_speculative.perf_model.get_cost_curve(model)`"
     )
-    from ..kernels import native_bf16
+    from ..engine.kernels import native_bf16
 
     bf16 = next(target.parameters()).dtype == torch.bfloat16 and native_bf16()
     points = DEFAULT_COST_CURVE_POINTS_BF16 if bf16 else DEFAULT_COST_CURVE_POINTS

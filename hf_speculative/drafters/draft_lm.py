@@ -17,22 +17,22 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from .._compat import cache_arg
-from ..cache import attention_window
-from ..trees import DraftTree, TreeSpec, additive_mask
-from .base import DraftingOptions, TreeDrafter, fill_children, require_mask_attention
-from .placement import match_target
+from ..engine.cache import attention_window
+from ..engine.trees import DraftTree, TreeSpec, additive_mask, DraftingOptions, fill_children
+from ..engine.protocol import OneRowDrafter
+from .base import require_mask_attention
+from ..engine.placement import match_target
 
-__all__ = ["CausalLMDrafter", "layer_cut_draft", "windowed_mask"]
+__all__ = ["CausalLMDrafter", "causal_lm_assistant", "layer_cut_draft", "windowed_mask"]
 
 DEFAULT_LM_TREE = TreeSpec.from_choices(
     [[0], [1], [2], [3], [0, 0], [0, 1], [1, 0], [2, 0], [0, 0, 0], [0, 0, 1], [0, 1, 0], [1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 0, 0]]
 )
 
 
-class CausalLMDrafter(TreeDrafter):
+class CausalLMDrafter(OneRowDrafter):
     """Drafts a tree with a causal LM that shares the target's vocabulary."""
 
-    drafts_one_row = True
 
     def __init__(self, model: PreTrainedModel, tree: TreeSpec | None = None, draft_sampling: str = "without_replacement"):
         """``draft_sampling``: how siblings are drawn when sampling ("without_replacement", "with_replacement"
@@ -49,7 +49,7 @@ class CausalLMDrafter(TreeDrafter):
         return self.model.get_output_embeddings().weight.shape[0]
 
     def attach_target(self, target) -> None:
-        """The draft model moves to the target's dtype and device (`hf_speculative.drafters.placement.match_target`)."""
+        """The draft model moves to the target's dtype and device (`hf_speculative.engine.placement.match_target`)."""
         match_target(self.model, target)
 
     def begin(self, prompt_ids, target_outputs) -> None:
@@ -196,3 +196,11 @@ def _with_layer_idx(layer: torch.nn.Module, idx: int) -> torch.nn.Module:
     layer.self_attn = copy.copy(attn)
     layer.self_attn.layer_idx = idx
     return layer
+
+
+def causal_lm_assistant(target, assistant_model) -> CausalLMDrafter | None:
+    """The registry's assistant adapter: any causal LM (a model with output embeddings) drafts as a
+    `CausalLMDrafter`; None for anything else."""
+    if isinstance(assistant_model, PreTrainedModel) and hasattr(assistant_model, "get_output_embeddings"):
+        return CausalLMDrafter(assistant_model)
+    return None

@@ -17,7 +17,7 @@ from typing import Iterable
 
 import torch
 
-from ..logits import vocab_logits
+from ..engine.logits import vocab_logits
 
 __all__ = ["frequent_tokens", "draft_vocab_weight", "draft_vocab_logits", "DraftVocabMixin"]
 

@@ -11,7 +11,7 @@ __all__ = ["DrafterHubMixin"]
 
 
 class DrafterHubMixin:
-    """Mixed into a drafter's `PreTrainedModel` (before it); its card template is in `hf_speculative.model_card.CARDS`."""
+    """Mixed into a drafter's `PreTrainedModel` (before it); its card template is its folder's ``card.yaml`` (`hf_speculative.model_card.cards`)."""
 
     def model_card(self) -> str:
         """The README.md of this drafter (markdown with a YAML header)."""

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from ..trees import DraftTree, TreeSpec, budget_tree  # noqa: F401  (budget_tree: also importable from here)
-from ..rows import TargetRows
-from .base import DraftingOptions, TreeDrafter, batched
+from ..engine.trees import DraftTree, TreeSpec, budget_tree, DraftingOptions
+from ..engine.rows import TargetRows
+from ..engine.protocol import TreeDrafter
 from .cost_aware import target_cost_curve
 from .online_accuracy import OnlineAccuracy
 
@@ -106,10 +106,10 @@ class HybridDrafter(TreeDrafter):
 
     # ------------------------------------------------------------------ set-up
     def attach_target(self, target) -> None:
-        from .resolve import resolve_drafter
+        from ..engine.resolve import resolve_drafter
 
         if id(target) not in self._resolved:  # a model part makes its per-target drafter once
-            self._resolved = {id(target): [batched(resolve_drafter(target, part)) for part in self.parts]}
+            self._resolved = {id(target): [resolve_drafter(target, part) for part in self.parts]}
         self.drafters = self._resolved[id(target)]
         for drafter in self.drafters:
             drafter.attach_target(target)

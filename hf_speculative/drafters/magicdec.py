@@ -33,10 +33,12 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.models.llama.modeling_llama import rotate_half
 
 from .._compat import cache_arg, get_cache
-from ..cache import attention_window
-from ..trees import DraftTree, TreeSpec
-from ..rows import cache_columns
-from .base import ChainDrafting, ChainTreeFiller, DraftingOptions, TreeDrafter, output_embeddings, require_mask_attention, sparse_visibility, streaming_slots
+from ..engine.cache import attention_window
+from ..engine.trees import DraftTree, TreeSpec, DraftingOptions
+from ..engine.rows import cache_columns
+from .chain import ChainDrafting, ChainTreeFiller
+from .base import output_embeddings, require_mask_attention
+from .sparse_cache import sparse_visibility, streaming_slots
 from .draft_lm import windowed_mask
 
 __all__ = ["MagicDecDrafter", "rerotate_keys"]
@@ -81,7 +83,7 @@ def _rotary_frequencies(model: PreTrainedModel) -> torch.Tensor:
     return inv_freq
 
 
-class MagicDecDrafter(ChainDrafting, TreeDrafter):
+class MagicDecDrafter(ChainDrafting):
     """Self-speculation by ``model`` with a StreamingLLM sparse KV cache (see the module docstring).
 
     Use as ``model.generate(input_ids, assistant_model=MagicDecDrafter(model), ...)``; ``model`` must be the target

@@ -11,12 +11,13 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
 from ..hub import resolve_name_or_path
-from ..trees import TreeSpec
-from .base import TreeDrafter, input_embeddings, output_embeddings
+from ..engine.trees import TreeSpec
+from ..engine.protocol import OneRowDrafter
+from .base import input_embeddings, output_embeddings
 from .configuration_drafter import TreeDrafterConfig
 from .cost_aware import cost_aware_tree
 from .hub import DrafterHubMixin
-from .placement import match_target, target_placement
+from ..engine.placement import match_target, target_placement
 
 __all__ = ["DrafterModel", "DepthTreeDrafter", "text_config", "decoder_layer_fields"]
 
@@ -103,7 +104,7 @@ class DrafterModel(DrafterHubMixin, PreTrainedModel):
     # ------------------------------------------------------------------ the target
     def attach_base_model(self, model: PreTrainedModel) -> None:
         """Check the target's shapes and share its (frozen) `shared_modules`. Moves the drafter to the target's dtype
-        and device (`hf_speculative.drafters.placement.match_target`)."""
+        and device (`hf_speculative.engine.placement.match_target`)."""
         shared = {name: _SHARED_MODULES[name](model, type(self).__name__) for name in self.shared_modules}
         self._check_base_model(model)
         self.__dict__.update(shared)
@@ -148,13 +149,12 @@ class DrafterModel(DrafterHubMixin, PreTrainedModel):
         raise NotImplementedError
 
 
-class DepthTreeDrafter(TreeDrafter):
+class DepthTreeDrafter(OneRowDrafter):
     """The per-call tree drafter of a model with a `TreeDrafterConfig` (Medusa heads, ParallelSpec): one distribution
     per depth fills the static tree. The default tree is the config's, or with a calibration (its ``accuracy_key``)
     the cost-aware one (`hf_speculative.drafters.cost_aware`); the vocabulary is the config's (its acceptance settings
-    are the call's default, `hf_speculative.acceptance.AcceptanceSettings.resolve`). A subclass sets what its `draft_cost` reads before it calls ``__init__``."""
+    are the call's default, `hf_speculative.engine.acceptance.AcceptanceSettings.resolve`). A subclass sets what its `draft_cost` reads before it calls ``__init__``."""
 
-    drafts_one_row = True
 
     #: the calibration's per-depth top-i accuracies
     accuracy_key = "depth_top_i_accuracy"

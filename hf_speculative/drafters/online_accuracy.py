@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..trees import DraftTree
+from ..engine.trees import DraftTree
 
 __all__ = ["OnlineAccuracy", "sibling_ranks"]
 

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..trees import DraftTree, TreeSpec
-from .base import DraftingOptions, TreeDrafter
+from ..engine.trees import DraftTree, TreeSpec, DraftingOptions
+from ..engine.protocol import OneRowDrafter
 
 __all__ = ["PromptLookupDrafter", "ngram_continuations", "build_trie"]
 
@@ -81,7 +81,7 @@ def build_trie(root_token: int, continuations: list[list[int]], num_nodes: int) 
     return tokens, parents
 
 
-class PromptLookupDrafter(TreeDrafter):
+class PromptLookupDrafter(OneRowDrafter):
     """A model-free tree drafter from n-gram matches in the context (see the module docstring).
 
     Use it like any drafter::
@@ -103,7 +103,6 @@ class PromptLookupDrafter(TreeDrafter):
     MAX_NODES = 40
     NODE_COST_LIMIT = 1.3
 
-    drafts_one_row = True
 
     def __init__(
         self,
@@ -128,7 +127,7 @@ class PromptLookupDrafter(TreeDrafter):
         if not self._cost_aware_budget:
             return
         from .cost_aware import target_cost_curve
-        from ..trees import budget_tree
+        from ..engine.trees import budget_tree
 
         curve = target_cost_curve(target)
         nodes = max([n for n in range(4, self.MAX_NODES + 1) if curve(n + 1) <= self.NODE_COST_LIMIT], default=4)

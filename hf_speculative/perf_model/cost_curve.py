@@ -8,7 +8,7 @@ CPU the cost grows much sooner. The *cost curve*
 
 measured once per machine, dtype and model, turns a tree's expected acceptance length tau into a speed:
 a step commits tau tokens for ``c(N + 1) + drafting`` plain steps. This is the "Delta t" of SPIRe and the
-hardware-aware tree size of Sequoia; `hf_speculative.trees.TreeSpec.optimize` uses it to choose the
+hardware-aware tree size of Sequoia; `hf_speculative.engine.trees.TreeSpec.optimize` uses it to choose the
 tree (`cost=`). The forward computes the LM head on all n rows, as the tree engine does.
 
 Drafters that project a few rows onto the vocabulary per step (Medusa heads, ParallelSpec positions,
@@ -172,13 +172,13 @@ def measure_cost_curve(
     ``logits_to_keep=None`` (default) times a tree step as the engine runs it: the forward computes no logits
     and the LM head runs on the rows the acceptance walk reads first (`logits.PREFETCH_ROWS`, one product);
     an int times the forward with transformers' ``logits_to_keep`` instead (0: the head on every row). The engine's
-    forwards run the linear layers through the kernel its table chooses for their row count (`hf_speculative.kernels`),
+    forwards run the linear layers through the kernel its table chooses for their row count (`hf_speculative.engine.kernels`),
     and so do these (with ``logits_to_keep=None``): the curve prices the verification forward the engine runs."""
     from transformers import DynamicCache
 
-    from ..kernels import engine_kernels, head_projector
-    from ..logits import PREFETCH_ROWS, vocab_logits
-    from ..trees import additive_mask
+    from ..engine.kernels import engine_kernels, head_projector
+    from ..engine.logits import PREFETCH_ROWS, vocab_logits
+    from ..engine.trees import additive_mask
 
     nodes = sorted({1, *(int(n) for n in nodes)})
     device = next(model.parameters()).device
@@ -256,8 +256,8 @@ CURVE_VERSION = "engine-step-3"  # 3: timed with the engine's kernels
 
 def cost_curve_path(model, prefix: int = 128) -> Path:
     """``$HF_SPECULATIVE_CACHE/cost_curves/<key>.json``, the key naming the machine, dtype, model and whether the
-    engine's kernels are on (`hf_speculative.kernels.kernels_setting`)."""
-    from ..kernels import kernels_setting
+    engine's kernels are on (`hf_speculative.engine.kernels.kernels_setting`)."""
+    from ..engine.kernels import kernels_setting
     from ..paths import cache_root, model_key
 
     param = next(model.parameters())

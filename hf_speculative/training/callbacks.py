@@ -53,7 +53,7 @@ class LearningCurveCallback(TrainerCallback):
         raise NotImplementedError
 
     def _record(self, step: int, seconds: float | None = None) -> None:
-        from ..trees import TreeSpec, expected_acceptance_length
+        from ..engine.trees import TreeSpec, expected_acceptance_length
 
         was_training = self.model.training
         self.model.eval()

@@ -1,15 +1,23 @@
-"""EAGLE-1/2/3 drafters (Li et al. 2024, 2024, 2025): configuration; model and tree drafter (``modeling_*``) and training
-(``training_eagle``) are imported on first use."""
+"""EAGLE-1/2/3 drafters (Li et al. 2024, 2024, 2025): configuration (``configuration_eagle``), model and tree drafter
+(``modeling_eagle``) and training (``training_eagle``), all imported on first use. Importing the package registers
+the drafter (`hf_speculative.registry`)."""
 
+from ...registry import register_drafter
 from ..lazy import lazy_getattr
-from .configuration_eagle import EagleConfig, eagle3_feature_layers
 
-__all__ = [
-    "EagleConfig", "EagleDrafter", "EagleOutput", "EagleTreeDrafter", "eagle3_feature_layers", "load_public_checkpoint",
-    "EagleDataset", "EagleCollator", "EagleTrainer", "eagle_loss", "train_eagle",
-]  # fmt: skip
-
-__getattr__ = lazy_getattr(__name__, {
-    "modeling_eagle": ("EagleDrafter", "EagleOutput", "EagleTreeDrafter", "load_public_checkpoint",),
+PUBLIC = {
+    "configuration_eagle": ("EagleConfig", "eagle3_feature_layers"),
+    "modeling_eagle": ("EagleDrafter", "EagleOutput", "EagleTreeDrafter", "load_public_checkpoint"),
     "training_eagle": ("EagleDataset", "EagleCollator", "EagleTrainer", "eagle_loss", "train_eagle"),
-})
+}
+
+__all__ = [name for names in PUBLIC.values() for name in names]
+__getattr__ = lazy_getattr(__name__, PUBLIC)
+
+register_drafter(
+    "eagle", __name__,
+    config="configuration_eagle.EagleConfig", model="modeling_eagle.EagleDrafter",
+    public={"EagleConfig": "configuration_eagle", "EagleDrafter": "modeling_eagle"},
+    train_commands=("hf_speculative.commands.train_eagle",),
+    card="card.yaml", card_facts="card.CARD_FACTS",
+)  # fmt: skip

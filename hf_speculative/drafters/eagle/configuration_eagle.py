@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from transformers import LlamaConfig
 
-from ...trees import DynamicTree, TreeSpec
+from ...engine.trees import DynamicTree, TreeSpec
 from ..configuration_drafter import DrafterConfigMixin
 
 __all__ = ["EagleConfig", "eagle3_feature_layers", "VARIANTS"]

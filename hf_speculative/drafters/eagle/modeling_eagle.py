@@ -12,7 +12,7 @@ outputs to draft several tokens, and keeps its own KV cache of the committed pos
 
 Deeper drafts feed the drafter's own output g back in place of the target feature (EAGLE-1 through ``fc``,
 EAGLE-3 straight into the midlayer). EAGLE-2 (Sec. 4) builds the tree per step from the drafter's confidence
-(`hf_speculative.trees.DynamicTree.grow`).
+(`hf_speculative.engine.trees.DynamicTree.grow`).
 
 The drafter shares the target's embedding table (and, EAGLE-1/2, its ``lm_head``); neither is stored. The module
 names are the public checkpoints' (``fc``, ``layers.0``, ``midlayer``, ``norm``, ``lm_head``, ``d2t``, ``t2d``),
@@ -33,9 +33,10 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 from transformers.utils import ModelOutput
 
 from ..._compat import takes_cache
-from ...trees import DraftTree, DynamicTree, TreeSpec
-from ..base import DraftingOptions, TreeDrafter, fill_children, input_embeddings, output_embeddings
-from ...logits import vocab_logits
+from ...engine.trees import DraftTree, DynamicTree, TreeSpec, DraftingOptions, fill_children
+from ...engine.protocol import OneRowDrafter
+from ..base import input_embeddings, output_embeddings
+from ...engine.logits import vocab_logits
 from ..modeling_drafter import DrafterModel, decoder_layer_fields, text_config
 from .configuration_eagle import EagleConfig
 
@@ -335,7 +336,7 @@ def causal_mask(T: int, dtype: torch.dtype, device, past: int = 0) -> torch.Tens
     return mask[None, None]
 
 
-class EagleTreeDrafter(TreeDrafter):
+class EagleTreeDrafter(OneRowDrafter):
     """Drafting a tree with an `EagleDrafter` inside the engine (batch 1).
 
     State between steps: the target's features ``f_0 .. f_{L-2}`` of the committed sequence ``x_0 .. x_{L-1}`` (read
@@ -351,7 +352,6 @@ class EagleTreeDrafter(TreeDrafter):
     without replacement from the drafter's distribution (sampling, exact tree rejection sampling).
     """
 
-    drafts_one_row = True
 
     needs_target_hidden_states = True
     fills_dynamic_tree = True

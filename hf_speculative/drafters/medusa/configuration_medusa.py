@@ -3,7 +3,7 @@ Multiple Decoding Heads", 2024, https://arxiv.org/abs/2401.10774)."""
 
 from __future__ import annotations
 
-from ...trees import TreeSpec
+from ...engine.trees import TreeSpec
 from ..configuration_drafter import TreeDrafterConfig
 
 __all__ = ["MedusaConfig", "default_medusa_choices"]

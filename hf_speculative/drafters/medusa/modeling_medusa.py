@@ -17,13 +17,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
-from transformers import initialization as init
+from transformers import PreTrainedModel, initialization as init
 from transformers.utils import ModelOutput
 
-from ...trees import DraftTree, TreeSpec
-from ..base import DraftingOptions, final_hidden_state
-from ...logits import vocab_logits
+from ...engine.trees import DraftTree, TreeSpec, DraftingOptions
+from ..base import final_hidden_state
+from ...engine.logits import vocab_logits
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from ..modeling_drafter import DepthTreeDrafter, DrafterModel
 from .configuration_medusa import MedusaConfig
@@ -210,7 +209,6 @@ class MedusaDrafter(DepthTreeDrafter):
         self.hidden = None
 
     # ------------------------------------------------------------------ batched: all rows' heads in one forward
-    drafts_one_row = False  # the engine calls the batched methods below; begin / propose / advance serve one row
 
     def begin_batch(self, prompts, target_outputs) -> None:
         h = final_hidden_state(target_outputs.outputs)[:, -1]  # left padding: the last column is every row's last token

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ...training.callbacks import LearningCurveCallback
-from ...trees import TreeSpec, expected_acceptance_length
+from ...engine.trees import TreeSpec, expected_acceptance_length
 from .training_medusa import IGNORE_INDEX, medusa_labels
 
 __all__ = ["head_accuracies", "expected_acceptance_length", "calibrate_tree", "MedusaCurveCallback"]

@@ -1,24 +1,25 @@
-"""ParallelSpec drafter (Xiao et al., 2024): configuration; model and tree drafter (``modeling_*``) and training
-(``training_parallel_drafter``) are imported on first use."""
+"""ParallelSpec drafter (Xiao et al., 2024): configuration (``configuration_parallel_drafter``), model and tree
+drafter (``modeling_parallel_drafter``) and training (``training_parallel_drafter``), all imported on first use.
+Importing the package registers the drafter (`hf_speculative.registry`)."""
 
+from ...registry import register_drafter
 from ..lazy import lazy_getattr
-from .configuration_parallel_drafter import ParallelDrafterConfig, default_parallel_choices
 
-__all__ = [
-    "ParallelDrafterConfig",
-    "ParallelDrafter",
-    "ParallelDrafterOutput",
-    "ParallelTreeDrafter",
-    "default_parallel_choices",
-    "group_layout",
-    "parallel_loss",
-    "ParallelDrafterTrainer",
-    "train_parallel_drafter",
-]
-
-__getattr__ = lazy_getattr(__name__, {
-    "modeling_parallel_drafter": ("ParallelDrafter", "ParallelDrafterOutput", "ParallelTreeDrafter",),
+PUBLIC = {
+    "configuration_parallel_drafter": ("ParallelDrafterConfig", "default_parallel_choices"),
+    "modeling_parallel_drafter": ("ParallelDrafter", "ParallelDrafterOutput", "ParallelTreeDrafter"),
     "training_parallel_drafter": ("group_layout", "parallel_loss", "parallel_depth_losses", "ParallelGroupDataset",
                                   "ParallelGroupCollator", "ParallelDrafterTrainer", "train_parallel_drafter",
                                   "depth_accuracies", "calibrate_tree"),
-})  # fmt: skip
+}  # fmt: skip
+
+__all__ = [name for names in PUBLIC.values() for name in names]
+__getattr__ = lazy_getattr(__name__, PUBLIC)
+
+register_drafter(
+    "parallel", __name__,
+    config="configuration_parallel_drafter.ParallelDrafterConfig", model="modeling_parallel_drafter.ParallelDrafter",
+    public={"ParallelDrafterConfig": "configuration_parallel_drafter", "ParallelDrafter": "modeling_parallel_drafter"},
+    train_commands=("hf_speculative.commands.train_parallel",),
+    card="card.yaml", card_facts="card.CARD_FACTS",
+)  # fmt: skip

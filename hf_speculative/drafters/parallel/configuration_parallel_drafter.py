@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from transformers import AutoConfig, LlamaConfig, PretrainedConfig
 
-from ...trees import TreeSpec
+from ...engine.trees import TreeSpec
 from ..configuration_drafter import TreeDrafterConfig
 
 __all__ = ["ParallelDrafterConfig", "default_parallel_choices", "MASK_LOSS_DECAY"]

@@ -21,18 +21,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import AutoModel, DynamicCache, PreTrainedModel
-from transformers import initialization as init
+from transformers import AutoModel, DynamicCache, PreTrainedModel, initialization as init
 from transformers.utils import ModelOutput
 
 from ..._compat import cache_arg, get_cache, takes_cache
-from ...trees import DraftTree, TreeSpec
-from ..base import (
-    DraftingOptions,
-    final_hidden_state,
-    input_embeddings,
-)
-from ...logits import vocab_logits
+from ...engine.trees import DraftTree, TreeSpec, DraftingOptions
+from ..base import final_hidden_state, input_embeddings
+from ...engine.logits import vocab_logits
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from ..modeling_drafter import DepthTreeDrafter, DrafterModel
 from .configuration_parallel_drafter import ParallelDrafterConfig

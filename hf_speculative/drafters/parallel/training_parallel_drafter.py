@@ -297,7 +297,7 @@ def depth_accuracies(drafter, states, top: int = 10, groups_per_sequence: int = 
 def calibrate_tree(drafter, states, num_nodes: int = 12, top: int = 10):
     """Medusa Sec. 2.3.3 applied to the k + 1 distributions: measure held-out top-i accuracies, build the tree
     of ``num_nodes`` with the largest expected acceptance length and store it in ``drafter.config``."""
-    from ...trees import TreeSpec, expected_acceptance_length
+    from ...engine.trees import TreeSpec, expected_acceptance_length
 
     acc = depth_accuracies(drafter, states, top=top)
     tree = TreeSpec.optimize(acc, num_nodes)

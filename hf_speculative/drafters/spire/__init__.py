@@ -1,25 +1,23 @@
-"""SPIRe drafter (Neelam et al. 2025): configuration; model and tree drafter (``modeling_*``) and training (``training_spire``) are
-imported on first use."""
+"""SPIRe drafter (Neelam et al. 2025): configuration (``configuration_spire``), model and tree drafter
+(``modeling_spire``) and training (``training_spire``), all imported on first use. Importing the package registers
+the drafter (`hf_speculative.registry`)."""
 
+from ...registry import register_drafter
 from ..lazy import lazy_getattr
-from .configuration_spire import SpireConfig, chain_with_alternatives
 
-__all__ = [
-    "SpireConfig",
-    "SpireDrafter",
-    "SpireOutput",
-    "SpireTreeDrafter",
-    "chain_with_alternatives",
-    "sparse_visibility",
-    "SpireDataset",
-    "SpireCollator",
-    "SpireTrainer",
-    "mixed_loss",
-    "spire_loss",
-    "train_spire",
-]
-
-__getattr__ = lazy_getattr(__name__, {
-    "modeling_spire": ("SpireDrafter", "SpireOutput", "SpireTreeDrafter", "sparse_visibility",),
+PUBLIC = {
+    "configuration_spire": ("SpireConfig", "chain_with_alternatives"),
+    "modeling_spire": ("SpireDrafter", "SpireOutput", "SpireTreeDrafter"),
     "training_spire": ("SpireDataset", "SpireCollator", "SpireTrainer", "mixed_loss", "spire_loss", "train_spire"),
-})
+}
+
+__all__ = [name for names in PUBLIC.values() for name in names]
+__getattr__ = lazy_getattr(__name__, PUBLIC)
+
+register_drafter(
+    "spire", __name__,
+    config="configuration_spire.SpireConfig", model="modeling_spire.SpireDrafter",
+    public={"SpireConfig": "configuration_spire", "SpireDrafter": "modeling_spire"},
+    train_commands=("hf_speculative.commands.train_spire",),
+    card="card.yaml", card_facts="card.CARD_FACTS",
+)  # fmt: skip

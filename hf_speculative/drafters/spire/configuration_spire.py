@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from transformers import LlamaConfig
 
-from ...trees import TreeSpec
+from ...engine.trees import TreeSpec
 from ..configuration_drafter import DrafterConfigMixin
 
 __all__ = ["SpireConfig", "chain_with_alternatives"]

@@ -28,22 +28,20 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
-from transformers import initialization as init
+from transformers import PreTrainedModel, initialization as init
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 from transformers.utils import ModelOutput
 
-from ...trees import DraftTree, TreeSpec
-from ..base import (
-    ChainDrafting, ChainTreeFiller, DraftingOptions, TreeDrafter, sparse_visibility, streaming_keep,
-)
-from ...logits import vocab_logits
+from ...engine.trees import DraftTree, TreeSpec, DraftingOptions
+from ..chain import ChainDrafting, ChainTreeFiller
+from ..sparse_cache import sparse_visibility, streaming_keep
+from ...engine.logits import vocab_logits
 from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from ..modeling_drafter import DrafterModel, decoder_layer_fields, text_config
 from .configuration_spire import SpireConfig, chain_with_alternatives
 
-__all__ = ["SpireDrafter", "SpireTreeDrafter", "SpireOutput", "sparse_visibility", "SpirePreTrainedModel"]
+__all__ = ["SpireDrafter", "SpireTreeDrafter", "SpireOutput", "SpirePreTrainedModel"]
 
 
 def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -296,7 +294,7 @@ class SpireDrafter(DraftVocabMixin, SpirePreTrainedModel):
         return SpireOutput(hidden_states=out, logits=logits)
 
 
-class SpireTreeDrafter(ChainDrafting, TreeDrafter):
+class SpireTreeDrafter(ChainDrafting):
     """Per-call SPIRe state: the sparse cache of the target's memory (S sinks + the last W - 1 verified positions,
     keys and values per drafter layer) and the drafting loop.
 

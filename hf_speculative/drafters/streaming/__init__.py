@@ -1,20 +1,26 @@
 """Speculative Streaming (Bhendawade et al., 2024): multi-stream attention in the target's top layers; the
-target drafts for itself (`LlamaForSpeculativeStreaming`). Configuration here; the model is imported on first use."""
+target drafts for itself (`LlamaForSpeculativeStreaming`). Configuration (``configuration_speculative_streaming``)
+and model (``modeling_speculative_streaming``) are imported on first use. Importing the package registers the
+drafter (`hf_speculative.registry`)."""
 
-from .configuration_speculative_streaming import SpeculativeStreamingConfig, default_stream_tree
+from ...registry import register_drafter
 from ..lazy import lazy_getattr
 
-__all__ = [
-    "SpeculativeStreamingConfig",
-    "default_stream_tree",
-    "LlamaForSpeculativeStreaming",
-    "SpeculativeStreamingDrafter",
-    "SpeculativeStreamingOutput",
-    "SpeculativeStreams",
-    "StreamAdapter",
-]
+PUBLIC = {
+    "configuration_speculative_streaming": ("SpeculativeStreamingConfig", "default_stream_tree"),
+    "modeling_speculative_streaming": ("LlamaForSpeculativeStreaming", "SpeculativeStreamingDrafter",
+                                       "SpeculativeStreamingOutput", "SpeculativeStreams", "StreamAdapter"),
+}  # fmt: skip
 
-__getattr__ = lazy_getattr(__name__, {
-    "modeling_speculative_streaming": ("LlamaForSpeculativeStreaming", "SpeculativeStreamingDrafter", "SpeculativeStreamingOutput",
-                                       "SpeculativeStreams", "StreamAdapter"),
-})  # fmt: skip
+__all__ = [name for names in PUBLIC.values() for name in names]
+__getattr__ = lazy_getattr(__name__, PUBLIC)
+
+register_drafter(
+    "speculative-streaming", __name__,
+    config="configuration_speculative_streaming.SpeculativeStreamingConfig",
+    model="modeling_speculative_streaming.LlamaForSpeculativeStreaming",
+    public={"SpeculativeStreamingConfig": "configuration_speculative_streaming",
+            "LlamaForSpeculativeStreaming": "modeling_speculative_streaming"},
+    train_commands=("hf_speculative.commands.train_streaming", "hf_speculative.commands.train_streaming_pruning"),
+    card="card.yaml", card_facts="card.CARD_FACTS",
+)  # fmt: skip

@@ -36,23 +36,22 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GenerationMixin, LlamaForCausalLM, PreTrainedModel
-from transformers import initialization as init
+from transformers import GenerationMixin, LlamaForCausalLM, PreTrainedModel, initialization as init
 from transformers.cache_utils import DynamicCache
 from transformers.masking_utils import create_causal_mask, eager_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaPreTrainedModel, rotate_half
 
 from ..._compat import cache_arg, get_cache, takes_cache
-from ...generation import SpeculativeGenerationMixin
+from ...engine.generation import SpeculativeGenerationMixin
 from ...hub import resolve_name_or_path
-from ...trees import DraftTree, TreeSpec
-from ..base import DraftingOptions, TreeDrafter
-from ...logits import vocab_logits
+from ...engine.trees import DraftTree, TreeSpec, DraftingOptions
+from ...engine.protocol import OneRowDrafter
+from ...engine.logits import vocab_logits
 from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from ..modeling_drafter import DrafterModel
-from ..placement import match_target
+from ...engine.placement import match_target
 from .configuration_speculative_streaming import LORA_TARGET_MODULES, SpeculativeStreamingConfig
 
 __all__ = [
@@ -321,7 +320,7 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
     def attach_base_model(self, model: PreTrainedModel) -> None:
         """Use ``model``'s decoder and ``lm_head`` (frozen, shared) as this model's main stream. Shared mode also
         injects LoRA adapters into ``model`` in place (PEFT), unless it already has them: they are trainable. Moves
-        the streams to ``model``'s dtype and device (`hf_speculative.drafters.placement.match_target`)."""
+        the streams to ``model``'s dtype and device (`hf_speculative.engine.placement.match_target`)."""
         decoder = getattr(model, "model", None)
         layers = getattr(decoder, "layers", None)
         if layers is None or not hasattr(decoder, "rotary_emb") or not hasattr(decoder, "norm"):
@@ -535,7 +534,7 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
                 handle.remove()
         stream_inputs = h
         if received and received["attention_mask"] is not mask:
-            # the engine pruned the trees inside this forward (`hf_speculative.tree_forward`): the MSA layers run on
+            # the engine pruned the trees inside this forward (`hf_speculative.engine.tree_forward`): the MSA layers run on
             # the kept nodes with the mask and rotary embeddings the plain layers above the pruning layer got
             key_mask, (cos, sin) = received["attention_mask"][:, 0], received["position_embeddings"]
         else:
@@ -660,7 +659,7 @@ def load_base_model(name_or_path: str | None) -> PreTrainedModel:
     return model
 
 
-class SpeculativeStreamingDrafter(TreeDrafter):
+class SpeculativeStreamingDrafter(OneRowDrafter):
     """Sec. 3.1.2: the streams at the last accepted node fill the next tree; depth d holds stream d's top-k
     (greedy) or draws from stream d's distribution (sampling, verified by exact tree rejection sampling), so
     the tokens of stream n are the parents of those of stream n + 1.
@@ -672,7 +671,6 @@ class SpeculativeStreamingDrafter(TreeDrafter):
     projects those of the last accepted node.
     """
 
-    drafts_one_row = True
 
     needs_target_hidden_states = True
     fills_dynamic_tree = True

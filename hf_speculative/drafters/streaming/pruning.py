@@ -1,6 +1,6 @@
 """Parallel tree pruning (Speculative Streaming, Sec. 3.1.3): drop unlikely tree nodes halfway through the
 verification forward. The drafter's `prune_batch` hook decides with the functions here; the engine applies its
-answer inside its one forward (`hf_speculative.tree_forward`).
+answer inside its one forward (`hf_speculative.engine.tree_forward`).
 
 The tree draft enters the target's forward whole. After ``pruning_layer`` (l) decoder layers, an early exit
 (the base's final norm and ``lm_head`` on the layer-l state plus a rank-theta adapter) gives every inner node
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from ...logits import vocab_logits
-from ...trees import DraftTree
+from ...engine.logits import vocab_logits
+from ...engine.trees import DraftTree
 
 __all__ = [
     "early_exit_states",

@@ -1,13 +1,22 @@
-"""SuffixDecoding (Oliaro et al., arXiv 2411.04975): configuration; the drafter (``modeling_suffix``), its suffix
-structures (``suffix_index``) and its speculation trees (``speculation_tree``) are imported on first use."""
+"""SuffixDecoding (Oliaro et al., arXiv 2411.04975): configuration (``configuration_suffix``), the drafter
+(``modeling_suffix``), its suffix structures (``suffix_index``) and its speculation trees (``speculation_tree``), all
+imported on first use. Importing the package registers the drafter (`hf_speculative.registry`)."""
 
+from ...registry import register_drafter
 from ..lazy import lazy_getattr
-from .configuration_suffix import SuffixConfig
 
-__all__ = ["SuffixConfig", "SuffixDrafter", "SuffixIndex", "match_in_sequence", "expand_speculation_tree"]
-
-__getattr__ = lazy_getattr(__name__, {
+PUBLIC = {
+    "configuration_suffix": ("SuffixConfig",),
     "modeling_suffix": ("SuffixDrafter",),
     "suffix_index": ("SuffixIndex", "match_in_sequence"),
     "speculation_tree": ("expand_speculation_tree",),
-})  # fmt: skip
+}
+
+__all__ = [name for names in PUBLIC.values() for name in names]
+__getattr__ = lazy_getattr(__name__, PUBLIC)
+
+register_drafter(
+    "suffix", __name__,
+    config="configuration_suffix.SuffixConfig", model="modeling_suffix.SuffixDrafter",
+    public={"SuffixConfig": "configuration_suffix", "SuffixDrafter": "modeling_suffix"},
+)  # fmt: skip

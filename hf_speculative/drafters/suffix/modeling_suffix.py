@@ -35,11 +35,10 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from ...rows import TargetRows
-from ...trees import DraftTree, TreeSpec
-from ..base import DraftingOptions, TreeDrafter
+from ...engine.rows import TargetRows
+from ...engine.trees import DraftTree, TreeSpec, DraftingOptions, budget_tree
+from ...engine.protocol import TreeDrafter
 from ..cost_aware import target_cost_curve
-from ...trees import budget_tree
 from ..hybrid import _best_nodes, merge_drafts
 from .configuration_suffix import SuffixConfig
 from .speculation_tree import expand_speculation_tree

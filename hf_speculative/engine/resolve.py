@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
-from transformers import PreTrainedModel
 
-from .base import TreeDrafter
-from .draft_lm import CausalLMDrafter
+from .protocol import TreeDrafter
+from ..registry import drafter_entries
 from .placement import match_target
 
 __all__ = ["resolve_drafter"]
@@ -15,6 +14,19 @@ __all__ = ["resolve_drafter"]
 def _vocab_size(model) -> int | None:
     emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     return emb.weight.shape[0] if emb is not None else getattr(model.config, "vocab_size", None)
+
+
+def _adapted(target, assistant_model) -> TreeDrafter:
+    """The drafter a registered assistant adapter makes of ``assistant_model`` (`hf_speculative.registry`; the
+    library's own wraps any causal LM); a `TypeError` when none does."""
+    for entry in drafter_entries():
+        if entry.assistant is not None:
+            drafter = entry.load(entry.assistant)(target, assistant_model)
+            if drafter is not None:
+                return drafter
+    raise TypeError(
+        f"assistant_model must be an hf_speculative drafter, a TreeDrafter or a causal LM, got {type(assistant_model).__name__}"
+    )
 
 
 def resolve_drafter(target, assistant_model) -> TreeDrafter | None:
@@ -31,12 +43,8 @@ def resolve_drafter(target, assistant_model) -> TreeDrafter | None:
         drafter = assistant_model
     elif hasattr(assistant_model, "get_tree_drafter"):
         drafter = assistant_model.get_tree_drafter(target)
-    elif isinstance(assistant_model, PreTrainedModel) and hasattr(assistant_model, "get_output_embeddings"):
-        drafter = CausalLMDrafter(assistant_model)
     else:
-        raise TypeError(
-            f"assistant_model must be an hf_speculative drafter, a TreeDrafter or a causal LM, got {type(assistant_model).__name__}"
-        )
+        drafter = _adapted(target, assistant_model)
     target_vocab = _vocab_size(target)
     draft_vocab = getattr(drafter, "vocab_size", None)
     if draft_vocab is not None and target_vocab is not None and draft_vocab != target_vocab:

@@ -81,7 +81,7 @@ class LinearKernel:
 
 
 class PackedKernel(LinearKernel):
-    """float32 on the CPU through ``small_gemm.c``'s packed panels (see `hf_speculative.kernels.build`); about 8 us
+    """float32 on the CPU through ``small_gemm.c``'s packed panels (see `hf_speculative.engine.kernels.build`); about 8 us
     of call overhead."""
 
     name = "packed"
@@ -135,9 +135,24 @@ def available_kernels(dtype: torch.dtype) -> dict[str, LinearKernel]:
         lib = load_small_gemm(str(path)) if path is not None else None
         if lib is not None:
             kernels["packed"] = PackedKernel(lib)
-    if torch.backends.mkldnn.is_available() and dtype in (torch.float32, torch.bfloat16, torch.float16):
+    if dtype in (torch.float32, torch.bfloat16, torch.float16) and _onednn_runs(dtype):
         kernels["onednn"] = OneDnnKernel()
     return kernels
+
+
+@functools.cache
+def _onednn_runs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's prepacked linear runs ``dtype`` on this CPU (its bfloat16 path needs AVX512BW/VL/DQ or
+    AVX-NE-CONVERT; some AMD EPYCs have neither): one tiny product, once per process."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    kernel = OneDnnKernel()
+    weight = torch.zeros(8, 8, dtype=dtype)
+    try:
+        kernel.product(kernel.prepare(weight), torch.zeros(2, 8, dtype=dtype), 8, None)
+    except RuntimeError:
+        return False
+    return True
 
 
 # ----------------------------------------------------------------------------- which kernel for how many rows
@@ -266,7 +281,7 @@ def kernel_table_path(model) -> Path:
     dtype and the model."""
     import hashlib
 
-    from ..paths import cache_root, machine_description, model_key
+    from ...paths import cache_root, machine_description, model_key
 
     param = next(model.parameters())
     with torch.no_grad():

@@ -34,12 +34,12 @@ from pathlib import Path
 
 import torch
 
-from ..trees import DraftTree, TreeSpec
-from ..rows import TargetRows
-from .base import DraftingOptions, TreeDrafter
+from ...engine.trees import DraftTree, TreeSpec, DraftingOptions
+from ...engine.rows import TargetRows
+from ...engine.protocol import TreeDrafter
 from .configuration_token_recycling import TokenRecyclingConfig
-from .cost_aware import target_cost_curve
-from .online_accuracy import OnlineAccuracy
+from ..cost_aware import target_cost_curve
+from ..online_accuracy import OnlineAccuracy
 
 __all__ = ["TokenRecyclingDrafter"]
 
@@ -222,7 +222,7 @@ class TokenRecyclingDrafter(TreeDrafter):
         folder's ``config``); ``kwargs`` override its saved arguments."""
         from safetensors.torch import load_file
 
-        from ..hub import resolve_name_or_path
+        from ...hub import resolve_name_or_path
 
         folder = Path(resolve_name_or_path(pretrained_path, what="Token Recycling drafter"))
         if not (folder / CONFIG_NAME).is_file():

@@ -439,7 +439,7 @@ class DraftTree:
 
     ``draft_probs[i]`` is the drafter's distribution q over the children of node i, needed for lossless
     sampling; ``sampling`` states how the children were drawn from it, which decides the residual update
-    used by rejection sampling (see `hf_speculative.acceptance`):
+    used by rejection sampling (see `hf_speculative.engine.acceptance`):
 
     * ``"deterministic"``: children are fixed choices (e.g. top-k); no ``draft_probs`` needed.
     * ``"without_replacement"``: the i-th child was drawn from q with the earlier siblings removed

@@ -13,7 +13,7 @@ from transformers import GenerationMixin, PreTrainedModel
 
 from .acceptance import AcceptanceSettings
 from .decoding import check_tree_attention, tree_speculative_decoding
-from .drafters.resolve import resolve_drafter
+from .resolve import resolve_drafter
 from .kernels import prepare_kernels
 
 __all__ = ["SpeculativeGenerationMixin", "enable", "is_enabled"]
@@ -28,13 +28,13 @@ class SpeculativeGenerationMixin:
         assistant_model: an hf_speculative drafter, a `TreeDrafter`, or any causal LM with the target's
             vocabulary. Models that draft for themselves (Speculative Streaming) need none. A drafter model in
             another dtype or on another device than this model is moved to this model's, with a warning line
-            (`hf_speculative.drafters.placement.match_target`).
+            (`hf_speculative.engine.placement.match_target`).
         speculative_tree (`TreeSpec`): overrides the drafter's own tree for this call (``TreeSpec.chain(k)``
             verifies a single chain like transformers' assisted decoding).
         speculative_acceptance (`str`): ``"exact"`` (default) or ``"typical"`` (Medusa 2.3.1, lossy, sampling only);
             by default the drafter model's config decides (`AcceptanceSettings.resolve`).
         speculative_pricing (`bool`): draft only while tree steps are faster than one-token steps on this machine
-            (`hf_speculative.step_pricing`; default on, ``HF_SPECULATIVE_PRICING=0`` turns it off). The output is the
+            (`hf_speculative.engine.step_pricing`; default on, ``HF_SPECULATIVE_PRICING=0`` turns it off). The output is the
             same either way.
     """
 
@@ -104,7 +104,7 @@ def enable(model: PreTrainedModel, kernels: str = "auto") -> PreTrainedModel:
     """Give a transformers causal LM tree speculative generation (idempotent); returns the same object.
 
     ``kernels``: ``"auto"`` (default) runs the engine's forwards through the fastest kernels this CPU has for their
-    row count (`hf_speculative.kernels`: built here once per machine, the weights' prepared copies made on first
+    row count (`hf_speculative.engine.kernels`: built here once per machine, the weights' prepared copies made on first
     use); ``"torch"`` keeps torch's own (as does ``HF_SPECULATIVE_KERNELS=torch``). Plain ``generate()`` and the
     model's own forward always run torch's."""
     if kernels not in ("auto", "torch"):

@@ -1,6 +1,6 @@
 """The engine's views of the target's batched outputs for drafters: `TargetRows` hands each drafter row a batch-1
 view of one verification (or prefill) forward, whose cache shows that row's real tokens only (the engine's shared
-cache holds left padding and the holes of shorter accepted paths, see `hf_speculative.cache`).
+cache holds left padding and the holes of shorter accepted paths, see `hf_speculative.engine.cache`).
 """
 
 from __future__ import annotations

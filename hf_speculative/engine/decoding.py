@@ -11,7 +11,7 @@ logits processors, stopping criteria and the cache exactly as it does for plain 
   4D tree mask and per-row position ids (a row's position = the number of real tokens before it);
 * each row accepts its own path (the acceptance walk runs per row over that row's verified logits);
 * cache lengths stay one common length, BASS-PAD style: every row keeps ``m = max(accepted path
-  lengths)`` new columns (`hf_speculative.cache.keep_paths`, one gather per layer), and the columns past a
+  lengths)`` new columns (`hf_speculative.engine.cache.keep_paths`, one gather per layer), and the columns past a
   shorter row's path are *holes* that a per-row visibility matrix (``visible``, ``(A, C)``) hides in every
   later mask, exactly as the prompts' left padding is hidden. Positions count real tokens only, so a row's
   keys and queries carry the positions plain decoding gives them and each row is exact. Compacting each row
@@ -37,15 +37,15 @@ from dataclasses import dataclass, field
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from ._compat import cache_arg, model_kwargs_cache
+from .._compat import cache_arg, model_kwargs_cache
 from .cache import attention_window, keep_paths, prepare_tree_cache
 from .kernels import engine_kernels, head_projector
-from .drafters.base import DraftingOptions, TreeDrafter, batched
+from .trees import DraftingOptions, BatchTreeMaskBuffer, DraftTree, DynamicTree, TreeSpec, batch_tree_block
+from .protocol import TreeDrafter
 from .logits import NodeLogits
 from .rows import TargetRows
 from .step_pricing import pricer_for, pricing_enabled
 from .tree_forward import verification_forward
-from .trees import BatchTreeMaskBuffer, DraftTree, DynamicTree, TreeSpec, batch_tree_block
 from .acceptance import AcceptanceSettings, accept_greedy_all
 
 __all__ = [
@@ -472,7 +472,6 @@ def tree_speculative_decoding(
     """
     tree = _check_call(model, input_ids, drafter, tree, synced_gpus, streamer)
     priced = drafter  # the step prices follow the drafter the caller gave (`step_pricing.pricer_for`)
-    drafter = batched(drafter)  # a one-row drafter gets the engine's loop over the rows
     cache = model_kwargs_cache(model_kwargs)
     prepare_tree_cache(cache)
     device = input_ids.device

@@ -47,7 +47,7 @@ def _cpu_signature() -> str:
 
 def kernel_library_path(compiler: str) -> Path:
     """Where the library built from `SOURCE` with ``compiler`` for this CPU lives."""
-    from ..paths import cache_root
+    from ...paths import cache_root
 
     key = hashlib.sha256()
     for part in (SOURCE.read_bytes(), compiler.encode(), " ".join(FLAGS).encode(), _cpu_signature().encode()):
