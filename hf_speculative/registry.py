@@ -5,7 +5,8 @@ needs to know of it, as dotted names that are imported only when used (so that r
   ``AutoModel``;
 - its public names, which ``import hf_speculative as hfs`` exposes (``hfs.MedusaHeadsModel``);
 - its training commands, which ``hf-speculative train`` lists;
-- its model card (a YAML template in its folder, and the function that computes the card's facts);
+- its model card (``card.yaml`` in its folder, and ``card.CARD_FACTS``: what the card computes from the drafter;
+  found without being named);
 - an assistant adapter: a function ``(target, assistant_model) -> TreeDrafter | None`` that `generate()` asks
   when ``assistant_model`` is not a drafter model (a plain causal LM, say).
 
@@ -28,7 +29,9 @@ The library's own drafters are found by importing the packages below `hf_specula
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 __all__ = ["DrafterEntry", "register_drafter", "drafter_entries", "load_object"]
@@ -67,12 +70,22 @@ def register_drafter(name: str, package: str, **fields: Any) -> DrafterEntry:
     if "public" in fields:
         fields["public"] = dict(fields["public"])
     fields["train_commands"] = tuple(fields.get("train_commands", ()))
+    folder = _folder(package)
+    if "card" not in fields and folder is not None and (folder / "card.yaml").is_file():
+        fields["card"], fields["card_facts"] = "card.yaml", "card.CARD_FACTS"
     entry = DrafterEntry(name=name, package=package, **fields)
     clash = {n: e.name for e in _ENTRIES.values() if e.name != name for n in e.public if n in entry.public}
     if clash:
         raise ValueError(f"drafter {name!r} registers public names that {sorted(set(clash.values()))} already own: {sorted(clash)}")
     _ENTRIES[name] = entry
     return entry
+
+
+def _folder(package: str) -> Path | None:
+    """The folder of ``package`` (being imported or imported already), without importing anything."""
+    module = sys.modules.get(package)
+    path = getattr(module, "__file__", None)
+    return Path(path).parent if path and path.endswith("__init__.py") else None
 
 
 def drafter_entries() -> list[DrafterEntry]:

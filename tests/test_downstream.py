@@ -198,10 +198,7 @@ def test_resume_restores_trainable_weights(work, tmp_path):
 
     from hf_speculative.bench.reference import resolve_model
     from hf_speculative.drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
-    from hf_speculative.drafters.streaming.training_speculative_streaming import (
-        tokenize_records,
-        train_speculative_streaming,
-    )
+    from hf_speculative.drafters.streaming.training_speculative_streaming import tokenize_records, train_speculative_streaming
     from hf_speculative.training.trainer import DrafterTrainer
 
     records = load_task("e2e_nlg", work["e2e_nlg"], "train")

@@ -12,13 +12,7 @@ from transformers import AutoModel, LlamaConfig
 
 import hf_speculative as hfs
 from hf_speculative.drafters.eagle import EagleDrafter, eagle3_feature_layers
-from hf_speculative.drafters.eagle.training_eagle import (
-    EagleCollator,
-    EagleDataset,
-    eagle_loss,
-    hidden_states_from_model,
-    train_eagle,
-)
+from hf_speculative.drafters.eagle.training_eagle import EagleCollator, EagleDataset, eagle_loss, hidden_states_from_model, train_eagle
 
 from conftest import FP32_LAYERS, tiny_model
 from test_sampling import ALPHA, NEW, VOCAB, _exact_generate, _sample_counts, chi_square_pvalue

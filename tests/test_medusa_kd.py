@@ -7,12 +7,7 @@ import torch
 
 from hf_speculative.cli import main
 from hf_speculative.drafters.medusa import MedusaHeadsModel
-from hf_speculative.drafters.medusa.training_medusa import (
-    MedusaCollator,
-    MedusaPositionDataset,
-    medusa_kd_head_losses,
-    teacher_rows,
-)
+from hf_speculative.drafters.medusa.training_medusa import MedusaCollator, MedusaPositionDataset, medusa_kd_head_losses, teacher_rows
 from hf_speculative.training.labelling import LabelledShards, label_conversations
 from hf_speculative.training.trainer import HiddenStates
 

@@ -14,15 +14,7 @@ from transformers import AutoConfig, AutoModel
 import hf_speculative as hfs
 from hf_speculative.drafters.medusa.modeling_medusa import final_hidden_state
 from hf_speculative.drafters.parallel import ParallelTreeDrafter
-from hf_speculative.drafters.parallel.training_parallel_drafter import (
-    IGNORE_INDEX,
-    ParallelGroupCollator,
-    ParallelGroupDataset,
-    group_layout,
-    parallel_depth_losses,
-    parallel_loss,
-    train_parallel_drafter,
-)
+from hf_speculative.drafters.parallel.training_parallel_drafter import IGNORE_INDEX, ParallelGroupCollator, ParallelGroupDataset, group_layout, parallel_depth_losses, parallel_loss, train_parallel_drafter
 from hf_speculative.training.trainer import HiddenStates
 from hf_speculative.engine.trees import additive_mask
 

@@ -14,20 +14,8 @@ from transformers import AutoConfig, AutoModel, DynamicCache
 import hf_speculative as hfs
 from hf_speculative._compat import cache_arg, get_cache
 from hf_speculative.drafters.streaming import LlamaForSpeculativeStreaming, SpeculativeStreamingConfig
-from hf_speculative.drafters.streaming.modeling_speculative_streaming import (
-    causal_key_mask,
-    main_stream_layer,
-    msa_stream_layer,
-)
-from hf_speculative.drafters.streaming.training_speculative_streaming import (
-    IGNORE_INDEX,
-    StreamCollator,
-    StreamSegmentDataset,
-    stream_labels,
-    stream_losses,
-    streaming_loss,
-    train_speculative_streaming,
-)
+from hf_speculative.drafters.streaming.modeling_speculative_streaming import causal_key_mask, main_stream_layer, msa_stream_layer
+from hf_speculative.drafters.streaming.training_speculative_streaming import IGNORE_INDEX, StreamCollator, StreamSegmentDataset, stream_labels, stream_losses, streaming_loss, train_speculative_streaming
 from hf_speculative.training.trainer import HiddenStates
 
 from conftest import FP32_LAYERS, tiny_model

@@ -15,13 +15,7 @@ from hf_speculative.engine.trees import DraftingOptions
 from hf_speculative.drafters.eagle.training_eagle import hidden_states_from_model
 from hf_speculative.drafters.sparse_cache import sparse_visibility
 from hf_speculative.drafters.spire import SpireTreeDrafter, chain_with_alternatives
-from hf_speculative.drafters.spire.training_spire import (
-    SpireCollator,
-    SpireDataset,
-    mixed_loss,
-    spire_loss,
-    train_spire,
-)
+from hf_speculative.drafters.spire.training_spire import SpireCollator, SpireDataset, mixed_loss, spire_loss, train_spire
 
 from conftest import FP32_LAYERS, tiny_model
 from test_sampling import ALPHA, NEW, VOCAB, _exact_generate, _sample_counts, chi_square_pvalue

@@ -8,14 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .common import (
-    add_model_args,
-    is_main_process,
-    load_model_and_records,
-    main_process_first,
-    setup_torch,
-    split_records,
-)
+from .common import add_model_args, is_main_process, load_model_and_records, main_process_first, setup_torch, split_records
 
 
 def add_parser(subparsers) -> None:

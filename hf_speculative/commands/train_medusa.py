@@ -11,24 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import (
-    add_calibrated_training_args,
-    add_data_arg,
-    add_labelled_args,
-    add_model_args,
-    add_train_args,
-    batch_report,
-    labelled_training_states,
-    command_line,
-    draft_vocab_and_calibration,
-    finish_folder,
-    load_model_and_records,
-    num_processes,
-    record_reference_base,
-    setup_torch,
-    split_hidden_states,
-    split_records,
-)
+from .common import add_calibrated_training_args, add_data_arg, add_labelled_args, add_model_args, add_train_args, batch_report, labelled_training_states, command_line, draft_vocab_and_calibration, finish_folder, load_model_and_records, num_processes, record_reference_base, setup_torch, split_hidden_states, split_records
 
 
 def add_parser(subparsers) -> None:
@@ -134,14 +117,7 @@ def run_medusa2(args) -> int:
     from ..training.trainer import extract_hidden_states
     from ..model_card import write_drafter_card
     from ..drafters.medusa.modeling_medusa import MedusaHeadsModel
-    from ..drafters.medusa.training_medusa2 import (
-        Medusa2Dataset,
-        Medusa2Model,
-        add_lora,
-        evaluate_lm_loss,
-        save_medusa2,
-        train_medusa2,
-    )
+    from ..drafters.medusa.training_medusa2 import Medusa2Dataset, Medusa2Model, add_lora, evaluate_lm_loss, save_medusa2, train_medusa2
     from ..drafters.medusa.tree_calibration import calibrate_tree
 
     model, tokenizer, records = load_model_and_records(args)

@@ -10,23 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .common import (
-    add_calibrated_training_args,
-    add_data_arg,
-    add_labelled_args,
-    add_model_args,
-    add_train_args,
-    batch_report,
-    draft_vocab_source,
-    labelled_training_states,
-    command_line,
-    draft_vocab_and_calibration,
-    finish_drafter,
-    load_model_and_records,
-    record_reference_base,
-    setup_torch,
-    split_hidden_states,
-)
+from .common import add_calibrated_training_args, add_data_arg, add_labelled_args, add_model_args, add_train_args, batch_report, draft_vocab_source, labelled_training_states, command_line, draft_vocab_and_calibration, finish_drafter, load_model_and_records, record_reference_base, setup_torch, split_hidden_states
 
 
 def add_parser(subparsers) -> None:
@@ -51,12 +35,7 @@ def run(args) -> int:
     setup_torch(args)
     from ..model_card import write_drafter_card
     from ..drafters.parallel.modeling_parallel_drafter import ParallelDrafter
-    from ..drafters.parallel.training_parallel_drafter import (
-        ParallelCurveCallback,
-        calibrate_tree,
-        depth_accuracies,
-        train_parallel_drafter,
-    )
+    from ..drafters.parallel.training_parallel_drafter import ParallelCurveCallback, calibrate_tree, depth_accuracies, train_parallel_drafter
 
     if args.labelled:
         model, tokenizer, train_states, hold_states, counts = labelled_training_states(args)

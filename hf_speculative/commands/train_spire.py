@@ -11,17 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .common import (
-    add_model_args,
-    add_shard_args,
-    add_train_args,
-    finish_drafter,
-    frozen_target,
-    record_reference_base,
-    setup_torch,
-    shard_states,
-    shard_training_report,
-)
+from .common import add_model_args, add_shard_args, add_train_args, finish_drafter, frozen_target, record_reference_base, setup_torch, shard_states, shard_training_report
 
 
 def _int_list(text: str) -> list[int]:

@@ -15,22 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import (
-    add_data_arg,
-    add_labelled_args,
-    add_model_args,
-    add_train_args,
-    batch_report,
-    draft_vocab_source,
-    labelled_training_states,
-    command_line,
-    finish_folder,
-    load_model_and_records,
-    main_process_first,
-    record_reference_base,
-    setup_torch,
-    split_records,
-)
+from .common import add_data_arg, add_labelled_args, add_model_args, add_train_args, batch_report, draft_vocab_source, labelled_training_states, command_line, finish_folder, load_model_and_records, main_process_first, record_reference_base, setup_torch, split_records
 
 
 def add_parser(subparsers) -> None:
@@ -74,13 +59,7 @@ def run(args) -> int:
     from ..engine.trees import TreeSpec, expected_acceptance_length
     from ..model_card import write_drafter_card
     from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
-    from ..drafters.streaming.training_speculative_streaming import (
-        StreamCurveCallback,
-        extract_stream_inputs,
-        stream_accuracies,
-        tokenize_records,
-        train_speculative_streaming,
-    )
+    from ..drafters.streaming.training_speculative_streaming import StreamCurveCallback, extract_stream_inputs, stream_accuracies, tokenize_records, train_speculative_streaming
 
     shared = args.mode == "shared"
     if args.labelled:  # the shards hold the states entering the first MSA layer and the target's top-k

@@ -6,16 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .common import (
-    add_data_arg,
-    add_model_args,
-    command_line,
-    finish_folder,
-    load_model_and_records,
-    main_process_first,
-    setup_torch,
-    split_records,
-)
+from .common import add_data_arg, add_model_args, command_line, finish_folder, load_model_and_records, main_process_first, setup_torch, split_records
 from .train_streaming import add_segment_training_args
 
 

@@ -311,13 +311,7 @@ def _train_pruning(ss, tokenizer, train: list[Record], calib: list[Record], out:
 def train_medusa2(model, tokenizer, train: list[Record], calib: list[Record], out: str | Path, cfg: DownstreamTrainingConfig, base_model: str) -> dict:
     """(b) Medusa-2: the LoRA and the heads trained jointly; saves heads + ``adapter/`` (`save_medusa2`)."""
     from ..drafters.medusa.modeling_medusa import MedusaHeadsModel
-    from ..drafters.medusa.training_medusa2 import (
-        Medusa2Dataset,
-        Medusa2Model,
-        add_lora,
-        save_medusa2,
-        train_medusa2 as fit,
-    )
+    from ..drafters.medusa.training_medusa2 import Medusa2Dataset, Medusa2Model, add_lora, save_medusa2, train_medusa2 as fit
     from ..drafters.medusa.tree_calibration import calibrate_tree
     from ..training.trainer import extract_hidden_states
 

@@ -10,7 +10,7 @@ import importlib
 import pkgutil
 
 from ..registry import register_drafter
-from .lazy import lazy_getattr
+from .lazy import lazy_package
 
 PUBLIC = {
     "draft_lm": ("CausalLMDrafter", "layer_cut_draft"),
@@ -19,8 +19,7 @@ PUBLIC = {
     "hybrid": ("HybridDrafter",),
 }
 
-__all__ = [name for names in PUBLIC.values() for name in names]
-__getattr__ = lazy_getattr(__name__, PUBLIC)
+__all__, __getattr__ = lazy_package(__name__, PUBLIC)
 
 register_drafter(
     "causal-lm", __name__, public={"CausalLMDrafter": "draft_lm", "layer_cut_draft": "draft_lm"},

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
-__all__ = ["lazy_getattr"]
+__all__ = ["lazy_getattr", "lazy_package"]
 
 
 def lazy_getattr(package: str, submodules: dict[str, tuple[str, ...]]) -> Callable[[str], Any]:
@@ -20,3 +20,9 @@ def lazy_getattr(package: str, submodules: dict[str, tuple[str, ...]]) -> Callab
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     return __getattr__
+
+
+def lazy_package(package: str, submodules: dict[str, tuple[str, ...]]) -> tuple[list[str], Callable[[str], Any]]:
+    """A drafter package's ``__all__`` and ``__getattr__``: the names ``submodules[module]``, each imported from
+    ``package.module`` on first use."""
+    return [name for names in submodules.values() for name in names], lazy_getattr(package, submodules)

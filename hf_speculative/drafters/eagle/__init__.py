@@ -3,7 +3,7 @@
 the drafter (`hf_speculative.registry`)."""
 
 from ...registry import register_drafter
-from ..lazy import lazy_getattr
+from ..lazy import lazy_package
 
 PUBLIC = {
     "configuration_eagle": ("EagleConfig", "eagle3_feature_layers"),
@@ -11,13 +11,11 @@ PUBLIC = {
     "training_eagle": ("EagleDataset", "EagleCollator", "EagleTrainer", "eagle_loss", "train_eagle"),
 }
 
-__all__ = [name for names in PUBLIC.values() for name in names]
-__getattr__ = lazy_getattr(__name__, PUBLIC)
+__all__, __getattr__ = lazy_package(__name__, PUBLIC)
 
 register_drafter(
     "eagle", __name__,
     config="configuration_eagle.EagleConfig", model="modeling_eagle.EagleDrafter",
     public={"EagleConfig": "configuration_eagle", "EagleDrafter": "modeling_eagle"},
     train_commands=("hf_speculative.commands.train_eagle",),
-    card="card.yaml", card_facts="card.CARD_FACTS",
 )  # fmt: skip

@@ -3,7 +3,7 @@
 all imported on first use. Importing the package registers the drafter (`hf_speculative.registry`)."""
 
 from ...registry import register_drafter
-from ..lazy import lazy_getattr
+from ..lazy import lazy_package
 
 PUBLIC = {
     "configuration_medusa": ("MedusaConfig", "default_medusa_choices"),
@@ -15,13 +15,11 @@ PUBLIC = {
                          "load_medusa2"),
 }  # fmt: skip
 
-__all__ = [name for names in PUBLIC.values() for name in names]
-__getattr__ = lazy_getattr(__name__, PUBLIC)
+__all__, __getattr__ = lazy_package(__name__, PUBLIC)
 
 register_drafter(
     "medusa", __name__,
     config="configuration_medusa.MedusaConfig", model="modeling_medusa.MedusaHeadsModel",
     public={"MedusaConfig": "configuration_medusa", "MedusaHeadsModel": "modeling_medusa"},
     train_commands=("hf_speculative.commands.train_medusa",),
-    card="card.yaml", card_facts="card.CARD_FACTS",
 )  # fmt: skip

@@ -3,7 +3,7 @@ drafter (``modeling_parallel_drafter``) and training (``training_parallel_drafte
 Importing the package registers the drafter (`hf_speculative.registry`)."""
 
 from ...registry import register_drafter
-from ..lazy import lazy_getattr
+from ..lazy import lazy_package
 
 PUBLIC = {
     "configuration_parallel_drafter": ("ParallelDrafterConfig", "default_parallel_choices"),
@@ -13,13 +13,11 @@ PUBLIC = {
                                   "depth_accuracies", "calibrate_tree"),
 }  # fmt: skip
 
-__all__ = [name for names in PUBLIC.values() for name in names]
-__getattr__ = lazy_getattr(__name__, PUBLIC)
+__all__, __getattr__ = lazy_package(__name__, PUBLIC)
 
 register_drafter(
     "parallel", __name__,
     config="configuration_parallel_drafter.ParallelDrafterConfig", model="modeling_parallel_drafter.ParallelDrafter",
     public={"ParallelDrafterConfig": "configuration_parallel_drafter", "ParallelDrafter": "modeling_parallel_drafter"},
     train_commands=("hf_speculative.commands.train_parallel",),
-    card="card.yaml", card_facts="card.CARD_FACTS",
 )  # fmt: skip

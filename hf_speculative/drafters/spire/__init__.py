@@ -3,7 +3,7 @@
 the drafter (`hf_speculative.registry`)."""
 
 from ...registry import register_drafter
-from ..lazy import lazy_getattr
+from ..lazy import lazy_package
 
 PUBLIC = {
     "configuration_spire": ("SpireConfig", "chain_with_alternatives"),
@@ -11,13 +11,11 @@ PUBLIC = {
     "training_spire": ("SpireDataset", "SpireCollator", "SpireTrainer", "mixed_loss", "spire_loss", "train_spire"),
 }
 
-__all__ = [name for names in PUBLIC.values() for name in names]
-__getattr__ = lazy_getattr(__name__, PUBLIC)
+__all__, __getattr__ = lazy_package(__name__, PUBLIC)
 
 register_drafter(
     "spire", __name__,
     config="configuration_spire.SpireConfig", model="modeling_spire.SpireDrafter",
     public={"SpireConfig": "configuration_spire", "SpireDrafter": "modeling_spire"},
     train_commands=("hf_speculative.commands.train_spire",),
-    card="card.yaml", card_facts="card.CARD_FACTS",
 )  # fmt: skip

@@ -4,7 +4,7 @@ and model (``modeling_speculative_streaming``) are imported on first use. Import
 drafter (`hf_speculative.registry`)."""
 
 from ...registry import register_drafter
-from ..lazy import lazy_getattr
+from ..lazy import lazy_package
 
 PUBLIC = {
     "configuration_speculative_streaming": ("SpeculativeStreamingConfig", "default_stream_tree"),
@@ -12,8 +12,7 @@ PUBLIC = {
                                        "SpeculativeStreamingOutput", "SpeculativeStreams", "StreamAdapter"),
 }  # fmt: skip
 
-__all__ = [name for names in PUBLIC.values() for name in names]
-__getattr__ = lazy_getattr(__name__, PUBLIC)
+__all__, __getattr__ = lazy_package(__name__, PUBLIC)
 
 register_drafter(
     "speculative-streaming", __name__,
@@ -22,5 +21,4 @@ register_drafter(
     public={"SpeculativeStreamingConfig": "configuration_speculative_streaming",
             "LlamaForSpeculativeStreaming": "modeling_speculative_streaming"},
     train_commands=("hf_speculative.commands.train_streaming", "hf_speculative.commands.train_streaming_pruning"),
-    card="card.yaml", card_facts="card.CARD_FACTS",
 )  # fmt: skip

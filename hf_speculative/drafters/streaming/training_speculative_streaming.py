@@ -31,16 +31,7 @@ from torch.utils.data import Dataset
 
 from ...training.distributed import average_gradients
 from ...training.callbacks import LearningCurveCallback, TimeBudgetCallback, budget_warmup_steps
-from ...training.trainer import (
-    DrafterTrainer,
-    HiddenStates,
-    _cache_root,
-    _model_key,
-    cached_states,
-    encode_record,
-    planned_steps,
-    train_drafter,
-)
+from ...training.trainer import DrafterTrainer, HiddenStates, _cache_root, _model_key, cached_states, encode_record, planned_steps, train_drafter
 
 __all__ = [
     "IGNORE_INDEX",

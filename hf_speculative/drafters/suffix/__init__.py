@@ -3,7 +3,7 @@
 imported on first use. Importing the package registers the drafter (`hf_speculative.registry`)."""
 
 from ...registry import register_drafter
-from ..lazy import lazy_getattr
+from ..lazy import lazy_package
 
 PUBLIC = {
     "configuration_suffix": ("SuffixConfig",),
@@ -12,8 +12,7 @@ PUBLIC = {
     "speculation_tree": ("expand_speculation_tree",),
 }
 
-__all__ = [name for names in PUBLIC.values() for name in names]
-__getattr__ = lazy_getattr(__name__, PUBLIC)
+__all__, __getattr__ = lazy_package(__name__, PUBLIC)
 
 register_drafter(
     "suffix", __name__,

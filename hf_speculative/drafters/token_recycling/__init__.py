@@ -3,15 +3,14 @@ with its adjacency matrix (``modeling_token_recycling``), imported on first use.
 the drafter (`hf_speculative.registry`)."""
 
 from ...registry import register_drafter
-from ..lazy import lazy_getattr
+from ..lazy import lazy_package
 
 PUBLIC = {
     "configuration_token_recycling": ("TokenRecyclingConfig",),
     "modeling_token_recycling": ("TokenRecyclingDrafter",),
 }
 
-__all__ = [name for names in PUBLIC.values() for name in names]
-__getattr__ = lazy_getattr(__name__, PUBLIC)
+__all__, __getattr__ = lazy_package(__name__, PUBLIC)
 
 register_drafter(
     "token-recycling", __name__,
