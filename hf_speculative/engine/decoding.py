@@ -480,12 +480,7 @@ def tree_speculative_decoding(
     settings = AcceptanceSettings.resolve(acceptance)
     accept = settings.acceptor(do_sample) if do_sample else None  # None: greedy
     want_hidden = drafter.needs_target_hidden_states
-    return_dict = generation_config.return_dict_in_generate
-    stopping = _Stopping(
-        stopping_criteria, streamer, generation_config._pad_token_tensor,
-        keep_scores=bool(return_dict and generation_config.output_scores),
-        keep_logits=bool(return_dict and generation_config.output_logits),
-    )  # fmt: skip
+    stopping = _stopping_for(stopping_criteria, streamer, generation_config)
     stats = SpeculativeStats()
     masks = _TreeMasks(model, device)
 
@@ -497,32 +492,54 @@ def tree_speculative_decoding(
 
     pricer = pricer_for(priced, model, len(batch.rows)) if pricing_enabled(pricing) else None
     while batch.active:
-        past_length = batch.visible.shape[1]  # the roots (last committed tokens) are not cached yet
-        drafting, rows, step_start = pricer is None or pricer.draft_this_step(), len(batch.active), time.perf_counter()
-        with _Timer(stats.timings, "draft", device):
-            drafts = _draft(drafter, batch, tree, options, drafting)
-        with _Timer(stats.timings, "target", device):
-            outputs, drafts = _verify(model, drafter, batch, drafts, masks, cache, want_hidden, lazy_head)
-        with _Timer(stats.timings, "engine", device):
-            results, logits = _accept(accept, outputs, drafts, batch, lazy_head, logits_processor, project)
-            _commit(stopping, batch, drafts, results, logits, stats)
-            _compact_cache(cache, batch, past_length, results)
-            going_on = _rows_going_on(stopping, batch)
-        head_seconds = sum(lg.seconds for lg in logits)  # the LM head is the target's work, not the engine's
-        stats.timings["engine"] -= head_seconds
-        stats.timings["target"] += head_seconds
-        with _Timer(stats.timings, "draft", device):
-            _advance_drafter(drafter, batch, going_on, drafts, results, outputs)
-        with _Timer(stats.timings, "engine", device):
-            _drop_finished_rows(batch, going_on, cache, masks)
-        if pricer is not None:  # a step whose drafts hold no node past the root was a one-token step
-            drafted = drafting and stats.tree_sizes[-1] > rows
-            pricer.record(drafted, time.perf_counter() - step_start, stats.accepted_lengths[-1], rows)
+        _speculative_step(
+            model, drafter, batch, tree, options, cache, masks, stats, stopping, pricer,
+            accept, logits_processor, want_hidden, lazy_head, project, device,
+        )  # fmt: skip
 
     drafter.end_batch()
     if streamer is not None:
         streamer.end()
     return _output(stopping, batch, cache, input_ids.shape[1], generation_config, stats)
+
+
+def _stopping_for(stopping_criteria, streamer, generation_config) -> _Stopping:
+    """The stopping checks plain decoding makes, keeping the scores/logits `generate` was asked to return."""
+    return_dict = generation_config.return_dict_in_generate
+    return _Stopping(
+        stopping_criteria, streamer, generation_config._pad_token_tensor,
+        keep_scores=bool(return_dict and generation_config.output_scores),
+        keep_logits=bool(return_dict and generation_config.output_logits),
+    )  # fmt: skip
+
+
+def _speculative_step(
+    model, drafter, batch, tree, options, cache, masks, stats, stopping, pricer,
+    accept, logits_processor, want_hidden: bool, lazy_head, project, device: torch.device,
+) -> None:  # fmt: skip
+    """One step over the active rows: draft, verify, accept, commit, compact the cache, let the drafter catch
+    up and drop the rows that are done; each phase timed (and priced when a pricer is given)."""
+    past_length = batch.visible.shape[1]  # the roots (last committed tokens) are not cached yet
+    drafting, rows, step_start = pricer is None or pricer.draft_this_step(), len(batch.active), time.perf_counter()
+    with _Timer(stats.timings, "draft", device):
+        drafts = _draft(drafter, batch, tree, options, drafting)
+    with _Timer(stats.timings, "target", device):
+        outputs, drafts = _verify(model, drafter, batch, drafts, masks, cache, want_hidden, lazy_head)
+    with _Timer(stats.timings, "engine", device):
+        results, logits = _accept(accept, outputs, drafts, batch, lazy_head, logits_processor, project)
+        _commit(stopping, batch, drafts, results, logits, stats)
+        _compact_cache(cache, batch, past_length, results)
+        going_on = _rows_going_on(stopping, batch)
+    head_seconds = sum(lg.seconds for lg in logits)  # the LM head is the target's work, not the engine's
+    stats.timings["engine"] -= head_seconds
+    stats.timings["target"] += head_seconds
+    with _Timer(stats.timings, "draft", device):
+        _advance_drafter(drafter, batch, going_on, drafts, results, outputs)
+    with _Timer(stats.timings, "engine", device):
+        _drop_finished_rows(batch, going_on, cache, masks)
+    if pricer is not None:  # a step whose drafts hold no node past the root was a one-token step
+        drafted = drafting and stats.tree_sizes[-1] > rows
+        pricer.record(drafted, time.perf_counter() - step_start, stats.accepted_lengths[-1], rows)
 
 
 def _prefill_and_begin(model, input_ids, cache, model_kwargs, drafter, stopping, masks, stats, logits_processor, do_sample):
