@@ -55,23 +55,25 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
-    setup_torch(args)
-    from ..bench.harness import BenchOptions, drafter_method_name, run_benchmark
-    from ..bench.prompts import describe_prompts, first_per_category, load_prompts, spread_over_categories
-    from ..bench.reference import resolve_model
-    from ..bench.report import category_table, floor_lines, markdown_table, plot_results, speedup_lines, write_json
+def _resolve_drafters(args) -> dict:
+    """``--drafter [NAME=]PATH`` as ``{method name: local folder}`` (a missing folder fails here)."""
+    from ..bench.harness import drafter_method_name
     from ..hub import resolve_name_or_path
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    # bad input fails here, before the model loads: a missing drafter folder or prompt file, an unreachable Hub
     drafters = {}
     for spec in args.drafter or []:
         name, _, path = spec.rpartition("=")
         path = resolve_name_or_path(path, what="drafter")
         drafters[name or drafter_method_name(path)] = path
-    records = load_prompts(args.prompts)
-    options = BenchOptions(
+    return drafters
+
+
+def _bench_options(args, drafters: dict):
+    """The harness's ``BenchOptions`` from the command line."""
+    from ..bench.harness import BenchOptions
+    from ..hub import resolve_name_or_path
+
+    return BenchOptions(
         draft_layers=args.draft_layers,
         tree=args.tree,
         chain_length=args.chain_length,
@@ -87,6 +89,20 @@ def run(args) -> int:
         recycling=str(resolve_name_or_path(args.recycling, what="Token Recycling drafter")) if args.recycling else None,
         suffix=str(resolve_name_or_path(args.suffix, what="SuffixDecoding drafter")) if args.suffix else None,
     )
+
+
+def run(args) -> int:
+    setup_torch(args)
+    from ..bench.harness import run_benchmark
+    from ..bench.prompts import describe_prompts, first_per_category, load_prompts, spread_over_categories
+    from ..bench.reference import resolve_model
+    from ..bench.report import category_table, floor_lines, markdown_table, plot_results, speedup_lines, write_json
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    # bad input fails here, before the model loads: a missing drafter folder or prompt file, an unreachable Hub
+    drafters = _resolve_drafters(args)
+    records = load_prompts(args.prompts)
+    options = _bench_options(args, drafters)
     model, tokenizer = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)
     if args.per_category:
         records = first_per_category(records, args.per_category)

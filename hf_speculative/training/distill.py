@@ -93,6 +93,63 @@ def _generate_batch(model, tokenizer, conversations, generation_kwargs) -> list[
     return results
 
 
+def _generation_kwargs(model, tokenizer, max_new_tokens: int, temperature: float, top_p: float | None) -> dict:
+    """``generate`` keyword arguments: greedy at ``temperature`` 0, sampling (with ``top_p``) above."""
+    gen_kwargs = dict(
+        max_new_tokens=max_new_tokens,
+        do_sample=temperature > 0,
+        eos_token_id=model.generation_config.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model.generation_config.pad_token_id,
+    )
+    if temperature > 0:
+        gen_kwargs["temperature"] = temperature
+        if top_p is not None:
+            gen_kwargs["top_p"] = top_p
+    else:
+        gen_kwargs.update(temperature=None, top_p=None, top_k=None)
+    return gen_kwargs
+
+
+def _answer_batch(
+    model, tokenizer, batch: Sequence[Record], all_turns: bool, gen_kwargs: dict
+) -> tuple[list[list[str]], list[int], list[str]]:
+    """Answer the user turns of ``batch`` (all of them with ``all_turns``, else the first), turn by turn:
+    ``(answers, new tokens, last finish reason)`` per record."""
+    n_turns = max(len(r.turns) for r in batch) if all_turns else 1
+    answers: list[list[str]] = [[] for _ in batch]
+    tokens = [0] * len(batch)
+    reasons = [""] * len(batch)
+    for t in range(n_turns):
+        active = [i for i, r in enumerate(batch) if t < (len(r.turns) if all_turns else 1)]
+        convs = [batch[i].conversation(t + 1, answers[i]) for i in active]
+        for i, (text, n, reason) in zip(active, _generate_batch(model, tokenizer, convs, gen_kwargs)):
+            answers[i].append(text)
+            tokens[i] += n
+            reasons[i] = reason
+    return answers, tokens, reasons
+
+
+def _append_answers(
+    out, batch: Sequence[Record], answers: list[list[str]], tokens: list[int], reasons: list[str], stats: DistillStats
+) -> None:
+    """Append one jsonl row per answered record to ``out`` (flushed and synced) and count it in ``stats``."""
+    for i, rec in enumerate(batch):
+        n_answered = len(answers[i])
+        messages = rec.conversation(n_answered, answers[i]) + [{"role": "assistant", "content": answers[i][-1]}]
+        row = {
+            "id": rec.id,
+            "category": rec.category,
+            "messages": messages,
+            "num_new_tokens": tokens[i],
+            "finish_reason": reasons[i],
+        }
+        out.write(json.dumps(row, ensure_ascii=False) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+        stats.written += 1
+        stats.new_tokens += tokens[i]
+
+
 def self_distill(
     model,
     tokenizer,
@@ -132,18 +189,7 @@ def self_distill(
         todo = todo[: max(0, limit - len(done))]
     if seed is not None:
         torch.manual_seed(seed)
-    gen_kwargs = dict(
-        max_new_tokens=max_new_tokens,
-        do_sample=temperature > 0,
-        eos_token_id=model.generation_config.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model.generation_config.pad_token_id,
-    )
-    if temperature > 0:
-        gen_kwargs["temperature"] = temperature
-        if top_p is not None:
-            gen_kwargs["top_p"] = top_p
-    else:
-        gen_kwargs.update(temperature=None, top_p=None, top_k=None)
+    gen_kwargs = _generation_kwargs(model, tokenizer, max_new_tokens, temperature, top_p)
 
     model.eval()
     start = time.perf_counter()
@@ -153,32 +199,8 @@ def self_distill(
             if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
                 break
             batch = todo[b : b + batch_size]
-            n_turns = max(len(r.turns) for r in batch) if all_turns else 1
-            answers: list[list[str]] = [[] for _ in batch]
-            tokens = [0] * len(batch)
-            reasons = [""] * len(batch)
-            for t in range(n_turns):
-                active = [i for i, r in enumerate(batch) if t < (len(r.turns) if all_turns else 1)]
-                convs = [batch[i].conversation(t + 1, answers[i]) for i in active]
-                for i, (text, n, reason) in zip(active, _generate_batch(model, tokenizer, convs, gen_kwargs)):
-                    answers[i].append(text)
-                    tokens[i] += n
-                    reasons[i] = reason
-            for i, rec in enumerate(batch):
-                n_answered = len(answers[i])
-                messages = rec.conversation(n_answered, answers[i]) + [{"role": "assistant", "content": answers[i][-1]}]
-                row = {
-                    "id": rec.id,
-                    "category": rec.category,
-                    "messages": messages,
-                    "num_new_tokens": tokens[i],
-                    "finish_reason": reasons[i],
-                }
-                out.write(json.dumps(row, ensure_ascii=False) + "\n")
-                out.flush()
-                os.fsync(out.fileno())
-                stats.written += 1
-                stats.new_tokens += tokens[i]
+            answers, tokens, reasons = _answer_batch(model, tokenizer, batch, all_turns, gen_kwargs)
+            _append_answers(out, batch, answers, tokens, reasons, stats)
             bar.update(len(batch))
             bar.set_postfix(tok_s=f"{stats.new_tokens / (time.perf_counter() - start):.1f}")
     bar.close()

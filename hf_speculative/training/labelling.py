@@ -79,6 +79,142 @@ def _write_json_atomic(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
+def _labelling_settings(
+    model, layers: list[int], top_k: int, max_length: int, data: str, autocast: torch.dtype | None, rank: int, world: int
+) -> dict:
+    """The settings recorded in (and checked against) ``manifest.json``."""
+    num_layers = model.config.num_hidden_layers
+    return {
+        "model_key": _model_key(model, max_length),
+        "model": str(getattr(model.config, "_name_or_path", "")) or type(model).__name__,
+        "layers": layers,
+        "top_k": top_k,
+        "max_length": max_length,
+        "data": str(data),
+        "autocast": None if autocast is None else str(autocast).removeprefix("torch."),
+        "num_hidden_layers": num_layers,
+        "hidden_size": model.config.hidden_size,
+        "rank": rank,
+        "world_size": world,
+    }
+
+
+def _open_manifest(out_dir: Path, settings: dict) -> dict:
+    """The manifest of a run to resume (its settings must match ``settings``), or a fresh one."""
+    manifest_path = out_dir / "manifest.json"
+    if manifest_path.is_file():
+        manifest = json.loads(manifest_path.read_text())
+        changed = [k for k in _SETTINGS if manifest.get(k) != settings[k]]
+        if changed:
+            raise ValueError(f"{out_dir} holds data labelled with other settings ({', '.join(changed)}); use another folder")
+    else:
+        manifest = {**settings, "shards": [], "next_record": 0, "num_conversations": 0, "total_tokens": 0,
+                    "bytes": 0, "bytes_per_million_tokens": None, "tokens_per_second": None}  # fmt: skip
+    return manifest
+
+
+def _encode_record(tokenizer, record: Record, max_length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(input_ids, labels)`` of a record's answered turns, or ``None`` when it has nothing to learn from."""
+    if not record.answers:
+        return None
+    enc = tokenize_conversation(tokenizer, record.dialogue(), max_length=max_length)
+    x = torch.tensor(enc["input_ids"], dtype=torch.int32)
+    y = torch.tensor(enc["labels"], dtype=torch.int32)
+    if len(x) < 3 or bool((y == -100).all()):
+        return None
+    return x, y
+
+
+def _label_tokens(
+    model, x: torch.Tensor, y: torch.Tensor, layers: list[int], top_k: int, autocast: torch.dtype | None
+) -> dict[str, torch.Tensor]:
+    """One conversation's tensors (see the module docstring): the target's hidden states and top-k teacher."""
+    device = model.device
+    backbone = getattr(model, model.base_model_prefix)
+    lm_head = model.get_output_embeddings()
+    with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+        out = backbone(input_ids=x[None].long().to(device), output_hidden_states=True, use_cache=False)
+    final = out.hidden_states[model.config.num_hidden_layers][0]
+    logits = lm_head(final.to(lm_head.weight.dtype)).float()
+    top = logits.topk(top_k, dim=-1)
+    top_logprobs = top.values - torch.logsumexp(logits, dim=-1, keepdim=True)
+    parts = {
+        "input_ids": x,
+        "labels": y,
+        "topk_ids": top.indices.to("cpu", torch.int32),
+        "topk_logprobs": top_logprobs.to("cpu", torch.float16),
+    }
+    for i in layers:
+        parts[f"hidden_{i}"] = out.hidden_states[i][0].to("cpu", torch.float16)
+    return parts
+
+
+def _progress_bar(progress: bool, total: int | None, initial: int):
+    """A tqdm bar on stderr counting labelled tokens, or ``None`` without ``progress``."""
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, unit="tok", unit_scale=True, desc="labelling", file=sys.stderr)
+
+
+class _ShardBuffer:
+    """The conversations labelled since the last shard; :meth:`flush` writes them as the next shard and rewrites
+    the manifest."""
+
+    def __init__(self, out_dir: Path, manifest: dict):
+        self.out_dir, self.manifest = out_dir, manifest
+        self.t_start, self.tokens_this_run = time.perf_counter(), 0
+        self._clear()
+
+    def _clear(self) -> None:
+        self.tensors: dict[str, list[torch.Tensor]] = {}
+        self.ids: list[str] = []
+        self.records: list[int] = []
+        self.tokens = 0
+
+    def add(self, parts: dict[str, torch.Tensor], record_id: str, index: int) -> None:
+        """Buffer one labelled conversation (``parts`` from :func:`_label_tokens`) of record ``index``."""
+        for k, v in parts.items():
+            self.tensors.setdefault(k, []).append(v)
+        self.ids.append(record_id)
+        self.records.append(index)
+        self.tokens += len(parts["input_ids"])
+        self.tokens_this_run += len(parts["input_ids"])
+
+    def _write_shard(self) -> None:
+        """Save the buffered conversations as the next shard and add it to the manifest (not yet written)."""
+        from safetensors.torch import save_file
+
+        manifest, out_dir = self.manifest, self.out_dir
+        lengths = [len(x) for x in self.tensors["input_ids"]]
+        tensors = {name: torch.cat(parts).contiguous() for name, parts in self.tensors.items()}
+        tensors["offsets"] = torch.tensor([0] + lengths).cumsum(0)
+        name = f"shard-{len(manifest['shards']):05d}.safetensors"
+        tmp = out_dir / (name + ".tmp")
+        save_file(tensors, str(tmp), metadata={"ids": json.dumps(self.ids)})
+        os.replace(tmp, out_dir / name)
+        size = (out_dir / name).stat().st_size
+        manifest["shards"].append(
+            {"file": name, "tokens": self.tokens, "conversations": len(self.ids), "bytes": size, "records": self.records}
+        )
+        manifest["total_tokens"] += self.tokens
+        manifest["num_conversations"] += len(self.ids)
+        manifest["bytes"] += size
+        manifest["bytes_per_million_tokens"] = round(manifest["bytes"] / manifest["total_tokens"] * 1e6)
+
+    def flush(self, next_record: int) -> None:
+        """Write the buffer (if any) as a shard, then the manifest with ``next_record`` to resume from."""
+        if self.ids:
+            self._write_shard()
+            elapsed = time.perf_counter() - self.t_start
+            if self.tokens_this_run and elapsed > 0:
+                self.manifest["tokens_per_second"] = round(self.tokens_this_run / elapsed, 1)
+            self._clear()
+        self.manifest["next_record"] = next_record
+        _write_json_atomic(self.out_dir / "manifest.json", self.manifest)
+
+
 @torch.no_grad()
 def label_conversations(
     model,
@@ -106,125 +242,36 @@ def label_conversations(
     under ``torch.autocast``; the ``lm_head`` and the log-softmax stay in float32. On SmolLM2-135M this kept
     99% top-1 agreement with the float32 target and a KL of 3e-4 nats per token.
     """
-    from safetensors.torch import save_file
-
     rank, world = _dist_rank()
     out_dir = Path(out_dir)
     if world > 1:
         out_dir = out_dir / f"rank{rank}"
         max_tokens = None if max_tokens is None else -(-max_tokens // world)
     out_dir.mkdir(parents=True, exist_ok=True)
-    num_layers = model.config.num_hidden_layers
-    layers = _resolve_layers(layers, num_layers)
-    settings = {
-        "model_key": _model_key(model, max_length),
-        "model": str(getattr(model.config, "_name_or_path", "")) or type(model).__name__,
-        "layers": layers,
-        "top_k": top_k,
-        "max_length": max_length,
-        "data": str(data),
-        "autocast": None if autocast is None else str(autocast).removeprefix("torch."),
-        "num_hidden_layers": num_layers,
-        "hidden_size": model.config.hidden_size,
-        "rank": rank,
-        "world_size": world,
-    }
-    manifest_path = out_dir / "manifest.json"
-    if manifest_path.is_file():
-        manifest = json.loads(manifest_path.read_text())
-        changed = [k for k in _SETTINGS if manifest.get(k) != settings[k]]
-        if changed:
-            raise ValueError(f"{out_dir} holds data labelled with other settings ({', '.join(changed)}); use another folder")
-    else:
-        manifest = {**settings, "shards": [], "next_record": 0, "num_conversations": 0, "total_tokens": 0,
-                    "bytes": 0, "bytes_per_million_tokens": None, "tokens_per_second": None}  # fmt: skip
+    layers = _resolve_layers(layers, model.config.num_hidden_layers)
+    settings = _labelling_settings(model, layers, top_k, max_length, data, autocast, rank, world)
+    manifest = _open_manifest(out_dir, settings)
 
-    done_tokens = manifest["total_tokens"]
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=max_tokens, initial=done_tokens, unit="tok", unit_scale=True, desc="labelling", file=sys.stderr)
-    buf: dict[str, list[torch.Tensor]] = {}
-    buf_ids: list[str] = []
-    buf_records: list[int] = []
-    buf_tokens = 0
-    t_start, tokens_this_run = time.perf_counter(), 0
-
-    def flush(next_record: int) -> None:
-        nonlocal buf, buf_ids, buf_records, buf_tokens, done_tokens
-        if not buf_ids:
-            manifest["next_record"] = next_record
-            _write_json_atomic(manifest_path, manifest)
-            return
-        lengths = [len(x) for x in buf["input_ids"]]
-        tensors = {name: torch.cat(parts).contiguous() for name, parts in buf.items()}
-        tensors["offsets"] = torch.tensor([0] + lengths).cumsum(0)
-        name = f"shard-{len(manifest['shards']):05d}.safetensors"
-        tmp = out_dir / (name + ".tmp")
-        save_file(tensors, str(tmp), metadata={"ids": json.dumps(buf_ids)})
-        os.replace(tmp, out_dir / name)
-        size = (out_dir / name).stat().st_size
-        manifest["shards"].append(
-            {"file": name, "tokens": buf_tokens, "conversations": len(buf_ids), "bytes": size, "records": buf_records}
-        )
-        done_tokens += buf_tokens
-        manifest["total_tokens"] = done_tokens
-        manifest["num_conversations"] += len(buf_ids)
-        manifest["bytes"] += size
-        manifest["bytes_per_million_tokens"] = round(manifest["bytes"] / done_tokens * 1e6)
-        elapsed = time.perf_counter() - t_start
-        if tokens_this_run and elapsed > 0:
-            manifest["tokens_per_second"] = round(tokens_this_run / elapsed, 1)
-        manifest["next_record"] = next_record
-        _write_json_atomic(manifest_path, manifest)
-        buf, buf_ids, buf_records, buf_tokens = {}, [], [], 0
-
-    device = model.device
-    backbone = getattr(model, model.base_model_prefix)
-    lm_head = model.get_output_embeddings()
+    bar = _progress_bar(progress, max_tokens, manifest["total_tokens"])
+    buf = _ShardBuffer(out_dir, manifest)
     index = manifest["next_record"]
     try:
         for index in range(manifest["next_record"], len(records)):
-            if max_tokens is not None and done_tokens + buf_tokens >= max_tokens:
+            if max_tokens is not None and manifest["total_tokens"] + buf.tokens >= max_tokens:
                 break
             if index % world != rank:
                 continue
-            record = records[index]
-            if not record.answers:
+            encoded = _encode_record(tokenizer, records[index], max_length)
+            if encoded is None:
                 continue
-            enc = tokenize_conversation(tokenizer, record.dialogue(), max_length=max_length)
-            x = torch.tensor(enc["input_ids"], dtype=torch.int32)
-            y = torch.tensor(enc["labels"], dtype=torch.int32)
-            if len(x) < 3 or bool((y == -100).all()):
-                continue
-            with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
-                out = backbone(input_ids=x[None].long().to(device), output_hidden_states=True, use_cache=False)
-            final = out.hidden_states[num_layers][0]
-            logits = lm_head(final.to(lm_head.weight.dtype)).float()
-            top = logits.topk(top_k, dim=-1)
-            top_logprobs = top.values - torch.logsumexp(logits, dim=-1, keepdim=True)
-            parts = {
-                "input_ids": x,
-                "labels": y,
-                "topk_ids": top.indices.to("cpu", torch.int32),
-                "topk_logprobs": top_logprobs.to("cpu", torch.float16),
-            }
-            for i in layers:
-                parts[f"hidden_{i}"] = out.hidden_states[i][0].to("cpu", torch.float16)
-            for k, v in parts.items():
-                buf.setdefault(k, []).append(v)
-            buf_ids.append(record.id)
-            buf_records.append(index)
-            buf_tokens += len(x)
-            tokens_this_run += len(x)
+            buf.add(_label_tokens(model, *encoded, layers, top_k, autocast), records[index].id, index)
             if bar is not None:
-                bar.update(len(x))
-            if buf_tokens >= shard_tokens:
-                flush(index + 1)
+                bar.update(len(encoded[0]))
+            if buf.tokens >= shard_tokens:
+                buf.flush(index + 1)
         else:
             index = len(records)
-        flush(index)
+        buf.flush(index)
     finally:
         if bar is not None:
             bar.close()
@@ -287,31 +334,9 @@ class LabelledShards:
             raise ValueError(f"no held-out set known for data {data!r}")
         return load_records("sharegpt-heldout")
 
-    def to_hidden_states(
-        self,
-        layer: int | None = None,
-        extra_layers: Sequence[int] = (),
-        max_tokens: int | None = None,
-        conversations: Iterable[int] | None = None,
-    ) -> HiddenStates:
-        """The labelled conversations as :class:`HiddenStates`, with the teacher (``topk_ids``,
-        ``topk_logprobs``).
-
-        ``layer``: the ``output_hidden_states`` index in ``hidden`` (default: the final post-norm state);
-        ``extra_layers`` go to ``HiddenStates.layers``; ``conversations``: indices to take (default all), in
-        order; ``max_tokens``: stop before the conversation that would pass this many tokens.
-        """
-        from safetensors import safe_open
-
-        layer = self.final_layer if layer is None else (self.final_layer if layer == -1 else layer)
-        extra = [self.final_layer if i == -1 else i for i in extra_layers]
-        for i in [layer, *extra]:
-            if i not in self.layers:
-                raise KeyError(f"layer {i} not labelled (have {self.layers})")
-        wanted = range(self.num_conversations) if conversations is None else conversations
-        # group the wanted conversations by shard, keeping their order
+    def _plan_by_shard(self, wanted: Iterable[int]) -> list[tuple[int, list[int]]]:
+        """Group the ``wanted`` conversations by shard, keeping their order: ``(shard, local indices)`` runs."""
         plan: list[tuple[int, list[int]]] = []
-        total = 0
         for c in wanted:
             s = bisect.bisect_right(self._first_conv, c) - 1
             if not 0 <= s < len(self.shards):
@@ -319,10 +344,18 @@ class LabelledShards:
             if not plan or plan[-1][0] != s:
                 plan.append((s, []))
             plan[-1][1].append(c - self._first_conv[s])
-        names = {"hidden": f"hidden_{layer}", "input_ids": "input_ids", "labels": "labels",
-                 "topk_ids": "topk_ids", "topk_logprobs": "topk_logprobs", **{i: f"hidden_{i}" for i in extra}}  # fmt: skip
+        return plan
+
+    def _read_conversations(
+        self, plan: list[tuple[int, list[int]]], names: dict, max_tokens: int | None
+    ) -> tuple[dict, list[int], list[str]]:
+        """Read the tensors ``names`` of the planned conversations, stopping before ``max_tokens`` is passed:
+        ``(parts per key, offsets, conversation ids)``."""
+        from safetensors import safe_open
+
         parts: dict = {k: [] for k in names}
         offsets, ids = [0], []
+        total = 0
         done = False
         for s, local in plan:
             path, _ = self.shards[s]
@@ -344,6 +377,31 @@ class LabelledShards:
                     parts[key].extend(sl[a:b] for a, b in spans)
             if done:
                 break
+        return parts, offsets, ids
+
+    def to_hidden_states(
+        self,
+        layer: int | None = None,
+        extra_layers: Sequence[int] = (),
+        max_tokens: int | None = None,
+        conversations: Iterable[int] | None = None,
+    ) -> HiddenStates:
+        """The labelled conversations as :class:`HiddenStates`, with the teacher (``topk_ids``,
+        ``topk_logprobs``).
+
+        ``layer``: the ``output_hidden_states`` index in ``hidden`` (default: the final post-norm state);
+        ``extra_layers`` go to ``HiddenStates.layers``; ``conversations``: indices to take (default all), in
+        order; ``max_tokens``: stop before the conversation that would pass this many tokens.
+        """
+        layer = self.final_layer if layer is None else (self.final_layer if layer == -1 else layer)
+        extra = [self.final_layer if i == -1 else i for i in extra_layers]
+        for i in [layer, *extra]:
+            if i not in self.layers:
+                raise KeyError(f"layer {i} not labelled (have {self.layers})")
+        wanted = range(self.num_conversations) if conversations is None else conversations
+        names = {"hidden": f"hidden_{layer}", "input_ids": "input_ids", "labels": "labels",
+                 "topk_ids": "topk_ids", "topk_logprobs": "topk_logprobs", **{i: f"hidden_{i}" for i in extra}}  # fmt: skip
+        parts, offsets, ids = self._read_conversations(self._plan_by_shard(wanted), names, max_tokens)
         if not ids:
             raise ValueError("no labelled conversation selected")
         cat = {k: torch.cat(v) for k, v in parts.items()}
