@@ -26,7 +26,14 @@ METHODS = ("lora", "medusa2", "streaming", "eagle")
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("downstream", help="task fine-tuning arms (LoRA, Medusa-2, Speculative Streaming, EAGLE-3): train, eval, table")
     sub = p.add_subparsers(dest="downstream_command", required=True)
+    _add_train_parser(sub)
+    _add_prune_parser(sub)
+    _add_eval_parser(sub)
+    _add_table_parser(sub)
 
+
+def _add_train_parser(sub) -> None:
+    """Register ``downstream train``."""
     t = sub.add_parser("train", help="fine-tune one arm on one task; writes a folder that 'downstream eval' loads")
     t.add_argument("--task", required=True, choices=TASKS)
     t.add_argument("--method", required=True, choices=METHODS)
@@ -63,6 +70,9 @@ def add_parser(subparsers) -> None:
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=run_train)
 
+
+def _add_prune_parser(sub) -> None:
+    """Register ``downstream prune``."""
     r = sub.add_parser("prune", help="add parallel tree pruning (a trained early exit, Sec. 3.1.3) to a trained streaming folder")
     r.add_argument("folder", help="a 'downstream train --method streaming' folder (rewritten in place)")
     r.add_argument("--data", required=True, help="the folder's task data (its training split trains the early exit)")
@@ -76,6 +86,9 @@ def add_parser(subparsers) -> None:
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(func=run_prune)
 
+
+def _add_eval_parser(sub) -> None:
+    """Register ``downstream eval``."""
     e = sub.add_parser("eval", help="plain vs speculative greedy decoding of a trained folder on the task's test prompts")
     e.add_argument("folder", help="a 'downstream train' folder")
     e.add_argument("--task", required=True, choices=TASKS)
@@ -95,6 +108,9 @@ def add_parser(subparsers) -> None:
     e.add_argument("--no-progress", action="store_true")
     e.set_defaults(func=run_eval)
 
+
+def _add_table_parser(sub) -> None:
+    """Register ``downstream table``."""
     b = sub.add_parser("table", help="gather eval JSONs into a Table-1-style markdown table and a plot")
     b.add_argument("--results", default="results/downstream", help="folder of eval JSONs")
     b.add_argument("--output", default=None, help="write the markdown table here (default: print it)")

@@ -110,19 +110,10 @@ def _training_states(args):
     return (model, tokenizer, *split_hidden_states(model, tokenizer, records, args))
 
 
-def run_medusa2(args) -> int:
-    """Medusa-2 (Sec. 2.2.2): LoRA backbone + heads trained jointly; saves heads + ``adapter/`` + card."""
-    args.batch_size = args.batch_size or 1
-    setup_torch(args)
-    from ..training.trainer import extract_hidden_states
-    from ..model_card import write_drafter_card
+def _medusa2_heads(model, args):
+    """The Medusa heads to train jointly: warm-started from ``--init-heads`` (stage 1) or fresh on ``model``."""
     from ..drafters.medusa.modeling_medusa import MedusaHeadsModel
-    from ..drafters.medusa.training_medusa2 import Medusa2Dataset, Medusa2Model, add_lora, evaluate_lm_loss, save_medusa2, train_medusa2
-    from ..drafters.medusa.tree_calibration import calibrate_tree
 
-    model, tokenizer, records = load_model_and_records(args)
-    train_records, held_out = split_records(records, args.holdout, args.seed)
-    print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
     if args.init_heads:  # heads warm-up, stage 1: trained Medusa-1 heads
         heads = MedusaHeadsModel.from_pretrained(args.init_heads, base_model=model).to(model.device)
     else:
@@ -130,35 +121,34 @@ def run_medusa2(args) -> int:
             model, num_heads=args.num_heads, num_layers=args.num_layers, share_lm_head=not args.own_lm_head, acceptance=args.acceptance
         )
     record_reference_base(heads.config, args.model)
-    targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
-    peft_model = add_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout, target_modules=targets)
-    joint = Medusa2Model(peft_model, heads)
-    train_set = Medusa2Dataset(tokenizer, train_records, max_length=args.max_length)
-    hold_set = Medusa2Dataset(tokenizer, held_out, max_length=args.max_length) if held_out else None
-    print(f"train: {len(train_set)} conversations, {train_set.num_answer_tokens} answer tokens", file=sys.stderr)
-    t0 = time.perf_counter()
-    trainer = train_medusa2(
-        joint, train_set, output_dir=str(Path(args.out) / "trainer_state"), num_epochs=args.epochs, max_steps=args.max_steps,
-        learning_rate=args.lr, heads_lr_ratio=args.heads_lr_ratio, batch_size=args.batch_size,
-        gradient_accumulation_steps=args.grad_accum, lambda0=args.lambda0, lambda0_warmup=args.lambda0_warmup,
-        lambda0_kind=args.lambda0_schedule, lm_loss=args.lm_loss, max_head_positions=args.head_positions, time_budget_s=args.time_budget, pad_token_id=tokenizer.pad_token_id or 0, seed=args.seed,
-    )  # fmt: skip
-    train_s = time.perf_counter() - t0
+    return heads
+
+
+def _medusa2_evaluation(args, peft_model, heads, tokenizer, hold_set, held_out) -> dict:
+    """Held-out LM loss with and without the adapter and, with ``--calibrate-nodes``, a tree calibrated on the
+    adapted model's hidden states (into ``heads.config``)."""
+    from ..training.trainer import extract_hidden_states
+    from ..drafters.medusa.training_medusa2 import evaluate_lm_loss
+    from ..drafters.medusa.tree_calibration import calibrate_tree
+
+    evaluation = {
+        "held_out_lm_loss_base": round(evaluate_lm_loss(peft_model, hold_set, adapter=False), 4),
+        "held_out_lm_loss_adapted": round(evaluate_lm_loss(peft_model, hold_set, adapter=True), 4),
+    }
+    print(f"held-out LM loss: {evaluation}", file=sys.stderr)
+    if args.calibrate_nodes:
+        hold_states = extract_hidden_states(peft_model.get_base_model(), tokenizer, held_out, max_length=args.max_length, cache=False)
+        tree = calibrate_tree(heads, hold_states, num_nodes=args.calibrate_nodes)
+        print(f"calibrated tree (adapted model's hidden states): {tree.num_nodes} nodes, depth {tree.depth}; "
+              f"expected tau {heads.config.calibration['expected_acceptance_length']}", file=sys.stderr)  # fmt: skip
+    return evaluation
+
+
+def _medusa2_training_report(args, heads, train_records, held_out, train_set, trainer, targets, train_s, evaluation) -> dict:
+    """``heads.config.training`` of a Medusa-2 run."""
     history = trainer.state.log_history
-    evaluation = {}
-    if hold_set is not None and len(hold_set):
-        evaluation = {
-            "held_out_lm_loss_base": round(evaluate_lm_loss(peft_model, hold_set, adapter=False), 4),
-            "held_out_lm_loss_adapted": round(evaluate_lm_loss(peft_model, hold_set, adapter=True), 4),
-        }
-        print(f"held-out LM loss: {evaluation}", file=sys.stderr)
-        if args.calibrate_nodes:
-            hold_states = extract_hidden_states(peft_model.get_base_model(), tokenizer, held_out, max_length=args.max_length, cache=False)
-            tree = calibrate_tree(heads, hold_states, num_nodes=args.calibrate_nodes)
-            print(f"calibrated tree (adapted model's hidden states): {tree.num_nodes} nodes, depth {tree.depth}; "
-                  f"expected tau {heads.config.calibration['expected_acceptance_length']}", file=sys.stderr)  # fmt: skip
     steps = trainer.state.global_step
-    heads.config.training = {
+    return {
         "method": "medusa-2 (LoRA backbone + heads, joint)",
         "base": f"{heads.config.base_model_name_or_path} + LoRA adapter (adapter/): a CHANGED model",
         "data": str(args.data),
@@ -192,6 +182,37 @@ def run_medusa2(args) -> int:
         **evaluation,
         "command": command_line(args),
     }
+
+
+def run_medusa2(args) -> int:
+    """Medusa-2 (Sec. 2.2.2): LoRA backbone + heads trained jointly; saves heads + ``adapter/`` + card."""
+    args.batch_size = args.batch_size or 1
+    setup_torch(args)
+    from ..model_card import write_drafter_card
+    from ..drafters.medusa.training_medusa2 import Medusa2Dataset, Medusa2Model, add_lora, save_medusa2, train_medusa2
+
+    model, tokenizer, records = load_model_and_records(args)
+    train_records, held_out = split_records(records, args.holdout, args.seed)
+    print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
+    heads = _medusa2_heads(model, args)
+    targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
+    peft_model = add_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout, target_modules=targets)
+    joint = Medusa2Model(peft_model, heads)
+    train_set = Medusa2Dataset(tokenizer, train_records, max_length=args.max_length)
+    hold_set = Medusa2Dataset(tokenizer, held_out, max_length=args.max_length) if held_out else None
+    print(f"train: {len(train_set)} conversations, {train_set.num_answer_tokens} answer tokens", file=sys.stderr)
+    t0 = time.perf_counter()
+    trainer = train_medusa2(
+        joint, train_set, output_dir=str(Path(args.out) / "trainer_state"), num_epochs=args.epochs, max_steps=args.max_steps,
+        learning_rate=args.lr, heads_lr_ratio=args.heads_lr_ratio, batch_size=args.batch_size,
+        gradient_accumulation_steps=args.grad_accum, lambda0=args.lambda0, lambda0_warmup=args.lambda0_warmup,
+        lambda0_kind=args.lambda0_schedule, lm_loss=args.lm_loss, max_head_positions=args.head_positions, time_budget_s=args.time_budget, pad_token_id=tokenizer.pad_token_id or 0, seed=args.seed,
+    )  # fmt: skip
+    train_s = time.perf_counter() - t0
+    evaluation = {}
+    if hold_set is not None and len(hold_set):
+        evaluation = _medusa2_evaluation(args, peft_model, heads, tokenizer, hold_set, held_out)
+    heads.config.training = _medusa2_training_report(args, heads, train_records, held_out, train_set, trainer, targets, train_s, evaluation)
     out = Path(args.out)
     report = {k: v for k, v in heads.config.training.items() if k != "log"}
     return finish_folder(out, lambda o: save_medusa2(joint, o), lambda o: write_drafter_card(heads, o), report)

@@ -54,12 +54,71 @@ def add_segment_training_args(p, lr: float, batch_size: int, max_train_tokens: b
     p.add_argument("--holdout", type=float, default=0.1)
 
 
+def _training_method(args, shared: bool) -> str:
+    """The ``training.method`` line of the drafter's config."""
+    return (
+        f"speculative streaming, shared mode (LoRA rank {args.lora_rank} on the base, alpha_0 = 1, alpha_j = 0.1)"
+        if shared else "speculative streaming, lossless mode (frozen base, alpha_0 = 0)"
+    ) + (", KD on target-labelled shards" if args.labelled else "")  # fmt: skip
+
+
+def _training_report(args, ss, model, train_states, trainer, train_s: float, counts: dict, callbacks: list, shared: bool) -> dict:
+    """``ss.config.training``: data, settings, steps, loss, parameter counts and the learning curve."""
+    base_params = sum(p.numel() for p in model.parameters())
+    return {
+        "method": _training_method(args, shared),
+        "data": ", ".join(args.labelled) if args.labelled else str(args.data),
+        **counts,
+        "train_answer_tokens": train_states.num_train_tokens,
+        "epochs": args.epochs,
+        "max_steps": args.max_steps,
+        "steps_done": trainer.state.global_step,
+        "time_budget_s": args.time_budget,
+        **batch_report(args),
+        "segment_length": args.segment_length,
+        "train_seconds": round(train_s, 1),
+        "final_loss": round(float(trainer.state.log_history[-1].get("train_loss", float("nan"))), 4),
+        "stream_parameters": ss.num_stream_parameters(),
+        "lora_parameters": sum(p.numel() for p in ss.trainable_parameters()) - ss.num_stream_parameters() if shared else 0,
+        "base_parameters": base_params,
+        "extra_parameter_share": round(ss.num_stream_parameters() / base_params, 6),
+        "learning_curve": next((c.curve for c in callbacks if hasattr(c, "curve")), None),
+        "command": command_line(args),
+    }
+
+
+def _calibrate_tree(ss, hold_states, args) -> None:
+    """Measure the streams' held-out top-i accuracies into ``ss.config.calibration`` and, with
+    ``--calibrate-nodes``, replace the default tree with the calibrated one."""
+    from ..engine.trees import TreeSpec, expected_acceptance_length
+    from ..drafters.streaming.training_speculative_streaming import stream_accuracies
+
+    acc = stream_accuracies(ss, hold_states)
+    calibration = {"stream_top_i_accuracy": [[round(a, 4) for a in r] for r in acc]}
+    if args.calibrate_nodes:
+        tree = TreeSpec.optimize(acc, args.calibrate_nodes)
+        ss.config.stream_tree = tree.to_list()
+        calibration.update(num_nodes=args.calibrate_nodes, expected_acceptance_length=round(expected_acceptance_length(tree, acc), 4))
+    ss.config.calibration = calibration
+
+
+def _build_streams(model, args):
+    """The Speculative Streaming drafter on ``model``, configured from the command line."""
+    from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
+
+    ss = LlamaForSpeculativeStreaming.from_base_model(
+        model, num_streams=args.num_streams, num_msa_layers=args.num_msa_layers, mode=args.mode,
+        adapter_rank=args.adapter_rank, stream_init_rank=args.stream_init_rank, tree_top_k=args.top_k,
+        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
+    )  # fmt: skip
+    record_reference_base(ss.config, args.model)
+    return ss
+
+
 def run(args) -> int:
     setup_torch(args)
-    from ..engine.trees import TreeSpec, expected_acceptance_length
     from ..model_card import write_drafter_card
-    from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
-    from ..drafters.streaming.training_speculative_streaming import StreamCurveCallback, extract_stream_inputs, stream_accuracies, tokenize_records, train_speculative_streaming
+    from ..drafters.streaming.training_speculative_streaming import StreamCurveCallback, extract_stream_inputs, tokenize_records, train_speculative_streaming
 
     shared = args.mode == "shared"
     if args.labelled:  # the shards hold the states entering the first MSA layer and the target's top-k
@@ -74,12 +133,7 @@ def run(args) -> int:
         train_records, held_out = split_records(records, args.holdout, args.seed)
         counts = {"conversations": len(train_records), "held_out_conversations": len(held_out)}
         print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
-    ss = LlamaForSpeculativeStreaming.from_base_model(
-        model, num_streams=args.num_streams, num_msa_layers=args.num_msa_layers, mode=args.mode,
-        adapter_rank=args.adapter_rank, stream_init_rank=args.stream_init_rank, tree_top_k=args.top_k,
-        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
-    )  # fmt: skip
-    record_reference_base(ss.config, args.model)
+    ss = _build_streams(model, args)
     layer = ss.config.first_msa_layer
     t0 = time.perf_counter()
 
@@ -112,37 +166,8 @@ def run(args) -> int:
 
         ss.set_draft_vocab(frequent_tokens(draft_vocab_source(train_states), args.draft_vocab_size, vocab_size=ss.config.vocab_size))
     if hold_states is not None:
-        acc = stream_accuracies(ss, hold_states)
-        calibration = {"stream_top_i_accuracy": [[round(a, 4) for a in r] for r in acc]}
-        if args.calibrate_nodes:
-            tree = TreeSpec.optimize(acc, args.calibrate_nodes)
-            ss.config.stream_tree = tree.to_list()
-            calibration.update(num_nodes=args.calibrate_nodes, expected_acceptance_length=round(expected_acceptance_length(tree, acc), 4))
-        ss.config.calibration = calibration
-    base_params = sum(p.numel() for p in model.parameters())
-    ss.config.training = {
-        "method": (
-            f"speculative streaming, shared mode (LoRA rank {args.lora_rank} on the base, alpha_0 = 1, alpha_j = 0.1)"
-            if shared else "speculative streaming, lossless mode (frozen base, alpha_0 = 0)"
-        ) + (", KD on target-labelled shards" if args.labelled else ""),
-        "data": ", ".join(args.labelled) if args.labelled else str(args.data),
-        **counts,
-        "train_answer_tokens": train_states.num_train_tokens,
-        "epochs": args.epochs,
-        "max_steps": args.max_steps,
-        "steps_done": trainer.state.global_step,
-        "time_budget_s": args.time_budget,
-        **batch_report(args),
-        "segment_length": args.segment_length,
-        "train_seconds": round(train_s, 1),
-        "final_loss": round(float(trainer.state.log_history[-1].get("train_loss", float("nan"))), 4),
-        "stream_parameters": ss.num_stream_parameters(),
-        "lora_parameters": sum(p.numel() for p in ss.trainable_parameters()) - ss.num_stream_parameters() if shared else 0,
-        "base_parameters": base_params,
-        "extra_parameter_share": round(ss.num_stream_parameters() / base_params, 6),
-        "learning_curve": next((c.curve for c in callbacks if hasattr(c, "curve")), None),
-        "command": command_line(args),
-    }
+        _calibrate_tree(ss, hold_states, args)
+    ss.config.training = _training_report(args, ss, model, train_states, trainer, train_s, counts, callbacks, shared)
     out = Path(args.out)
     if shared:
         print("shared mode: config, streams and lora/ saved; the model card template describes lossless mode, none written", file=sys.stderr)
