@@ -519,19 +519,7 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
         )
         cos, sin = decoder.rotary_emb(h, position_ids)
         hidden = [h]
-        first = self.config.first_msa_layer
-        received = {}  # what the last plain layer is called with, after any pre-hook of the engine (tree pruning)
-        handle = decoder.layers[first - 1].register_forward_pre_hook(lambda m, a, kw: received.update(kw), with_kwargs=True) if first else None
-        try:
-            for layer in decoder.layers[:first]:
-                h = layer(
-                    h, attention_mask=mask, position_embeddings=(cos, sin), position_ids=position_ids,
-                    **cache_arg(cache), use_cache=cache is not None,
-                )  # fmt: skip
-                hidden.append(h)
-        finally:
-            if handle is not None:
-                handle.remove()
+        h, received = self._plain_layers(h, mask, cos, sin, position_ids, cache, hidden)
         stream_inputs = h
         if received and received["attention_mask"] is not mask:
             # the engine pruned the trees inside this forward (`hf_speculative.engine.tree_forward`): the MSA layers run on
@@ -560,6 +548,26 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
             stream_logits=self.stream_head(streams) if output_streams else None,
             stream_states=streams,
         )
+
+    def _plain_layers(self, h, mask, cos, sin, position_ids, cache, hidden: list) -> tuple[torch.Tensor, dict]:
+        """The base layers below the MSA layers, their outputs appended to ``hidden``; returns the last one's output
+        and the keyword arguments the last plain layer was called with (after any pre-hook of the engine's tree
+        pruning; empty without plain layers)."""
+        decoder = self.model
+        first = self.config.first_msa_layer
+        received = {}  # what the last plain layer is called with, after any pre-hook of the engine (tree pruning)
+        handle = decoder.layers[first - 1].register_forward_pre_hook(lambda m, a, kw: received.update(kw), with_kwargs=True) if first else None
+        try:
+            for layer in decoder.layers[:first]:
+                h = layer(
+                    h, attention_mask=mask, position_embeddings=(cos, sin), position_ids=position_ids,
+                    **cache_arg(cache), use_cache=cache is not None,
+                )  # fmt: skip
+                hidden.append(h)
+        finally:
+            if handle is not None:
+                handle.remove()
+        return h, received
 
     def stream_states(self, main_hidden, keys_values, key_mask, position_ids) -> torch.Tensor:
         """Streams through the MSA layers. ``main_hidden`` ``(B, T, H)`` enters layer N - N_s; ``keys_values``:
