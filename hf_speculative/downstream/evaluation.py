@@ -110,6 +110,25 @@ def _training_free_drafter(name: str, warm_texts: list[str] | None = None, token
     raise ValueError(f"drafter must be one of {TRAINING_FREE}, got {name!r}")
 
 
+def _load_streaming(folder: Path, info: dict, tokenizer, base, pruning_threshold: float | None, gen: dict) -> DownstreamModel:
+    """A ``streaming`` folder: plain is the joint forward one token at a time, speculative the streams' own drafting."""
+    from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
+
+    ss = LlamaForSpeculativeStreaming.from_pretrained(folder, base_model=base)
+    ss.streams.to(device=base.device)
+    if pruning_threshold is not None:
+        ss.config.pruning_threshold = pruning_threshold
+    name = "speculative streaming (shared mode, self-drafting)"
+    if ss.config.pruning_layer is not None and ss.config.pruning_threshold > 0:
+        name = f"speculative streaming (shared mode, self-drafting, tree pruning after layer {ss.config.pruning_layer} at {ss.config.pruning_threshold:g})"
+    return DownstreamModel(
+        info, tokenizer,
+        plain=lambda ids, n: ss.generate_autoregressive(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, **gen),
+        speculative=lambda ids, n: ss.generate(ids, max_new_tokens=n, **gen),
+        drafter=name, extra_parameters=ss.num_stream_parameters(), device=base.device,
+    )  # fmt: skip
+
+
 def load_downstream(folder: str | Path, device: str | None = None, dtype: torch.dtype = torch.float32,
                     drafter: str = "prompt-lookup", pruning_threshold: float | None = None,
                     warm_texts: list[str] | None = None) -> DownstreamModel:  # fmt: skip
@@ -132,21 +151,7 @@ def load_downstream(folder: str | Path, device: str | None = None, dtype: torch.
     gen = dict(do_sample=False, return_dict_in_generate=True)
 
     if method == "streaming":
-        from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
-
-        ss = LlamaForSpeculativeStreaming.from_pretrained(folder, base_model=base)
-        ss.streams.to(device=base.device)
-        if pruning_threshold is not None:
-            ss.config.pruning_threshold = pruning_threshold
-        name = "speculative streaming (shared mode, self-drafting)"
-        if ss.config.pruning_layer is not None and ss.config.pruning_threshold > 0:
-            name = f"speculative streaming (shared mode, self-drafting, tree pruning after layer {ss.config.pruning_layer} at {ss.config.pruning_threshold:g})"
-        return DownstreamModel(
-            info, tokenizer,
-            plain=lambda ids, n: ss.generate_autoregressive(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, **gen),
-            speculative=lambda ids, n: ss.generate(ids, max_new_tokens=n, **gen),
-            drafter=name, extra_parameters=ss.num_stream_parameters(), device=base.device,
-        )  # fmt: skip
+        return _load_streaming(folder, info, tokenizer, base, pruning_threshold, gen)
     if method == "medusa2":
         from ..drafters.medusa.training_medusa2 import load_medusa2
 
@@ -184,6 +189,49 @@ def compute_metric(task: str, predictions: list[str], references: list[list[str]
     return {k: round(float(result[k]), 4) for k in spec.metric_keys}
 
 
+def _decode_interleaved(loaded: DownstreamModel, prompts: list[torch.Tensor], n_new: int, progress: bool, desc: str):
+    """Decode each prompt plainly and speculatively, the order alternating from prompt to prompt: ``(seconds and
+    new tokens per kind, plain texts, number of identical outputs, accepted lengths, target forwards, tree sizes)``."""
+    times = {"plain": 0.0, "speculative": 0.0}
+    tokens = {"plain": 0, "speculative": 0}
+    texts, same, accepted, forwards, nodes = [], 0, [], 0, []
+    iterator = enumerate(prompts)
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(iterator, total=len(prompts), desc=desc, unit="prompt")
+    for i, ids in iterator:
+        outs = {}
+        for kind in ("plain", "speculative") if i % 2 == 0 else ("speculative", "plain"):
+            fn = loaded.plain if kind == "plain" else loaded.speculative
+            if loaded.device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = fn(ids, n_new)
+            if loaded.device.type == "cuda":
+                torch.cuda.synchronize()
+            times[kind] += time.perf_counter() - t0
+            outs[kind] = out.sequences[0, ids.shape[1] :].cpu()
+            tokens[kind] += outs[kind].numel()
+            stats = getattr(out, "speculative_stats", None)  # None: transformers' own decoding
+            if kind == "speculative" and stats is not None:
+                accepted += list(stats.accepted_lengths)
+                nodes += list(getattr(stats, "tree_sizes", []))
+                forwards += getattr(stats, "num_target_forwards", len(stats.accepted_lengths))
+        same += int(torch.equal(outs["plain"], outs["speculative"]))
+        texts.append(loaded.tokenizer.decode(outs["plain"], skip_special_tokens=True).strip())
+    return times, tokens, texts, same, accepted, forwards, nodes
+
+
+def _decoding_train_seconds(training: dict, drafter: str) -> float | None:
+    """The folder's training time, plus a pruning early exit's extraction and training when this decoding uses it."""
+    train_seconds = training.get("train_seconds")
+    pruning = training.get("pruning") or {}
+    if train_seconds is not None and pruning and "tree pruning" in drafter:  # the early exit is part of this decoding
+        train_seconds = round(train_seconds + pruning["extract_seconds"] + pruning["train_seconds"], 1)
+    return train_seconds
+
+
 @torch.inference_mode()
 def evaluate_folder(folder: str | Path, task: str, data_dir, limit: int | None = None, max_new_tokens: int | None = None,
                     device: str | None = None, progress: bool = True, drafter: str = "prompt-lookup",
@@ -209,41 +257,12 @@ def evaluate_folder(folder: str | Path, task: str, data_dir, limit: int | None =
     prompts = [torch.tensor([encode_chat(tok, r.messages)], device=loaded.device) for r in records]
     loaded.plain(prompts[0], 8)  # warm-up
     loaded.speculative(prompts[0], 8)
-    times = {"plain": 0.0, "speculative": 0.0}
-    tokens = {"plain": 0, "speculative": 0}
-    texts, same, accepted, forwards, nodes = [], 0, [], 0, []
-    iterator = enumerate(prompts)
-    if progress:
-        from tqdm.auto import tqdm
-
-        iterator = tqdm(iterator, total=len(prompts), desc=f"eval {loaded.info['method']} on {task}", unit="prompt")
-    for i, ids in iterator:
-        outs = {}
-        for kind in ("plain", "speculative") if i % 2 == 0 else ("speculative", "plain"):
-            fn = loaded.plain if kind == "plain" else loaded.speculative
-            if loaded.device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            out = fn(ids, n_new)
-            if loaded.device.type == "cuda":
-                torch.cuda.synchronize()
-            times[kind] += time.perf_counter() - t0
-            outs[kind] = out.sequences[0, ids.shape[1] :].cpu()
-            tokens[kind] += outs[kind].numel()
-            stats = getattr(out, "speculative_stats", None)  # None: transformers' own decoding
-            if kind == "speculative" and stats is not None:
-                accepted += list(stats.accepted_lengths)
-                nodes += list(getattr(stats, "tree_sizes", []))
-                forwards += getattr(stats, "num_target_forwards", len(stats.accepted_lengths))
-        same += int(torch.equal(outs["plain"], outs["speculative"]))
-        texts.append(tok.decode(outs["plain"], skip_special_tokens=True).strip())
+    desc = f"eval {loaded.info['method']} on {task}"
+    times, tokens, texts, same, accepted, forwards, nodes = _decode_interleaved(loaded, prompts, n_new, progress, desc)
     plain_tps = tokens["plain"] / max(times["plain"], 1e-9)
     spec_tps = tokens["speculative"] / max(times["speculative"], 1e-9)
     training = loaded.info.get("training") or {}
-    train_seconds = training.get("train_seconds")
-    pruning = training.get("pruning") or {}
-    if train_seconds is not None and pruning and "tree pruning" in loaded.drafter:  # the early exit is part of this decoding
-        train_seconds = round(train_seconds + pruning["extract_seconds"] + pruning["train_seconds"], 1)
+    train_seconds = _decoding_train_seconds(training, loaded.drafter)
     return {
         "task": task,
         "method": loaded.info["method"],
