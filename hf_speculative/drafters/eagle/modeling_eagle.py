@@ -336,6 +336,65 @@ def causal_mask(T: int, dtype: torch.dtype, device, past: int = 0) -> torch.Tens
     return mask[None, None]
 
 
+class _TreeRows:
+    """The drafter rows of one step's tree: per expanded node its row index (in the tree segment), its output and
+    the keys/values of the rows run so far, on top of the ``committed`` cached rows ``kv``."""
+
+    def __init__(self, drafter: EagleDrafter, kv, committed: int, root_hidden: torch.Tensor):
+        self.drafter = drafter
+        self.device = drafter.fc.weight.device
+        self.dtype = drafter.fc.weight.dtype
+        self.kv = kv
+        self.committed = committed
+        self.base_position = committed - 1  # the root row's position (L - 2)
+        self.tree_k: list[torch.Tensor] = []
+        self.tree_v: list[torch.Tensor] = []
+        self.row_of: dict[int, int] = {}
+        self.hidden_of: dict[int, torch.Tensor] = {-1: root_hidden}
+        self.num_tree_rows = 0
+
+    def run(self, nodes: list[int], tokens: list[int], parents: list[int], depths: list[int], chains: list[list[int]]):
+        """Drafter rows for ``nodes`` (ids in the caller's numbering, parent -1 = root); ``chains[i]`` the
+        tree-row indices of node i's expanded ancestors. Returns their logits over the draft vocabulary."""
+        device, dtype, committed, n = self.device, self.dtype, self.committed, len(nodes)
+        ids = torch.tensor(tokens, device=device)[None]
+        hidden = torch.stack([self.hidden_of[p] for p in parents])[None]
+        positions = torch.tensor([self.base_position + d for d in depths], device=device)[None]
+        visible = torch.zeros(n, committed + self.num_tree_rows + n, dtype=torch.bool, device=device)
+        visible[:, :committed] = True
+        for i, chain in enumerate(chains):
+            if chain:
+                visible[i, torch.tensor(chain, device=device) + committed] = True
+            visible[i, committed + self.num_tree_rows + i] = True
+        mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
+        past = self.kv if not self.tree_k else (
+            torch.cat([self.kv[0], *self.tree_k], 2), torch.cat([self.kv[1], *self.tree_v], 2)
+        )  # fmt: skip
+        out = self.drafter(ids, hidden=hidden, position_ids=positions, attention_mask=mask[None, None],
+                           cache=past, use_cache=True, compute_logits=False)  # fmt: skip
+        k, v = out.cache
+        self.tree_k.append(k[:, :, -n:])
+        self.tree_v.append(v[:, :, -n:])
+        for i, node in enumerate(nodes):
+            self.row_of[node] = self.num_tree_rows + i
+            self.hidden_of[node] = out.hidden_states[0, i]
+        self.num_tree_rows += n
+        return self.drafter.compute_logits(out.hidden_states[0]).float()  # over the draft vocabulary
+
+    def expand(self, depth: int, frontier, cand_tokens, cand_parents) -> torch.Tensor:
+        """`DynamicTree.grow`'s expansion: the frontier candidates' rows at ``depth``, as log-probabilities."""
+        chains = []
+        for c in frontier:
+            chain, p = [], int(cand_parents[c])
+            while p >= 0:
+                chain.append(self.row_of[p])
+                p = int(cand_parents[p])
+            chains.append(chain)
+        parents = [int(cand_parents[c]) for c in frontier]
+        logits = self.run(frontier, [int(cand_tokens[c]) for c in frontier], parents, [depth] * len(frontier), chains)
+        return torch.log_softmax(logits, dim=-1)
+
+
 class EagleTreeDrafter(OneRowDrafter):
     """Drafting a tree with an `EagleDrafter` inside the engine (batch 1).
 
@@ -407,63 +466,19 @@ class EagleTreeDrafter(OneRowDrafter):
 
     @torch.no_grad()
     def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
-        drafter = self.drafter
-        device = drafter.fc.weight.device
-        dtype = drafter.fc.weight.dtype
         root_hidden, root_logits = self._committed_rows(sequence)
-        committed = self.rows
-        base_position = committed - 1  # the root row's position (L - 2)
-        # tree rows: per expanded node its row index (in the tree segment), its output and its ancestors' rows
-        tree_k, tree_v = [], []
-        row_of: dict[int, int] = {}
-        hidden_of: dict[int, torch.Tensor] = {-1: root_hidden}
-        num_tree_rows = 0
-
-        def run_rows(nodes: list[int], tokens: list[int], parents: list[int], depths: list[int], chains: list[list[int]]):
-            """Drafter rows for ``nodes`` (ids in the caller's numbering, parent -1 = root); ``chains[i]`` the
-            tree-row indices of node i's expanded ancestors."""
-            nonlocal num_tree_rows
-            n = len(nodes)
-            ids = torch.tensor(tokens, device=device)[None]
-            hidden = torch.stack([hidden_of[p] for p in parents])[None]
-            positions = torch.tensor([base_position + d for d in depths], device=device)[None]
-            visible = torch.zeros(n, committed + num_tree_rows + n, dtype=torch.bool, device=device)
-            visible[:, :committed] = True
-            for i, chain in enumerate(chains):
-                if chain:
-                    visible[i, torch.tensor(chain, device=device) + committed] = True
-                visible[i, committed + num_tree_rows + i] = True
-            mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
-            past = self.kv if not tree_k else (torch.cat([self.kv[0], *tree_k], 2), torch.cat([self.kv[1], *tree_v], 2))
-            out = drafter(ids, hidden=hidden, position_ids=positions, attention_mask=mask[None, None],
-                          cache=past, use_cache=True, compute_logits=False)  # fmt: skip
-            k, v = out.cache
-            tree_k.append(k[:, :, -n:])
-            tree_v.append(v[:, :, -n:])
-            for i, node in enumerate(nodes):
-                row_of[node] = num_tree_rows + i
-                hidden_of[node] = out.hidden_states[0, i]
-            num_tree_rows += n
-            return drafter.compute_logits(out.hidden_states[0]).float()  # over the draft vocabulary
-
-        if isinstance(tree, DynamicTree):
-
-            def expand(depth, frontier, cand_tokens, cand_parents):
-                chains = []
-                for c in frontier:
-                    chain, p = [], int(cand_parents[c])
-                    while p >= 0:
-                        chain.append(row_of[p])
-                        p = int(cand_parents[p])
-                    chains.append(chain)
-                parents = [int(cand_parents[c]) for c in frontier]
-                logits = run_rows(frontier, [int(cand_tokens[c]) for c in frontier], parents, [depth] * len(frontier), chains)
-                return torch.log_softmax(logits, dim=-1)
-
+        rows = _TreeRows(self.drafter, self.kv, self.rows, root_hidden)
+        if isinstance(tree, DynamicTree):  # grown by `DynamicTree.grow`, each frontier in one drafter forward
             root_lp = torch.log_softmax(root_logits.float(), dim=-1)
-            return tree.grow(root_lp, expand, sequence[0, -1].to(device), vocab_ids=self._target_ids)
+            return tree.grow(root_lp, rows.expand, sequence[0, -1].to(rows.device), vocab_ids=self._target_ids)
+        return self._propose_static(sequence, tree, options, rows, root_logits)
 
-        # a static tree: depth by depth, the inner nodes of the depth are expanded in one drafter forward
+    def _propose_static(
+        self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions, rows: _TreeRows,
+        root_logits: torch.Tensor,
+    ) -> DraftTree:  # fmt: skip
+        """A static tree: depth by depth, the inner nodes of the depth are expanded in one drafter forward."""
+        device = rows.device
         scheme = options.scheme(self.draft_sampling)
         n = tree.num_nodes + 1
         tokens = torch.empty(n, dtype=torch.long, device=device)
@@ -480,23 +495,30 @@ class EagleTreeDrafter(OneRowDrafter):
                 for i in inner:
                     chain, p = [], parents_of[i]
                     while p > 0:
-                        chain.append(row_of[p])
+                        chain.append(rows.row_of[p])
                         p = parents_of[p]
                     chains.append(chain)
                 node_tokens = tokens[inner].tolist()
-                rows = run_rows(inner, node_tokens, [parents_of[i] if parents_of[i] > 0 else -1 for i in inner], [d] * len(inner), chains)
-                logits = {i: rows[j] for j, i in enumerate(inner)}
+                out = rows.run(inner, node_tokens, [parents_of[i] if parents_of[i] > 0 else -1 for i in inner], [d] * len(inner), chains)
+                logits = {i: out[j] for j, i in enumerate(inner)}
             for i in inner:
-                kids = tree.children[i]
-                if scheme == "deterministic":  # top-k in the draft vocabulary, mapped to target ids
-                    chosen, q = torch.topk(logits[i], min(len(kids), logits[i].shape[-1])).indices, None
-                    chosen = chosen if self._target_ids is None else self._target_ids[chosen]
-                else:  # draws from q over the target vocabulary (zero outside the draft vocabulary)
-                    chosen, q = fill_children(self._full_logits(logits[i][None])[0], len(kids), scheme, options)
-                tokens[list(kids)] = chosen.to(device)
-                if probs is not None:
-                    probs[i] = q.to(device)
+                self._fill_static_children(i, tree.children[i], logits[i], tokens, probs, scheme, options)
         return DraftTree.from_spec(tree, tokens, draft_probs=probs, sampling=scheme)
+
+    def _fill_static_children(
+        self, node: int, kids, logits: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor | None, scheme: str,
+        options: DraftingOptions,
+    ) -> None:  # fmt: skip
+        """A static node's children tokens (and their draft distribution ``q`` when sampled), written in place."""
+        device = tokens.device
+        if scheme == "deterministic":  # top-k in the draft vocabulary, mapped to target ids
+            chosen, q = torch.topk(logits, min(len(kids), logits.shape[-1])).indices, None
+            chosen = chosen if self._target_ids is None else self._target_ids[chosen]
+        else:  # draws from q over the target vocabulary (zero outside the draft vocabulary)
+            chosen, q = fill_children(self._full_logits(logits[None])[0], len(kids), scheme, options)
+        tokens[list(kids)] = chosen.to(device)
+        if probs is not None:
+            probs[node] = q.to(device)
 
 
 # ---------------------------------------------------------------------- public checkpoints
@@ -562,6 +584,18 @@ def load_public_checkpoint(path, dtype: torch.dtype | str | None = None) -> Eagl
     """
     folder = Path(path)
     raw = json.loads((folder / "config.json").read_text())
+    state, eagle3 = _public_state(folder, raw)
+    fields = _public_config_fields(raw, state, eagle3)
+    drafter = EagleDrafter(EagleConfig(variant="eagle3" if eagle3 else "eagle1", **fields))
+    _load_public_state(drafter, state, folder, eagle3)
+    if dtype is not None:
+        drafter = drafter.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+    return drafter
+
+
+def _public_state(folder: Path, raw: dict) -> tuple[dict[str, torch.Tensor], bool]:
+    """A public checkpoint's weights under this package's names (``model.`` dropped, EAGLE-3's ``layers.0.*`` as
+    ``midlayer.*``, an all-zero ``fc.bias`` dropped) and whether it is EAGLE-3."""
     state = {k.removeprefix("model.") if k.startswith("model.") and not k.startswith("model.embed") else k: v
              for k, v in _read_state_dict(folder).items()}  # fmt: skip
     eagle3 = any(k.startswith("midlayer.") for k in state) or "layers.0.hidden_norm.weight" in state
@@ -571,11 +605,17 @@ def load_public_checkpoint(path, dtype: torch.dtype | str | None = None) -> Eagl
         raise ValueError(f"{folder} is not an EAGLE checkpoint: no midlayer.* (EAGLE-3) nor layers.0.* (EAGLE-1/2) weights")
     if raw.get("norm_before_residual"):
         raise ValueError(f"{folder}: norm_before_residual (a residual taken after hidden_norm) is not EAGLE-3's layer")
+    if "fc.bias" in state and not bool(state["fc.bias"].ne(0).any()):
+        del state["fc.bias"]
+    return state, eagle3
+
+
+def _public_config_fields(raw: dict, state: dict[str, torch.Tensor], eagle3: bool) -> dict:
+    """`EagleConfig` fields from a public ``config.json`` and the weights' shapes; adds EAGLE-3's ``d2t`` / ``t2d``
+    to ``state`` (identity) when absent and the draft vocabulary is the full one."""
     server_only = ("eagle_config", "eagle_aux_hidden_state_layer_ids", "norm_before_residual")
     fields = {k: v for k, v in raw.items()
               if k not in ("model_type", "architectures", "transformers_version", "torch_dtype", "dtype", "auto_map", *server_only)}  # fmt: skip
-    if "fc.bias" in state and not bool(state["fc.bias"].ne(0).any()):
-        del state["fc.bias"]
     layer = "midlayer" if eagle3 else "layers.0"
     fields["fc_bias"] = "fc.bias" in state
     fields["qkv_bias"] = f"{layer}.self_attn.q_proj.bias" in state
@@ -594,8 +634,11 @@ def load_public_checkpoint(path, dtype: torch.dtype | str | None = None) -> Eagl
             state["t2d"][torch.arange(state["d2t"].numel()) + state["d2t"]] = True
     else:
         fields.pop("draft_vocab_size", None)
-    config = EagleConfig(variant="eagle3" if eagle3 else "eagle1", **fields)
-    drafter = EagleDrafter(config)
+    return fields
+
+
+def _load_public_state(drafter: EagleDrafter, state: dict[str, torch.Tensor], folder: Path, eagle3: bool) -> None:
+    """Load ``state`` into ``drafter`` (strict), the ignored keys dropped; a layout mismatch is a clear error."""
     for key in _IGNORED_PUBLIC_KEYS:
         state.pop(key, None)
     if not eagle3:
@@ -607,6 +650,3 @@ def load_public_checkpoint(path, dtype: torch.dtype | str | None = None) -> Eagl
         raise ValueError(f"{folder}: weights do not match the EAGLE layout (missing {missing[:6]}, unexpected {unexpected[:6]})")
     state = {k: v.to(expected[k].dtype) if expected[k].is_floating_point() else v.to(expected[k].dtype) for k, v in state.items()}
     drafter.load_state_dict(state, strict=True)
-    if dtype is not None:
-        drafter = drafter.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
-    return drafter
