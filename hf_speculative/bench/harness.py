@@ -647,39 +647,53 @@ def run_benchmark(
 
     bar = tqdm(total=len(prompts) * len(bench_methods), desc="bench", unit="gen", disable=not progress)
     for i, prompt in enumerate(prompts):
-        prompt_len = prompt.input_ids.shape[1]
-        for m in bench_methods:
-            walls, out, hook_count = [], None, None
-            for r in range(repeats):
-                out_r, dt, hc = time_one(m, prompt, common, device, seed=seed + i if not greedy else None)
-                walls.append(dt)
-                if out is None:
-                    out, hook_count = out_r, hc
-            new_ids = out.sequences[0, prompt_len:].tolist()
-            stats = getattr(out, "speculative_stats", None)
-            measurements.append(
-                Measurement(
-                    prompt_id=prompt.id,
-                    category=prompt.category,
-                    method=m.name,
-                    new_tokens=len(new_ids),
-                    wall_s=walls,
-                    target_forwards=m.target_forwards(out, len(new_ids), hook_count),
-                    accepted_lengths=list(stats.accepted_lengths) if stats is not None else None,
-                    output_ids=new_ids,
-                    timings=dict(stats.timings) if stats is not None and getattr(stats, "timings", None) else None,
-                    prompt_tokens=prompt_len,
-                    text=tokenizer.decode(new_ids, skip_special_tokens=True) if save_text else None,
-                )
-            )
-            bar.update(1)
-            bar.set_postfix(method=m.name)
+        run_seed = seed + i if not greedy else None
+        measurements += _measure_prompt(bench_methods, prompt, common, device, run_seed, repeats, tokenizer if save_text else None, bar)
         if floor is not None:
             floor[prompt.id] = _floor_of_prompt(model, prompt, common, measurements, device)
         if checkpoint is not None and i + 1 < len(prompts):
             checkpoint(_result(measurements, i + 1, partial=True))
     bar.close()
     return _result(measurements, len(prompts), partial=False)
+
+
+def _measure_prompt(
+    bench_methods, prompt: BenchPrompt, common: dict, device, seed: int | None, repeats: int, tokenizer, bar
+) -> list[Measurement]:
+    """Every method on one prompt, in order (the progress bar advanced after each)."""
+    measured = []
+    for m in bench_methods:
+        measured.append(_measure(m, prompt, common, device, seed, repeats, tokenizer))
+        bar.update(1)
+        bar.set_postfix(method=m.name)
+    return measured
+
+
+def _measure(m, prompt: BenchPrompt, common: dict, device, seed: int | None, repeats: int, tokenizer=None) -> Measurement:
+    """``repeats`` timed calls of one method on one prompt; the first call's output is the one measured (its text
+    decoded when a ``tokenizer`` is given)."""
+    prompt_len = prompt.input_ids.shape[1]
+    walls, out, hook_count = [], None, None
+    for r in range(repeats):
+        out_r, dt, hc = time_one(m, prompt, common, device, seed=seed)
+        walls.append(dt)
+        if out is None:
+            out, hook_count = out_r, hc
+    new_ids = out.sequences[0, prompt_len:].tolist()
+    stats = getattr(out, "speculative_stats", None)
+    return Measurement(
+        prompt_id=prompt.id,
+        category=prompt.category,
+        method=m.name,
+        new_tokens=len(new_ids),
+        wall_s=walls,
+        target_forwards=m.target_forwards(out, len(new_ids), hook_count),
+        accepted_lengths=list(stats.accepted_lengths) if stats is not None else None,
+        output_ids=new_ids,
+        timings=dict(stats.timings) if stats is not None and getattr(stats, "timings", None) else None,
+        prompt_tokens=prompt_len,
+        text=tokenizer.decode(new_ids, skip_special_tokens=True) if tokenizer is not None else None,
+    )
 
 
 def _floor_of_prompt(model, prompt: BenchPrompt, common: dict, measurements: list[Measurement], device) -> dict:

@@ -56,6 +56,28 @@ def _tree_mask(tree, n_tokens: int, prefix_len: int, dtype, device):
     return tree_attention_mask(ancestors, prefix_len, dtype, device)
 
 
+def _timed_forward(model, cache, prefix_len: int, ids, pos, attn, cuda: bool) -> float:
+    """Seconds of one forward on top of the ``prefix_len``-token cache (CUDA events on a GPU), the cache cropped
+    back to the prefix afterwards."""
+    if cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        model(input_ids=ids, position_ids=pos, attention_mask=attn, **cache_arg(cache), use_cache=True)
+        end.record()
+        torch.cuda.synchronize()
+        dt = start.elapsed_time(end) / 1000
+    else:
+        import time
+
+        t0 = time.perf_counter()
+        model(input_ids=ids, position_ids=pos, attention_mask=attn, **cache_arg(cache), use_cache=True)
+        dt = time.perf_counter() - t0
+    extra = cache.get_seq_length() - prefix_len
+    if extra > 0:
+        cache.crop(-extra)  # transformers >= 5: a negative value removes that many tokens
+    return dt
+
+
 @torch.inference_mode()
 def measure_step_latency(
     shape: str = "llama-2-7b",
@@ -94,30 +116,10 @@ def measure_step_latency(
     pos_many = (prefix_len + depths)[None]
     pos_one = torch.tensor([[prefix_len]], device=device)
     cuda = torch.device(device).type == "cuda"
-
-    def timed(ids, pos, attn):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            model(input_ids=ids, position_ids=pos, attention_mask=attn, **cache_arg(cache), use_cache=True)
-            end.record()
-            torch.cuda.synchronize()
-            dt = start.elapsed_time(end) / 1000
-        else:
-            import time
-
-            t0 = time.perf_counter()
-            model(input_ids=ids, position_ids=pos, attention_mask=attn, **cache_arg(cache), use_cache=True)
-            dt = time.perf_counter() - t0
-        extra = cache.get_seq_length() - prefix_len
-        if extra > 0:
-            cache.crop(-extra)  # transformers >= 5: a negative value removes that many tokens
-        return dt
-
     results = {"one": [], "tree": []}
     for i in range(warmup + iters):
         for key, (ids, pos, attn) in (("one", (one, pos_one, None)), ("tree", (many, pos_many, mask))):
-            dt = timed(ids, pos, attn)
+            dt = _timed_forward(model, cache, prefix_len, ids, pos, attn, cuda)
             if i >= warmup:
                 results[key].append(dt)
     return StepTiming(
