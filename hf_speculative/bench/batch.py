@@ -69,6 +69,53 @@ def _tree_nodes(method, batch_size: int) -> int | None:
     return getattr(tree, "num_nodes", None)
 
 
+def _run_group(bench_methods, per_method: dict, ids, mask, common: dict, device, seed_value: int | None, bar) -> None:
+    """Each method on one padded batch (plain first: its rows are the reference), accumulated in ``per_method``."""
+    reference = None
+    for m in bench_methods:
+        if seed_value is not None:
+            torch.manual_seed(seed_value)
+        _sync(device)
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            out = m.generate(ids, mask, **common)
+            _sync(device)
+            dt = time.perf_counter() - t0
+        rows = _row_tokens(out.sequences, ids.shape[1], common["eos_token_id"])
+        acc = per_method[m.name]
+        acc["seconds"] += dt
+        acc["tokens"] += sum(len(r) for r in rows)
+        acc["rows"] += len(rows)
+        taus = _row_taus(out, len(rows))
+        if taus is not None:
+            acc["taus"].extend(taus)
+        acc["verified"].extend(_row_verified_tokens(out, len(rows)))
+        if reference is None:
+            reference = rows
+        acc["exact_rows"] += sum(r == ref for r, ref in zip(rows, reference))
+        bar.update(1)
+
+
+def _size_results(per_method: dict, bench_methods, batch_size: int, greedy: bool) -> dict[str, Any]:
+    """One batch size's JSON entry per method from its accumulated timings and rows."""
+    plain_tps = per_method["plain"]["tokens"] / max(per_method["plain"]["seconds"], 1e-9)
+    return {
+        name: {
+            "tokens_per_s": acc["tokens"] / max(acc["seconds"], 1e-9),
+            "speedup": acc["tokens"] / max(acc["seconds"], 1e-9) / plain_tps,
+            "new_tokens": acc["tokens"],
+            "seconds": acc["seconds"],
+            "tau_per_row": acc["taus"] or None,
+            "tau": sum(acc["taus"]) / len(acc["taus"]) if acc["taus"] else None,
+            "lossless_rate": acc["exact_rows"] / max(acc["rows"], 1) if greedy else None,
+            "tree_nodes": _tree_nodes(method, batch_size),
+            # what a row's verification forwards really carried (a prompt-lookup trie fills only part of its tree)
+            "verified_tokens_per_row": sum(acc["verified"]) / len(acc["verified"]) if acc["verified"] else None,
+        }
+        for (name, acc), method in zip(per_method.items(), bench_methods)
+    }
+
+
 def run_batch_benchmark(
     model,
     tokenizer,
@@ -108,45 +155,9 @@ def run_batch_benchmark(
         for start in range(0, len(prompts), b):
             group = prompts[start : start + b]
             ids, mask = pad_batch(group, pad)
-            reference = None
-            for m in bench_methods:  # plain first: the reference rows
-                if seed is not None and not greedy:
-                    torch.manual_seed(seed + start)
-                _sync(device)
-                with torch.inference_mode():
-                    t0 = time.perf_counter()
-                    out = m.generate(ids, mask, **common)
-                    _sync(device)
-                    dt = time.perf_counter() - t0
-                rows = _row_tokens(out.sequences, ids.shape[1], common["eos_token_id"])
-                acc = per_method[m.name]
-                acc["seconds"] += dt
-                acc["tokens"] += sum(len(r) for r in rows)
-                acc["rows"] += len(rows)
-                taus = _row_taus(out, len(rows))
-                if taus is not None:
-                    acc["taus"].extend(taus)
-                acc["verified"].extend(_row_verified_tokens(out, len(rows)))
-                if reference is None:
-                    reference = rows
-                acc["exact_rows"] += sum(r == ref for r, ref in zip(rows, reference))
-                bar.update(1)
-        plain_tps = per_method["plain"]["tokens"] / max(per_method["plain"]["seconds"], 1e-9)
-        results[str(b)] = {
-            name: {
-                "tokens_per_s": acc["tokens"] / max(acc["seconds"], 1e-9),
-                "speedup": acc["tokens"] / max(acc["seconds"], 1e-9) / plain_tps,
-                "new_tokens": acc["tokens"],
-                "seconds": acc["seconds"],
-                "tau_per_row": acc["taus"] or None,
-                "tau": sum(acc["taus"]) / len(acc["taus"]) if acc["taus"] else None,
-                "lossless_rate": acc["exact_rows"] / max(acc["rows"], 1) if greedy else None,
-                "tree_nodes": _tree_nodes(method, b),
-                # what a row's verification forwards really carried (a prompt-lookup trie fills only part of its tree)
-                "verified_tokens_per_row": sum(acc["verified"]) / len(acc["verified"]) if acc["verified"] else None,
-            }
-            for (name, acc), method in zip(per_method.items(), bench_methods)
-        }
+            seed_value = seed + start if seed is not None and not greedy else None
+            _run_group(bench_methods, per_method, ids, mask, common, device, seed_value, bar)
+        results[str(b)] = _size_results(per_method, bench_methods, b, greedy)
     bar.close()
     return {
         "setting": {
