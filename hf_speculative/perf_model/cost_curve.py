@@ -154,6 +154,44 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _time_forward(model, ids, cache, mask, prefix: int, n: int, logits_to_keep, no_rows, fast_head, lm_head) -> float:
+    """Seconds of one target forward over ``n`` new tokens after the ``prefix``-token cache (with the engine's lazy
+    LM head when ``logits_to_keep`` is None), the cache cropped back to the prefix afterwards."""
+    from ..engine.kernels import engine_kernels
+    from ..engine.logits import PREFETCH_ROWS, vocab_logits
+
+    device = ids.device
+    engine_step = logits_to_keep is None and n > 1
+    keep = (1 if n == 1 else no_rows) if logits_to_keep is None else logits_to_keep
+    _sync(device)
+    start = time.perf_counter()
+    with engine_kernels(model, rows=n) if logits_to_keep is None else contextlib.nullcontext():
+        out = model(
+            input_ids=ids[:, prefix : prefix + n], attention_mask=mask, **cache_arg(cache), use_cache=True,
+            position_ids=torch.arange(prefix, prefix + n, device=device)[None], logits_to_keep=keep,
+            output_hidden_states=engine_step,
+        )  # fmt: skip
+    if engine_step:  # the engine's lazy LM head: the first rows the walk reads, in one product
+        states = out.hidden_states[-1][0, : max(2, min(n, PREFETCH_ROWS))]
+        if fast_head is None or fast_head(states) is None:
+            vocab_logits(states, lm_head.weight)
+    _sync(device)
+    seconds = time.perf_counter() - start
+    cache.crop(prefix - cache.get_seq_length())  # a negative count: the columns to drop
+    return seconds
+
+
+def _time_projection(states: torch.Tensor, head, r: int, device: torch.device) -> float:
+    """Seconds of the LM head over ``r`` rows."""
+    from ..engine.logits import vocab_logits
+
+    _sync(device)
+    start = time.perf_counter()
+    vocab_logits(states[:r], head.weight)
+    _sync(device)
+    return time.perf_counter() - start
+
+
 @torch.no_grad()
 def measure_cost_curve(
     model,
@@ -176,8 +214,7 @@ def measure_cost_curve(
     and so do these (with ``logits_to_keep=None``): the curve prices the verification forward the engine runs."""
     from transformers import DynamicCache
 
-    from ..engine.kernels import engine_kernels, head_projector
-    from ..engine.logits import PREFETCH_ROWS, vocab_logits
+    from ..engine.kernels import head_projector
     from ..engine.trees import additive_mask
 
     nodes = sorted({1, *(int(n) for n in nodes)})
@@ -197,39 +234,13 @@ def measure_cost_curve(
     fast_head = head_projector(model, lm_head)
     no_rows = torch.empty(0, dtype=torch.long, device=device)
 
-    def head_rows(states: torch.Tensor) -> None:
-        if fast_head is None or fast_head(states) is None:
-            vocab_logits(states, lm_head.weight)
-
-    def forward(n: int) -> float:
-        engine_step = logits_to_keep is None and n > 1
-        keep = (1 if n == 1 else no_rows) if logits_to_keep is None else logits_to_keep
-        _sync(device)
-        start = time.perf_counter()
-        with engine_kernels(model, rows=n) if logits_to_keep is None else contextlib.nullcontext():
-            out = model(
-                input_ids=ids[:, prefix : prefix + n], attention_mask=masks[n], **cache_arg(cache), use_cache=True,
-                position_ids=torch.arange(prefix, prefix + n, device=device)[None], logits_to_keep=keep,
-                output_hidden_states=engine_step,
-            )  # fmt: skip
-        if engine_step:  # the engine's lazy LM head: the first rows the walk reads, in one product
-            head_rows(out.hidden_states[-1][0, : max(2, min(n, PREFETCH_ROWS))])
-        _sync(device)
-        seconds = time.perf_counter() - start
-        cache.crop(prefix - cache.get_seq_length())  # a negative count: the columns to drop
-        return seconds
-
-    def project(r: int) -> float:
-        _sync(device)
-        start = time.perf_counter()
-        vocab_logits(states[:r], head.weight)
-        _sync(device)
-        return time.perf_counter() - start
-
     best = {("n", n): float("inf") for n in nodes} | {("r", r): float("inf") for r in rows}
     for round_ in range(repeats + 1):  # round 0 warms up
         for key in best:
-            seconds = forward(key[1]) if key[0] == "n" else project(key[1])
+            if key[0] == "n":
+                seconds = _time_forward(model, ids, cache, masks[key[1]], prefix, key[1], logits_to_keep, no_rows, fast_head, lm_head)
+            else:
+                seconds = _time_projection(states, head, key[1], device)
             if round_:
                 best[key] = min(best[key], seconds)
     fitted = _non_decreasing([best[("n", n)] for n in nodes])
