@@ -7,8 +7,8 @@
 ``import hf_speculative`` registers the drafters (each in its own package, `registry`) with transformers' Auto
 classes, so that ``AutoModel.from_pretrained(folder)`` finds them: their configs, and stand-ins that import a
 drafter's modeling module when it is first loaded (`auto`). The public names (the engine's below, each drafter's
-from its registration) are imported on first use, so the import loads no drafter. The ``hf-speculative`` command registers after parsing its arguments instead, as ``--help`` must not
-import torch.
+from its registration) are imported on first use, so the import loads no drafter. The ``hf-speculative`` command
+registers after parsing its arguments instead, as ``--help`` must not import torch.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ needs to know of it, as dotted names that are imported only when used (so that r
 
 - its config and model classes, which `hf_speculative.auto` registers with transformers' ``AutoConfig`` /
   ``AutoModel``;
-- its public names, which ``import hf_speculative as hfs`` exposes (``hfs.MedusaHeadsModel``);
+- its public names, which ``import hf_speculative as hfs`` exposes (``hfs.MedusaHeadsModel``; by default its
+  config and model classes);
 - its training commands, which ``hf-speculative train`` lists;
 - its model card (``card.yaml`` in its folder, and ``card.CARD_FACTS``: what the card computes from the drafter;
   found without being named);
@@ -18,7 +19,6 @@ Adding a drafter touches its own folder only::
     register_drafter(
         "mine", __name__,
         config="configuration_mine.MineConfig", model="modeling_mine.MineDrafter",
-        public={"MineConfig": "configuration_mine", "MineDrafter": "modeling_mine"},
         train_commands=("hf_speculative.drafters.mine.command_train",),
     )
 
@@ -69,6 +69,9 @@ def register_drafter(name: str, package: str, **fields: Any) -> DrafterEntry:
     """Register (or replace) drafter ``name`` of ``package`` (see the module docstring for the fields)."""
     if "public" in fields:
         fields["public"] = dict(fields["public"])
+    else:  # by default the config and model classes are the public names
+        dotted = [fields[key] for key in ("config", "model") if fields.get(key)]
+        fields["public"] = {ref.rpartition(".")[2]: ref.rpartition(".")[0] for ref in dotted}
     fields["train_commands"] = tuple(fields.get("train_commands", ()))
     folder = _folder(package)
     if "card" not in fields and folder is not None and (folder / "card.yaml").is_file():

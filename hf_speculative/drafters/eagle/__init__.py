@@ -16,6 +16,5 @@ __all__, __getattr__ = lazy_package(__name__, PUBLIC)
 register_drafter(
     "eagle", __name__,
     config="configuration_eagle.EagleConfig", model="modeling_eagle.EagleDrafter",
-    public={"EagleConfig": "configuration_eagle", "EagleDrafter": "modeling_eagle"},
     train_commands=("hf_speculative.commands.train_eagle",),
 )  # fmt: skip

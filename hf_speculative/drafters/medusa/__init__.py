@@ -20,6 +20,5 @@ __all__, __getattr__ = lazy_package(__name__, PUBLIC)
 register_drafter(
     "medusa", __name__,
     config="configuration_medusa.MedusaConfig", model="modeling_medusa.MedusaHeadsModel",
-    public={"MedusaConfig": "configuration_medusa", "MedusaHeadsModel": "modeling_medusa"},
     train_commands=("hf_speculative.commands.train_medusa",),
 )  # fmt: skip

@@ -18,6 +18,5 @@ __all__, __getattr__ = lazy_package(__name__, PUBLIC)
 register_drafter(
     "parallel", __name__,
     config="configuration_parallel_drafter.ParallelDrafterConfig", model="modeling_parallel_drafter.ParallelDrafter",
-    public={"ParallelDrafterConfig": "configuration_parallel_drafter", "ParallelDrafter": "modeling_parallel_drafter"},
     train_commands=("hf_speculative.commands.train_parallel",),
 )  # fmt: skip

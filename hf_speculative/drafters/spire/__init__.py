@@ -16,6 +16,5 @@ __all__, __getattr__ = lazy_package(__name__, PUBLIC)
 register_drafter(
     "spire", __name__,
     config="configuration_spire.SpireConfig", model="modeling_spire.SpireDrafter",
-    public={"SpireConfig": "configuration_spire", "SpireDrafter": "modeling_spire"},
     train_commands=("hf_speculative.commands.train_spire",),
 )  # fmt: skip

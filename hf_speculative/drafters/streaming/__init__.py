@@ -18,7 +18,5 @@ register_drafter(
     "speculative-streaming", __name__,
     config="configuration_speculative_streaming.SpeculativeStreamingConfig",
     model="modeling_speculative_streaming.LlamaForSpeculativeStreaming",
-    public={"SpeculativeStreamingConfig": "configuration_speculative_streaming",
-            "LlamaForSpeculativeStreaming": "modeling_speculative_streaming"},
     train_commands=("hf_speculative.commands.train_streaming", "hf_speculative.commands.train_streaming_pruning"),
 )  # fmt: skip

@@ -17,5 +17,4 @@ __all__, __getattr__ = lazy_package(__name__, PUBLIC)
 register_drafter(
     "suffix", __name__,
     config="configuration_suffix.SuffixConfig", model="modeling_suffix.SuffixDrafter",
-    public={"SuffixConfig": "configuration_suffix", "SuffixDrafter": "modeling_suffix"},
 )  # fmt: skip

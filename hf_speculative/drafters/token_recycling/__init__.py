@@ -15,5 +15,4 @@ __all__, __getattr__ = lazy_package(__name__, PUBLIC)
 register_drafter(
     "token-recycling", __name__,
     config="configuration_token_recycling.TokenRecyclingConfig", model="modeling_token_recycling.TokenRecyclingDrafter",
-    public={"TokenRecyclingConfig": "configuration_token_recycling", "TokenRecyclingDrafter": "modeling_token_recycling"},
 )  # fmt: skip
