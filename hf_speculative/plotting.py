@@ -1,4 +1,4 @@
-"""Writing matplotlib figures: one helper for the bench, perf-model and downstream plots."""
+"""Writing matplotlib figures: one helper for the bench plots and the studies in benchmarks/."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE=1
 for spec in e2e_nlg:e2e-nlg:30 wikisql:wikisql:20 dialogsum:dialogsum:20; do
   IFS=: read -r TASK FOLDER LIMIT <<< "$spec"
   for D in suffix hybrid-suffix prompt-lookup hf-prompt-lookup; do
-    hf-speculative downstream eval "$LORA/lora-smollm2-135m-$FOLDER" --task "$TASK" --data "$DATA/$TASK" --limit "$LIMIT" \
+    python benchmarks/run_downstream.py eval "$LORA/lora-smollm2-135m-$FOLDER" --task "$TASK" --data "$DATA/$TASK" --limit "$LIMIT" \
       --threads 2 --drafter "$D" --output "$OUT/${TASK}_lora_${D}.json"
   done
 done

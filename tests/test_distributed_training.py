@@ -20,6 +20,7 @@ import hf_speculative as hfs
 from conftest import tiny_chat_model
 
 ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
 
 
 # accelerate's multi-process launcher (torch.distributed.run underneath); without CUDA the Trainer uses gloo
@@ -60,7 +61,7 @@ def test_two_process_medusa_training(tmp_path):
 
 @pytest.mark.parametrize("method", ["lora", "streaming"])
 def test_two_process_downstream_training(tmp_path, method):
-    from hf_speculative.cli import main
+    from downstream.cli import main
 
     model, tok = tiny_chat_model(4)
     model.save_pretrained(tmp_path / "base")
@@ -72,7 +73,7 @@ def test_two_process_downstream_training(tmp_path, method):
         rows = ["mr,ref"] + [f'"name[{answers[(i + 1) % 4].split()[1]}], food[red]",{answers[i % 4]}' for i in range(n)]
         (data / name).write_text("\n".join(rows) + "\n")
     out = tmp_path / method
-    train = ["-m", "hf_speculative.cli", "downstream", "train", "--task", "e2e_nlg", "--method", method, "--data", str(data),
+    train = [str(BENCHMARKS / "run_downstream.py"), "train", "--task", "e2e_nlg", "--method", method, "--data", str(data),
              "--out", str(out), "--model", str(tmp_path / "base"), "--batch-size", "4", "--lr", "3e-2", "--calibration-prompts", "1",
              "--num-msa-layers", "2", "--tree-nodes", "4", "--max-steps", "100000", "--time-budget", "4", "--threads", "1",
              "--no-progress"]  # fmt: skip
@@ -84,7 +85,7 @@ def test_two_process_downstream_training(tmp_path, method):
     assert training["settings"]["batch_size"] == 4  # examples per optimizer step, 2 per process
     assert not (out / "trainer_state").exists()
     result = tmp_path / "eval.json"
-    argv = ["downstream", "eval", str(out), "--task", "e2e_nlg", "--data", str(data), "--limit", "2", "--max-new-tokens", "10",
+    argv = ["eval", str(out), "--task", "e2e_nlg", "--data", str(data), "--limit", "2", "--max-new-tokens", "10",
             "--output", str(result), "--no-progress"]  # fmt: skip
     assert main(argv) == 0
     assert json.loads(result.read_text())["lossless_rate"] == 1.0

@@ -40,12 +40,12 @@ def test_card_usage_is_the_renderers_and_loads_the_base_offline(folder):
     from hf_speculative.model_card import REFERENCE_BASE_MODEL, card_kind, usage_snippet
 
     if (folder / "downstream.json").exists():  # a task fine-tuned arm: its card reproduces its row
-        from hf_speculative.downstream.model_card import _loading
-        from hf_speculative.downstream.training import read_downstream_info
+        from downstream.model_card import _loading
+        from downstream.training import read_downstream_info
 
         info, text = read_downstream_info(folder), (folder / "README.md").read_text(encoding="utf-8")
         assert _loading(f"model_cards/{folder.name}", info["task"], info["method"]) in text
-        assert f"hf-speculative downstream eval model_cards/{folder.name} --task {info['task']}" in text
+        assert f"python benchmarks/run_downstream.py eval model_cards/{folder.name} --task {info['task']}" in text
         assert "/work/" not in text  # paths as a user's clone has them
         return
     config = json.loads((folder / "config.json").read_text())

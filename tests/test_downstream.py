@@ -1,4 +1,4 @@
-"""`hf-speculative downstream train|eval|table` on a tiny random Llama and a few rows of each task's format written
+"""`benchmarks/run_downstream.py train|eval|table` on a tiny random Llama and a few rows of each task's format written
 here: the task loaders and splits, training of every arm (loss falls), resumable checkpoints and the time budget,
 the eval JSON (every field; speculative output identical to the model's own plain greedy output), the table."""
 
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from hf_speculative.bench.tiny import tiny_chat_tokenizer, tiny_llama
-from hf_speculative.cli import main
-from hf_speculative.downstream import calibration_split, load_task
-from hf_speculative.downstream.tasks import wikisql_records
+from downstream import calibration_split, load_task
+from downstream.cli import main
+from downstream.tasks import wikisql_records
 
 ANSWERS = [
     "the cat sat on the mat .",
@@ -88,7 +88,7 @@ def work(tmp_path_factory):
 
 
 def _train(work, task, method, out, *extra):
-    argv = ["downstream", "train", "--task", task, "--method", method, "--data", str(work[task]), "--out", str(out),
+    argv = ["train", "--task", task, "--method", method, "--data", str(work[task]), "--out", str(out),
             "--model", work["base"], "--batch-size", "4", "--lr", "3e-2", "--calibration-prompts", "1",
             "--num-msa-layers", "2", "--tree-nodes", "6", "--no-progress", *extra]  # fmt: skip
     assert main(argv) == 0
@@ -183,7 +183,7 @@ def test_every_arm_trains_and_evaluates_on_the_other_tasks(work, task, tmp_path)
         info = _train(work, task, method, tmp_path / method, "--max-steps", "2", *extra)
         assert info["task"] == task and info["method"] == method and info["training"]["steps"] == 2
         out = tmp_path / f"{method}.json"
-        argv = ["downstream", "eval", str(tmp_path / method), "--task", task, "--data", str(work[task]), "--limit", "2",
+        argv = ["eval", str(tmp_path / method), "--task", task, "--data", str(work[task]), "--limit", "2",
                 "--max-new-tokens", "8", "--output", str(out), "--no-progress"]  # fmt: skip
         assert main(argv) == 0
         result = json.loads(out.read_text())
@@ -245,7 +245,7 @@ def test_time_budget_stops_training(work, tmp_path):
 @pytest.mark.parametrize("method", ["lora", "streaming", "medusa2", "eagle"])
 def test_eval_json_is_complete_and_lossless(work, trained, method, tmp_path):
     out = tmp_path / f"{method}.json"
-    argv = ["downstream", "eval", str(trained[method]), "--task", "e2e_nlg", "--data", str(work["e2e_nlg"]),
+    argv = ["eval", str(trained[method]), "--task", "e2e_nlg", "--data", str(work["e2e_nlg"]),
             "--limit", "3", "--max-new-tokens", "12", "--output", str(out), "--no-progress", "--write-card"]  # fmt: skip
     assert main(argv) == 0
     result = json.loads(out.read_text())
@@ -256,7 +256,7 @@ def test_eval_json_is_complete_and_lossless(work, trained, method, tmp_path):
     assert set(result["metric"]) == {"rougeL", "rouge1"} and all(0.0 <= v <= 1.0 for v in result["metric"].values())
     assert (result["extra_parameters"] > 0) == (method != "lora")
     card = (trained[method] / "README.md").read_text()
-    assert "E2E NLG" in card and f"| {result['tau']:.2f} |" in card and "downstream train" in card
+    assert "E2E NLG" in card and f"| {result['tau']:.2f} |" in card and "run_downstream.py train" in card
 
 
 @pytest.mark.parametrize("drafter", ["token-recycling", "hybrid", "suffix", "hybrid-suffix"])
@@ -265,7 +265,7 @@ def test_training_free_arm_on_the_lora_model(work, trained, drafter, tmp_path):
     prompt lookup merged with either into one tree, exact against that model's plain decoding; refused on a folder
     with its own drafter, and with a card."""
     out = tmp_path / f"{drafter}.json"
-    argv = ["downstream", "eval", str(trained["lora"]), "--task", "e2e_nlg", "--data", str(work["e2e_nlg"]),
+    argv = ["eval", str(trained["lora"]), "--task", "e2e_nlg", "--data", str(work["e2e_nlg"]),
             "--limit", "3", "--max-new-tokens", "12", "--output", str(out), "--no-progress", "--drafter", drafter]  # fmt: skip
     assert main(argv) == 0
     result = json.loads(out.read_text())
@@ -274,7 +274,7 @@ def test_training_free_arm_on_the_lora_model(work, trained, drafter, tmp_path):
     if "suffix" in drafter:  # warmed with the training targets, then each evaluated output learned
         assert result["suffix_structure"]["outputs"] > 3 and sum(result["suffix_match_lengths"].values()) > 0
     with pytest.raises(ValueError, match="applies to a 'lora' folder"):
-        main([*argv[:2], str(trained["medusa2"]), *argv[3:]])
+        main([*argv[:1], str(trained["medusa2"]), *argv[2:]])
     with pytest.raises(SystemExit, match="--write-card"):
         main([*argv, "--write-card"])
 
@@ -300,7 +300,7 @@ def test_streaming_arm_with_tree_pruning_and_a_learning_curve(work, trained, tmp
     nodes = {}
     for threshold in ("0.9", "0"):
         result_path = tmp_path / f"pruned_{threshold}.json"
-        argv = ["downstream", "eval", str(out), "--task", "e2e_nlg", "--data", str(work["e2e_nlg"]), "--limit", "3",
+        argv = ["eval", str(out), "--task", "e2e_nlg", "--data", str(work["e2e_nlg"]), "--limit", "3",
                 "--max-new-tokens", "12", "--output", str(result_path), "--no-progress", "--pruning-threshold", threshold]  # fmt: skip
         assert main(argv) == 0
         result = json.loads(result_path.read_text())
@@ -311,7 +311,7 @@ def test_streaming_arm_with_tree_pruning_and_a_learning_curve(work, trained, tmp
         nodes[threshold] = result["verified_nodes_per_step"]
     assert nodes["0.9"] < nodes["0"]
     with pytest.raises(ValueError, match="no pruning early exit"):  # a streaming folder trained without one
-        main([*argv[:2], str(trained["streaming"]), *argv[3:]])
+        main([*argv[:1], str(trained["streaming"]), *argv[2:]])
 
 
 def test_prune_adds_tree_pruning_to_a_trained_streaming_folder(work, trained, tmp_path):
@@ -325,23 +325,23 @@ def test_prune_adds_tree_pruning_to_a_trained_streaming_folder(work, trained, tm
 
     def evaluate(path, *extra):
         out = tmp_path / f"{path.name}{'_'.join(extra)}.json"
-        argv = ["downstream", "eval", str(path), "--task", "e2e_nlg", "--data", str(work["e2e_nlg"]), "--limit", "3",
+        argv = ["eval", str(path), "--task", "e2e_nlg", "--data", str(work["e2e_nlg"]), "--limit", "3",
                 "--max-new-tokens", "12", "--output", str(out), "--no-progress", *extra]  # fmt: skip
         assert main(argv) == 0
         return json.loads(out.read_text())
 
     before = evaluate(folder)
-    assert main(["downstream", "prune", str(folder), "--data", str(work["e2e_nlg"]), "--pruning-layer", "1",
+    assert main(["prune", str(folder), "--data", str(work["e2e_nlg"]), "--pruning-layer", "1",
                  "--pruning-threshold", "0.9", "--pruning-budget", "1", "--no-progress"]) == 0  # fmt: skip
     pruning = json.loads((folder / "downstream.json").read_text())["training"]["pruning"]
-    assert pruning["layer"] == 1 and pruning["steps"] >= 1 and "downstream prune" in pruning["command"]
+    assert pruning["layer"] == 1 and pruning["steps"] >= 1 and "run_downstream.py prune" in pruning["command"]
     assert not (folder / "trainer_state").exists()
     off, on = evaluate(folder, "--pruning-threshold", "0"), evaluate(folder)
     assert off["tau"] == before["tau"] and off["target_forwards"] == before["target_forwards"] and off["drafter"] == before["drafter"]
     assert on["lossless_rate"] == off["lossless_rate"] == 1.0
     assert on["verified_nodes_per_step"] < off["verified_nodes_per_step"] and "tree pruning after layer 1" in on["drafter"]
     with pytest.raises(ValueError, match="a 'streaming' folder"):
-        main(["downstream", "prune", str(trained["lora"]), "--data", str(work["e2e_nlg"]), "--pruning-layer", "1"])
+        main(["prune", str(trained["lora"]), "--data", str(work["e2e_nlg"]), "--pruning-layer", "1"])
 
 
 def test_table_renders(tmp_path):
@@ -356,7 +356,7 @@ def test_table_renders(tmp_path):
         (results / f"{i}.json").write_text(json.dumps(r))
     (results / "other.json").write_text(json.dumps({"not": "an eval"}))
     md, png = tmp_path / "table.md", tmp_path / "plot.png"
-    assert main(["downstream", "table", "--results", str(results), "--output", str(md), "--plot", str(png)]) == 0
+    assert main(["table", "--results", str(results), "--output", str(md), "--plot", str(png)]) == 0
     lines = md.read_text().splitlines()
     assert len(lines) == 4  # header, rule, two rows (the non-eval JSON skipped)
     assert lines[2].startswith("| E2E NLG | LoRA") and "1.10x" in lines[2] and "rougeL 45.0" in lines[2]

@@ -48,7 +48,7 @@ def test_cards_name_only_data_a_user_has(folder):
 
 
 def test_card_renderers_write_the_public_data_set_for_the_projects_copy():
-    from hf_speculative.downstream.model_card import render_model_card
+    from downstream.model_card import render_model_card
 
     info = {"task": "e2e_nlg", "method": "lora", "data": "../shared/data/e2e_nlg",
             "command": "hf-speculative downstream train --task e2e_nlg --method lora --data ../shared/data/e2e_nlg --out x"}  # fmt: skip

@@ -24,8 +24,8 @@ LAYERS = [
     ("hf_speculative.engine", 0),  # the engine: decoding loop, trees, acceptance, verification forward, kernels, protocol
     ("hf_speculative.hub", 0),  # resolve a folder or Hub name (used by every from_pretrained)
     ("hf_speculative.paths", 0),  # the cache root, model key and machine description
-    ("hf_speculative.plotting", 0),  # save_figure: the bench, perf-model and downstream plots
-    ("hf_speculative.perf_model", 1),  # the cost model (package: cost_curve, roofline, shapes): the engine's step, no training
+    ("hf_speculative.plotting", 0),  # save_figure: the bench plots (and the studies in benchmarks/)
+    ("hf_speculative.perf_model", 1),  # the cost model (cost_curve, shapes, speedup): the engine's step, no training
     ("hf_speculative.model_card", 1),  # every model card: huggingface_hub.ModelCard, the shared sections, each family's card.yaml
     ("hf_speculative.drafters.base", 1),  # what drafters share to read their target
     ("hf_speculative.drafters.sparse_cache", 1),  # StreamingLLM's sparse cache (SPIRe, MagicDec)
@@ -42,7 +42,6 @@ LAYERS = [
     ("hf_speculative.training", 2),
     ("hf_speculative.auto", 2),  # the registered drafters' configs and lazy model stand-ins in transformers' Auto classes
     ("hf_speculative.bench", 3),
-    ("hf_speculative.downstream", 3),  # task fine-tuning arms: training + bench metrics and reference
     ("hf_speculative.commands", 4),
     ("hf_speculative.cli", 5),
 ]
@@ -276,3 +275,18 @@ def test_auto_model_imports_a_drafter_on_first_load(tmp_path):
     )
     assert out.split() == ["[]", "hf_speculative.drafters.medusa.modeling_medusa", "MedusaHeadsModel",
                            "['hf_speculative.drafters.medusa.modeling_medusa',", "'hf_speculative.drafters.modeling_drafter']"]  # fmt: skip
+
+
+def test_the_studies_live_beside_the_package():
+    """What reproduces a paper's table (the downstream arms, the roofline) lives in ``benchmarks/``: no module of the
+    package imports a study, and ``setup.cfg`` installs the package only."""
+    studies = {p.name for p in (PACKAGE.parent / "benchmarks").iterdir() if (p / "__init__.py").is_file()}
+    assert {"downstream", "roofline"} <= studies
+    importing = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            importing += [f"{path.relative_to(PACKAGE.parent)}: {n}" for n in names if n.split(".")[0] in studies | {"benchmarks"}]
+    assert importing == []
+    assert not any((PACKAGE / name).exists() for name in studies)
+    assert "include = hf_speculative*" in (PACKAGE.parent / "setup.cfg").read_text()

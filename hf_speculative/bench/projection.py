@@ -15,7 +15,7 @@ negligible. Always label such numbers "projected".
 
 The shapes (`SHAPES`, `shape_config`) and the formula (`projected_speedup`) belong to the one cost model,
 `hf_speculative.perf_model`, and are re-exported here; its roofline half projects the same multiplier from the
-shapes alone, without a GPU (``hf-speculative perf-model``).
+shapes alone, without a GPU (``python benchmarks/run_roofline.py``).
 """
 
 from __future__ import annotations

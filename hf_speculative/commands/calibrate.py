@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .common import add_model_args, is_main_process, load_model_and_records, main_process_first, setup_torch, split_records
+from .common import add_model_args, load_model_and_records, setup_torch, split_records
 
 
 def add_parser(subparsers) -> None:
@@ -25,6 +25,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    from ..training.distributed import is_main_process, main_process_first
+
     setup_torch(args)
     from ..training.trainer import extract_hidden_states
     from ..model_card import write_drafter_card

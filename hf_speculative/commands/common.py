@@ -13,7 +13,6 @@ import shlex
 import shutil
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = [
@@ -28,9 +27,6 @@ __all__ = [
     "split_records",
     "finish_folder",
     "command_line",
-    "is_main_process",
-    "num_processes",
-    "main_process_first",
     "record_reference_base",
 ]
 
@@ -157,35 +153,12 @@ def command_line(args=None) -> str | None:
     return None
 
 
-def num_processes() -> int:
-    """Processes training together (several under ``accelerate launch`` / ``torchrun``; 1 alone)."""
-    from ..training.distributed import num_processes as count
-
-    return count()
-
-
-def is_main_process() -> bool:
-    """True in a single process, and in process 0 of ``accelerate launch`` / ``torchrun``."""
-    from ..training.distributed import is_main_process as main
-
-    return main()
-
-
-@contextmanager
-def main_process_first():
-    """Under several processes (``accelerate launch``, ``torchrun``) the main process runs the block first and
-    the others after it, so that they read the caches it wrote (hidden states) instead of racing to write them.
-    In a single process, just the block."""
-    from ..training.distributed import process_state
-
-    with process_state().main_process_first():
-        yield
-
-
 def finish_folder(out, save, write_card, report: dict) -> int:
     """End of a ``train`` command: ``save(out)`` (weights + config), ``write_card(out)`` (None: no card), drop the
     Trainer's scratch folder ``out/trainer_state`` and print ``report`` as JSON; returns the exit code 0.
     Under several processes only the main one writes (the others wait for it)."""
+    from ..training.distributed import barrier, is_main_process
+
     out = Path(out)
     if is_main_process():
         save(out)
@@ -193,15 +166,8 @@ def finish_folder(out, save, write_card, report: dict) -> int:
             write_card(out)
         shutil.rmtree(out / "trainer_state", ignore_errors=True)
         print(json.dumps(report, indent=1))
-    _barrier()
+    barrier()
     return 0
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
 
 
 def add_calibrated_training_args(p, calibrate_nodes: int, saved: str) -> None:
@@ -286,6 +252,7 @@ def draft_vocab_and_calibration(drafter, vocab_source, hold_states, args, calibr
 def split_hidden_states(model, tokenizer, records, args):
     """Split ``records`` into train / held-out conversations (``--holdout``, ``--seed``) and return their cached
     final hidden states ``(train, held_out or None, counts)``; with several processes the main one fills the cache."""
+    from ..training.distributed import main_process_first
     from ..training.trainer import extract_hidden_states
 
     train_records, held_out = split_records(records, args.holdout, args.seed)
@@ -338,6 +305,8 @@ def shard_training_report(args, method: str, states, trainer, seconds: float) ->
 
 def batch_report(args) -> dict:
     """The learning rate and the batch size of a ``config.training`` record, with the processes sharing the batch."""
+    from ..training.distributed import num_processes
+
     return {"learning_rate": args.lr, "batch_size": args.batch_size, "processes": num_processes()}  # data-parallel: per process
 
 

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import add_calibrated_training_args, add_data_arg, add_labelled_args, add_model_args, add_train_args, batch_report, labelled_training_states, command_line, draft_vocab_and_calibration, finish_folder, load_model_and_records, num_processes, record_reference_base, setup_torch, split_hidden_states, split_records
+from .common import add_calibrated_training_args, add_data_arg, add_labelled_args, add_model_args, add_train_args, batch_report, labelled_training_states, command_line, draft_vocab_and_calibration, finish_folder, load_model_and_records, record_reference_base, setup_torch, split_hidden_states, split_records
 
 
 def add_parser(subparsers) -> None:
@@ -146,6 +146,8 @@ def _medusa2_evaluation(args, peft_model, heads, tokenizer, hold_set, held_out) 
 
 def _medusa2_training_report(args, heads, train_records, held_out, train_set, trainer, targets, train_s, evaluation) -> dict:
     """``heads.config.training`` of a Medusa-2 run."""
+    from ..training.distributed import num_processes
+
     history = trainer.state.log_history
     steps = trainer.state.global_step
     return {

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import add_data_arg, add_labelled_args, add_model_args, add_train_args, batch_report, draft_vocab_source, labelled_training_states, command_line, finish_folder, load_model_and_records, main_process_first, record_reference_base, setup_torch, split_records
+from .common import add_data_arg, add_labelled_args, add_model_args, add_train_args, batch_report, draft_vocab_source, labelled_training_states, command_line, finish_folder, load_model_and_records, record_reference_base, setup_torch, split_records
 
 
 def add_parser(subparsers) -> None:
@@ -116,6 +116,8 @@ def _build_streams(model, args):
 
 
 def run(args) -> int:
+    from ..training.distributed import main_process_first
+
     setup_torch(args)
     from ..model_card import write_drafter_card
     from ..drafters.streaming.training_speculative_streaming import StreamCurveCallback, extract_stream_inputs, tokenize_records, train_speculative_streaming

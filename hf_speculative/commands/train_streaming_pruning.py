@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .common import add_data_arg, add_model_args, command_line, finish_folder, load_model_and_records, main_process_first, setup_torch, split_records
+from .common import add_data_arg, add_model_args, command_line, finish_folder, load_model_and_records, setup_torch, split_records
 from .train_streaming import add_segment_training_args
 
 
@@ -26,6 +26,8 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     """Add a trained parallel-tree-pruning head (Sec. 3.1.3) to trained streams: the base's states entering layer
     l cached once, the rank-theta early-exit adapter trained with next-token CE, held-out top-1 reported."""
+    from ..training.distributed import main_process_first
+
     setup_torch(args)
     from ..model_card import write_drafter_card
     from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming

@@ -1,19 +1,16 @@
-"""The project's one cost model: what a speculative step costs against a plain decoding step.
+"""The project's cost model: what a speculative step costs against a plain decoding step.
 
-Both halves price SPIRe's Delta t (Neelam et al., Sec. 4): a step that commits tau tokens for the time of Delta t
-plain steps speeds decoding up by ``tau / Delta t``.
+A step that commits tau tokens for the time of Delta t plain steps speeds decoding up by ``tau / Delta t``
+(`projected_speedup`; SPIRe, Neelam et al., Sec. 4).
 
 * `cost_curve` -- **measured** on this machine: ``c(n)``, a target forward over n tokens in one-token steps, cached
   per machine, dtype and model; cost-aware trees (`hf_speculative.drafters.cost_aware`, `TreeSpec.optimize(cost=)`)
   choose their size with it.
-* `roofline` -- **projected** from shapes alone: each forward costs ``max(FLOPs / FLOP/s, bytes / B/s)`` on a
-  `Hardware` (H100, H200, A100 presets, or this CPU measured), which gives SPIRe's throughput multiplier of vanilla
-  speculative decoding, MagicDec and SPIRe over batch size x context length (`speedup_grid`, `plot_heatmap`; the
-  ``hf-speculative perf-model`` command).
-* `shapes` -- `ModelShape` (parameters, FLOPs and bytes of a forward from a config) and the named `SHAPES`.
+* `shapes` -- `ModelShape` (parameters, FLOPs and bytes of a forward from a config) and the named `SHAPES`, which
+  ``hf-speculative project`` builds at real size on a GPU (`hf_speculative.bench.projection`).
 
-`projected_speedup` is the formula both use, also with step times measured on a GPU at real shapes
-(`hf_speculative.bench.projection`).
+The roofline projection over batch size x context length (SPIRe's Fig. 4) is a study built on these, kept beside the
+package in the repository's ``benchmarks/roofline``.
 """
 
 from .cost_curve import (
@@ -27,23 +24,8 @@ from .cost_curve import (
     measure_cost_curve,
     set_cost_curve,
 )
-from .roofline import (
-    DEFAULT_BATCH_SIZES,
-    DEFAULT_CONTEXTS,
-    HARDWARE,
-    METHODS,
-    Hardware,
-    SpeedupGrid,
-    StepTimes,
-    expected_tau,
-    forward_time,
-    plot_heatmap,
-    projected_speedup,
-    speedup_grid,
-    step_times,
-    throughput_multiplier,
-)
 from .shapes import DTYPE_BYTES, SHAPES, ModelShape, shape_config
+from .speedup import projected_speedup
 
 __all__ = [  # the package's public names; its modules list none of their own
     # measured cost curve
@@ -56,24 +38,10 @@ __all__ = [  # the package's public names; its modules list none of their own
     "DEFAULT_NODES",
     "DEFAULT_PROJECTION_ROWS",
     "CURVE_VERSION",
-    # shapes
+    # shapes and the speedup formula
     "SHAPES",
     "shape_config",
     "ModelShape",
     "DTYPE_BYTES",
-    # roofline
-    "Hardware",
-    "HARDWARE",
-    "METHODS",
-    "StepTimes",
-    "SpeedupGrid",
-    "forward_time",
-    "step_times",
-    "throughput_multiplier",
     "projected_speedup",
-    "expected_tau",
-    "speedup_grid",
-    "plot_heatmap",
-    "DEFAULT_BATCH_SIZES",
-    "DEFAULT_CONTEXTS",
 ]

@@ -3,11 +3,15 @@ the process state, and the few collective steps the drafters' training adds to w
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Sequence
 
 import torch
 
-__all__ = ["process_state", "num_processes", "is_main_process", "several_processes", "process0_value", "average_gradients", "weights_agree"]
+__all__ = [
+    "process_state", "num_processes", "is_main_process", "main_process_first", "barrier", "several_processes",
+    "process0_value", "average_gradients", "weights_agree",
+]  # fmt: skip
 
 
 def process_state():
@@ -25,6 +29,22 @@ def num_processes() -> int:
 def is_main_process() -> bool:
     """True in a single process, and in process 0 of ``accelerate launch`` / ``torchrun``."""
     return process_state().is_main_process
+
+
+@contextmanager
+def main_process_first():
+    """Under several processes the main process runs the block first and the others after it, so that they read the
+    caches it wrote (hidden states) instead of racing to write them. In a single process, just the block."""
+    with process_state().main_process_first():
+        yield
+
+
+def barrier() -> None:
+    """Wait for every process (nothing in a single process)."""
+    if several_processes():
+        import torch.distributed as dist
+
+        dist.barrier()
 
 
 def several_processes() -> bool:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path[:0] = [str(ROOT), str(HERE)]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(HERE)]  # the package, the studies beside it, the kit
 
 from report import write_report  # noqa: E402
 
@@ -83,11 +83,22 @@ def cli(*argv) -> None:
     """One ``hf-speculative`` command in this process; a non-zero exit raises."""
     from hf_speculative.cli import main
 
+    _run_command(main, "hf-speculative", argv)
+
+
+def study(*argv) -> None:
+    """One command of the downstream study beside the package (``benchmarks/run_downstream.py``), in this process."""
+    from downstream.cli import PROGRAM, main
+
+    _run_command(main, PROGRAM, argv)
+
+
+def _run_command(main, program: str, argv) -> None:
     argv = [str(a) for a in argv]
-    print("$ hf-speculative " + " ".join(argv), flush=True)
+    print(f"$ {program} " + " ".join(argv), flush=True)
     rc = main(argv)
     if rc:
-        raise RuntimeError(f"hf-speculative {argv[0]} exited {rc}")
+        raise RuntimeError(f"{program} {argv[0]} exited {rc}")
 
 
 # ----------------------------------------------------------------------------------------------- setup
@@ -176,7 +187,7 @@ def train_downstream(run: Run, seconds: float, method: str) -> dict:
     """A task-tuned arm on E2E NLG (Speculative Streaming's Table 1 setting): ``streaming`` or ``medusa2``."""
     out = run.drafters / f"{'speculative-streaming' if method == 'streaming' else method}-smollm2-135m-e2e-nlg-gpu"
     smoke = ["--max-steps", 2, "--calibration-prompts", 1, "--num-msa-layers", 2, "--tree-nodes", 6, "--batch-size", 4]
-    cli("downstream", "train", "--task", "e2e_nlg", "--method", method, "--data", run.data / "e2e_nlg", "--out", out,
+    study("train", "--task", "e2e_nlg", "--method", method, "--data", run.data / "e2e_nlg", "--out", out,
         "--model", run.model, "--device", run.device, "--time-budget", round(seconds * 0.75), "--epochs", 100,
         "--save-steps", 0, "--no-progress", *run.pick(["--batch-size", 16], smoke))  # fmt: skip
     return {"folder": out.name}
@@ -228,7 +239,7 @@ def evaluate_arms(run: Run, seconds: float) -> dict:
     done = {}
     for folder in sorted(run.drafters.glob("*-e2e-nlg-gpu")):
         output = run.work / f"eval-{folder.name}.json"
-        cli("downstream", "eval", folder, "--task", "e2e_nlg", "--data", run.data / "e2e_nlg", "--limit",
+        study("eval", folder, "--task", "e2e_nlg", "--data", run.data / "e2e_nlg", "--limit",
             run.pick(30, 2), "--device", run.device, "--no-progress", "--output", output)  # fmt: skip
         run.results["downstream"][folder.name] = done[folder.name] = json.loads(output.read_text())
     return {"arms": sorted(done)}

@@ -1,4 +1,4 @@
-"""The roofline half of the cost model (SPIRe's throughput multiplier): exact limits on toy numbers, the parameter count
+"""The roofline study (benchmarks/roofline) built on the cost model (SPIRe's throughput multiplier): exact limits on toy numbers, the parameter count
 against real models, the trends of Fig. 4, the CPU measurement's cache, and the ``perf-model`` command."""
 
 from __future__ import annotations
@@ -9,19 +9,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from hf_speculative.cli import main
-from hf_speculative.perf_model import (
-    HARDWARE,
-    SHAPES,
-    Hardware,
-    ModelShape,
-    expected_tau,
-    forward_time,
-    projected_speedup,
-    speedup_grid,
-    step_times,
-    throughput_multiplier,
-)
+from hf_speculative.perf_model import SHAPES, ModelShape, projected_speedup
+from roofline import HARDWARE, Hardware, expected_tau, forward_time, speedup_grid, step_times, throughput_multiplier
+from roofline.cli import main
 
 #: hidden 4, 1 layer, 2 heads of 2, 1 kv head, vocab 10: small enough to count by hand
 TOY = ModelShape("toy", hidden=4, intermediate=8, layers=1, heads=2, kv_heads=1, head_dim=2, vocab=10, tied=True, dtype_bytes=1)
@@ -143,7 +133,7 @@ def test_measure_cpu_caches(tmp_path, monkeypatch):
 
 def test_cli_writes_heatmap_and_json(tmp_path, capsys):
     png, out = tmp_path / "heat.png", tmp_path / "grid.json"
-    rc = main(["perf-model", "--target", "llama-3-8b", "--draft", "spire:2", "--hardware", "h100", "--k", "4",
+    rc = main(["--target", "llama-3-8b", "--draft", "spire:2", "--hardware", "h100", "--k", "4",
                "--alpha", "0.8", "--batch-sizes", "1,16,256", "--contexts", "256,4096,32768",
                "--output", str(png), "--json", str(out)])  # fmt: skip
     assert rc == 0
@@ -161,11 +151,11 @@ def test_cli_all_methods_and_config_paths(tmp_path, capsys):
     (tmp_path / "draft").mkdir()
     (tmp_path / "draft" / "config.json").write_text(json.dumps({**SHAPES["tiny"], "model_type": "llama"}))
     out = tmp_path / "all.json"
-    rc = main(["perf-model", "--target", "reference", "--draft", str(tmp_path / "draft"), "--method", "all",
+    rc = main(["--target", "reference", "--draft", str(tmp_path / "draft"), "--method", "all",
                "--hardware", "a100", "--tau", "2.5", "--batch-sizes", "1,8", "--contexts", "512",
                "--output", str(tmp_path / "h.png"), "--json", str(out)])  # fmt: skip
     assert rc == 0
     assert set(json.loads(out.read_text())["methods"]) == {"vanilla", "magicdec", "spire"}
     assert all((tmp_path / f"h_{m}.png").stat().st_size > 0 for m in ("vanilla", "magicdec", "spire"))
     with pytest.raises(ValueError, match="needs --draft"):
-        main(["perf-model", "--method", "vanilla", "--tau", "2"])
+        main(["--method", "vanilla", "--tau", "2"])

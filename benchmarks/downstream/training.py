@@ -13,7 +13,7 @@ library's own training code, with one PEFT LoRA setup and one wall-time budget f
 
 A trained folder holds what the arm adds to the base and ``downstream.json`` (task, method, base, training record);
 the base itself is never saved (``"reference"`` comes from the reference package). `write_downstream_info` /
-`read_downstream_info` read and write that file; ``hf_speculative.downstream.evaluation`` loads the folders.
+`read_downstream_info` read and write that file; ``downstream.evaluation`` loads the folders.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from ..drafters.streaming.configuration_speculative_streaming import LORA_TARGET_MODULES
-from ..training.data import Record
-from ..training.distributed import is_main_process, num_processes, weights_agree
+from hf_speculative.drafters.streaming.configuration_speculative_streaming import LORA_TARGET_MODULES
+from hf_speculative.training.data import Record
+from hf_speculative.training.distributed import is_main_process, num_processes, weights_agree
 
 __all__ = [
     "METHODS",
@@ -125,7 +125,7 @@ def read_downstream_info(folder: str | Path) -> dict:
     """The ``downstream.json`` of a trained folder (a clear error when the folder is not one)."""
     path = Path(folder) / INFO_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{folder} is not a 'hf-speculative downstream train' folder (no {INFO_FILE})")
+        raise FileNotFoundError(f"{folder} is not a 'run_downstream.py train' folder (no {INFO_FILE})")
     info = json.loads(path.read_text(encoding="utf-8"))
     if info.get("method") not in METHODS:
         raise ValueError(f"{path}: unknown method {info.get('method')!r} (known: {', '.join(METHODS)})")
@@ -134,8 +134,8 @@ def read_downstream_info(folder: str | Path) -> dict:
 
 def _hub_base_name(base_model: str) -> str:
     """The base model as a folder records it: the reference's Hub id, else the name given."""
-    from ..bench.reference import is_reference
-    from ..drafters.streaming.modeling_speculative_streaming import REFERENCE_HUB_ID
+    from hf_speculative.bench.reference import is_reference
+    from hf_speculative.drafters.streaming.modeling_speculative_streaming import REFERENCE_HUB_ID
 
     return REFERENCE_HUB_ID if is_reference(base_model) else str(base_model)
 
@@ -162,7 +162,7 @@ def adapter_path(folder: str | Path, adapter_folder: str | Path) -> str:
 
 
 def _training_record(cfg: DownstreamTrainingConfig, trainer, seconds: float, train: list[Record], calib: list[Record]) -> dict:
-    from ..training.trainer import DrafterTrainer
+    from hf_speculative.training.trainer import DrafterTrainer
 
     return {
         "train_examples": len(train),
@@ -178,7 +178,7 @@ def _training_record(cfg: DownstreamTrainingConfig, trainer, seconds: float, tra
 
 
 def _device_name() -> str:
-    from ..perf_model.cost_curve import machine_description
+    from hf_speculative.perf_model.cost_curve import machine_description
 
     return machine_description("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -190,7 +190,7 @@ def _trainer_dir(out: Path) -> str:
 def _train_streams(model, tokenizer, train: list[Record], out: Path, cfg: DownstreamTrainingConfig, callbacks=None, states=None):
     """The Speculative Streaming trainer over ``train`` (the LoRA arm is the same loss with no streams; ``states``: the
     records already tokenized); returns the trainer and the training seconds."""
-    from ..drafters.streaming.training_speculative_streaming import tokenize_records, train_speculative_streaming
+    from hf_speculative.drafters.streaming.training_speculative_streaming import tokenize_records, train_speculative_streaming
 
     states = states if states is not None else tokenize_records(tokenizer, train, max_length=cfg.max_length)
     t0 = time.perf_counter()
@@ -224,9 +224,9 @@ def train_lora(model, tokenizer, train: list[Record], calib: list[Record], out: 
 
 def train_streaming(model, tokenizer, train: list[Record], calib: list[Record], out: str | Path, cfg: DownstreamTrainingConfig, base_model: str) -> dict:
     """(c) shared-mode Speculative Streaming; saves config + streams + ``lora/`` (``ss.save_pretrained``)."""
-    from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
-    from ..drafters.streaming.training_speculative_streaming import stream_accuracies, tokenize_records
-    from ..engine.trees import TreeSpec, expected_acceptance_length
+    from hf_speculative.drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
+    from hf_speculative.drafters.streaming.training_speculative_streaming import stream_accuracies, tokenize_records
+    from hf_speculative.engine.trees import TreeSpec, expected_acceptance_length
 
     out = Path(out)
     ss = LlamaForSpeculativeStreaming.from_base_model(
@@ -237,7 +237,7 @@ def train_streaming(model, tokenizer, train: list[Record], calib: list[Record], 
     curve = None
     states = tokenize_records(tokenizer, train, max_length=cfg.max_length)
     if cfg.curve_points and calib:
-        from ..drafters.streaming.training_speculative_streaming import StreamCurveCallback
+        from hf_speculative.drafters.streaming.training_speculative_streaming import StreamCurveCallback
 
         held_out = tokenize_records(tokenizer, calib[: cfg.curve_examples], max_length=cfg.max_length)
         per_step = cfg.batch_size * num_processes() * states.input_ids.numel() / len(states)  # tokens, on average
@@ -276,7 +276,7 @@ def _train_pruning(ss, tokenizer, train: list[Record], calib: list[Record], out:
     """Parallel tree pruning for trained shared-mode streams (Sec. 3.1.3): the early exit after ``pruning_layer``
     layers of the fine-tuned model, trained on its states over the first ``pruning_examples`` training pairs for
     ``pruning_budget`` seconds; held-out top-1 of the exit on the calibration pairs before and after."""
-    from ..drafters.streaming.training_pruning import early_exit_accuracy, pruning_states, train_pruning_head
+    from hf_speculative.drafters.streaming.training_pruning import early_exit_accuracy, pruning_states, train_pruning_head
 
     ss.add_pruning_head(cfg.pruning_layer, threshold=cfg.pruning_threshold)
     t0 = time.perf_counter()
@@ -310,10 +310,10 @@ def _train_pruning(ss, tokenizer, train: list[Record], calib: list[Record], out:
 
 def train_medusa2(model, tokenizer, train: list[Record], calib: list[Record], out: str | Path, cfg: DownstreamTrainingConfig, base_model: str) -> dict:
     """(b) Medusa-2: the LoRA and the heads trained jointly; saves heads + ``adapter/`` (`save_medusa2`)."""
-    from ..drafters.medusa.modeling_medusa import MedusaHeadsModel
-    from ..drafters.medusa.training_medusa2 import Medusa2Dataset, Medusa2Model, add_lora, save_medusa2, train_medusa2 as fit
-    from ..drafters.medusa.tree_calibration import calibrate_tree
-    from ..training.trainer import extract_hidden_states
+    from hf_speculative.drafters.medusa.modeling_medusa import MedusaHeadsModel
+    from hf_speculative.drafters.medusa.training_medusa2 import Medusa2Dataset, Medusa2Model, add_lora, save_medusa2, train_medusa2 as fit
+    from hf_speculative.drafters.medusa.tree_calibration import calibrate_tree
+    from hf_speculative.training.trainer import extract_hidden_states
 
     out = Path(out)
     heads = MedusaHeadsModel.from_base_model(model, num_heads=cfg.num_heads)
@@ -349,9 +349,9 @@ def _eagle_states(model, tokenizer, records: list[Record], layers: list[int], ma
     answer) sequences, labels on the answer tokens only, stored in fp16 (`hidden_states_from_model`, in chunks)."""
     from dataclasses import replace
 
-    from ..drafters.eagle.training_eagle import hidden_states_from_model
-    from ..drafters.streaming.training_speculative_streaming import tokenize_records
-    from ..training.trainer import HiddenStates
+    from hf_speculative.drafters.eagle.training_eagle import hidden_states_from_model
+    from hf_speculative.drafters.streaming.training_speculative_streaming import tokenize_records
+    from hf_speculative.training.trainer import HiddenStates
 
     tokens = tokenize_records(tokenizer, records, max_length=max_length)
     offsets = tokens.offsets.tolist()
@@ -376,9 +376,9 @@ def train_eagle(
     drafter (bf16) and, in its config, the path of that adapter relative to ``out`` (no copy: the folders stay small)."""
     from peft import PeftModel
 
-    from ..drafters.draft_vocab import frequent_tokens
-    from ..drafters.eagle.modeling_eagle import EagleDrafter
-    from ..drafters.eagle.training_eagle import train_eagle as fit
+    from hf_speculative.drafters.draft_vocab import frequent_tokens
+    from hf_speculative.drafters.eagle.modeling_eagle import EagleDrafter
+    from hf_speculative.drafters.eagle.training_eagle import train_eagle as fit
 
     out = Path(out)
     info = read_downstream_info(adapter_folder)
@@ -421,8 +421,8 @@ def prune_folder(folder, data_dir, layer: int, threshold: float = 0.01, budget: 
     """Add parallel tree pruning (Sec. 3.1.3) to a trained ``streaming`` folder: its early exit after ``layer`` layers,
     trained as ``downstream train --pruning-layer`` would (`_train_pruning`) on the folder's own task and training
     split; rewrites the folder's config and weights and records the run in its ``downstream.json``."""
-    from ..bench.reference import resolve_model
-    from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
+    from hf_speculative.bench.reference import resolve_model
+    from hf_speculative.drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
     from .tasks import calibration_split, get_task
 
     folder = Path(folder)
@@ -448,7 +448,7 @@ def prune_folder(folder, data_dir, layer: int, threshold: float = 0.01, budget: 
 def train_arm(method: str, task: str, data_dir, out, cfg: DownstreamTrainingConfig, base_model: str = "reference", device=None,
               adapter_folder=None, limit: int | None = None, command: str | None = None) -> dict:  # fmt: skip
     """Train one arm on one task and write its folder ``out`` (weights + ``downstream.json``); returns the record."""
-    from ..bench.reference import resolve_model
+    from hf_speculative.bench.reference import resolve_model
     from .tasks import calibration_split, get_task
 
     if method not in METHODS:
@@ -475,7 +475,7 @@ def train_arm(method: str, task: str, data_dir, out, cfg: DownstreamTrainingConf
         fn = {"lora": train_lora, "streaming": train_streaming, "medusa2": train_medusa2}[method]
         record = fn(model, tokenizer, train, calib, out, run_cfg, base_model)
     record["settings"] = asdict(cfg)
-    from ..bench.reference import is_reference
+    from hf_speculative.bench.reference import is_reference
 
     info = {
         "task": task,

@@ -112,7 +112,7 @@ def _training_free_drafter(name: str, warm_texts: list[str] | None = None, token
 
 def _load_streaming(folder: Path, info: dict, tokenizer, base, pruning_threshold: float | None, gen: dict) -> DownstreamModel:
     """A ``streaming`` folder: plain is the joint forward one token at a time, speculative the streams' own drafting."""
-    from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
+    from hf_speculative.drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
 
     ss = LlamaForSpeculativeStreaming.from_pretrained(folder, base_model=base)
     ss.streams.to(device=base.device)
@@ -138,7 +138,7 @@ def load_downstream(folder: str | Path, device: str | None = None, dtype: torch.
     threshold instead of its own (0: no pruning)."""
     import hf_speculative as hfs
 
-    from ..bench.reference import resolve_model
+    from hf_speculative.bench.reference import resolve_model
 
     folder = Path(folder)
     info = read_downstream_info(folder)
@@ -153,12 +153,12 @@ def load_downstream(folder: str | Path, device: str | None = None, dtype: torch.
     if method == "streaming":
         return _load_streaming(folder, info, tokenizer, base, pruning_threshold, gen)
     if method == "medusa2":
-        from ..drafters.medusa.training_medusa2 import load_medusa2
+        from hf_speculative.drafters.medusa.training_medusa2 import load_medusa2
 
         model, heads = load_medusa2(folder, base, merge=True)
         drafter, name, extra = heads, "medusa-2 heads", sum(p.numel() for p in heads.parameters())
     elif method == "eagle":
-        from ..drafters.eagle.modeling_eagle import EagleDrafter
+        from hf_speculative.drafters.eagle.modeling_eagle import EagleDrafter
 
         model = _merged(base, folder, getattr(EagleDrafter.config_class.from_pretrained(folder), "base_adapter", ADAPTER_SUBFOLDER))
         eagle = EagleDrafter.from_pretrained(folder, base_model=model).to(device=model.device, dtype=model.dtype).eval()
@@ -181,7 +181,7 @@ def load_downstream(folder: str | Path, device: str | None = None, dtype: torch.
 def compute_metric(task: str, predictions: list[str], references: list[list[str]]) -> dict:
     """The task's metric through `evaluate` (the local modules of `hf_speculative.bench.metrics`): ``rougeL`` and
     ``rouge1`` (best reference per prediction) for E2E NLG and DialogSum, ``exact_match`` for WikiSQL."""
-    from ..bench.metrics import load_metric
+    from hf_speculative.bench.metrics import load_metric
     from .tasks import get_task
 
     spec = get_task(task)
@@ -240,8 +240,8 @@ def evaluate_folder(folder: str | Path, task: str, data_dir, limit: int | None =
     prompt (the order alternates from prompt to prompt; one warm-up prompt first, not counted); returns the eval
     record (`hf_speculative.commands.downstream` writes it as JSON). The training time is the folder's, a pruning
     early exit's extraction and training included."""
-    from ..bench.harness import machine_info
-    from ..training.data import encode_chat
+    from hf_speculative.bench.harness import machine_info
+    from hf_speculative.training.data import encode_chat
     from .tasks import get_task
 
     spec = get_task(task)

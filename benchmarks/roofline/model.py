@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from ..plotting import save_figure
-from .shapes import ModelShape
+from hf_speculative.perf_model import ModelShape, projected_speedup
+from hf_speculative.plotting import save_figure
 
 METHODS = ("vanilla", "magicdec", "spire", "verify-only")
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -87,8 +87,8 @@ class Hardware:
         ``$HF_SPECULATIVE_CACHE/hardware/`` per CPU model and thread count; ``refresh=True`` measures again."""
         import torch
 
-        from ..paths import cache_root
-        from .cost_curve import machine_description
+        from hf_speculative.paths import cache_root
+        from hf_speculative.perf_model import machine_description
 
         previous = torch.get_num_threads()
         threads = int(threads or previous)
@@ -151,14 +151,6 @@ def forward_time(shape: ModelShape, hw: Hardware, batch: int, new_tokens: int, c
     compute = shape.forward_flops(batch, new_tokens, context, kv_window) / hw.flops
     memory = shape.forward_bytes(batch, new_tokens, context, kv_window) / hw.bandwidth
     return max(compute, memory)
-
-
-def projected_speedup(tau: float, t_tree: float, t_one: float, draft_time: float = 0.0) -> float:
-    """``tau / ((t_tree + draft_time) / t_one)``: tokens per step over the step's cost in decoding steps. The times
-    are measured (`hf_speculative.bench.projection.measure_step_latency`) or from the roofline (`step_times`)."""
-    if tau <= 0 or t_tree <= 0 or t_one <= 0 or draft_time < 0:
-        raise ValueError(f"need tau, t_tree, t_one > 0 and draft_time >= 0, got {tau}, {t_tree}, {t_one}, {draft_time}")
-    return tau / ((t_tree + draft_time) / t_one)
 
 
 def expected_tau(alpha: float, k: int) -> float:

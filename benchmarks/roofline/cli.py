@@ -1,13 +1,15 @@
-"""``hf-speculative perf-model``: SPIRe's projected throughput multiplier over batch size x context length, from the
-roofline cost model (`hf_speculative.perf_model.roofline`); a table per method, a Fig. 4-style heatmap, JSON.
+"""``python benchmarks/run_roofline.py``: SPIRe's projected throughput multiplier over batch size x context length,
+from the roofline cost model (`roofline.model`); a table per method, a Fig. 4-style heatmap, JSON.
 
-    hf-speculative perf-model --target llama-3-8b --draft spire:2 --hardware h100 --k 4 --alpha 0.8 \\
+    python benchmarks/run_roofline.py --target llama-3-8b --draft spire:2 --hardware h100 --k 4 --alpha 0.8 \\
         --output heatmap.png --json grid.json
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -22,10 +24,12 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "perf-model",
-        help="projected throughput multiplier (SPIRe's roofline model) of vanilla SD, MagicDec, SPIRe over batch x context",
+PROGRAM = "python benchmarks/run_roofline.py"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROGRAM,
         description="SPIRe's throughput model: multiplier = tau / Delta t, Delta t = (k draft forwards + verification over "
         "k+1 tokens) / one plain decoding step, each forward max(FLOPs / FLOP/s, bytes / B/s). Numbers are projected.",
     )
@@ -52,11 +56,18 @@ def add_parser(subparsers) -> None:
     p.add_argument("--output", default=None, help="heatmap PNG (with --method all: one per method, NAME_<method>.png)")
     p.add_argument("--title", default=None, help="heatmap title (always marked projected)")
     p.add_argument("--json", default=None, help="write the grids as JSON")
-    p.set_defaults(func=run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    return run(args)
 
 
 def _shape(spec: str, dtype_bytes: int):
-    from ..perf_model import SHAPES, ModelShape
+    from hf_speculative.perf_model import SHAPES, ModelShape
 
     if spec == "reference":
         return ModelShape.from_name("smollm2-135m", dtype_bytes=dtype_bytes)
@@ -103,7 +114,9 @@ def _plan(args, target, dtype_bytes: int) -> list[tuple[str, object]]:
 
 
 def run(args) -> int:
-    from ..perf_model import DTYPE_BYTES, Hardware, expected_tau, plot_heatmap, speedup_grid
+    from hf_speculative.perf_model import DTYPE_BYTES
+
+    from .model import Hardware, expected_tau, plot_heatmap, speedup_grid
 
     if args.k < 1:
         raise ValueError(f"--k must be >= 1, got {args.k}")
@@ -125,7 +138,7 @@ def run(args) -> int:
         "target": target.to_dict(),
         "k": args.k, "tau": tau, "alpha": args.alpha, "dtype": dtype,
         "sliding_window": args.sliding_window, "sink_tokens": args.sink_tokens,
-        "command": "hf-speculative " + " ".join(getattr(args, "argv", None) or sys.argv[1:]),
+        "command": f"{PROGRAM} " + " ".join(shlex.quote(a) for a in args.argv),
         "methods": {},
     }  # fmt: skip
     plan = _plan(args, target, dtype_bytes)

@@ -25,7 +25,7 @@ The draft depth k is the tree's depth and the verification forward covers the tr
 mean per row, ``verified_tokens_per_row``, where the bench JSON has it). The context L
 is ``--prompt-tokens`` + half of ``max_new_tokens`` (the bench JSON does not record prompt lengths).
 
-    python scripts/perf_model_vs_measured.py bench_batch.json --plot perf_model_vs_measured.png
+    python benchmarks/roofline_vs_measured.py bench_batch.json --plot perf_model_vs_measured.png
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ import argparse
 import json
 from pathlib import Path
 
-from hf_speculative.perf_model import SHAPES, Hardware, ModelShape, throughput_multiplier
+from hf_speculative.perf_model import SHAPES, ModelShape
+from roofline import Hardware, throughput_multiplier
 
 
 def _depth(settings: dict, nodes: int | None) -> int:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..training.data import DIALOGSUM_INSTRUCTION, Record, load_dialogsum, load_e2e_nlg
+from hf_speculative.training.data import DIALOGSUM_INSTRUCTION, Record, load_dialogsum, load_e2e_nlg
 
 __all__ = ["TASKS", "DownstreamTask", "get_task", "load_task", "wikisql_records", "wikisql_schema", "calibration_split"]
 

@@ -1,11 +1,12 @@
 """Re-run every committed downstream row and compare it with its JSON in docs/results/downstream/.
 
-Each row's JSON records the ``downstream eval`` command that made it; this script runs that command again (from the
+Each row's JSON records the ``eval`` command that made it (``run_downstream.py eval``, recorded as
+``hf-speculative downstream eval`` by the rows made before the study left the package); this script runs that command again (from the
 repository root, writing to a scratch folder, no card) and checks that the deterministic fields match: n, tau,
 target forwards, new tokens, lossless rate, task metric, extra parameters. Speedup is a wall-time ratio and is
 reported beside the recorded one, not compared.
 
-    python scripts/reproduce_downstream.py [--results docs/results/downstream_longer] [--only e2e_nlg_lora,wikisql_lora]
+    python benchmarks/reproduce_downstream.py [--results docs/results/downstream_longer] [--only e2e_nlg_lora,wikisql_lora]
         [--out DIR] [--report FILE.md]
 """
 
@@ -19,19 +20,23 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 RESULTS = ROOT / "docs" / "results" / "downstream"
 EXACT = ("n", "tau", "target_forwards", "new_tokens", "lossless_rate", "metric", "extra_parameters")
 
 
 def rerun(record: dict, out: Path) -> dict:
     argv = shlex.split(record["command"])
-    assert argv[:3] == ["hf-speculative", "downstream", "eval"], record["command"]
+    prefixes = (["hf-speculative", "downstream", "eval"], ["python", "benchmarks/run_downstream.py", "eval"])
+    prefix = next((p for p in prefixes if argv[: len(p)] == p), None)
+    assert prefix is not None, record["command"]
+    argv = argv[len(prefix) - 1 :]  # from "eval" on
     argv = [a for a in argv if a != "--write-card"]
     if "--output" in argv:
         i = argv.index("--output")
         del argv[i : i + 2]
-    cmd = [sys.executable, "-m", "hf_speculative.cli", *argv[1:], "--output", str(out), "--no-progress"]
+    cmd = [sys.executable, str(HERE / "run_downstream.py"), *argv, "--output", str(out), "--no-progress"]
     subprocess.run(cmd, cwd=ROOT, check=True)
     return json.loads(out.read_text())
 

@@ -87,6 +87,6 @@ def plot_results(rows: list[dict], path: str | Path) -> Path:
         ax.set_ylabel(label)
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     axes[0].legend(fontsize=7)
-    from ..plotting import save_figure
+    from hf_speculative.plotting import save_figure
 
     return save_figure(fig, path)

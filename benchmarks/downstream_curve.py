@@ -2,7 +2,7 @@
 --curve-points N`` records in a folder's ``downstream.json`` (held-out expected tau of the tree calibrated at each
 point) beside the measured tau of ``downstream eval`` JSONs, as a markdown table and a plot.
 
-    python scripts/downstream_curve.py --folder model_cards/speculative-streaming-smollm2-135m-e2e-nlg-60min \\
+    python benchmarks/downstream_curve.py --folder model_cards/speculative-streaming-smollm2-135m-e2e-nlg-60min \\
         --evals docs/results/downstream/e2e_nlg_streaming.json docs/results/downstream_longer/*.json \\
         --plot docs/results/downstream_curve.png
 """

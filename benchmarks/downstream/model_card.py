@@ -7,7 +7,7 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from ..model_card import public_data_source, render_card, user_data_path
+from hf_speculative.model_card import public_data_source, render_card, user_data_path
 from .table import ARM_NAMES, TASK_NAMES
 from .tasks import get_task
 
@@ -33,7 +33,10 @@ def _loading(folder: str, task: str, method: str) -> str:
         "```python",
         "import torch",
         "",
-        "from hf_speculative.downstream import load_downstream, load_task",
+        "import sys",
+        "",
+        'sys.path.insert(0, "benchmarks")  # from the repository root: the study beside the package',
+        "from downstream import load_downstream, load_task",
         "from hf_speculative.training.data import encode_chat",
         "",
         f'arm = load_downstream("{folder}")  # the reference base model + what this folder adds',
@@ -61,8 +64,15 @@ def _measured(result: dict) -> str:
         f"{result.get('machine', {}).get('processor')} ({result.get('threads')} threads; a shared machine, so speedups are indicative):\n\n"
         "| metric | tokens/step (tau) | speedup over its own plain decoding | lossless |\n|---|---:|---:|---:|\n"
         f"| {metric} | {result['tau']:.2f} | {result['speedup']:.2f}x | {result['lossless_rate']:.2f} |\n\n"
-        f"Speculative decoding: {result['drafter']}. Command: `{result.get('command')}`"
+        f"Speculative decoding: {result['drafter']}. Command: `{current_command(result.get('command'))}`"
     )
+
+
+def current_command(command: str | None) -> str | None:
+    """A recorded command as it runs now: rows made while the study was a package command (``hf-speculative
+    downstream ...``) name its script."""
+    legacy = "hf-speculative downstream "
+    return "python benchmarks/run_downstream.py " + command[len(legacy) :] if command and command.startswith(legacy) else command
 
 
 def _command_for(command: str | None, folder: str | None) -> str | None:
@@ -70,6 +80,7 @@ def _command_for(command: str | None, folder: str | None) -> str | None:
     have written it elsewhere first; ``downstream.json`` keeps the command as it ran)."""
     import shlex
 
+    command = current_command(command)
     if not command or folder is None:
         return command
     argv = shlex.split(command)
@@ -84,7 +95,7 @@ def render_model_card(info: dict, result: dict | None = None, folder: str | Path
     training = info.get("training") or {}
     settings = training.get("settings") or {}
     intro = (
-        "Speculative Streaming's Table 1 setting (Bhendawade et al., 2024, Sec. 4.1), reproduced with `hf-speculative downstream`"
+        "Speculative Streaming's Table 1 setting (Bhendawade et al., 2024, Sec. 4.1), reproduced with `python benchmarks/run_downstream.py`"
         " (see docs/downstream.md). The folder holds what this arm adds to the base model; the base comes from the reference package.\n\n"
         f"- task: {task}; data: {_data_line(task, info.get('data'))}\n- split: {_SPLITS.get(task, info.get('split'))}\n"
         f"- training: {training.get('steps')} optimizer steps of {settings.get('batch_size')} examples, {training.get('train_seconds')} s"

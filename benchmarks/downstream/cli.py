@@ -1,35 +1,56 @@
-"""``hf-speculative downstream train|prune|eval|table``: task fine-tuning with speculative decoding (Speculative Streaming,
-Sec. 4.1, Table 1) on E2E NLG, WikiSQL and DialogSum (`hf_speculative.downstream`).
+"""``python benchmarks/run_downstream.py train|prune|eval|table``: task fine-tuning with speculative decoding
+(Speculative Streaming, Sec. 4.1, Table 1) on E2E NLG, WikiSQL and DialogSum (`downstream`).
 
-    hf-speculative downstream train --task e2e_nlg --method streaming --data ../shared/data/e2e_nlg \\
+    python benchmarks/run_downstream.py train --task e2e_nlg --method streaming --data ../shared/data/e2e_nlg \\
         --out model_cards/speculative-streaming-smollm2-135m-e2e-nlg --time-budget 600
-    hf-speculative downstream train --task e2e_nlg --method eagle --adapter model_cards/lora-smollm2-135m-e2e-nlg ...
-    hf-speculative downstream prune model_cards/speculative-streaming-smollm2-135m-e2e-nlg --data ../shared/data/e2e_nlg \\
-        --pruning-layer 8 --pruning-threshold 0.01
-    hf-speculative downstream eval model_cards/speculative-streaming-smollm2-135m-e2e-nlg --task e2e_nlg \\
+    python benchmarks/run_downstream.py train --task e2e_nlg --method eagle --adapter model_cards/lora-smollm2-135m-e2e-nlg ...
+    python benchmarks/run_downstream.py prune model_cards/speculative-streaming-smollm2-135m-e2e-nlg \\
+        --data ../shared/data/e2e_nlg --pruning-layer 8 --pruning-threshold 0.01
+    python benchmarks/run_downstream.py eval model_cards/speculative-streaming-smollm2-135m-e2e-nlg --task e2e_nlg \\
         --data ../shared/data/e2e_nlg --limit 50 --threads 2 --output results/downstream/e2e_streaming.json
-    hf-speculative downstream table --results results/downstream --output docs/downstream_table.md --plot docs/downstream.png
+    python benchmarks/run_downstream.py table --results results/downstream --output docs/downstream_table.md \\
+        --plot docs/downstream.png
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
-from .common import command_line, is_main_process, setup_torch
+from hf_speculative.commands.common import setup_torch
 
+PROGRAM = "python benchmarks/run_downstream.py"
 TASKS = ("e2e_nlg", "wikisql", "dialogsum")
 METHODS = ("lora", "medusa2", "streaming", "eagle")
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("downstream", help="task fine-tuning arms (LoRA, Medusa-2, Speculative Streaming, EAGLE-3): train, eval, table")
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROGRAM, description="task fine-tuning arms (LoRA, Medusa-2, Speculative Streaming, "
+                                "EAGLE-3) of Speculative Streaming's Table 1: train, prune, eval, table")  # fmt: skip
     sub = p.add_subparsers(dest="downstream_command", required=True)
     _add_train_parser(sub)
     _add_prune_parser(sub)
     _add_eval_parser(sub)
     _add_table_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    from hf_speculative.auto import register_auto_classes
+
+    register_auto_classes()
+    return args.func(args) or 0
+
+
+def command_line(args) -> str:
+    """The command as typed, recorded in a folder's ``downstream.json`` and each eval JSON."""
+    return f"{PROGRAM} " + " ".join(shlex.quote(a) for a in args.argv)
 
 
 def _add_train_parser(sub) -> None:
@@ -120,8 +141,8 @@ def _add_table_parser(sub) -> None:
 
 def run_train(args) -> int:
     setup_torch(args)
-    from ..downstream.tasks import get_task
-    from ..downstream.training import DownstreamTrainingConfig, train_arm
+    from .tasks import get_task
+    from .training import DownstreamTrainingConfig, train_arm
 
     cfg = DownstreamTrainingConfig(
         lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, learning_rate=args.lr, batch_size=args.batch_size,
@@ -134,6 +155,8 @@ def run_train(args) -> int:
     )  # fmt: skip
     info = train_arm(args.method, args.task, args.data, args.out, cfg, base_model=args.model, device=args.device,
                      adapter_folder=args.adapter, limit=args.limit, command=command_line(args))  # fmt: skip
+    from hf_speculative.training.distributed import is_main_process
+
     if is_main_process():  # under accelerate launch the other processes trained the same weights
         report = {k: v for k, v in info["training"].items() if k != "settings"}
         print(json.dumps({"task": info["task"], "method": info["method"], "out": args.out, **report}, indent=1))
@@ -142,7 +165,7 @@ def run_train(args) -> int:
 
 def run_prune(args) -> int:
     setup_torch(args)
-    from ..downstream.training import prune_folder
+    from .training import prune_folder
 
     record = prune_folder(args.folder, args.data, args.pruning_layer, threshold=args.pruning_threshold, budget=args.pruning_budget,
                           examples=args.pruning_examples, device=args.device, progress=not args.no_progress, command=command_line(args))  # fmt: skip
@@ -152,10 +175,10 @@ def run_prune(args) -> int:
 
 def run_eval(args) -> int:
     setup_torch(args)
-    from ..downstream.evaluation import evaluate_folder
+    from .evaluation import evaluate_folder
 
     if args.write_card and (args.drafter != "prompt-lookup" or args.pruning_threshold is not None):
-        raise SystemExit("hf-speculative downstream eval: --write-card records a folder's own decoding; drop it with --drafter / --pruning-threshold")
+        raise SystemExit(f"{PROGRAM} eval: --write-card records a folder's own decoding; drop it with --drafter / --pruning-threshold")
     result = evaluate_folder(args.folder, args.task, args.data, limit=args.limit, max_new_tokens=args.max_new_tokens,
                              device=args.device, progress=not args.no_progress, drafter=args.drafter,
                              pruning_threshold=args.pruning_threshold)  # fmt: skip
@@ -163,8 +186,8 @@ def run_eval(args) -> int:
     result["command"] = command_line(args)
     text = json.dumps(result, indent=1)
     if args.write_card:
-        from ..downstream.model_card import write_model_card
-        from ..downstream.training import read_downstream_info
+        from .model_card import write_model_card
+        from .training import read_downstream_info
 
         print(f"written {write_model_card(args.folder, read_downstream_info(args.folder), result)}", file=sys.stderr)
     if args.output:
@@ -178,7 +201,7 @@ def run_eval(args) -> int:
 
 
 def run_table(args) -> int:
-    from ..downstream.table import markdown_table, plot_results, read_results
+    from .table import markdown_table, plot_results, read_results
 
     rows = read_results(args.results)
     if not rows:
