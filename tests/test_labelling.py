@@ -10,7 +10,7 @@ import torch
 
 from hf_speculative.cli import build_parser, main
 from hf_speculative.training.data import Record, load_records, load_sharegpt, load_sharegpt_package
-from hf_speculative.training.labelling import LabelledShards, label_conversations
+from hf_speculative.training.labelling import LabelledShards, label_conversations, label_records
 from hf_speculative.training.losses import kd_loss
 
 from conftest import tiny_chat_model
@@ -134,6 +134,22 @@ def test_shards_round_trip(tiny, tmp_path):
     assert data.to_hidden_states(max_tokens=first + 1).ids == ["r0", "r1"]
     with pytest.raises(KeyError):
         data.to_hidden_states(layer=1)
+
+
+def test_label_records_in_memory_equals_the_shards(tiny, tmp_path):
+    """The in-memory labelling (what the task fine-tuning arms train EAGLE on) holds exactly what the shards hold,
+    read back the same way, and stops before the record that would pass ``max_tokens``."""
+    model, tok = tiny
+    recs = _records(5)
+    label_conversations(model, tok, recs, tmp_path, layers=(1, -1), top_k=4, shard_tokens=40, progress=False)
+    shards = LabelledShards(tmp_path).to_hidden_states(extra_layers=(1,))
+    memory = label_records(model, tok, recs, layers=(1, -1), top_k=4)
+    assert memory.ids == shards.ids and torch.equal(memory.offsets, shards.offsets)
+    for name in ("hidden", "input_ids", "labels", "topk_ids", "topk_logprobs"):
+        assert torch.equal(getattr(memory, name), getattr(shards, name)), name
+    assert sorted(memory.layers) == [1] and torch.equal(memory.layers[1], shards.layers[1])
+    first_two = int(shards.offsets[2])
+    assert label_records(model, tok, recs, layers=(1,), top_k=4, max_tokens=first_two).ids == ["r0", "r1"]
 
 
 def test_shards_resume(tiny, tmp_path):

@@ -260,3 +260,37 @@ def test_held_out_lm_loss_with_and_without_the_adapter():
                     n += 1
     assert base == pytest.approx(total / n, rel=1e-4)
     assert adapted != pytest.approx(base, rel=1e-3)
+
+
+def test_medusa2_command_trains_calibrates_and_decodes_exactly(tmp_path):
+    """``hf-speculative train medusa --medusa2`` (the method's `fit_medusa2`): LoRA + heads trained jointly, held-out
+    LM losses, a tree calibrated on the adapted model; the folder loads (`load_medusa2`) and drafts exactly."""
+    import json
+
+    from conftest import tiny_chat_model
+
+    from hf_speculative.cli import main
+    from hf_speculative.drafters.medusa.training_medusa2 import load_medusa2
+
+    model, tok = tiny_chat_model(2)
+    model.save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    with open(tmp_path / "data.jsonl", "w") as f:
+        for i in range(8):
+            msgs = [{"role": "user", "content": f"count {i}"}, {"role": "assistant", "content": "one two three four five six"}]
+            f.write(json.dumps({"id": str(i), "messages": msgs}) + "\n")
+    out = tmp_path / "out"
+    argv = ["train", "medusa", "--medusa2", "--model", str(tmp_path / "base"), "--data", str(tmp_path / "data.jsonl"),
+            "--out", str(out), "--num-heads", "2", "--max-steps", "2", "--holdout", "0.25", "--calibrate-nodes", "4",
+            "--lm-loss", "ce", "--lr", "1e-2", "--threads", "1"]  # fmt: skip
+    assert main(argv) == 0
+    config = json.loads((out / "config.json").read_text())
+    training = config["training"]
+    assert training["optimizer_steps"] == 2 and training["conversations"] == 6 and training["held_out_conversations"] == 2
+    assert training["held_out_lm_loss_adapted"] > 0 and config["calibration"]["num_nodes"] == 4
+    assert (out / "adapter" / "adapter_config.json").is_file() and not (out / "trainer_state").exists()
+    tuned, heads = load_medusa2(out, type(model).from_pretrained(tmp_path / "base"))
+    target = hfs.enable(tuned)
+    ids = torch.tensor([[3, 5, 7, 9]])
+    plain = target.generate(ids, max_new_tokens=10, do_sample=False)
+    assert torch.equal(target.generate(ids, assistant_model=heads, max_new_tokens=10, do_sample=False), plain)

@@ -698,3 +698,13 @@ def test_cli_trains_shared_mode(tmp_path):
     ss = LlamaForSpeculativeStreaming.from_pretrained(out)  # loads the recorded base and the adapter
     ids = torch.tensor([[1, 2, 3]])
     assert torch.equal(ss.generate(ids, max_new_tokens=6, do_sample=False), ss.generate_autoregressive(ids, max_new_tokens=6, do_sample=False))
+    # parallel tree pruning on the trained folder (the method's `fit_pruning_head`, as the task arms call it)
+    pruned = tmp_path / "pruned"
+    argv = ["train", "streaming-pruning", "--model", str(tmp_path / "base"), "--streams", str(out), "--data", str(data),
+            "--out", str(pruned), "--pruning-layer", "1", "--max-steps", "2", "--holdout", "0.25", "--threads", "1"]  # fmt: skip
+    assert main(argv) == 0
+    pruning = json.loads((pruned / "config.json").read_text())["pruning"]
+    assert pruning["steps"] == 2 and pruning["layer"] == 1 and pruning["held_out_top1_after"] is not None
+    assert "streaming-pruning" in pruning["command"] and pruning["adapter_parameters"] > 0
+    ss = LlamaForSpeculativeStreaming.from_pretrained(pruned)
+    assert torch.equal(ss.generate(ids, max_new_tokens=6, do_sample=False), ss.generate_autoregressive(ids, max_new_tokens=6, do_sample=False))

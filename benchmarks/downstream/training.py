@@ -50,6 +50,7 @@ __all__ = [
 
 METHODS = ("lora", "medusa2", "streaming", "eagle")
 LAMBDA0_WARMUP_STEPS = 100
+EAGLE_TOP_K = 8  # the teacher's top-k per token of the EAGLE arm's labelling
 INFO_FILE = "downstream.json"
 ADAPTER_SUBFOLDER = "adapter"  # the PEFT adapter of the lora, medusa2 and eagle folders (streaming: lora/)
 
@@ -225,8 +226,7 @@ def train_lora(model, tokenizer, train: list[Record], calib: list[Record], out: 
 def train_streaming(model, tokenizer, train: list[Record], calib: list[Record], out: str | Path, cfg: DownstreamTrainingConfig, base_model: str) -> dict:
     """(c) shared-mode Speculative Streaming; saves config + streams + ``lora/`` (``ss.save_pretrained``)."""
     from hf_speculative.drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
-    from hf_speculative.drafters.streaming.training_speculative_streaming import stream_accuracies, tokenize_records
-    from hf_speculative.engine.trees import TreeSpec, expected_acceptance_length
+    from hf_speculative.drafters.streaming.training_speculative_streaming import calibrate_stream_tree, tokenize_records
 
     out = Path(out)
     ss = LlamaForSpeculativeStreaming.from_base_model(
@@ -248,16 +248,9 @@ def train_streaming(model, tokenizer, train: list[Record], calib: list[Record], 
         curve_seconds, seconds = round(seconds - curve.curve[-1]["train_seconds"], 1), curve.curve[-1]["train_seconds"]
     calibration = {}
     if calib:
-        acc = stream_accuracies(ss, tokenize_records(tokenizer, calib, max_length=cfg.max_length), segment_length=cfg.max_length)
-        tree = TreeSpec.optimize(acc, cfg.tree_nodes)
-        ss.config.stream_tree = tree.to_list()
-        calibration = {
-            "stream_top_i_accuracy": [[round(a, 4) for a in r] for r in acc],
-            "num_nodes": cfg.tree_nodes,
-            "expected_acceptance_length": round(expected_acceptance_length(tree, acc), 4),
-        }
-        ss.config.calibration = calibration
-        print(f"calibrated stream tree: {tree.num_nodes} nodes, expected tau {calibration['expected_acceptance_length']}", file=sys.stderr)
+        held_out = tokenize_records(tokenizer, calib, max_length=cfg.max_length)
+        calibration = calibrate_stream_tree(ss, held_out, cfg.tree_nodes, segment_length=cfg.max_length)
+        print(f"calibrated stream tree: {cfg.tree_nodes} nodes, expected tau {calibration['expected_acceptance_length']}", file=sys.stderr)
     pruning = _train_pruning(ss, tokenizer, train, calib, out, cfg) if cfg.pruning_layer is not None else None
     if is_main_process():
         ss.save_pretrained(out)
@@ -273,99 +266,50 @@ def train_streaming(model, tokenizer, train: list[Record], calib: list[Record], 
 
 
 def _train_pruning(ss, tokenizer, train: list[Record], calib: list[Record], out: Path, cfg: DownstreamTrainingConfig) -> dict:
-    """Parallel tree pruning for trained shared-mode streams (Sec. 3.1.3): the early exit after ``pruning_layer``
-    layers of the fine-tuned model, trained on its states over the first ``pruning_examples`` training pairs for
-    ``pruning_budget`` seconds; held-out top-1 of the exit on the calibration pairs before and after."""
-    from hf_speculative.drafters.streaming.training_pruning import early_exit_accuracy, pruning_states, train_pruning_head
+    """Parallel tree pruning for trained shared-mode streams (Sec. 3.1.3, the method's `fit_pruning_head`): the early
+    exit after ``pruning_layer`` layers of the fine-tuned model, trained on its states over the first
+    ``pruning_examples`` training pairs for ``pruning_budget`` seconds; held-out top-1 on the calibration pairs."""
+    from hf_speculative.drafters.streaming.training_pruning import fit_pruning_head
 
     ss.add_pruning_head(cfg.pruning_layer, threshold=cfg.pruning_threshold)
-    t0 = time.perf_counter()
-    states = pruning_states(ss, tokenizer, train[: cfg.pruning_examples], max_length=cfg.max_length, progress=cfg.progress)
-    held_out = pruning_states(ss, tokenizer, calib, max_length=cfg.max_length, progress=False) if calib else None
-    extract_seconds = time.perf_counter() - t0
-    before = early_exit_accuracy(ss, held_out) if held_out is not None else None
-    t0 = time.perf_counter()
-    trainer = train_pruning_head(
-        ss, states, output_dir=str(out / "trainer_state" / "pruning"), learning_rate=cfg.learning_rate,
-        batch_size=cfg.batch_size, segment_length=cfg.max_length, num_epochs=100, time_budget=cfg.pruning_budget,
-        seed=cfg.seed, progress=cfg.progress,
+    record = fit_pruning_head(
+        ss, tokenizer, train[: cfg.pruning_examples], calib, str(out / "trainer_state" / "pruning"), max_length=cfg.max_length,
+        progress=cfg.progress, learning_rate=cfg.learning_rate, batch_size=cfg.batch_size, segment_length=cfg.max_length,
+        num_epochs=100, time_budget=cfg.pruning_budget, seed=cfg.seed,
     )  # fmt: skip
-    seconds = time.perf_counter() - t0
-    after = early_exit_accuracy(ss, held_out) if held_out is not None else None
-    record = {
-        "layer": cfg.pruning_layer,
-        "threshold": cfg.pruning_threshold,
-        "train_examples": min(len(train), cfg.pruning_examples),
-        "steps": trainer.state.global_step,
-        "extract_seconds": round(extract_seconds, 1),
-        "train_seconds": round(seconds, 1),
-        "held_out_top1_before": None if before is None else round(before, 4),
-        "held_out_top1_after": None if after is None else round(after, 4),
-        "adapter_parameters": sum(p.numel() for p in ss.streams.pruning.parameters()),
-    }
     ss.config.pruning = record
-    print(f"pruning early exit after layer {cfg.pruning_layer}: held-out top-1 {before} -> {after}", file=sys.stderr)
+    print(f"pruning early exit after layer {cfg.pruning_layer}: held-out top-1 {record['held_out_top1_before']} -> "
+          f"{record['held_out_top1_after']}", file=sys.stderr)  # fmt: skip
     return record
 
 
 def train_medusa2(model, tokenizer, train: list[Record], calib: list[Record], out: str | Path, cfg: DownstreamTrainingConfig, base_model: str) -> dict:
-    """(b) Medusa-2: the LoRA and the heads trained jointly; saves heads + ``adapter/`` (`save_medusa2`)."""
+    """(b) Medusa-2 (the method's `fit_medusa2`, next-token CE on the task's references); the tree calibrated on the
+    adapted model's states; saves heads + ``adapter/`` (`save_medusa2`)."""
     from hf_speculative.drafters.medusa.modeling_medusa import MedusaHeadsModel
-    from hf_speculative.drafters.medusa.training_medusa2 import Medusa2Dataset, Medusa2Model, add_lora, save_medusa2, train_medusa2 as fit
-    from hf_speculative.drafters.medusa.tree_calibration import calibrate_tree
-    from hf_speculative.training.trainer import extract_hidden_states
+    from hf_speculative.drafters.medusa.training_medusa2 import calibrate_adapted_tree, fit_medusa2, save_medusa2
 
     out = Path(out)
     heads = MedusaHeadsModel.from_base_model(model, num_heads=cfg.num_heads)
     heads.config.base_model_name_or_path = _hub_base_name(base_model)
-    peft_model = add_lora(model, r=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=0.0, target_modules=LORA_TARGET_MODULES)
-    joint = Medusa2Model(peft_model, heads)
-    data = Medusa2Dataset(tokenizer, train, max_length=cfg.max_length)
-    t0 = time.perf_counter()
-    trainer = fit(
-        joint, data, output_dir=_trainer_dir(out), num_epochs=cfg.epochs, max_steps=cfg.max_steps,
+    run = fit_medusa2(
+        model, heads, tokenizer, train, _trainer_dir(out), lora_r=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
+        lora_targets=LORA_TARGET_MODULES, max_length=cfg.max_length, num_epochs=cfg.epochs, max_steps=cfg.max_steps,
         learning_rate=cfg.learning_rate, batch_size=cfg.batch_size, lambda0=cfg.lambda0,
-        lambda0_warmup=LAMBDA0_WARMUP_STEPS if cfg.time_budget else 0.3,
-        lm_loss="ce", pad_token_id=tokenizer.pad_token_id or 0, seed=cfg.seed, progress=cfg.progress,
-        time_budget_s=cfg.time_budget, save_steps=cfg.save_steps, resume=cfg.resume,
+        lambda0_warmup=LAMBDA0_WARMUP_STEPS if cfg.time_budget else 0.3, lm_loss="ce", seed=cfg.seed,
+        progress=cfg.progress, time_budget_s=cfg.time_budget, save_steps=cfg.save_steps, resume=cfg.resume,
     )  # fmt: skip
-    seconds = time.perf_counter() - t0
     if calib:
-        states = extract_hidden_states(peft_model.get_base_model(), tokenizer, calib, max_length=cfg.max_length, cache=False, progress=False)
-        tree = calibrate_tree(heads, states, num_nodes=cfg.tree_nodes)
+        tree = calibrate_adapted_tree(run, tokenizer, calib, max_length=cfg.max_length, num_nodes=cfg.tree_nodes)
         print(f"calibrated Medusa tree: {tree.num_nodes} nodes, expected tau {heads.config.calibration['expected_acceptance_length']}", file=sys.stderr)
     if is_main_process():
-        save_medusa2(joint, out)
+        save_medusa2(run.joint, out)
     return {
-        **_training_record(cfg, trainer, seconds, train, calib),
-        "lora_parameters": sum(p.numel() for p in peft_model.parameters() if p.requires_grad),
+        **_training_record(cfg, run.trainer, run.seconds, train, calib),
+        "lora_parameters": sum(p.numel() for p in run.peft_model.parameters() if p.requires_grad),
         "extra_parameters": sum(p.numel() for p in heads.parameters()),
         "calibration": getattr(heads.config, "calibration", None),
     }
-
-
-def _eagle_states(model, tokenizer, records: list[Record], layers: list[int], max_length: int, max_tokens: int, chunk: int = 128):
-    """The frozen fine-tuned model's features (``layers``), final states and top-k over the records' (prompt,
-    answer) sequences, labels on the answer tokens only, stored in fp16 (`hidden_states_from_model`, in chunks)."""
-    from dataclasses import replace
-
-    from hf_speculative.drafters.eagle.training_eagle import hidden_states_from_model
-    from hf_speculative.drafters.streaming.training_speculative_streaming import tokenize_records
-    from hf_speculative.training.trainer import HiddenStates
-
-    tokens = tokenize_records(tokenizer, records, max_length=max_length)
-    offsets = tokens.offsets.tolist()
-    n = next((i for i in range(1, len(offsets)) if offsets[i] >= max_tokens), len(offsets) - 1)
-    parts = []
-    for a in range(0, n, chunk):
-        seqs = [tokens.input_ids[offsets[i] : offsets[i + 1]] for i in range(a, min(a + chunk, n))]
-        part = hidden_states_from_model(model, seqs, layers)
-        half = lambda t: t.to("cpu", torch.float16)  # noqa: E731
-        parts.append(replace(part, hidden=half(part.hidden), topk_ids=part.topk_ids.cpu(), topk_logprobs=part.topk_logprobs.cpu(),
-                             input_ids=part.input_ids.cpu(), labels=part.labels.cpu(), layers={k: half(v) for k, v in part.layers.items()}))  # fmt: skip
-    states = HiddenStates.concat(parts)
-    states.labels = tokens.labels[: offsets[n]].clone()
-    return states
 
 
 def train_eagle(
@@ -379,6 +323,7 @@ def train_eagle(
     from hf_speculative.drafters.draft_vocab import frequent_tokens
     from hf_speculative.drafters.eagle.modeling_eagle import EagleDrafter
     from hf_speculative.drafters.eagle.training_eagle import train_eagle as fit
+    from hf_speculative.training.labelling import label_records
 
     out = Path(out)
     info = read_downstream_info(adapter_folder)
@@ -391,8 +336,7 @@ def train_eagle(
     drafter.config.base_model_name_or_path = _hub_base_name(base_model)
     L = tuned.config.num_hidden_layers
     layers = [i for i in drafter.config.feature_layers(L) if i != L]
-    with torch.no_grad():
-        states = _eagle_states(tuned, tokenizer, train, layers, cfg.max_length, cfg.eagle_max_tokens)
+    states = label_records(tuned, tokenizer, train, layers, top_k=EAGLE_TOP_K, max_tokens=cfg.eagle_max_tokens, max_length=cfg.max_length)
     print(f"EAGLE labelling: {len(states)} sequences, {int(states.input_ids.numel())} tokens", file=sys.stderr)
     drafter.set_draft_vocab(frequent_tokens(states.topk_ids[:, 0].long(), drafter.config.draft_vocab_size, tuned.config.vocab_size))
     t0 = time.perf_counter()

@@ -124,32 +124,28 @@ def _medusa2_heads(model, args):
     return heads
 
 
-def _medusa2_evaluation(args, peft_model, heads, tokenizer, hold_set, held_out) -> dict:
+def _medusa2_evaluation(args, run, tokenizer, hold_set, held_out) -> dict:
     """Held-out LM loss with and without the adapter and, with ``--calibrate-nodes``, a tree calibrated on the
     adapted model's hidden states (into ``heads.config``)."""
-    from ..training.trainer import extract_hidden_states
-    from ..drafters.medusa.training_medusa2 import evaluate_lm_loss
-    from ..drafters.medusa.tree_calibration import calibrate_tree
+    from ..drafters.medusa.training_medusa2 import calibrate_adapted_tree, evaluate_lm_loss
 
     evaluation = {
-        "held_out_lm_loss_base": round(evaluate_lm_loss(peft_model, hold_set, adapter=False), 4),
-        "held_out_lm_loss_adapted": round(evaluate_lm_loss(peft_model, hold_set, adapter=True), 4),
+        "held_out_lm_loss_base": round(evaluate_lm_loss(run.peft_model, hold_set, adapter=False), 4),
+        "held_out_lm_loss_adapted": round(evaluate_lm_loss(run.peft_model, hold_set, adapter=True), 4),
     }
     print(f"held-out LM loss: {evaluation}", file=sys.stderr)
     if args.calibrate_nodes:
-        hold_states = extract_hidden_states(peft_model.get_base_model(), tokenizer, held_out, max_length=args.max_length, cache=False)
-        tree = calibrate_tree(heads, hold_states, num_nodes=args.calibrate_nodes)
+        tree = calibrate_adapted_tree(run, tokenizer, held_out, max_length=args.max_length, num_nodes=args.calibrate_nodes, progress=True)
         print(f"calibrated tree (adapted model's hidden states): {tree.num_nodes} nodes, depth {tree.depth}; "
-              f"expected tau {heads.config.calibration['expected_acceptance_length']}", file=sys.stderr)  # fmt: skip
+              f"expected tau {run.joint.heads.config.calibration['expected_acceptance_length']}", file=sys.stderr)  # fmt: skip
     return evaluation
 
 
-def _medusa2_training_report(args, heads, train_records, held_out, train_set, trainer, targets, train_s, evaluation) -> dict:
+def _medusa2_training_report(args, heads, train_records, held_out, run, targets, evaluation) -> dict:
     """``heads.config.training`` of a Medusa-2 run."""
     from ..training.distributed import num_processes
 
-    history = trainer.state.log_history
-    steps = trainer.state.global_step
+    train_set, history, steps = run.dataset, run.trainer.state.log_history, run.trainer.state.global_step
     return {
         "method": "medusa-2 (LoRA backbone + heads, joint)",
         "base": f"{heads.config.base_model_name_or_path} + LoRA adapter (adapter/): a CHANGED model",
@@ -178,7 +174,7 @@ def _medusa2_training_report(args, heads, train_records, held_out, train_set, tr
         "batch_size": args.batch_size,
         "processes": num_processes(),  # data-parallel: the batch size is per process
         "gradient_accumulation_steps": args.grad_accum,
-        "train_seconds": round(train_s, 1),
+        "train_seconds": round(run.seconds, 1),
         "final_loss": round(float(history[-1].get("train_loss", float("nan"))), 4),
         "log": [{k: v for k, v in h.items() if k.startswith("loss") or k in ("step", "lambda0")} for h in history if "loss" in h],
         **evaluation,
@@ -187,34 +183,28 @@ def _medusa2_training_report(args, heads, train_records, held_out, train_set, tr
 
 
 def run_medusa2(args) -> int:
-    """Medusa-2 (Sec. 2.2.2): LoRA backbone + heads trained jointly; saves heads + ``adapter/`` + card."""
+    """Medusa-2 (Sec. 2.2.2): LoRA backbone + heads trained jointly (`fit_medusa2`); saves heads + ``adapter/`` + card."""
     args.batch_size = args.batch_size or 1
     setup_torch(args)
     from ..model_card import write_drafter_card
-    from ..drafters.medusa.training_medusa2 import Medusa2Dataset, Medusa2Model, add_lora, save_medusa2, train_medusa2
+    from ..drafters.medusa.training_medusa2 import Medusa2Dataset, fit_medusa2, save_medusa2
 
     model, tokenizer, records = load_model_and_records(args)
     train_records, held_out = split_records(records, args.holdout, args.seed)
     print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
     heads = _medusa2_heads(model, args)
     targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
-    peft_model = add_lora(model, r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout, target_modules=targets)
-    joint = Medusa2Model(peft_model, heads)
-    train_set = Medusa2Dataset(tokenizer, train_records, max_length=args.max_length)
-    hold_set = Medusa2Dataset(tokenizer, held_out, max_length=args.max_length) if held_out else None
-    print(f"train: {len(train_set)} conversations, {train_set.num_answer_tokens} answer tokens", file=sys.stderr)
-    t0 = time.perf_counter()
-    trainer = train_medusa2(
-        joint, train_set, output_dir=str(Path(args.out) / "trainer_state"), num_epochs=args.epochs, max_steps=args.max_steps,
-        learning_rate=args.lr, heads_lr_ratio=args.heads_lr_ratio, batch_size=args.batch_size,
-        gradient_accumulation_steps=args.grad_accum, lambda0=args.lambda0, lambda0_warmup=args.lambda0_warmup,
-        lambda0_kind=args.lambda0_schedule, lm_loss=args.lm_loss, max_head_positions=args.head_positions, time_budget_s=args.time_budget, pad_token_id=tokenizer.pad_token_id or 0, seed=args.seed,
+    run = fit_medusa2(
+        model, heads, tokenizer, train_records, str(Path(args.out) / "trainer_state"), lora_r=args.lora_r,
+        lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, lora_targets=targets, max_length=args.max_length,
+        num_epochs=args.epochs, max_steps=args.max_steps, learning_rate=args.lr, heads_lr_ratio=args.heads_lr_ratio,
+        batch_size=args.batch_size, gradient_accumulation_steps=args.grad_accum, lambda0=args.lambda0,
+        lambda0_warmup=args.lambda0_warmup, lambda0_kind=args.lambda0_schedule, lm_loss=args.lm_loss,
+        max_head_positions=args.head_positions, time_budget_s=args.time_budget, seed=args.seed,
     )  # fmt: skip
-    train_s = time.perf_counter() - t0
-    evaluation = {}
-    if hold_set is not None and len(hold_set):
-        evaluation = _medusa2_evaluation(args, peft_model, heads, tokenizer, hold_set, held_out)
-    heads.config.training = _medusa2_training_report(args, heads, train_records, held_out, train_set, trainer, targets, train_s, evaluation)
-    out = Path(args.out)
+    print(f"train: {len(run.dataset)} conversations, {run.dataset.num_answer_tokens} answer tokens", file=sys.stderr)
+    hold_set = Medusa2Dataset(tokenizer, held_out, max_length=args.max_length) if held_out else None
+    evaluation = _medusa2_evaluation(args, run, tokenizer, hold_set, held_out) if hold_set is not None and len(hold_set) else {}
+    heads.config.training = _medusa2_training_report(args, heads, train_records, held_out, run, targets, evaluation)
     report = {k: v for k, v in heads.config.training.items() if k != "log"}
-    return finish_folder(out, lambda o: save_medusa2(joint, o), lambda o: write_drafter_card(heads, o), report)
+    return finish_folder(Path(args.out), lambda o: save_medusa2(run.joint, o), lambda o: write_drafter_card(heads, o), report)

@@ -87,21 +87,6 @@ def _training_report(args, ss, model, train_states, trainer, train_s: float, cou
     }
 
 
-def _calibrate_tree(ss, hold_states, args) -> None:
-    """Measure the streams' held-out top-i accuracies into ``ss.config.calibration`` and, with
-    ``--calibrate-nodes``, replace the default tree with the calibrated one."""
-    from ..engine.trees import TreeSpec, expected_acceptance_length
-    from ..drafters.streaming.training_speculative_streaming import stream_accuracies
-
-    acc = stream_accuracies(ss, hold_states)
-    calibration = {"stream_top_i_accuracy": [[round(a, 4) for a in r] for r in acc]}
-    if args.calibrate_nodes:
-        tree = TreeSpec.optimize(acc, args.calibrate_nodes)
-        ss.config.stream_tree = tree.to_list()
-        calibration.update(num_nodes=args.calibrate_nodes, expected_acceptance_length=round(expected_acceptance_length(tree, acc), 4))
-    ss.config.calibration = calibration
-
-
 def _build_streams(model, args):
     """The Speculative Streaming drafter on ``model``, configured from the command line."""
     from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
@@ -116,11 +101,10 @@ def _build_streams(model, args):
 
 
 def run(args) -> int:
-    from ..training.distributed import main_process_first
-
     setup_torch(args)
+    from ..drafters.streaming.training_speculative_streaming import StreamCurveCallback, calibrate_stream_tree, extract_stream_inputs, tokenize_records, train_speculative_streaming
     from ..model_card import write_drafter_card
-    from ..drafters.streaming.training_speculative_streaming import StreamCurveCallback, extract_stream_inputs, tokenize_records, train_speculative_streaming
+    from ..training.distributed import main_process_first
 
     shared = args.mode == "shared"
     if args.labelled:  # the shards hold the states entering the first MSA layer and the target's top-k
@@ -167,8 +151,8 @@ def run(args) -> int:
         from ..drafters.draft_vocab import frequent_tokens
 
         ss.set_draft_vocab(frequent_tokens(draft_vocab_source(train_states), args.draft_vocab_size, vocab_size=ss.config.vocab_size))
-    if hold_states is not None:
-        _calibrate_tree(ss, hold_states, args)
+    if hold_states is not None:  # held-out accuracies; with --calibrate-nodes the calibrated tree replaces the default
+        calibrate_stream_tree(ss, hold_states, args.calibrate_nodes)
     ss.config.training = _training_report(args, ss, model, train_states, trainer, train_s, counts, callbacks, shared)
     out = Path(args.out)
     if shared:

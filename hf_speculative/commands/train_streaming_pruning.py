@@ -3,7 +3,6 @@ Streaming Sec. 3.1.3) to trained streams."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from .common import add_data_arg, add_model_args, command_line, finish_folder, load_model_and_records, setup_torch, split_records
@@ -26,37 +25,24 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     """Add a trained parallel-tree-pruning head (Sec. 3.1.3) to trained streams: the base's states entering layer
     l cached once, the rank-theta early-exit adapter trained with next-token CE, held-out top-1 reported."""
-    from ..training.distributed import main_process_first
-
     setup_torch(args)
     from ..model_card import write_drafter_card
     from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
-    from ..drafters.streaming.training_pruning import early_exit_accuracy, pruning_states, train_pruning_head
+    from ..drafters.streaming.training_pruning import fit_pruning_head
 
     model, tokenizer, records = load_model_and_records(args)
     ss = LlamaForSpeculativeStreaming.from_pretrained(args.streams, base_model=model)
     ss.add_pruning_head(args.pruning_layer, rank=args.pruning_rank, threshold=args.threshold)
     train_records, held_out = split_records(records, args.holdout, args.seed)
-    with main_process_first():
-        train_states = pruning_states(ss, tokenizer, train_records, max_length=args.max_length)
-        hold_states = pruning_states(ss, tokenizer, held_out, max_length=args.max_length) if held_out else None
-    before = early_exit_accuracy(ss, hold_states) if hold_states is not None else None
-    t0 = time.perf_counter()
-    trainer = train_pruning_head(
-        ss, train_states, output_dir=str(Path(args.out) / "trainer_state"), learning_rate=args.lr, batch_size=args.batch_size,
-        segment_length=args.segment_length, num_epochs=args.epochs, max_steps=args.max_steps, time_budget=args.time_budget,
-        seed=args.seed,
+    record = fit_pruning_head(
+        ss, tokenizer, train_records, held_out, str(Path(args.out) / "trainer_state"), max_length=args.max_length,
+        learning_rate=args.lr, batch_size=args.batch_size, segment_length=args.segment_length, num_epochs=args.epochs,
+        max_steps=args.max_steps, time_budget=args.time_budget, seed=args.seed,
     )  # fmt: skip
-    after = early_exit_accuracy(ss, hold_states) if hold_states is not None else None
     ss.config.pruning = {
         "method": "parallel tree pruning (Sec. 3.1.3): early exit after layer l, rank-theta adapter, next-token CE",
         "data": str(args.data),
-        "train_answer_tokens": train_states.num_train_tokens,
-        "steps_done": trainer.state.global_step,
-        "train_seconds": round(time.perf_counter() - t0, 1),
-        "held_out_top1_before": None if before is None else round(before, 4),
-        "held_out_top1_after": None if after is None else round(after, 4),
-        "adapter_parameters": sum(p.numel() for p in ss.streams.pruning.parameters()),
+        **record,
         "command": command_line(args),
     }
     return finish_folder(args.out, ss.save_pretrained, lambda o: write_drafter_card(ss, o), ss.config.pruning)

@@ -37,12 +37,13 @@ from typing import Iterable, Sequence
 
 import torch
 
-from .data import Record, load_records, tokenize_conversation
-from .trainer import HiddenStates, _cache_root, _model_key
+from .data import Record, load_records
+from .trainer import HiddenStates, _cache_root, _model_key, encode_record
 
 __all__ = [
     "DEFAULT_LAYERS",
     "label_conversations",
+    "label_records",
     "labelled_cache_dir",
     "LabelledShards",
 ]
@@ -113,16 +114,10 @@ def _open_manifest(out_dir: Path, settings: dict) -> dict:
     return manifest
 
 
-def _encode_record(tokenizer, record: Record, max_length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(input_ids, labels)`` of a record's answered turns, or ``None`` when it has nothing to learn from."""
-    if not record.answers:
-        return None
-    enc = tokenize_conversation(tokenizer, record.dialogue(), max_length=max_length)
-    x = torch.tensor(enc["input_ids"], dtype=torch.int32)
-    y = torch.tensor(enc["labels"], dtype=torch.int32)
-    if len(x) < 3 or bool((y == -100).all()):
-        return None
-    return x, y
+def _encode(tokenizer, record: Record, max_length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(input_ids, labels)`` as int32 of a record's answered turns (`encode_record`), or None: nothing to learn."""
+    encoded = encode_record(tokenizer, record, max_length) if record.answers else None
+    return None if encoded is None else (encoded[0].to(torch.int32), encoded[1].to(torch.int32))
 
 
 def _label_tokens(
@@ -261,7 +256,7 @@ def label_conversations(
                 break
             if index % world != rank:
                 continue
-            encoded = _encode_record(tokenizer, records[index], max_length)
+            encoded = _encode(tokenizer, records[index], max_length)
             if encoded is None:
                 continue
             buf.add(_label_tokens(model, *encoded, layers, top_k, autocast), records[index].id, index)
@@ -276,6 +271,43 @@ def label_conversations(
         if bar is not None:
             bar.close()
     return manifest
+
+
+@torch.no_grad()
+def label_records(
+    model,
+    tokenizer,
+    records: Sequence[Record],
+    layers: Iterable[int] = DEFAULT_LAYERS,
+    top_k: int = 20,
+    max_tokens: int | None = None,
+    max_length: int = 1024,
+    autocast: torch.dtype | None = None,
+) -> HiddenStates:
+    """The labelling of `label_conversations` in memory, for data that fit in it: the same tensors per token (the
+    target's top-k teacher, the hidden states ``layers`` in float16, labels on the answers), as the
+    `HiddenStates` that `LabelledShards.to_hidden_states` reads back (``hidden``: the final post-norm state; the
+    other layers in ``layers``). Stops before the record that would pass ``max_tokens`` tokens."""
+    final = model.config.num_hidden_layers
+    layers = _resolve_layers(layers, final)
+    parts, offsets, ids = [], [0], []
+    for record in records:
+        encoded = _encode(tokenizer, record, max_length)
+        if encoded is None:
+            continue
+        if max_tokens is not None and ids and offsets[-1] + len(encoded[0]) > max_tokens:
+            break
+        parts.append(_label_tokens(model, *encoded, sorted({*layers, final}), top_k, autocast))
+        offsets.append(offsets[-1] + len(encoded[0]))
+        ids.append(record.id)
+    if not ids:
+        raise ValueError("no record with an assistant answer to label")
+    cat = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    return HiddenStates(
+        hidden=cat[f"hidden_{final}"], input_ids=cat["input_ids"].long(), labels=cat["labels"].long(),
+        offsets=torch.tensor(offsets), ids=ids, topk_ids=cat["topk_ids"], topk_logprobs=cat["topk_logprobs"],
+        layers={i: cat[f"hidden_{i}"] for i in layers if i != final} or None,
+    )  # fmt: skip
 
 
 class LabelledShards:

@@ -56,6 +56,9 @@ __all__ = [
     "evaluate_lm_loss",
     "add_lora",
     "train_medusa2",
+    "Medusa2Run",
+    "fit_medusa2",
+    "calibrate_adapted_tree",
     "save_medusa2",
     "load_medusa2",
 ]
@@ -367,6 +370,43 @@ def train_medusa2(
         learning_rate=learning_rate, warmup_steps=budget_warmup_steps(steps, warmup_ratio, time_budget_s),
         logging_steps=logging_steps, seed=seed, progress=progress, save_steps=save_steps,
     )  # fmt: skip
+
+
+@dataclass
+class Medusa2Run:
+    """What `fit_medusa2` trained: the joint model, its PEFT backbone, the training set, the Trainer, seconds."""
+
+    joint: Medusa2Model
+    peft_model: nn.Module
+    dataset: "Medusa2Dataset"
+    trainer: Medusa2Trainer
+    seconds: float
+
+
+def fit_medusa2(model, heads, tokenizer, records, output_dir: str, lora_r: int = 8, lora_alpha: int = 16,
+                lora_dropout: float = 0.0, lora_targets: Sequence[str] = DEFAULT_LORA_TARGETS, max_length: int = 1024,
+                **training) -> Medusa2Run:  # fmt: skip
+    """Medusa-2 end to end (Sec. 2.2.2): LoRA on ``model`` (`add_lora`), ``heads`` on the adapted backbone
+    (`Medusa2Model`), the conversations ``records`` (`Medusa2Dataset`), `train_medusa2` with ``training`` (its
+    keyword arguments; the tokenizer's pad id is the collator's)."""
+    import time
+
+    peft_model = add_lora(model, r=lora_r, alpha=lora_alpha, dropout=lora_dropout, target_modules=lora_targets)
+    joint = Medusa2Model(peft_model, heads)
+    dataset = Medusa2Dataset(tokenizer, records, max_length=max_length)
+    t0 = time.perf_counter()
+    trainer = train_medusa2(joint, dataset, output_dir, pad_token_id=tokenizer.pad_token_id or 0, **training)
+    return Medusa2Run(joint, peft_model, dataset, trainer, time.perf_counter() - t0)
+
+
+def calibrate_adapted_tree(run: Medusa2Run, tokenizer, records, max_length: int = 1024, num_nodes: int = 32, progress: bool = False):
+    """The heads' tree calibrated on the *adapted* backbone's final states over held-out ``records``
+    (`tree_calibration.calibrate_tree`: into ``heads.config``); returns the tree."""
+    from ...training.trainer import extract_hidden_states
+    from .tree_calibration import calibrate_tree
+
+    states = extract_hidden_states(run.peft_model.get_base_model(), tokenizer, records, max_length=max_length, cache=False, progress=progress)
+    return calibrate_tree(run.joint.heads, states, num_nodes=num_nodes)
 
 
 def save_medusa2(model: Medusa2Model, folder) -> Path:

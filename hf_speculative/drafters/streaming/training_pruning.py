@@ -3,6 +3,7 @@ alone, with next-token CE on the base's cached layer-l states. The pruning itsel
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import torch
@@ -13,7 +14,7 @@ from ...training.trainer import DrafterTrainer, HiddenStates, planned_steps, tra
 from .pruning import early_exit_states
 from .training_speculative_streaming import IGNORE_INDEX, StreamCollator, StreamSegmentDataset, stream_losses
 
-__all__ = ["PruningHeadTrainer", "early_exit_accuracy", "pruning_states", "train_pruning_head"]
+__all__ = ["PruningHeadTrainer", "early_exit_accuracy", "pruning_states", "train_pruning_head", "fit_pruning_head"]
 
 
 class PruningHeadTrainer(DrafterTrainer):
@@ -86,3 +87,35 @@ def train_pruning_head(
         for p in frozen:
             p.requires_grad_(True)
         ss.eval()
+
+
+def fit_pruning_head(ss, tokenizer, train_records, held_out_records, output_dir: str, max_length: int = 1024,
+                     progress: bool = True, **training) -> dict:  # fmt: skip
+    """Parallel tree pruning (Sec. 3.1.3) end to end on ``ss`` with its pruning head already added
+    (`LlamaForSpeculativeStreaming.add_pruning_head`): the states entering layer l over the records (under several
+    processes the main one first), the early exit's held-out top-1 before, `train_pruning_head` (``training``: its
+    keyword arguments), top-1 after. Returns the run's record."""
+    from ...training.distributed import main_process_first
+
+    t0 = time.perf_counter()
+    with main_process_first():
+        states = pruning_states(ss, tokenizer, train_records, max_length=max_length, progress=progress)
+        held_out = pruning_states(ss, tokenizer, held_out_records, max_length=max_length, progress=False) if held_out_records else None
+    extract_seconds = time.perf_counter() - t0
+    before = early_exit_accuracy(ss, held_out) if held_out is not None else None
+    t0 = time.perf_counter()
+    trainer = train_pruning_head(ss, states, output_dir, progress=progress, **training)
+    seconds = time.perf_counter() - t0
+    after = early_exit_accuracy(ss, held_out) if held_out is not None else None
+    return {
+        "layer": ss.config.pruning_layer,
+        "threshold": ss.config.pruning_threshold,
+        "train_examples": len(train_records),
+        "train_answer_tokens": states.num_train_tokens,
+        "steps": trainer.state.global_step,
+        "extract_seconds": round(extract_seconds, 1),
+        "train_seconds": round(seconds, 1),
+        "held_out_top1_before": None if before is None else round(before, 4),
+        "held_out_top1_after": None if after is None else round(after, 4),
+        "adapter_parameters": sum(p.numel() for p in ss.streams.pruning.parameters()),
+    }

@@ -48,6 +48,7 @@ __all__ = [
     "SpeculativeStreamingTrainer",
     "StreamCurveCallback",
     "stream_accuracies",
+    "calibrate_stream_tree",
     "TimeBudgetCallback",
     "train_speculative_streaming",
 ]
@@ -336,6 +337,22 @@ def stream_accuracies(model, states: HiddenStates, top: int = 10, segment_length
                 hits[j] += (ranked == tg[rows, j][:, None]).sum(0).double()
                 counts[j] += rows.sum()
     return (hits / counts.clamp_min(1)[:, None]).tolist()
+
+
+def calibrate_stream_tree(model, held_out: HiddenStates, num_nodes: int | None, segment_length: int = 256) -> dict:
+    """The streams' held-out top-i accuracies and, with ``num_nodes``, the draft tree of that many nodes that
+    maximizes the expected acceptance length on them (`TreeSpec.optimize`), set as ``model.config.stream_tree``;
+    the record also goes to ``model.config.calibration``."""
+    from ...engine.trees import TreeSpec, expected_acceptance_length
+
+    acc = stream_accuracies(model, held_out, segment_length=segment_length)
+    calibration = {"stream_top_i_accuracy": [[round(a, 4) for a in r] for r in acc]}
+    if num_nodes:
+        tree = TreeSpec.optimize(acc, num_nodes)
+        model.config.stream_tree = tree.to_list()
+        calibration.update(num_nodes=num_nodes, expected_acceptance_length=round(expected_acceptance_length(tree, acc), 4))
+    model.config.calibration = calibration
+    return calibration
 
 
 class StreamCurveCallback(LearningCurveCallback):
