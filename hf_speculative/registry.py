@@ -23,7 +23,8 @@ Adding a drafter touches its own folder only::
     )
 
 The library's own drafters are found by importing the packages below `hf_speculative.drafters` (light: a package's
-``__init__`` registers and imports nothing else), which ``import hf_speculative`` does.
+``__init__`` registers and imports nothing else), which ``import hf_speculative`` does; each registers and declares
+its lazily imported names in one call (`hf_speculative.drafters.lazy.lazy_drafter`).
 """
 
 from __future__ import annotations

@@ -360,51 +360,53 @@ class MagicDecMethod(_EngineMethod):
                 "positions": d.positions, **self._tree_settings()}  # fmt: skip
 
 
-def _recycling_drafter(options: BenchOptions):
+def _model_free_drafter(kind: str, options: BenchOptions):
+    """A fresh Token Recycling (``kind="recycling"``) or SuffixDecoding (``"suffix"``) drafter, or the one saved in
+    the folder of the option of that name."""
     import hf_speculative as hfs
 
-    if options.recycling:
-        return hfs.TokenRecyclingDrafter.from_pretrained(options.recycling)
-    return hfs.TokenRecyclingDrafter()
+    drafter_class = {"recycling": hfs.TokenRecyclingDrafter, "suffix": hfs.SuffixDrafter}[kind]
+    folder = getattr(options, kind)
+    return drafter_class.from_pretrained(folder) if folder else drafter_class()
+
+
+class _ModelFreeMethod(_EngineMethod):
+    """The engine's loop over a drafter with no model (`_model_free_drafter` of ``kind``): the tree is ``--tree``,
+    else the drafter's own (``own_tree`` says how it is chosen)."""
+
+    kind: ClassVar[str]
+    own_tree: ClassVar[str]
+
+    def setup(self):
+        super().setup()
+        self.draft = _model_free_drafter(self.kind, self.options)
+        self.call_tree = self.tree = parse_tree(self.options.tree)
+
+    def settings(self):
+        tree = self.own_tree if self.tree is None else self._tree_settings()["tree"]
+        return {**self._drafter_settings(), self.kind: getattr(self.options, self.kind), "tree": tree}
 
 
 @register_method
-class TokenRecyclingMethod(_EngineMethod):
+class TokenRecyclingMethod(_ModelFreeMethod):
     name = "token-recycling"
     description = "hf_speculative tree loop, Token Recycling (adjacency matrix of the target's verified top-k; no model)"
+    kind, own_tree = "recycling", "cost-aware, re-chosen online"
 
-    def setup(self):
-        super().setup()
-        self.draft = _recycling_drafter(self.options)
-        self.call_tree = self.tree = parse_tree(self.options.tree)
-
-    def settings(self):
-        d = self.draft
-        return {"num_successors": d.num_successors, "max_nodes": d.max_nodes, "recycling": self.options.recycling,
-                "tree": "cost-aware, re-chosen online" if self.tree is None else self._tree_settings()["tree"]}  # fmt: skip
-
-
-def _suffix_drafter(options: BenchOptions):
-    import hf_speculative as hfs
-
-    return hfs.SuffixDrafter.from_pretrained(options.suffix) if options.suffix else hfs.SuffixDrafter()
+    def _drafter_settings(self):
+        return {"num_successors": self.draft.num_successors, "max_nodes": self.draft.max_nodes}
 
 
 @register_method
-class SuffixMethod(_EngineMethod):
+class SuffixMethod(_ModelFreeMethod):
     name = "suffix"
     description = "hf_speculative tree loop, SuffixDecoding (longest suffix match over outputs seen and the context; no model)"
+    kind, own_tree = "suffix", "budget, sized per step by the match"
 
-    def setup(self):
-        super().setup()
-        self.draft = _suffix_drafter(self.options)
-        self.call_tree = self.tree = parse_tree(self.options.tree)
-
-    def settings(self):
+    def _drafter_settings(self):
         c = self.draft.config
         return {"alpha": c.alpha, "max_match_length": c.max_match_length, "min_probability": c.min_probability,
-                "max_nodes": c.max_nodes, "suffix": self.options.suffix, "warm_outputs": len(self.draft.index),
-                "tree": "budget, sized per step by the match" if self.tree is None else self._tree_settings()["tree"]}  # fmt: skip
+                "max_nodes": c.max_nodes, "warm_outputs": len(self.draft.index)}  # fmt: skip
 
 
 @register_method
@@ -426,7 +428,8 @@ class HybridMethod(_EngineMethod):
         if unknown:
             raise ValueError(f"unknown hybrid part(s) {unknown}: use pl, tr, sx or a --drafter name {sorted(self.options.drafters)}")
         build = {"pl": lambda: hfs.PromptLookupDrafter(max_ngram_size=self.options.max_matching_ngram),
-                 "tr": lambda: _recycling_drafter(self.options), "sx": lambda: _suffix_drafter(self.options)}  # fmt: skip
+                 "tr": lambda: _model_free_drafter("recycling", self.options),
+                 "sx": lambda: _model_free_drafter("suffix", self.options)}  # fmt: skip
         self.part_names = list(names)
         self.draft = hfs.HybridDrafter([build[n]() if n in build else load_drafter(self.options.drafters[n], self.model) for n in names])
         self.call_tree = self.tree = parse_tree(self.options.tree)

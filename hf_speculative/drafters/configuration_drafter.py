@@ -1,5 +1,6 @@
-"""The configuration fields the drafters share: `DrafterConfigMixin` (every drafter's) and `TreeDrafterConfig` (the
-drafters that fill a static tree from one distribution per depth: Medusa heads, ParallelSpec)."""
+"""The configuration fields the drafters share: `DrafterConfigMixin` (every drafter's), `TreeDrafterConfig` (the
+drafters that fill a static tree from one distribution per depth: Medusa heads, ParallelSpec) and
+`ModelFreeDrafterConfig` (the drafters with no network: SuffixDecoding, Token Recycling)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from transformers import PretrainedConfig
 
 from ..engine.trees import TreeSpec
 
-__all__ = ["DrafterConfigMixin", "TreeDrafterConfig"]
+__all__ = ["DrafterConfigMixin", "ModelFreeDrafterConfig", "TreeDrafterConfig"]
 
 
 class DrafterConfigMixin:
@@ -91,3 +92,25 @@ class TreeDrafterConfig(DrafterConfigMixin, PretrainedConfig):
     def tree(self) -> TreeSpec:
         """The static draft tree (of ``choices_field``)."""
         return TreeSpec.from_choices(getattr(self, self.choices_field))
+
+
+class ModelFreeDrafterConfig(PretrainedConfig):
+    r"""The fields of a drafter with no network (SuffixDecoding, Token Recycling): the budget of its trees and the
+    vocabulary of the token ids it stores. A subclass gives the budget's defaults.
+
+    Args:
+        max_nodes (`int`):
+            Node budget of a step's tree when the call gives no ``speculative_tree`` (the cost curve trims it further).
+        max_depth (`int`):
+            Depth budget of a step's tree.
+        vocab_size (`int`, *optional*):
+            Vocabulary of the target the stored token ids belong to (set on first use).
+    """
+
+    def __init__(self, *, max_nodes: int, max_depth: int, vocab_size: int | None = None, **kwargs):
+        if max_nodes < 1 or max_depth < 1:
+            raise ValueError(f"max_nodes and max_depth must be >= 1, got {max_nodes}, {max_depth}")
+        self.max_nodes = int(max_nodes)
+        self.max_depth = int(max_depth)
+        self.vocab_size = vocab_size
+        super().__init__(**kwargs)

@@ -2,19 +2,10 @@
 (``modeling_eagle``) and training (``training_eagle``), all imported on first use. Importing the package registers
 the drafter (`hf_speculative.registry`)."""
 
-from ...registry import register_drafter
-from ..lazy import lazy_package
+from ..lazy import lazy_drafter
 
-PUBLIC = {
+__all__, __getattr__ = lazy_drafter("eagle", __name__, {
     "configuration_eagle": ("EagleConfig", "eagle3_feature_layers"),
     "modeling_eagle": ("EagleDrafter", "EagleOutput", "EagleTreeDrafter", "load_public_checkpoint"),
     "training_eagle": ("EagleDataset", "EagleCollator", "EagleTrainer", "eagle_loss", "train_eagle"),
-}
-
-__all__, __getattr__ = lazy_package(__name__, PUBLIC)
-
-register_drafter(
-    "eagle", __name__,
-    config="configuration_eagle.EagleConfig", model="modeling_eagle.EagleDrafter",
-    train_commands=("hf_speculative.commands.train_eagle",),
-)  # fmt: skip
+}, config="EagleConfig", model="EagleDrafter", train_commands=("hf_speculative.commands.train_eagle",))  # fmt: skip

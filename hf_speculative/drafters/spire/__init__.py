@@ -2,19 +2,10 @@
 (``modeling_spire``) and training (``training_spire``), all imported on first use. Importing the package registers
 the drafter (`hf_speculative.registry`)."""
 
-from ...registry import register_drafter
-from ..lazy import lazy_package
+from ..lazy import lazy_drafter
 
-PUBLIC = {
+__all__, __getattr__ = lazy_drafter("spire", __name__, {
     "configuration_spire": ("SpireConfig", "chain_with_alternatives"),
     "modeling_spire": ("SpireDrafter", "SpireOutput", "SpireTreeDrafter"),
     "training_spire": ("SpireDataset", "SpireCollator", "SpireTrainer", "mixed_loss", "spire_loss", "train_spire"),
-}
-
-__all__, __getattr__ = lazy_package(__name__, PUBLIC)
-
-register_drafter(
-    "spire", __name__,
-    config="configuration_spire.SpireConfig", model="modeling_spire.SpireDrafter",
-    train_commands=("hf_speculative.commands.train_spire",),
-)  # fmt: skip
+}, config="SpireConfig", model="SpireDrafter", train_commands=("hf_speculative.commands.train_spire",))  # fmt: skip

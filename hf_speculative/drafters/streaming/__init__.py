@@ -3,20 +3,12 @@ target drafts for itself (`LlamaForSpeculativeStreaming`). Configuration (``conf
 and model (``modeling_speculative_streaming``) are imported on first use. Importing the package registers the
 drafter (`hf_speculative.registry`)."""
 
-from ...registry import register_drafter
-from ..lazy import lazy_package
+from ..lazy import lazy_drafter
 
-PUBLIC = {
+__all__, __getattr__ = lazy_drafter("speculative-streaming", __name__, {
     "configuration_speculative_streaming": ("SpeculativeStreamingConfig", "default_stream_tree"),
     "modeling_speculative_streaming": ("LlamaForSpeculativeStreaming", "SpeculativeStreamingDrafter",
                                        "SpeculativeStreamingOutput", "SpeculativeStreams", "StreamAdapter"),
-}  # fmt: skip
-
-__all__, __getattr__ = lazy_package(__name__, PUBLIC)
-
-register_drafter(
-    "speculative-streaming", __name__,
-    config="configuration_speculative_streaming.SpeculativeStreamingConfig",
-    model="modeling_speculative_streaming.LlamaForSpeculativeStreaming",
-    train_commands=("hf_speculative.commands.train_streaming", "hf_speculative.commands.train_streaming_pruning"),
-)  # fmt: skip
+}, config="SpeculativeStreamingConfig", model="LlamaForSpeculativeStreaming",
+   train_commands=("hf_speculative.commands.train_streaming",
+                   "hf_speculative.commands.train_streaming_pruning"))  # fmt: skip

@@ -2,19 +2,11 @@
 (``modeling_suffix``), its suffix structures (``suffix_index``) and its speculation trees (``speculation_tree``), all
 imported on first use. Importing the package registers the drafter (`hf_speculative.registry`)."""
 
-from ...registry import register_drafter
-from ..lazy import lazy_package
+from ..lazy import lazy_drafter
 
-PUBLIC = {
+__all__, __getattr__ = lazy_drafter("suffix", __name__, {
     "configuration_suffix": ("SuffixConfig",),
     "modeling_suffix": ("SuffixDrafter",),
     "suffix_index": ("SuffixIndex", "match_in_sequence"),
     "speculation_tree": ("expand_speculation_tree",),
-}
-
-__all__, __getattr__ = lazy_package(__name__, PUBLIC)
-
-register_drafter(
-    "suffix", __name__,
-    config="configuration_suffix.SuffixConfig", model="modeling_suffix.SuffixDrafter",
-)  # fmt: skip
+}, config="SuffixConfig", model="SuffixDrafter")  # fmt: skip

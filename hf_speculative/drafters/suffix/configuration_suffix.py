@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from transformers import PretrainedConfig
+from ..configuration_drafter import ModelFreeDrafterConfig
 
 __all__ = ["SuffixConfig"]
 
 
-class SuffixConfig(PretrainedConfig):
-    r"""Configuration of a `SuffixDrafter`: no weights, only how it matches and how large its trees and its memory are.
+class SuffixConfig(ModelFreeDrafterConfig):
+    r"""Configuration of a `SuffixDrafter`: no weights, only how it matches and how large its trees and its memory are
+    (besides the fields of `ModelFreeDrafterConfig`: ``max_nodes`` defaults to 24, ``max_depth`` to 16).
 
     Args:
         max_match_length (`int`, defaults to 64):
@@ -22,10 +23,6 @@ class SuffixConfig(PretrainedConfig):
         min_probability (`float`, defaults to 0.1):
             Nodes whose estimated acceptance probability (product of conditional frequencies along the path) is
             below this are not drafted.
-        max_nodes (`int`, defaults to 24):
-            Node budget of a step's tree when the call gives no ``speculative_tree`` (the cost curve trims it further).
-        max_depth (`int`, defaults to 16):
-            Depth budget of a step's tree.
         max_occurrences (`int`, defaults to 1024):
             Occurrences of a match read to count its continuations; a match with more is read at evenly spaced ranks
             of the suffix array (a stratified sample of its continuations).
@@ -34,8 +31,6 @@ class SuffixConfig(PretrainedConfig):
             evicted to stay under it.
         learn_outputs (`bool`, defaults to `True`):
             Add every row's output to the global structure at the end of each `generate()` call.
-        vocab_size (`int`, *optional*):
-            Vocabulary of the target the stored token ids belong to (set on first use).
     """
 
     model_type = "suffix_decoding"
@@ -56,18 +51,15 @@ class SuffixConfig(PretrainedConfig):
     ):
         if not 1 <= min_match_length <= max_match_length:
             raise ValueError(f"need 1 <= min_match_length <= max_match_length, got {min_match_length}, {max_match_length}")
-        if alpha <= 0 or max_nodes < 1 or max_depth < 1 or max_occurrences < 1 or max_cache_bytes < 1:
-            raise ValueError("alpha, max_nodes, max_depth, max_occurrences and max_cache_bytes must be positive")
+        if alpha <= 0 or max_occurrences < 1 or max_cache_bytes < 1:
+            raise ValueError("alpha, max_occurrences and max_cache_bytes must be positive")
         if not 0 <= min_probability <= 1:
             raise ValueError(f"min_probability must be in [0, 1], got {min_probability}")
         self.max_match_length = int(max_match_length)
         self.min_match_length = int(min_match_length)
         self.alpha = float(alpha)
         self.min_probability = float(min_probability)
-        self.max_nodes = int(max_nodes)
-        self.max_depth = int(max_depth)
         self.max_occurrences = int(max_occurrences)
         self.max_cache_bytes = int(max_cache_bytes)
         self.learn_outputs = bool(learn_outputs)
-        self.vocab_size = vocab_size
-        super().__init__(**kwargs)
+        super().__init__(max_nodes=max_nodes, max_depth=max_depth, vocab_size=vocab_size, **kwargs)

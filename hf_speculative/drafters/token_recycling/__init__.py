@@ -2,17 +2,9 @@
 with its adjacency matrix (``modeling_token_recycling``), imported on first use. Importing the package registers
 the drafter (`hf_speculative.registry`)."""
 
-from ...registry import register_drafter
-from ..lazy import lazy_package
+from ..lazy import lazy_drafter
 
-PUBLIC = {
+__all__, __getattr__ = lazy_drafter("token-recycling", __name__, {
     "configuration_token_recycling": ("TokenRecyclingConfig",),
     "modeling_token_recycling": ("TokenRecyclingDrafter",),
-}
-
-__all__, __getattr__ = lazy_package(__name__, PUBLIC)
-
-register_drafter(
-    "token-recycling", __name__,
-    config="configuration_token_recycling.TokenRecyclingConfig", model="modeling_token_recycling.TokenRecyclingDrafter",
-)  # fmt: skip
+}, config="TokenRecyclingConfig", model="TokenRecyclingDrafter")  # fmt: skip
