@@ -297,7 +297,7 @@ def train_medusa2(model, tokenizer, train: list[Record], calib: list[Record], ou
         lora_targets=LORA_TARGET_MODULES, max_length=cfg.max_length, num_epochs=cfg.epochs, max_steps=cfg.max_steps,
         learning_rate=cfg.learning_rate, batch_size=cfg.batch_size, lambda0=cfg.lambda0,
         lambda0_warmup=LAMBDA0_WARMUP_STEPS if cfg.time_budget else 0.3, lm_loss="ce", seed=cfg.seed,
-        progress=cfg.progress, time_budget_s=cfg.time_budget, save_steps=cfg.save_steps, resume=cfg.resume,
+        progress=cfg.progress, time_budget=cfg.time_budget, save_steps=cfg.save_steps, resume=cfg.resume,
     )  # fmt: skip
     if calib:
         tree = calibrate_adapted_tree(run, tokenizer, calib, max_length=cfg.max_length, num_nodes=cfg.tree_nodes)

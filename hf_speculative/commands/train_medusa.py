@@ -200,7 +200,7 @@ def run_medusa2(args) -> int:
         num_epochs=args.epochs, max_steps=args.max_steps, learning_rate=args.lr, heads_lr_ratio=args.heads_lr_ratio,
         batch_size=args.batch_size, gradient_accumulation_steps=args.grad_accum, lambda0=args.lambda0,
         lambda0_warmup=args.lambda0_warmup, lambda0_kind=args.lambda0_schedule, lm_loss=args.lm_loss,
-        max_head_positions=args.head_positions, time_budget_s=args.time_budget, seed=args.seed,
+        max_head_positions=args.head_positions, time_budget=args.time_budget, seed=args.seed,
     )  # fmt: skip
     print(f"train: {len(run.dataset)} conversations, {run.dataset.num_answer_tokens} answer tokens", file=sys.stderr)
     hold_set = Medusa2Dataset(tokenizer, held_out, max_length=args.max_length) if held_out else None

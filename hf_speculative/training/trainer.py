@@ -32,6 +32,8 @@ __all__ = [
     "DrafterTrainer",
     "drafter_training_args",
     "planned_steps",
+    "TRAINING_DEFAULTS",
+    "training_settings",
     "train_drafter",
     "train_resumable",
 ]
@@ -348,11 +350,23 @@ def planned_steps(num_examples: int, batch_size: int, num_epochs: float, max_ste
     return max_steps if max_steps > 0 else max(1, math.ceil(num_examples / batch_size * num_epochs))
 
 
-#: the training arguments a labelled-shard drafter trainer (EAGLE, SPIRe) takes as ``**training``, with their defaults
-LABELLED_TRAINING_DEFAULTS = dict(
-    num_epochs=1.0, max_steps=-1, batch_size=4, learning_rate=3e-4, weight_decay=0.0, warmup_steps=10, logging_steps=10,
-    seed=0, progress=True, time_budget=None, callbacks=None, save_steps=None, resume=False,
+#: the schedule every drafter's ``train_*`` function takes as ``**training`` (forwarded to `train_drafter`), with the
+#: defaults a method overrides in `training_settings`; ``warmup_steps`` (unset: ``warmup_ratio`` of the planned steps)
+TRAINING_DEFAULTS = dict(
+    num_epochs=1.0, max_steps=-1, batch_size=4, learning_rate=3e-4, weight_decay=0.0, warmup_ratio=0.05,
+    gradient_accumulation_steps=1, logging_steps=10, seed=0, progress=True, time_budget=None, callbacks=None,
+    save_steps=None, resume=False,
 )  # fmt: skip
+
+
+def training_settings(training: dict, **method_defaults) -> dict:
+    """A ``train_*`` function's ``**training``: `TRAINING_DEFAULTS`, the method's own defaults over them, the caller's
+    over both. A keyword that is not part of the schedule raises, as a wrong keyword argument does."""
+    known = set(TRAINING_DEFAULTS) | {"warmup_steps"}
+    unknown = sorted(set(training) - known)
+    if unknown:
+        raise TypeError(f"unexpected training argument(s) {', '.join(unknown)}; the schedule takes {', '.join(sorted(known))}")
+    return {**TRAINING_DEFAULTS, **method_defaults, **training}
 
 
 def train_drafter(
@@ -367,15 +381,21 @@ def train_drafter(
     anneal: bool = True,
     resume: bool = False,
     trainer_kwargs: dict | None = None,
+    warmup_ratio: float = 0.05,
     **training_args,
 ) -> Trainer:
     """Train ``model`` on ``dataset`` with ``trainer_class`` (a `DrafterTrainer`) and return the trainer, the model
     left in eval mode: the `drafter_training_args` of ``output_dir`` and ``training_args``, a `TimeBudgetCallback`
     stopping it after ``time_budget`` seconds (with ``anneal`` the learning rate follows a cosine over the budget,
     warmed up over ``warmup_steps``; without it the schedule stays the arguments' cosine) and `train_resumable`.
+    Without ``warmup_steps``, ``warmup_ratio`` of the planned steps (`budget_warmup_steps`: capped under a budget).
     ``trainer_kwargs``: the trainer's own arguments (its loss settings, ``optimizers``)."""
-    from .callbacks import LearningCurveCallback, TimeBudgetCallback
+    from .callbacks import LearningCurveCallback, TimeBudgetCallback, budget_warmup_steps
 
+    if training_args.get("warmup_steps") is None:
+        per_step = training_args["batch_size"] * training_args.get("gradient_accumulation_steps", 1)
+        steps = planned_steps(len(dataset), per_step, training_args["num_epochs"], training_args.get("max_steps", -1))
+        training_args["warmup_steps"] = budget_warmup_steps(steps, warmup_ratio, time_budget)
     args = drafter_training_args(output_dir, time_budget=time_budget if anneal else None, **training_args)
     callbacks = list(callbacks or [])
     if time_budget:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from ...training.losses import kd_loss
-from ...training.trainer import LABELLED_TRAINING_DEFAULTS, DrafterTrainer, HiddenStates, train_drafter
+from ...training.trainer import DrafterTrainer, HiddenStates, train_drafter, training_settings
 from .modeling_eagle import EagleDrafter, causal_mask
 
 __all__ = ["EagleDataset", "EagleCollator", "EagleTrainer", "eagle_loss", "train_eagle", "scale_fc_to_features", "hidden_states_from_model", "STEP_DECAY", "W_CLS"]
@@ -255,13 +255,13 @@ def train_eagle(
     `scale_fc_to_features` (a fresh drafter; pass False to continue training one). ``training``: num_epochs, max_steps,
     batch_size, learning_rate, weight_decay, warmup_steps, logging_steps, seed, progress, callbacks, ``time_budget``
     (seconds; a cosine over the budget, `hf_speculative.training.callbacks.TimeBudgetCallback`), ``save_steps`` /
-    ``resume`` (resumable checkpoints in ``output_dir``); defaults `LABELLED_TRAINING_DEFAULTS`. Returns the trainer (its
+    ``resume`` (resumable checkpoints in ``output_dir``); defaults `TRAINING_DEFAULTS`, 10 warm-up steps. Returns the trainer (its
     ``state.log_history`` holds the loss parts)."""
     drafter._require_base()
     steps = steps or (4 if drafter.config.is_eagle3 else 1)
     final_layer = final_layer or drafter.num_target_layers
     dataset = EagleDataset(states, drafter.config.feature_layers(drafter.num_target_layers), final_layer, max_length)
-    training = {**LABELLED_TRAINING_DEFAULTS, **training}
+    training = training_settings(training, warmup_steps=10)
     if drafter.config.is_eagle3 and scale_fc:
         scale_fc_to_features(drafter, dataset, seed=training["seed"])
     return train_drafter(

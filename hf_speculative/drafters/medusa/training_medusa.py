@@ -15,8 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ...training.callbacks import budget_warmup_steps
-from ...training.trainer import DrafterTrainer, planned_steps, train_drafter
+from ...training.trainer import DrafterTrainer, train_drafter, training_settings
 
 __all__ = [
     "MEDUSA_DECAY",
@@ -188,29 +187,11 @@ class MedusaTrainer(DrafterTrainer):
         return (loss, outputs) if return_outputs else loss
 
 
-def train_medusa(
-    heads,
-    train_states,
-    output_dir: str,
-    num_epochs: float = 1.0,
-    learning_rate: float = 1e-3,
-    batch_size: int = 64,
-    weight_decay: float = 0.0,
-    warmup_ratio: float = 0.05,
-    max_positions: int | None = None,
-    logging_steps: int = 20,
-    seed: int = 0,
-    progress: bool = True,
-    callbacks: list | None = None,
-    max_steps: int = -1,
-    time_budget: float | None = None,
-):
+def train_medusa(heads, train_states, output_dir: str, max_positions: int | None = None, **training):
     """Train ``heads`` (a `MedusaHeadsModel` attached to its base) on cached hidden states; returns the Trainer.
-    ``time_budget`` (seconds): stop then, with the learning rate annealed over the budget (`TimeBudgetCallback`)."""
-    dataset = MedusaPositionDataset(train_states, heads.config.num_heads, max_positions=max_positions, seed=seed)
-    warmup = budget_warmup_steps(planned_steps(len(dataset), batch_size, num_epochs, max_steps), warmup_ratio, time_budget)
-    return train_drafter(
-        MedusaTrainer, heads, dataset, MedusaCollator(), output_dir, callbacks=callbacks, time_budget=time_budget,
-        num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
-        weight_decay=weight_decay, warmup_steps=warmup, logging_steps=logging_steps, seed=seed, progress=progress,
-    )  # fmt: skip
+    ``max_positions``: train on at most that many positions (sampled with the seed). ``training``: the schedule
+    (`hf_speculative.training.trainer.TRAINING_DEFAULTS`; here learning rate 1e-3, batch 64 positions, logs every 20
+    steps); ``time_budget`` (seconds) stops it, the learning rate annealed over the budget (`TimeBudgetCallback`)."""
+    training = training_settings(training, learning_rate=1e-3, batch_size=64, logging_steps=20)
+    dataset = MedusaPositionDataset(train_states, heads.config.num_heads, max_positions=max_positions, seed=training["seed"])
+    return train_drafter(MedusaTrainer, heads, dataset, MedusaCollator(), output_dir, **training)

@@ -37,8 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from ...training.callbacks import budget_warmup_steps
-from ...training.trainer import DrafterTrainer, planned_steps, train_drafter
+from ...training.trainer import DrafterTrainer, train_drafter, training_settings
 from .training_medusa import IGNORE_INDEX, MEDUSA_DECAY, medusa_head_losses
 
 __all__ = [
@@ -333,43 +332,19 @@ def add_lora(model, r: int = 8, alpha: int = 16, dropout: float = 0.0, target_mo
     return get_peft_model(model, config)
 
 
-def train_medusa2(
-    model: Medusa2Model,
-    dataset: Dataset,
-    output_dir: str,
-    num_epochs: float = 1.0,
-    max_steps: int = -1,
-    learning_rate: float = 2e-4,
-    heads_lr_ratio: float = 4.0,
-    batch_size: int = 1,
-    gradient_accumulation_steps: int = 1,
-    lambda0: float = 0.2,
-    lambda0_warmup: float = 0.0,
-    lambda0_kind: str = "sine",
-    lm_loss: str = "kl",
-    max_head_positions: int | None = None,
-    warmup_ratio: float = 0.05,
-    pad_token_id: int = 0,
-    logging_steps: int = 10,
-    seed: int = 0,
-    progress: bool = True,
-    callbacks: list | None = None,
-    time_budget_s: float | None = None,
-    save_steps: int | None = None,
-    resume: bool = False,
-) -> Medusa2Trainer:
-    """Jointly train the LoRA backbone and the heads of ``model`` on ``dataset`` (`Medusa2Dataset`); ``save_steps`` /
-    ``resume``: resumable checkpoints in ``output_dir`` (`hf_speculative.training.trainer.train_resumable`)."""
-    steps = planned_steps(len(dataset), batch_size * gradient_accumulation_steps, num_epochs, max_steps)
+def train_medusa2(model: Medusa2Model, dataset: Dataset, output_dir: str, heads_lr_ratio: float = 4.0, lambda0: float = 0.2,
+                  lambda0_warmup: float = 0.0, lambda0_kind: str = "sine", lm_loss: str = "kl",
+                  max_head_positions: int | None = None, pad_token_id: int = 0, **training) -> Medusa2Trainer:  # fmt: skip
+    """Jointly train the LoRA backbone and the heads of ``model`` on ``dataset`` (`Medusa2Dataset`): the heads at
+    ``heads_lr_ratio`` times the LoRA learning rate, ``lambda0`` rising per `lambda0_schedule`, the backbone's loss
+    ``lm_loss``. ``training``: the schedule (`hf_speculative.training.trainer.TRAINING_DEFAULTS`; here learning rate
+    2e-4, batch 1 conversation); ``time_budget`` stops it (the cosine schedule kept); ``save_steps`` / ``resume``:
+    resumable checkpoints in ``output_dir`` (`train_resumable`)."""
+    training = training_settings(training, learning_rate=2e-4, batch_size=1)
     trainer_kwargs = {"lambda0": lambda0, "lambda0_warmup": lambda0_warmup, "lambda0_kind": lambda0_kind,
                       "heads_lr_ratio": heads_lr_ratio, "lm_loss": lm_loss, "max_head_positions": max_head_positions}  # fmt: skip
-    return train_drafter(
-        Medusa2Trainer, model, dataset, Medusa2Collator(pad_token_id), output_dir, callbacks=callbacks,
-        time_budget=time_budget_s, anneal=False, resume=resume, trainer_kwargs=trainer_kwargs, num_epochs=num_epochs,
-        max_steps=max_steps, batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
-        learning_rate=learning_rate, warmup_steps=budget_warmup_steps(steps, warmup_ratio, time_budget_s),
-        logging_steps=logging_steps, seed=seed, progress=progress, save_steps=save_steps,
-    )  # fmt: skip
+    return train_drafter(Medusa2Trainer, model, dataset, Medusa2Collator(pad_token_id), output_dir, anneal=False,
+                         trainer_kwargs=trainer_kwargs, **training)  # fmt: skip
 
 
 @dataclass

@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ...training.callbacks import LearningCurveCallback, TimeBudgetCallback, budget_warmup_steps
-from ...training.trainer import DrafterTrainer, planned_steps, train_drafter
+from ...training.callbacks import LearningCurveCallback, TimeBudgetCallback
+from ...training.trainer import DrafterTrainer, train_drafter, training_settings
 from .configuration_parallel_drafter import MASK_LOSS_DECAY
 
 __all__ = [
@@ -324,34 +324,15 @@ class ParallelCurveCallback(LearningCurveCallback):
 
 
 
-def train_parallel_drafter(
-    drafter,
-    train_states,
-    output_dir: str,
-    num_epochs: float = 1.0,
-    learning_rate: float = 5e-4,
-    batch_size: int = 4,
-    groups_per_sequence: int = 64,
-    distill_weight: float = 0.0,
-    decay: float = MASK_LOSS_DECAY,
-    weight_decay: float = 0.0,
-    warmup_ratio: float = 0.05,
-    max_steps: int = -1,
-    logging_steps: int = 10,
-    seed: int = 0,
-    progress: bool = True,
-    callbacks: list | None = None,
-    time_budget: float | None = None,
-):
+def train_parallel_drafter(drafter, train_states, output_dir: str, groups_per_sequence: int = 64, distill_weight: float = 0.0,
+                           decay: float = MASK_LOSS_DECAY, **training):  # fmt: skip
     """Train ``drafter`` (a `ParallelDrafter` attached to its target) on cached target states; returns the Trainer.
-    ``time_budget`` (seconds): stop then, with the learning rate annealed over the budget (`TimeBudgetCallback`)."""
+    ``groups_per_sequence`` mask groups per sequence, ``decay`` the per-depth loss weight, ``distill_weight`` the
+    hidden-state distillation term. ``training``: the schedule (`hf_speculative.training.trainer.TRAINING_DEFAULTS`;
+    here learning rate 5e-4); ``time_budget`` (seconds) stops it, the learning rate annealed over the budget."""
+    training = training_settings(training, learning_rate=5e-4)
     with_hidden = drafter.config.use_target_hidden_states or distill_weight > 0
     dataset = ParallelGroupDataset(train_states, with_hidden=with_hidden)
-    collator = ParallelGroupCollator(drafter.config.num_mask_tokens, drafter.config.vocab_size, groups_per_sequence, seed)
-    warmup = budget_warmup_steps(planned_steps(len(dataset), batch_size, num_epochs, max_steps), warmup_ratio)
-    return train_drafter(
-        ParallelDrafterTrainer, drafter, dataset, collator, output_dir, callbacks=callbacks, time_budget=time_budget,
-        trainer_kwargs={"decay": decay, "distill_weight": distill_weight}, num_epochs=num_epochs, max_steps=max_steps,
-        batch_size=batch_size, learning_rate=learning_rate, weight_decay=weight_decay, warmup_steps=warmup,
-        logging_steps=logging_steps, seed=seed, progress=progress,
-    )  # fmt: skip
+    collator = ParallelGroupCollator(drafter.config.num_mask_tokens, drafter.config.vocab_size, groups_per_sequence, training["seed"])
+    return train_drafter(ParallelDrafterTrainer, drafter, dataset, collator, output_dir,
+                         trainer_kwargs={"decay": decay, "distill_weight": distill_weight}, **training)  # fmt: skip

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ...training.losses import kd_loss
-from ...training.trainer import LABELLED_TRAINING_DEFAULTS, DrafterTrainer, HiddenStates, train_drafter
+from ...training.trainer import DrafterTrainer, HiddenStates, train_drafter, training_settings
 from .modeling_spire import SpireDrafter
 
 __all__ = ["SpireDataset", "SpireCollator", "SpireTrainer", "mixed_loss", "spire_loss", "train_spire", "depth_accuracies"]
@@ -187,12 +187,12 @@ def train_spire(
 ) -> SpireTrainer:  # fmt: skip
     """Train ``drafter`` (attached to its target) on labelled ``states`` with the `SpireTrainer`. ``training``: the
     arguments of `train_eagle`'s ``training`` (``time_budget`` seconds stop it early, with a cosine over the budget);
-    defaults `LABELLED_TRAINING_DEFAULTS`. Returns the trainer."""
+    defaults `TRAINING_DEFAULTS`, 10 warm-up steps. Returns the trainer."""
     drafter._require_base()
     for p in (drafter.base_embeddings.weight, drafter.base_lm_head.weight):
         p.requires_grad_(False)
     dataset = SpireDataset(states, drafter.config.target_layers, drafter.config.num_sink_tokens, max_length)
     return train_drafter(
         SpireTrainer, drafter, dataset, SpireCollator(), output_dir, trainer_kwargs={"omega": omega},
-        **{**LABELLED_TRAINING_DEFAULTS, **training},
+        **training_settings(training, warmup_steps=10),
     )

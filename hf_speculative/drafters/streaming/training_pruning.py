@@ -9,8 +9,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from ...training.callbacks import budget_warmup_steps
-from ...training.trainer import DrafterTrainer, HiddenStates, planned_steps, train_drafter
+from ...training.trainer import DrafterTrainer, HiddenStates, train_drafter, training_settings
 from .pruning import early_exit_states
 from .training_speculative_streaming import IGNORE_INDEX, StreamCollator, StreamSegmentDataset, stream_losses
 
@@ -53,36 +52,21 @@ def early_exit_accuracy(ss, states: HiddenStates, segment_length: int = 256) -> 
     return hits / max(total, 1)
 
 
-def train_pruning_head(
-    ss,
-    train_states: HiddenStates,
-    output_dir: str,
-    learning_rate: float = 1e-3,
-    batch_size: int = 4,
-    segment_length: int = 256,
-    num_epochs: float = 1.0,
-    max_steps: int = -1,
-    time_budget: float | None = None,
-    seed: int = 0,
-    progress: bool = True,
-    callbacks: Sequence | None = None,
-):
+def train_pruning_head(ss, train_states: HiddenStates, output_dir: str, segment_length: int = 256, **training):
     """Train ``ss.streams.pruning`` (the rank-theta early-exit adapter) on the base's states entering layer l
-    (`pruning_states`); every other parameter (in shared mode the base's LoRA weights too) stays frozen."""
+    (`pruning_states`) in segments of ``segment_length``; every other parameter (in shared mode the base's LoRA
+    weights too) stays frozen. ``training``: the schedule (`hf_speculative.training.trainer.TRAINING_DEFAULTS`;
+    here learning rate 1e-3); ``time_budget`` stops it (the cosine schedule kept)."""
     if ss.streams.pruning is None:
         raise ValueError("the model has no pruning adapter: set config.pruning_layer (LlamaForSpeculativeStreaming.add_pruning_head)")
+    training = training_settings(training, learning_rate=1e-3)
     dataset = _next_token_segments(train_states, segment_length)
-    warmup = budget_warmup_steps(planned_steps(len(dataset), batch_size, num_epochs, max_steps), 0.05, time_budget)
     trainable = {id(p) for p in ss.streams.pruning.parameters()}
     frozen = [p for p in ss.trainable_parameters() if p.requires_grad and id(p) not in trainable]
     for p in frozen:
         p.requires_grad_(False)
     try:
-        return train_drafter(
-            PruningHeadTrainer, ss, dataset, StreamCollator(), output_dir, callbacks=callbacks, time_budget=time_budget,
-            anneal=False, num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
-            warmup_steps=warmup, seed=seed, progress=progress,
-        )  # fmt: skip
+        return train_drafter(PruningHeadTrainer, ss, dataset, StreamCollator(), output_dir, anneal=False, **training)
     finally:
         for p in frozen:
             p.requires_grad_(True)

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from ...training.distributed import average_gradients
-from ...training.callbacks import LearningCurveCallback, TimeBudgetCallback, budget_warmup_steps
-from ...training.trainer import DrafterTrainer, HiddenStates, _cache_root, _model_key, cached_states, encode_record, planned_steps, train_drafter
+from ...training.callbacks import LearningCurveCallback, TimeBudgetCallback
+from ...training.trainer import DrafterTrainer, HiddenStates, _cache_root, _model_key, cached_states, encode_record, train_drafter, training_settings
 
 __all__ = [
     "IGNORE_INDEX",
@@ -368,43 +368,23 @@ class StreamCurveCallback(LearningCurveCallback):
 
 
 
-def train_speculative_streaming(
-    model,
-    train_states: HiddenStates,
-    output_dir: str,
-    num_epochs: float = 1.0,
-    learning_rate: float = 1e-3,
-    batch_size: int = 2,
-    segment_length: int = 256,
-    max_tokens: int | None = None,
-    stream_weights: Sequence[float] | None = None,
-    max_steps: int = -1,
-    logging_steps: int = 10,
-    seed: int = 0,
-    progress: bool = True,
-    callbacks: list | None = None,
-    time_budget: float | None = None,
-    save_steps: int | None = None,
-    resume: bool = False,
-):
-    """Train ``model`` (a `LlamaForSpeculativeStreaming` attached to its base); returns the Trainer.
-    ``time_budget`` (seconds): stop then, with the learning rate annealed over the budget (`TimeBudgetCallback`).
-    ``save_steps``: a resumable checkpoint in ``output_dir`` every that many steps; ``resume``: continue from the last
-    one (`hf_speculative.training.trainer.train_resumable`). Lossless: the
-    streams, on cached states entering layer N - N_s (`extract_stream_inputs`). Shared: the streams and the
-    base's LoRA adapters, with the joint forward on tokens (`tokenize_records`), alpha_0 = 1, alpha_j = 0.1.
-    ``model`` may also be a plain causal LM with trainable (e.g. PEFT LoRA) weights: then only the next-token
-    term trains (alpha_0 = 1, no streams), with the same data, segments, optimizer and schedule."""
+def train_speculative_streaming(model, train_states: HiddenStates, output_dir: str, segment_length: int = 256,
+                                max_tokens: int | None = None, stream_weights: Sequence[float] | None = None, **training):  # fmt: skip
+    """Train ``model`` (a `LlamaForSpeculativeStreaming` attached to its base) on segments of ``segment_length``
+    tokens (at most ``max_tokens``); returns the Trainer. ``training``: the schedule
+    (`hf_speculative.training.trainer.TRAINING_DEFAULTS`; here learning rate 1e-3, batch 2): ``time_budget`` (seconds)
+    stops it, the learning rate annealed over the budget; ``save_steps`` / ``resume``: resumable checkpoints in
+    ``output_dir`` (`train_resumable`). Lossless: the streams, on cached states entering layer N - N_s
+    (`extract_stream_inputs`). Shared: the streams and the base's LoRA adapters, with the joint forward on tokens
+    (`tokenize_records`), alpha_0 = 1, alpha_j = 0.1. ``model`` may also be a plain causal LM with trainable (e.g.
+    PEFT LoRA) weights: then only the next-token term trains (alpha_0 = 1, no streams), with the same data, segments,
+    optimizer and schedule."""
+    training = training_settings(training, learning_rate=1e-3, batch_size=2, weight_decay=0.0)
     shared = getattr(model.config, "mode", "shared") == "shared"
     num_streams = getattr(model.config, "num_streams", 0)
     dataset = StreamSegmentDataset(train_states, num_streams, segment_length, max_tokens, shared=shared)
-    warmup = budget_warmup_steps(planned_steps(len(dataset), batch_size, num_epochs, max_steps), 0.05, time_budget)
     # shared mode: the optimizer also holds the base's LoRA weights (not submodules of ``model``)
     params = DrafterTrainer.trainable_tensors(model)
-    optimizers = (torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0), None) if shared else (None, None)
-    return train_drafter(
-        SpeculativeStreamingTrainer, model, dataset, StreamCollator(), output_dir, callbacks=callbacks,
-        time_budget=time_budget, resume=resume, trainer_kwargs={"stream_weights": stream_weights, "optimizers": optimizers},
-        num_epochs=num_epochs, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
-        warmup_steps=warmup, logging_steps=logging_steps, seed=seed, progress=progress, save_steps=save_steps,
-    )  # fmt: skip
+    optimizers = (torch.optim.AdamW(params, lr=training["learning_rate"], weight_decay=training["weight_decay"]), None) if shared else (None, None)
+    return train_drafter(SpeculativeStreamingTrainer, model, dataset, StreamCollator(), output_dir,
+                         trainer_kwargs={"stream_weights": stream_weights, "optimizers": optimizers}, **training)  # fmt: skip
