@@ -75,7 +75,7 @@ def test_usage_snippet_for_another_base_loads_it_from_the_hub():
 def test_no_process_words_in_the_product():
     words = re.compile(r"issue ?#?\d|\bsessions?\b|\bthe\s+lead\b", re.IGNORECASE)
     files = [ROOT / "README.md", ROOT / "setup.cfg"]
-    for folder in ("docs", "model_cards", "examples", "scripts", "hf_speculative"):
+    for folder in ("docs", "model_cards", "examples", "scripts", "benchmarks", "hf_speculative"):
         files += [p for p in (ROOT / folder).rglob("*") if p.suffix in {".md", ".py", ".sh", ".yaml", ".cfg"}]
     found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in files for m in words.finditer(p.read_text(encoding="utf-8"))]
     assert not found, found
