@@ -338,7 +338,10 @@ def test_dynamic_tree_grow_hand_example():
 
 
 @pytest.mark.slow
-def test_sampling_matches_target_distribution():
+@pytest.mark.parametrize(  # one case a tree: the two pytest-xdist workers share them
+    "tree", [hfs.TreeSpec.cartesian([3, 2, 1]), hfs.DynamicTree(total_tokens=6, depth=3, top_k=2)], ids=["static-tree", "dynamic-tree"]
+)
+def test_sampling_matches_target_distribution(tree):
     target = hfs.enable(tiny_model("llama", seed=21, vocab_size=VOCAB, num_layers=2))
     drafter = EagleDrafter.from_base_model(target, variant="eagle3", init_from_target=False)
     with torch.no_grad():  # a drafter whose distribution is far from the target's but not degenerate
@@ -348,11 +351,10 @@ def test_sampling_matches_target_distribution():
     kw = dict(temperature=0.7, top_k=4, top_p=1.0)
     exact = _exact_generate(target, prompt, **kw)
     n = 3000
-    for tree in (hfs.TreeSpec.cartesian([3, 2, 1]), hfs.DynamicTree(total_tokens=6, depth=3, top_k=2)):
-        torch.manual_seed(1234)
-        gen = dict(do_sample=True, max_new_tokens=NEW, top_k=4, temperature=0.7)
-        counts = _sample_counts(lambda: target.generate(prompt, assistant_model=drafter, speculative_tree=tree, **gen), n)
-        assert chi_square_pvalue(counts, exact, n) > ALPHA, tree
+    torch.manual_seed(1234)
+    gen = dict(do_sample=True, max_new_tokens=NEW, top_k=4, temperature=0.7)
+    counts = _sample_counts(lambda: target.generate(prompt, assistant_model=drafter, speculative_tree=tree, **gen), n)
+    assert chi_square_pvalue(counts, exact, n) > ALPHA, tree
 
 
 def test_clear_errors(tmp_path):

@@ -261,7 +261,10 @@ def test_draft_vocabulary_and_clear_errors():
 
 
 @pytest.mark.slow
-def test_sampling_matches_target_distribution():
+@pytest.mark.parametrize(  # one case a tree: the two pytest-xdist workers share them
+    "tree", [chain_with_alternatives(3, 2), hfs.TreeSpec.cartesian([2, 2])], ids=["chain-with-alternatives", "cartesian"]
+)
+def test_sampling_matches_target_distribution(tree):
     target = hfs.enable(tiny_model("llama", seed=21, vocab_size=VOCAB, num_layers=2))
     drafter = hfs.SpireDrafter.from_base_model(target, num_layers=1, sliding_window=2, num_sink_tokens=1, num_draft_tokens=3)
     with torch.no_grad():  # a drafter far from the target but not degenerate
@@ -271,11 +274,10 @@ def test_sampling_matches_target_distribution():
     kw = dict(temperature=0.7, top_k=4, top_p=1.0)
     exact = _exact_generate(target, prompt, **kw)
     n = 3000
-    for tree in (chain_with_alternatives(3, 2), hfs.TreeSpec.cartesian([2, 2])):
-        torch.manual_seed(1234)
-        gen = dict(do_sample=True, max_new_tokens=NEW, top_k=4, temperature=0.7)
-        counts = _sample_counts(lambda: target.generate(prompt, assistant_model=drafter, speculative_tree=tree, **gen), n)
-        assert chi_square_pvalue(counts, exact, n) > ALPHA, tree
+    torch.manual_seed(1234)
+    gen = dict(do_sample=True, max_new_tokens=NEW, top_k=4, temperature=0.7)
+    counts = _sample_counts(lambda: target.generate(prompt, assistant_model=drafter, speculative_tree=tree, **gen), n)
+    assert chi_square_pvalue(counts, exact, n) > ALPHA, tree
 
 
 def test_drafting_options_sampling_fills_the_chain_from_its_draws():
