@@ -107,6 +107,21 @@ def tiny_chat_model(num_layers: int):
     return tiny_llama(tokenizer=tok, num_layers=num_layers), tok
 
 
+def saved_chat_model_and_data(folder, num_layers: int, conversations: int = 8):
+    """A tiny chat model saved in ``folder/base`` and ``conversations`` chat records in ``folder/data.jsonl`` (the
+    ``train`` commands' CLI tests); returns ``(model, tokenizer, base folder, data file)``."""
+    import json
+
+    model, tok = tiny_chat_model(num_layers)
+    model.save_pretrained(folder / "base")
+    tok.save_pretrained(folder / "base")
+    with open(folder / "data.jsonl", "w") as f:
+        for i in range(conversations):
+            msgs = [{"role": "user", "content": f"count {i}"}, {"role": "assistant", "content": "one two three four five six"}]
+            f.write(json.dumps({"id": str(i), "messages": msgs}) + "\n")
+    return model, tok, folder / "base", folder / "data.jsonl"
+
+
 @pytest.fixture
 def no_network(monkeypatch):
     """No network and offline mode off: the Hub endpoint is a local port that nobody listens on."""

@@ -17,7 +17,7 @@ import torch
 
 import hf_speculative as hfs
 
-from conftest import tiny_chat_model
+from conftest import saved_chat_model_and_data, tiny_chat_model
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
@@ -34,13 +34,7 @@ def _env(tmp_path) -> dict:
 
 
 def test_two_process_medusa_training(tmp_path):
-    model, tok = tiny_chat_model(2)
-    model.save_pretrained(tmp_path / "base")
-    tok.save_pretrained(tmp_path / "base")
-    with open(tmp_path / "data.jsonl", "w") as f:
-        for i in range(8):
-            msgs = [{"role": "user", "content": f"count {i}"}, {"role": "assistant", "content": "one two three four five six"}]
-            f.write(json.dumps({"id": str(i), "messages": msgs}) + "\n")
+    model, _, _, _ = saved_chat_model_and_data(tmp_path, num_layers=2)
     train = ["-m", "hf_speculative.cli", "train", "medusa", "--model", str(tmp_path / "base"), "--data", str(tmp_path / "data.jsonl"),
              "--out", str(tmp_path / "out"), "--num-heads", "2", "--epochs", "2", "--batch-size", "8", "--holdout", "0.25",
              "--calibrate-nodes", "4", "--threads", "1"]  # fmt: skip

@@ -15,7 +15,7 @@ from hf_speculative.drafters.eagle import EagleDrafter, eagle3_feature_layers
 from hf_speculative.drafters.eagle.training_eagle import EagleCollator, EagleDataset, eagle_loss, hidden_states_from_model, train_eagle
 
 from conftest import FP32_LAYERS, tiny_model
-from test_sampling import ALPHA, NEW, VOCAB, _exact_generate, _sample_counts, chi_square_pvalue
+from test_sampling import ALPHA, NEW, VOCAB, _batched_sample_counts, _exact_generate, chi_square_pvalue
 
 ARCHS = ["llama", "mistral", "qwen2"]
 VARIANTS = ["eagle1", "eagle3"]
@@ -353,7 +353,7 @@ def test_sampling_matches_target_distribution(tree):
     n = 3000
     torch.manual_seed(1234)
     gen = dict(do_sample=True, max_new_tokens=NEW, top_k=4, temperature=0.7)
-    counts = _sample_counts(lambda: target.generate(prompt, assistant_model=drafter, speculative_tree=tree, **gen), n)
+    counts = _batched_sample_counts(lambda ids, mask: target.generate(ids, attention_mask=mask, assistant_model=drafter, speculative_tree=tree, **gen), prompt, n)
     assert chi_square_pvalue(counts, exact, n) > ALPHA, tree
 
 

@@ -334,7 +334,7 @@ def test_typical_acceptance_only_when_enabled_in_the_config(monkeypatch):
 @pytest.mark.slow
 def test_sampling_with_heads_matches_the_target_distribution():
     """Chi-square goodness of fit of sampled continuations against the target's exact distribution."""
-    from test_sampling import ALPHA, NEW, SETTINGS, VOCAB, _exact_generate, _sample_counts, chi_square_pvalue
+    from test_sampling import ALPHA, NEW, SETTINGS, VOCAB, _batched_sample_counts, _exact_generate, chi_square_pvalue
 
     target = hfs.enable(tiny_model("llama", seed=21, vocab_size=VOCAB, num_layers=2))
     heads = _perturb(hfs.MedusaHeadsModel.from_base_model(target, num_heads=2, share_lm_head=False), 0.5, seed=3)
@@ -345,7 +345,7 @@ def test_sampling_with_heads_matches_the_target_distribution():
     torch.manual_seed(2024)
     n = 3000
     gen = dict(do_sample=True, max_new_tokens=NEW, top_k=kw["top_k"], temperature=kw["temperature"], speculative_tree=tree)
-    counts = _sample_counts(lambda: target.generate(prompt, assistant_model=heads, **gen), n)
+    counts = _batched_sample_counts(lambda ids, mask: target.generate(ids, attention_mask=mask, assistant_model=heads, **gen), prompt, n)
     assert chi_square_pvalue(counts, exact, n) > ALPHA
     # the heads' proposal really differs from the target's next-token distribution after the root
     with torch.no_grad():

@@ -267,18 +267,12 @@ def test_medusa2_command_trains_calibrates_and_decodes_exactly(tmp_path):
     LM losses, a tree calibrated on the adapted model; the folder loads (`load_medusa2`) and drafts exactly."""
     import json
 
-    from conftest import tiny_chat_model
+    from conftest import saved_chat_model_and_data
 
     from hf_speculative.cli import main
     from hf_speculative.drafters.medusa.training_medusa2 import load_medusa2
 
-    model, tok = tiny_chat_model(2)
-    model.save_pretrained(tmp_path / "base")
-    tok.save_pretrained(tmp_path / "base")
-    with open(tmp_path / "data.jsonl", "w") as f:
-        for i in range(8):
-            msgs = [{"role": "user", "content": f"count {i}"}, {"role": "assistant", "content": "one two three four five six"}]
-            f.write(json.dumps({"id": str(i), "messages": msgs}) + "\n")
+    model, _, _, _ = saved_chat_model_and_data(tmp_path, num_layers=2)
     out = tmp_path / "out"
     argv = ["train", "medusa", "--medusa2", "--model", str(tmp_path / "base"), "--data", str(tmp_path / "data.jsonl"),
             "--out", str(out), "--num-heads", "2", "--max-steps", "2", "--holdout", "0.25", "--calibrate-nodes", "4",

@@ -19,7 +19,7 @@ from hf_speculative.training.trainer import HiddenStates
 from hf_speculative.engine.trees import additive_mask
 
 from conftest import FP32_LAYERS, random_tree, tiny_model
-from test_sampling import ALPHA, NEW, VOCAB, chi_square_pvalue, _exact_generate, _sample_counts
+from test_sampling import ALPHA, NEW, VOCAB, chi_square_pvalue, _batched_sample_counts, _exact_generate
 
 
 def _perturb(drafter, scale: float = 0.05, seed: int = 0):
@@ -153,10 +153,10 @@ def test_sampling_with_the_drafter_matches_the_target_distribution():
     exact = _exact_generate(target, prompt, **kw)
     torch.manual_seed(7)
     n = 2500
-    counts = _sample_counts(
-        lambda: target.generate(prompt, assistant_model=drafter, speculative_tree=hfs.TreeSpec.cartesian([2, 2]),
-                                do_sample=True, max_new_tokens=NEW, temperature=0.8),  # fmt: skip
-        n,
+    counts = _batched_sample_counts(
+        lambda ids, mask: target.generate(ids, attention_mask=mask, assistant_model=drafter, speculative_tree=hfs.TreeSpec.cartesian([2, 2]),
+                                          do_sample=True, max_new_tokens=NEW, temperature=0.8),  # fmt: skip
+        prompt, n,
     )
     assert chi_square_pvalue(counts, exact, n) > ALPHA
     # the drafter's q really differs from the target's p (otherwise the test proves little)

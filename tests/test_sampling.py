@@ -161,6 +161,18 @@ def _sample_counts(generate, n):
     return counts
 
 
+def _batched_sample_counts(generate, prompt, n, rows: int = 50):
+    """`_sample_counts` drawn ``rows`` samples at a time: ``generate(ids, attention_mask)`` over the prompt repeated
+    ``rows`` times. The rows of a batch sample independently (each row's output follows the model's distribution:
+    the engine's per-row claim for batches), so a drafter's test covers its batched path and runs several times faster."""
+    counts: dict = {}
+    for start in range(0, n, rows):
+        ids = prompt.repeat(min(rows, n - start), 1)
+        for row in generate(ids, torch.ones_like(ids))[:, -NEW:].tolist():
+            counts[tuple(row)] = counts.get(tuple(row), 0) + 1
+    return counts
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "setting, draft_sampling, tree",

@@ -675,20 +675,14 @@ def test_shared_save_load_round_trip(tmp_path):
 
 
 def test_cli_trains_shared_mode(tmp_path):
-    """``hf-speculative train streaming --mode shared`` on a tiny chat model: LoRA + streams saved, reloadable."""
+    """``hf-speculative train streaming --mode shared`` on a tiny chat model: LoRA + streams saved, reloadable; then
+    ``train streaming-pruning`` adds the early exit to that folder, and its decoding stays exact."""
     import json
 
-    from conftest import tiny_chat_model
+    from conftest import saved_chat_model_and_data
     from hf_speculative.cli import main
 
-    model, tok = tiny_chat_model(4)
-    model.save_pretrained(tmp_path / "base")
-    tok.save_pretrained(tmp_path / "base")
-    data = tmp_path / "chat.jsonl"
-    with open(data, "w") as f:
-        for i in range(8):
-            msgs = [{"role": "user", "content": f"count {i}"}, {"role": "assistant", "content": "one two three four five six"}]
-            f.write(json.dumps({"id": str(i), "messages": msgs}) + "\n")
+    _, _, _, data = saved_chat_model_and_data(tmp_path, num_layers=4)
     out = tmp_path / "out"
     argv = ["train", "streaming", "--mode", "shared", "--model", str(tmp_path / "base"), "--data", str(data), "--out", str(out)]
     assert main(argv + ["--max-steps", "3", "--num-msa-layers", "2", "--lora-rank", "4", "--holdout", "0.25", "--threads", "1"]) == 0

@@ -18,7 +18,7 @@ from hf_speculative.drafters.spire import SpireTreeDrafter, chain_with_alternati
 from hf_speculative.drafters.spire.training_spire import SpireCollator, SpireDataset, mixed_loss, spire_loss, train_spire
 
 from conftest import FP32_LAYERS, tiny_model
-from test_sampling import ALPHA, NEW, VOCAB, _exact_generate, _sample_counts, chi_square_pvalue
+from test_sampling import ALPHA, NEW, VOCAB, _batched_sample_counts, _exact_generate, chi_square_pvalue
 
 WINDOW = 8  # small enough that 12 prompt + 40 new tokens go well past it
 
@@ -276,7 +276,7 @@ def test_sampling_matches_target_distribution(tree):
     n = 3000
     torch.manual_seed(1234)
     gen = dict(do_sample=True, max_new_tokens=NEW, top_k=4, temperature=0.7)
-    counts = _sample_counts(lambda: target.generate(prompt, assistant_model=drafter, speculative_tree=tree, **gen), n)
+    counts = _batched_sample_counts(lambda ids, mask: target.generate(ids, attention_mask=mask, assistant_model=drafter, speculative_tree=tree, **gen), prompt, n)
     assert chi_square_pvalue(counts, exact, n) > ALPHA, tree
 
 
