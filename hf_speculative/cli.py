@@ -73,10 +73,15 @@ def main(argv: list[str] | None = None) -> int:
 
     register_auto_classes()  # the drafters load by AutoModel in every command
     try:
-        return args.func(args) or 0
+        status = args.func(args) or 0
     except FileNotFoundError as err:  # a missing folder or file: its message says which, a traceback adds nothing
         print(f"hf-speculative {argv[0]}: error: {err}", file=sys.stderr)
         return 2
+    if "torch.distributed" in sys.modules:  # under accelerate launch: no process exits while another still writes
+        from hf_speculative.training.distributed import end_processes
+
+        end_processes()
+    return status
 
 
 if __name__ == "__main__":

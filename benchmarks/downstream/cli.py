@@ -45,7 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     from hf_speculative.auto import register_auto_classes
 
     register_auto_classes()
-    return args.func(args) or 0
+    status = args.func(args) or 0
+    from hf_speculative.training.distributed import end_processes
+
+    end_processes()  # under accelerate launch: no process exits while another still writes the folder
+    return status
 
 
 def command_line(args) -> str:

@@ -9,7 +9,7 @@ from typing import Sequence
 import torch
 
 __all__ = [
-    "process_state", "num_processes", "is_main_process", "main_process_first", "barrier", "several_processes",
+    "process_state", "num_processes", "is_main_process", "main_process_first", "barrier", "end_processes", "several_processes",
     "process0_value", "average_gradients", "weights_agree",
 ]  # fmt: skip
 
@@ -45,6 +45,17 @@ def barrier() -> None:
         import torch.distributed as dist
 
         dist.barrier()
+
+
+def end_processes() -> None:
+    """The end of a command run by several processes: every process waits for the others (the main one may still be
+    writing the folder), then the process group is taken down, so that no process exits while another still talks to
+    it. Nothing in a single process."""
+    if several_processes():
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def several_processes() -> bool:
