@@ -156,8 +156,9 @@ def command_line(args=None) -> str | None:
 def finish_folder(out, save, write_card, report: dict) -> int:
     """End of a ``train`` command: ``save(out)`` (weights + config), ``write_card(out)`` (None: no card), drop the
     Trainer's scratch folder ``out/trainer_state`` and print ``report`` as JSON; returns the exit code 0.
-    Under several processes only the main one writes (the others wait for it)."""
-    from ..training.distributed import barrier, is_main_process
+    Under several processes only the main one writes (the others wait for it at the command's end,
+    `hf_speculative.training.distributed.end_processes`)."""
+    from ..training.distributed import is_main_process
 
     out = Path(out)
     if is_main_process():
@@ -166,7 +167,6 @@ def finish_folder(out, save, write_card, report: dict) -> int:
             write_card(out)
         shutil.rmtree(out / "trainer_state", ignore_errors=True)
         print(json.dumps(report, indent=1))
-    barrier()
     return 0
 
 

@@ -54,7 +54,7 @@ def end_processes() -> None:
     if several_processes():
         import torch.distributed as dist
 
-        dist.barrier()
+        barrier()
         dist.destroy_process_group()
 
 
