@@ -197,3 +197,35 @@ def test_floor_outputs_equal_plain_in_float32(tiny):
         plain = transformers.GenerationMixin.generate(model, ids, **common)[0, ids.shape[1] :].tolist()
         outputs = floor_outputs(model, ids, common)
         assert outputs == {"batch_of_two": plain, "split_prefill": plain}
+
+
+def test_engine_with_nothing_drafted(tiny):
+    """``engine``: the engine's loop with a drafter that proposes nothing (every draft the root alone) gives plain's
+    tokens in one-token steps, runs right after plain wherever it is listed, and its row is in both reports with
+    every other method's speculation's own share (tokens/s over the engine's)."""
+    from hf_speculative.bench.batch import batch_table, run_batch_benchmark
+    from hf_speculative.bench.report import speedup_lines
+
+    model, tok = tiny
+    assert "engine" in METHODS and METHODS["engine"].label == "engine, nothing drafted"
+    result = run_benchmark(model, tok, RECORDS[:2], ["tree-prompt-lookup", "engine", "plain"], max_new_tokens=10, progress=False)
+    methods = result["methods"]
+    assert list(methods) == ["plain", "engine", "tree-prompt-lookup"]
+    engine = methods["engine"]
+    assert engine["lossless_rate"] == 1.0 and engine["tau"] == 1.0  # plain's tokens, one per target forward
+    assert engine["new_tokens"] == methods["plain"]["new_tokens"]
+    assert all(n == 1 for row in result["prompts"] for n in row["results"]["engine"]["accepted_lengths"])
+    assert engine["speculation_share"] == pytest.approx(1.0) and methods["plain"]["speculation_share"] is None
+    assert methods["tree-prompt-lookup"]["speculation_share"] > 0
+    assert result["setting"]["methods"]["engine"]["speculative_pricing"] is False
+    table = markdown_table(methods)
+    assert "| engine, nothing drafted | 1.00 |" in table and "speculation's share" in table
+    assert "tree-prompt-lookup: " in speedup_lines(methods) and "speculation's own share" in speedup_lines(methods)
+
+    batched = run_batch_benchmark(model, tok, RECORDS, ["tree-prompt-lookup", "engine"], [2], max_new_tokens=6, progress=False)
+    rows = batched["batches"]["2"]
+    assert list(rows) == ["plain", "engine", "tree-prompt-lookup"]
+    assert rows["engine"]["lossless_rate"] == 1.0 and rows["engine"]["tau"] == 1.0 and rows["engine"]["tree_nodes"] is None
+    assert rows["tree-prompt-lookup"]["speculation_share"] == pytest.approx(
+        rows["tree-prompt-lookup"]["tokens_per_s"] / rows["engine"]["tokens_per_s"])
+    assert "| 2 | engine, nothing drafted | - |" in batch_table(batched)

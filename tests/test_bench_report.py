@@ -86,6 +86,20 @@ def test_summary_json_schema(runs):
     assert sampled["fast"]["lossless_rate"] is None
 
 
+def test_speculation_share_is_the_speedup_over_the_engine_row(runs):
+    """With an ``engine`` row (the engine with nothing drafted), each method's tokens/s over the engine's on the same
+    prompt (median over prompts) is its speculation's own share; plain has none, the engine's own is 1."""
+    plain, fast = runs
+    engine = [M("a", "engine", 10, 0.8, 10, [1] * 10), M("b", "engine", 20, 2.0, 20, [2] * 20, cat="math")]
+    summary = summarize(plain + engine + fast)
+    # prompt a: 20 vs 12.5 tok/s -> 1.6x; prompt b: 20 vs 10 tok/s -> 2x
+    assert summary["fast"]["speculation_share"] == pytest.approx(1.8)
+    assert summary["engine"]["speculation_share"] == pytest.approx(1.0)
+    assert summary["plain"]["speculation_share"] is None
+    assert summarize(plain + fast)["fast"]["speculation_share"] is None  # no engine row
+    assert "| fast | 2.50 | 20.0 | 3.00x | 1.80x |" in markdown_table(summary)
+
+
 def test_repeats_use_median_and_report_spread():
     plain = [M("a", "plain", 10, None, 10, walls=[1.0, 2.0, 1.2]), M("b", "plain", 10, None, 10, walls=[1.0, 1.0, 1.0])]
     assert plain[0].wall == pytest.approx(1.2)
@@ -142,10 +156,11 @@ def test_markdown_tables(runs):
     summary = summarize(plain + fast)
     table = markdown_table(summary)
     lines = table.splitlines()
-    assert lines[0] == "| method | tau | tokens/s | speedup | step overhead | identical to plain | first divergence (mean / min) |"
+    assert lines[0] == ("| method | tau | tokens/s | speedup | speculation's share | step overhead | identical to plain | "
+                        "first divergence (mean / min) |")
     assert len(lines) == 4
-    assert "| fast | 2.50 | 20.0 | 3.00x |" in table and "| 50% | 0 / 0 |" in table
-    assert "| plain | 1.00 | 6.0 | 1.00x | 1.00x | 100% | - |" in table
+    assert "| fast | 2.50 | 20.0 | 3.00x | n/a |" in table and "| 50% | 0 / 0 |" in table  # no engine row: no share
+    assert "| plain | 1.00 | 6.0 | 1.00x | n/a | 1.00x | 100% | - |" in table
     summary["fast"]["tau"] = None
     assert "| fast | n/a |" in markdown_table(summary)
     cat = category_table(summarize(plain + fast))

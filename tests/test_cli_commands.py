@@ -35,6 +35,7 @@ def test_parser_has_subcommands():
     args = p.parse_args(["bench", "--methods", "plain,hf-assisted", "--drafter", "x=/tmp/d", "--drafter", "/tmp/e",
                          "--tree", "cartesian:4,2,2,1", "--limit", "3", "--repeats", "2"])  # fmt: skip
     assert args.command == "bench" and args.drafter == ["x=/tmp/d", "/tmp/e"] and args.repeats == 2
+    assert p.parse_args(["bench"]).methods.startswith("plain,engine,")  # the engine with nothing drafted, after plain
     args = p.parse_args(["distill", "--out", "o.jsonl", "--threads", "1", "--batch-size", "4"])
     assert args.model == "reference" and args.max_new_tokens == 256 and args.temperature == 0.0
     args = p.parse_args(["project", "--tau", "2"])

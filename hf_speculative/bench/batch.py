@@ -3,7 +3,8 @@
 ``hf-speculative bench --batch-size 1,4,8,16`` groups the prompts into batches of B (left padded, with an
 attention mask, in prompt order), and times per batch every method, plain first, in the same process. A
 row's new tokens are its generated tokens up to and including its first EOS (the padding after it is not
-counted). Per method and B: total new tokens over total seconds, the speedup over plain, tau per row
+counted). Per method and B: total new tokens over total seconds, the speedup over plain, speculation's own share
+(tokens/s over the engine with nothing drafted, ``engine``, when it runs), tau per row
 (the mean over rows of each row's tokens per target forward it took part in) and the share of rows whose
 tokens equal plain's (lossless rate, greedy). `plot_batch_speedup` draws speedup against B.
 """
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .harness import BenchOptions, _common_kwargs, _sync, build_methods
+from .harness import BenchOptions, _common_kwargs, _sync, baselines_first, build_methods
 from .prompts import prepare_prompts
 
 __all__ = ["run_batch_benchmark", "batch_table", "plot_batch_speedup", "pad_batch", "BATCH_UNSUPPORTED"]
@@ -98,11 +99,14 @@ def _run_group(bench_methods, per_method: dict, ids, mask, common: dict, device,
 
 def _size_results(per_method: dict, bench_methods, batch_size: int, greedy: bool) -> dict[str, Any]:
     """One batch size's JSON entry per method from its accumulated timings and rows."""
-    plain_tps = per_method["plain"]["tokens"] / max(per_method["plain"]["seconds"], 1e-9)
+    tokens_per_s = {name: acc["tokens"] / max(acc["seconds"], 1e-9) for name, acc in per_method.items()}
+    engine_tps = tokens_per_s.get("engine")
     return {
         name: {
-            "tokens_per_s": acc["tokens"] / max(acc["seconds"], 1e-9),
-            "speedup": acc["tokens"] / max(acc["seconds"], 1e-9) / plain_tps,
+            "label": method.label or name,
+            "tokens_per_s": tokens_per_s[name],
+            "speedup": tokens_per_s[name] / tokens_per_s["plain"],
+            "speculation_share": tokens_per_s[name] / engine_tps if engine_tps and name != "plain" else None,
             "new_tokens": acc["tokens"],
             "seconds": acc["seconds"],
             "tau_per_row": acc["taus"] or None,
@@ -134,7 +138,7 @@ def run_batch_benchmark(
 
     options = options or BenchOptions()
     device = device or model.device
-    methods = ["plain"] + [m for m in methods if m != "plain" and m not in BATCH_UNSUPPORTED]
+    methods = baselines_first(["plain"] + [m for m in methods if m != "plain" and m not in BATCH_UNSUPPORTED])
     model.eval()
     bench_methods = build_methods(methods, model, tokenizer, options)
     prompts = prepare_prompts(records, tokenizer, device=device)
@@ -174,15 +178,18 @@ def run_batch_benchmark(
 
 
 def batch_table(result: dict[str, Any]) -> str:
-    """Markdown: total new tokens/s, speedup, tau and lossless rate per method and batch size."""
-    lines = ["| B | method | tree nodes | new tokens/s | speedup | tau (mean per row) | lossless rows |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    """Markdown: total new tokens/s, speedup, speculation's own share (over the engine with nothing drafted), tau and
+    lossless rate per method and batch size."""
+    lines = ["| B | method | tree nodes | new tokens/s | speedup | speculation's share | tau (mean per row) | lossless rows |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for b, methods in result["batches"].items():
         for name, s in methods.items():
             tau = f"{s['tau']:.2f}" if s["tau"] is not None else "-"
             lossless = f"{100 * s['lossless_rate']:.0f}%" if s["lossless_rate"] is not None else "-"
             nodes = s.get("tree_nodes") if s.get("tree_nodes") is not None else "-"
-            lines.append(f"| {b} | {name} | {nodes} | {s['tokens_per_s']:.2f} | {s['speedup']:.2f}x | {tau} | {lossless} |")
+            share = f"{s['speculation_share']:.2f}x" if s.get("speculation_share") is not None else "-"
+            lines.append(f"| {b} | {s.get('label') or name} | {nodes} | {s['tokens_per_s']:.2f} | {s['speedup']:.2f}x | {share} | "
+                         f"{tau} | {lossless} |")  # fmt: skip
     return "\n".join(lines)
 
 

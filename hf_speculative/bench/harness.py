@@ -43,6 +43,7 @@ import torch
 from .numerics import FLOOR_VARIANTS, first_divergence, floor_outputs, summarize_floor
 from .prompts import BenchPrompt, prepare_prompts
 from .report import Measurement, prompts_json, summarize
+from .root_only import ENGINE_CALL, ENGINE_LABEL, RootOnlyDrafter
 
 __all__ = [
     "BenchOptions",
@@ -51,6 +52,7 @@ __all__ = [
     "register_method",
     "parse_tree",
     "build_methods",
+    "baselines_first",
     "run_benchmark",
     "machine_info",
 ]
@@ -135,6 +137,8 @@ class BenchMethod:
     """
 
     name: ClassVar[str] = ""
+    #: how reports name the method (default: ``name``)
+    label: ClassVar[str] = ""
     description: ClassVar[str] = ""
     #: count target forwards with a forward pre-hook (transformers' own speculative methods)
     count_forwards_with_hook: ClassVar[bool] = False
@@ -341,6 +345,29 @@ class TreePromptLookupMethod(_EngineMethod):
 
 
 @register_method
+class EngineOnlyMethod(_EngineMethod):
+    """``engine``: the engine's loop with nothing drafted (`RootOnlyDrafter`), every step a one-token step through
+    its kernels; a method's tokens/s over this one is speculation's own share of its speedup."""
+
+    name = "engine"
+    label = ENGINE_LABEL
+    description = "hf_speculative tree loop with nothing drafted: every step a one-token step through the engine's kernels"
+
+    def setup(self):
+        super().setup()
+        self.draft = RootOnlyDrafter()
+
+    def settings(self):
+        return {"drafter": "RootOnlyDrafter (every draft is the root alone)", **ENGINE_CALL}
+
+    def generate(self, input_ids, attention_mask, **common):
+        return self.model.generate(input_ids, attention_mask=attention_mask, assistant_model=self.draft, **ENGINE_CALL, **common)
+
+    def tree_for_batch(self, batch_size: int):
+        return None  # nothing is drafted
+
+
+@register_method
 class MagicDecMethod(_EngineMethod):
     name = "magicdec"
     description = "hf_speculative tree loop, MagicDec: the target drafts for itself over a StreamingLLM sparse KV cache"
@@ -502,6 +529,12 @@ def make_drafter_method(name: str, path: str) -> type[BenchMethod]:
     return register_method(cls)
 
 
+def baselines_first(names: list[str]) -> list[str]:
+    """``names`` with ``plain`` (the baseline) and then ``engine`` (the engine with nothing drafted) first, where given."""
+    first = [n for n in ("plain", "engine") if n in names]
+    return first + [n for n in names if n not in first]
+
+
 def build_methods(names: list[str], model, tokenizer, options: BenchOptions) -> list[BenchMethod]:
     for name, path in options.drafters.items():
         make_drafter_method(name, path)
@@ -628,8 +661,7 @@ def run_benchmark(
 
     options = options or BenchOptions()
     device = device or model.device
-    if "plain" in methods:  # the baseline runs first in every interleaved round
-        methods = ["plain"] + [m for m in methods if m != "plain"]
+    methods = baselines_first(methods)  # plain, then the engine with nothing drafted, first in every round
     model.eval()
     bench_methods = build_methods(methods, model, tokenizer, options)
     prompts = prepare_prompts(records, tokenizer, device=device)
@@ -715,6 +747,9 @@ def _floor_of_prompt(model, prompt: BenchPrompt, common: dict, measurements: lis
 def _assemble(measurements, n_done, partial, *, model, greedy, max_new_tokens, temperature, repeats, seed, device,
               bench_methods, options, save_text, extra_setting, floor=None):  # fmt: skip
     summary = summarize(measurements, greedy=greedy)
+    for m in bench_methods:
+        if m.name in summary:
+            summary[m.name]["label"] = m.label or m.name
     setting = {
         "max_new_tokens": max_new_tokens,
         "temperature": temperature,

@@ -9,6 +9,9 @@ Definitions (the same as Spec-Bench, Xia et al. 2024, and DESIGN.md "Measuring")
 * **speedup** -- median over prompts of ``tokens/s(method) / tokens/s(plain)`` on the same prompt, reported with
   the per-prompt range and middle half (`verdict.SpeedupSpread`), so one disturbed run cannot decide it; runs whose
   time per token is far above the same method's other prompts' are named as disturbed (`verdict.disturbed_runs`).
+* **speculation's own share** -- the same median over prompts against ``engine`` (the engine with nothing drafted,
+  `hf_speculative.bench.root_only`) instead of plain: what drafting adds on top of the engine's kernels. The speedup
+  over plain is about the kernels' share (engine over plain) times this.
 * **step overhead** -- ``(wall / target_forwards)(method) / (wall / new_tokens)(plain)``: how much
   longer one speculative step (draft + tree verification + bookkeeping) takes than one plain
   decoding step.  speedup ~= tau / step_overhead.
@@ -49,9 +52,12 @@ __all__ = [
     "plot_results",
     "write_json",
     "BASELINE",
+    "ENGINE",
 ]
 
 BASELINE = "plain"
+#: the engine with nothing drafted: a method's tokens/s over its own is speculation's own share of the speedup
+ENGINE = "engine"
 
 
 @dataclass
@@ -182,15 +188,18 @@ def _repeat_spread(ms: Sequence[Measurement]) -> dict | None:
 
 
 def summarize_method(
-    ms: Sequence[Measurement], baseline: Sequence[Measurement] | None, greedy: bool = True
+    ms: Sequence[Measurement], baseline: Sequence[Measurement] | None, greedy: bool = True,
+    engine: Sequence[Measurement] | None = None,
 ) -> dict:
-    """The JSON summary of one method (see the module docstring for the definitions)."""
+    """The JSON summary of one method (see the module docstring for the definitions); ``engine``: the runs of the
+    engine with nothing drafted, for speculation's own share."""
     base = baseline or []
     out = {
         "tau": tau(ms),
         "tokens_per_s": _tokens_per_s(ms),
         "median_tokens_per_s": statistics.median(m.tokens_per_s for m in ms) if ms else None,
         "speedup": speedup(ms, base) if base else None,
+        "speculation_share": speedup(ms, engine) if engine else None,
         "speedup_spread": _spread_dict(prompt_speedups(ms, base)) if base else None,
         "disturbed": disturbed(ms),
         "step_overhead": step_overhead(ms, base) if base else None,
@@ -238,8 +247,9 @@ def summarize(measurements: Iterable[Measurement], greedy: bool = True, baseline
     by_method: dict[str, list[Measurement]] = {}
     for m in measurements:
         by_method.setdefault(m.method, []).append(m)
-    base = by_method.get(baseline)
-    return {name: summarize_method(ms, base, greedy) for name, ms in by_method.items()}
+    base, engine = by_method.get(baseline), by_method.get(ENGINE)
+    # plain drafts nothing: no speculation's share (its tokens/s over the engine's is the kernels' share, inverted)
+    return {name: summarize_method(ms, base, greedy, engine if name != baseline else None) for name, ms in by_method.items()}
 
 
 def prompts_json(measurements: Iterable[Measurement], save_text: bool = False) -> list[dict]:
@@ -288,17 +298,20 @@ def _first_divergence_cell(s: dict) -> str:
 
 
 def markdown_table(methods: dict[str, dict]) -> str:
-    """One row per method: tau, tokens/s, speedup, step overhead, identical-output rate against plain (same
-    dtype) and the first divergence (mean / min new-token index over the prompts that differ)."""
+    """One row per method: tau, tokens/s, speedup, speculation's own share (over the engine with nothing drafted;
+    n/a without that row), step overhead, identical-output rate against plain (same dtype) and the first divergence
+    (mean / min new-token index over the prompts that differ)."""
     lines = [
-        "| method | tau | tokens/s | speedup | step overhead | identical to plain | first divergence (mean / min) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| method | tau | tokens/s | speedup | speculation's share | step overhead | identical to plain | "
+        "first divergence (mean / min) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, s in methods.items():
         lossless = None if s.get("lossless_rate") is None else 100 * s["lossless_rate"]
         lines.append(
-            f"| {name} | {_fmt(s.get('tau'))} | {_fmt(s.get('tokens_per_s'), '.1f')} | "
-            f"{_fmt(s.get('speedup'), '.2f', 'x')} | {_fmt(s.get('step_overhead'), '.2f', 'x')} | "
+            f"| {s.get('label') or name} | {_fmt(s.get('tau'))} | {_fmt(s.get('tokens_per_s'), '.1f')} | "
+            f"{_fmt(s.get('speedup'), '.2f', 'x')} | {_fmt(s.get('speculation_share'), '.2f', 'x')} | "
+            f"{_fmt(s.get('step_overhead'), '.2f', 'x')} | "
             f"{_fmt(lossless, '.0f', '%')} | {_first_divergence_cell(s)} |"
         )
     return "\n".join(lines)
@@ -311,8 +324,10 @@ def speedup_lines(methods: dict[str, dict], repeats: int = 1) -> str:
         spread = s.get("speedup_spread")
         if spread and name != BASELINE:
             wide = "; the spread is wide: measure again with more --repeats" if spread["wide"] and repeats < 3 else ""
+            share = "" if s.get("speculation_share") is None or name == ENGINE else (
+                f"; speculation's own share {s['speculation_share']:.2f}x over the engine with nothing drafted")
             lines.append(f"  {name}: {spread['median']:.2f}x (median of {len(spread['per_prompt'])} prompts; per prompt "
-                         f"{spread['min']:.2f}-{spread['max']:.2f}x, middle half {spread['q1']:.2f}-{spread['q3']:.2f}x){wide}")  # fmt: skip
+                         f"{spread['min']:.2f}-{spread['max']:.2f}x, middle half {spread['q1']:.2f}-{spread['q3']:.2f}x){share}{wide}")  # fmt: skip
     line = disturbed_line({name: s["disturbed"] for name, s in methods.items() if s.get("disturbed")})
     return "\n".join(lines + ([line] if line else []))
 

@@ -7,14 +7,16 @@ import sys
 
 from .common import add_model_args, parse_dtype, setup_torch
 
-BUILTIN_METHODS = "plain, hf-assisted, hf-prompt-lookup, tree-layercut, chain-layercut, tree-prompt-lookup, magicdec"
+BUILTIN_METHODS = "plain, engine (nothing drafted), hf-assisted, hf-prompt-lookup, tree-layercut, chain-layercut, tree-prompt-lookup, magicdec"
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("bench", help="time speculative methods against plain generate() on a prompt set")
     add_model_args(p)
-    p.add_argument("--methods", default="plain,hf-assisted,hf-prompt-lookup,tree-layercut",
-                   help=f"comma list; built in: {BUILTIN_METHODS}; plus one per --drafter")  # fmt: skip
+    p.add_argument("--methods", default="plain,engine,hf-assisted,hf-prompt-lookup,tree-layercut",
+                   help=f"comma list; built in: {BUILTIN_METHODS}; plus one per --drafter. 'engine' (the engine's loop "
+                   "with nothing drafted) runs right after plain: a method's tokens/s over its own is speculation's "
+                   "own share of the speedup")  # fmt: skip
     p.add_argument("--drafter", action="append", help="[NAME=]PATH of a trained drafter (repeatable); method NAME "
                    "(default: its config's model_type)")  # fmt: skip
     p.add_argument("--draft-layers", type=int, default=8, help="layers kept by the layer-cut draft (default 8)")
