@@ -268,6 +268,14 @@ def test_save_load_round_trip(tmp_path, hidden):
     assert again.base_lm_head is model.lm_head and again.base_embeddings is model.get_input_embeddings()
 
 
+def test_the_drafter_is_built_on_its_targets_device():
+    """Built from a target off the CPU (the meta device stands in for a GPU here), every tensor the construction
+    makes meets the target's on that device: a CPU-made one mixed in (the mask embeddings' noise) would raise."""
+    model = tiny_model().to("meta")
+    drafter = hfs.ParallelDrafter.from_base_model(model, num_mask_tokens=3, use_target_hidden_states=True)
+    assert {p.device.type for p in drafter.parameters()} == {"meta"}
+
+
 def test_bad_input_is_refused():
     model = tiny_model()
     with pytest.raises(ValueError, match="deep"):

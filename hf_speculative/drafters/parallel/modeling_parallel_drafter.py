@@ -109,9 +109,9 @@ class ParallelDrafter(DraftVocabMixin, ParallelDrafterPreTrainedModel):
             self.decoder.layers[j].load_state_dict(base.layers[i].state_dict())
         self.decoder.norm.load_state_dict(base.norm.state_dict())
         emb = input_embeddings(model, type(self).__name__).weight.float()
-        g = torch.Generator(device="cpu").manual_seed(0)
-        noise = torch.randn(self.config.num_mask_tokens, self.config.hidden_size, generator=g) * emb.std()
-        self.mask_embeddings.weight.copy_(emb.mean(0) + 0.1 * noise.to(emb.device))
+        g = torch.Generator(device="cpu").manual_seed(0)  # the same noise on every device
+        noise = torch.randn(self.config.num_mask_tokens, self.config.hidden_size, generator=g).to(emb.device) * emb.std()
+        self.mask_embeddings.weight.copy_(emb.mean(0) + 0.1 * noise)
 
     def mask_token_ids(self, device=None) -> torch.LongTensor:
         """The ids that stand for MASK_1 .. MASK_k in the drafter's inputs: ``vocab_size + j``."""

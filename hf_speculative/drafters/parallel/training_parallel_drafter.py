@@ -278,13 +278,16 @@ def depth_accuracies(drafter, states, top: int = 10, groups_per_sequence: int = 
     counts = torch.zeros(k + 1, dtype=torch.float64)
     was_training = drafter.training
     drafter.eval()
+    device = drafter.mask_embeddings.weight.device  # the batches are built on the CPU; the counts stay there
     for i in range(len(dataset)):
         batch = collate([dataset[i]])
+        hidden = batch.get("target_hidden_states")
         out = drafter(
-            batch["input_ids"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"].to(drafter.dtype),
-            target_hidden_states=batch.get("target_hidden_states"), logits_rows=batch["logits_rows"],
+            batch["input_ids"].to(device), position_ids=batch["position_ids"].to(device),
+            attention_mask=batch["attention_mask"].to(device=device, dtype=drafter.dtype),
+            target_hidden_states=hidden.to(device) if hidden is not None else None, logits_rows=batch["logits_rows"].to(device),
         )  # fmt: skip
-        ranked = torch.topk(out.logits[0].float(), top, dim=-1).indices
+        ranked = torch.topk(out.logits[0].float(), top, dim=-1).indices.cpu()
         y, d = batch["row_labels"][0], batch["depth"][0]
         valid = y != IGNORE_INDEX
         match = (ranked == y[:, None]) & valid[:, None]
