@@ -31,7 +31,7 @@ def head_accuracies(heads, states, top: int = 10, batch_size: int = 512) -> list
         y = labels[s : s + batch_size]
         if not bool((y != IGNORE_INDEX).any()):
             continue
-        h = states.hidden[s : s + batch_size].to(heads.dtype)
+        h = states.hidden[s : s + batch_size].to(device=heads.device, dtype=heads.dtype)  # cached on the CPU
         ranked = torch.topk(heads(h).logits, top, dim=-1).indices.cpu()  # (B, K, top)
         match = ranked == y[..., None]
         valid = y != IGNORE_INDEX

@@ -152,11 +152,13 @@ def depth_accuracies(drafter: SpireDrafter, dataset: SpireDataset, top: int = 4,
     hits = torch.zeros(k, top)
     counts = torch.zeros(k)
     collate = SpireCollator()
+    device = drafter.norm.weight.device  # the batches are built on the CPU; the counts stay there
     for i in range(min(len(dataset), max_items)):
         batch = collate([dataset[i]])
-        hidden = _forward(drafter, batch, sinks)[0]
+        inputs = {key: batch[key].to(device) for key in ("input_ids", "memory", "position_ids")}
+        hidden = _forward(drafter, inputs, sinks)[0]
         logits = drafter.compute_logits(hidden, full_vocab=True)
-        ranked = logits.topk(top, dim=-1).indices
+        ranked = logits.topk(top, dim=-1).indices.cpu()
         target = batch["topk_ids"][0, :, 0]
         found = (ranked == target[:, None]).cumsum(-1).clamp_max(1).float()
         depth = (torch.arange(hidden.shape[0]) - sinks) % k

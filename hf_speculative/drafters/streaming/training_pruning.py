@@ -46,8 +46,8 @@ def early_exit_accuracy(ss, states: HiddenStates, segment_length: int = 256) -> 
     for h, targets, *_ in _next_token_segments(states, segment_length).items:
         valid = targets[:, 0] != IGNORE_INDEX
         if bool(valid.any()):
-            logits = F.linear(early_exit_states(ss, h[valid]), ss.lm_head.weight)
-            hits += int((logits.argmax(-1) == targets[valid, 0]).sum())
+            logits = F.linear(early_exit_states(ss, h[valid].to(ss.lm_head.weight.device)), ss.lm_head.weight)
+            hits += int((logits.argmax(-1).cpu() == targets[valid, 0]).sum())
             total += int(valid.sum())
     return hits / max(total, 1)
 

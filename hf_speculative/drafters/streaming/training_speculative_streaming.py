@@ -325,15 +325,17 @@ def stream_accuracies(model, states: HiddenStates, top: int = 10, segment_length
     hits = torch.zeros(G, top, dtype=torch.float64)
     counts = torch.zeros(G, dtype=torch.float64)
     collate = StreamCollator(model.dtype)
+    device = model.lm_head.weight.device  # the segments are built on the CPU; the targets and counts stay there
     for i in range(len(data)):
         batch = collate([data[i]])
-        out = stream_rows(model, batch)[0, :, int(shared) :]  # (T, G, H): the streams
+        inputs = {k: v.to(device) for k, v in batch.items() if k != "targets"}
+        out = stream_rows(model, inputs)[0, :, int(shared) :]  # (T, G, H): the streams
         tg = batch["targets"][0, :, int(shared) :]
         valid = tg != IGNORE_INDEX
         for j in range(G):
             rows = valid[:, j]
             if bool(rows.any()):
-                ranked = torch.topk(model.lm_head(out[rows, j]), top, dim=-1).indices
+                ranked = torch.topk(model.lm_head(out[rows.to(device), j]), top, dim=-1).indices.cpu()
                 hits[j] += (ranked == tg[rows, j][:, None]).sum(0).double()
                 counts[j] += rows.sum()
     return (hits / counts.clamp_min(1)[:, None]).tolist()
