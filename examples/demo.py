@@ -6,8 +6,10 @@
 For each prompt the demo runs plain greedy `generate()` and `generate(assistant_model=drafter)` for each drafter in this process
 and prints each result as soon as it is measured: tokens/s of both, tau (tokens committed per target forward),
 the speedup, and whether the two outputs are identical (in float32 they must be: greedy tree decoding is
-lossless). It ends with one verdict line per drafter: the median of the per-prompt speedups with their range, so one
-disturbed run cannot decide it. Timings are wall-clock: a prompt whose time per token is far above the others' is
+lossless). Beside them runs the engine with nothing drafted (every step a one-token step through the engine's kernels,
+`hf_speculative.bench.root_only`): a drafter's tokens/s over the engine's is speculation's own share of its speedup,
+the rest is the kernels'. It ends with one verdict line per drafter: the median of the per-prompt speedups with their
+range, so one disturbed run cannot decide it. Timings are wall-clock: a prompt whose time per token is far above the others' is
 re-measured once, and the demo says so.
 
 ``--dtype bfloat16`` (or ``float16``): a forward over many tokens does not round like one-token forwards, so an
@@ -32,6 +34,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import argparse  # noqa: E402
+import statistics  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -43,6 +46,7 @@ import hf_speculative as hfs  # noqa: E402
 from hf_speculative.bench import describe_prompts, load_prompts, load_reference_model, prepare_prompts  # noqa: E402
 from hf_speculative.bench.numerics import first_divergence  # noqa: E402
 from hf_speculative.bench.reference import reference_cache_path  # noqa: E402
+from hf_speculative.bench.root_only import ENGINE_CALL, ENGINE_LABEL, RootOnlyDrafter  # noqa: E402
 from hf_speculative.bench.verdict import SpeedupSpread, disturbed_line, disturbed_runs, speedup_verdict  # noqa: E402
 from hf_speculative.hub import resolve_name_or_path  # noqa: E402
 
@@ -74,6 +78,19 @@ def load_drafter(name: str, model):
 
     drafter = load_drafter_folder(name, model)
     return drafter, f"{type(drafter).__name__} from {name}"
+
+
+def with_engine(drafters: dict) -> dict:
+    """The engine with nothing drafted (`ENGINE_LABEL`) first, then ``drafters``: the row speculation's share is read
+    against."""
+    engine = (RootOnlyDrafter(), "no candidates: every step a one-token step through the engine's kernels (each drafter's "
+              "speculation's share is its speed over this one's)")
+    return {ENGINE_LABEL: drafters.get(ENGINE_LABEL, engine), **drafters}
+
+
+def speculation_share(run: "PromptRun", name: str) -> float:
+    """A drafter's tokens/s over the engine's with nothing drafted, on one prompt (the same tokens: a time ratio)."""
+    return run.seconds[ENGINE_LABEL] / run.seconds[name]
 
 
 def spread(records, n: int):
@@ -113,8 +130,9 @@ def measure_prompt(model, ids, drafters: dict, common: dict, exact: bool) -> Pro
         two = plain_generate(model, ids.expand(2, -1), common)
         run.floor_moved = first_divergence(two[0, ids.shape[1] : plain.shape[1]].tolist(), plain[0, ids.shape[1] :].tolist())
     for name, (drafter, _) in drafters.items():
+        extra = ENGINE_CALL if isinstance(drafter, RootOnlyDrafter) else {}
         start = time.perf_counter()
-        out = model.generate(ids, assistant_model=drafter, return_dict_in_generate=True, **common)
+        out = model.generate(ids, assistant_model=drafter, return_dict_in_generate=True, **extra, **common)
         run.seconds[name] = time.perf_counter() - start
         run.forwards[name] = len(out.speculative_stats.accepted_lengths)
         run.outputs[name] = out.sequences
@@ -138,7 +156,8 @@ def report_prompt(run: PromptRun, ids, width: int, exact: bool, dtype: str) -> N
         say(f"    {'':{width}s}  plain as a row of a batch of 2: " + ("identical" if moved is None else f"differs from token {moved}"))
     for name, seconds in run.seconds.items():
         tau = new / run.forwards[name]
-        say(f"    {name:{width}s}  {new / seconds:6.1f} tok/s  tau {tau:.2f}  speedup {run.plain_s / seconds:.2f}x  "
+        share = "" if name == ENGINE_LABEL else f"speculation's share {speculation_share(run, name):.2f}x  "
+        say(f"    {name:{width}s}  {new / seconds:6.1f} tok/s  tau {tau:.2f}  speedup {run.plain_s / seconds:.2f}x  {share}"
             f"{'lossless' if exact else 'identical'}: {identity_text(run, name, ids, exact, dtype)}")  # fmt: skip
 
 
@@ -179,14 +198,18 @@ def report_verdicts(runs: list[PromptRun], exact: bool, dtype: str) -> None:
     for name in runs[0].seconds:
         spread = SpeedupSpread.from_seconds([r.plain_s for r in runs], [r.seconds[name] for r in runs])
         tau = tokens / sum(r.forwards[name] for r in runs)
-        say(f"verdict: {name}: {spread.describe()} plain decoding, tau {tau:.2f} ({speedup_verdict(spread)} it), "
+        share = "" if name == ENGINE_LABEL else (
+            f", speculation's own share {statistics.median(speculation_share(r, name) for r in runs):.2f}x over the engine")
+        say(f"verdict: {name}: {spread.describe()} plain decoding, tau {tau:.2f} ({speedup_verdict(spread)} it){share}, "
             f"{lossless_text(runs, name, exact, dtype)}.")  # fmt: skip
         if spread.wide:
             say(f"         {name}: the per-prompt speedups spread widely; more prompts (--limit) make the median firmer")
 
 
 def run_demo(model, tokenizer, prompts, drafters: dict, max_new_tokens: int, dtype: str = "float32", show: int = 1) -> list[PromptRun]:
-    """Every prompt measured and printed as it comes, disturbed prompts re-measured once, then the verdicts."""
+    """Every prompt measured and printed as it comes (the engine with nothing drafted beside the drafters), disturbed
+    prompts re-measured once, then the verdicts."""
+    drafters = with_engine(drafters)
     exact = dtype == "float32"
     common = dict(max_new_tokens=max_new_tokens, do_sample=False)
     width = max(len(n) for n in drafters)
@@ -237,7 +260,7 @@ def main() -> None:
     say("loading SmolLM2-135M-Instruct" + (" (first run: converting the GGUF file once, about a minute)" if first else "") + " ...")
     model, tokenizer = load_reference_model(dtype=getattr(torch, args.dtype))
     hfs.enable(model)
-    drafters = {name: load_drafter(name, model) for name in names}
+    drafters = with_engine({name: load_drafter(name, model) for name in names})
     prompts = prepare_prompts(records, tokenizer)
 
     say(f"target:  SmolLM2-135M-Instruct, {args.dtype}, CPU, {torch.get_num_threads()} threads")
