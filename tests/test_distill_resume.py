@@ -80,3 +80,19 @@ def test_time_budget(tiny, tmp_path):
     model, tok = tiny
     stats = self_distill(model, tok, RECORDS, tmp_path / "t.jsonl", max_new_tokens=4, time_budget_s=0.0, progress=False)
     assert stats.written == 0
+
+
+def test_time_budget_starts_no_batch_that_would_end_after_it(tiny, tmp_path, monkeypatch):
+    """A batch that took 0.3 s leaves 0.2 s of a 0.5 s budget: the next one, as long, would end after it."""
+    import time
+
+    import hf_speculative.training.distill as distill
+
+    def slow_batch(model, tokenizer, batch, all_turns, gen_kwargs):
+        time.sleep(0.3)
+        return [["ok"] for _ in batch], [1] * len(batch), ["stop"] * len(batch)
+
+    model, tok = tiny
+    monkeypatch.setattr(distill, "_answer_batch", slow_batch)
+    stats = self_distill(model, tok, RECORDS, tmp_path / "t.jsonl", batch_size=2, time_budget_s=0.5, progress=False)
+    assert stats.written == 2

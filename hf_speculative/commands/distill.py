@@ -16,7 +16,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--limit", type=int, default=None, help="stop when the output holds this many records")
     p.add_argument("--batch-size", type=int, default=1, help="prompts per generate() call (left padding)")
     p.add_argument("--all-turns", action="store_true", help="answer every user turn, not only the first")
-    p.add_argument("--time-budget", type=float, default=None, help="seconds after which no new batch starts")
+    p.add_argument("--time-budget", type=float, default=None, help="seconds after which no new batch starts (nor one that, as long as the one before, would end after them)")
     p.set_defaults(func=run)
 
 

@@ -175,7 +175,8 @@ def self_distill(
         batch_size: prompts per ``generate`` call, left-padded.
         all_turns: answer every user turn in order (multi-turn conversations); otherwise only the first.
         limit: stop after this many records *in total* in the output file (done ones count).
-        time_budget_s: stop starting new batches after this many seconds.
+        time_budget_s: start no batch after this many seconds, nor one that would end after them if it took as long
+            as the batch before it.
         seed: torch seed for sampling.
     """
     from tqdm.auto import tqdm
@@ -194,12 +195,15 @@ def self_distill(
     model.eval()
     start = time.perf_counter()
     bar = tqdm(total=len(todo), desc="self-distill", disable=not progress, unit="prompt")
+    last = 0.0  # the seconds of the batch before
     with open(output_path, "a", encoding="utf-8") as out:
         for b in range(0, len(todo), batch_size):
-            if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+            if time_budget_s is not None and time.perf_counter() - start + last > time_budget_s:
                 break
             batch = todo[b : b + batch_size]
+            began = time.perf_counter()
             answers, tokens, reasons = _answer_batch(model, tokenizer, batch, all_turns, gen_kwargs)
+            last = time.perf_counter() - began
             _append_answers(out, batch, answers, tokens, reasons, stats)
             bar.update(len(batch))
             bar.set_postfix(tok_s=f"{stats.new_tokens / (time.perf_counter() - start):.1f}")
