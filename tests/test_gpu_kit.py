@@ -87,3 +87,64 @@ def test_packed_parts_reassemble_on_the_machine(tmp_path):
     assert kit.reassemble_gguf(carry, tmp_path / "site").read_bytes() == gguf.read_bytes()
     kit.unpack_data(carry, tmp_path / "data")
     assert (tmp_path / "data" / "e2e_nlg" / "devset.csv").read_text() == "mr,ref\n"
+
+
+def test_bench_methods_and_prompts_fit_the_slot():
+    methods = ["plain", "eagle3", "hybrid:pl+tr+eagle3", "engine", "tree-prompt-lookup", "parallel", "token-recycling",
+               "hybrid:pl+tr", "hf-prompt-lookup", "hf-assisted"]  # fmt: skip
+    for seconds in (10, 25, 40, 60, 90, 300):
+        for batch in (None, 8):
+            chosen, prompts = kit.plan_bench(seconds, methods, batch)
+            assert chosen == methods[: len(chosen)] and len(chosen) >= 2 and prompts >= (batch or 1)
+            gens = len(chosen) * prompts / (batch or 1)
+            if len(chosen) > kit.BENCH_CORE_METHODS or prompts > (batch or 1):  # more than the least: it fits
+                assert kit.BENCH_FIXED_S + gens * (kit.BENCH_BATCH_GEN_S if batch else kit.BENCH_GEN_S) <= seconds
+    assert kit.plan_bench(25, methods) == (methods[:5], 1)  # the core on one prompt
+    assert kit.plan_bench(300, methods) == (methods, kit.BENCH_MAX_PROMPTS)
+    assert kit.plan_bench(300, methods[:8], 8)[1] == 8 * kit.BENCH_MAX_BATCHES
+
+
+def test_each_step_gets_its_share_of_what_is_left(tmp_path):
+    run = kit.Run(smoke=False, minutes=5, work=tmp_path, out=tmp_path)
+    left = [200.0]
+    run.left = lambda: left[0] + kit.WRITE_BACK_S
+    todo = kit.parse_steps("bench-heldout,distill,label")
+    assert todo == ["distill", "label", "bench-heldout"]  # the kit's order
+    first = kit.slot_for(run, "distill", todo)
+    assert first == pytest.approx(200 * kit.SHARES["distill"] / sum(kit.SHARES[n] for n in todo))
+    left[0] -= first / 2  # distill ended early: the later steps share what it left
+    assert kit.slot_for(run, "label", todo[1:]) > 200 * kit.SHARES["label"] / sum(kit.SHARES[n] for n in todo)
+    with pytest.raises(SystemExit, match="unknown step"):
+        kit.parse_steps("distill,bench")
+
+
+def test_eval_skips_arms_whose_training_failed_or_wrote_no_folder(tmp_path, monkeypatch):
+    run = kit.Run(smoke=False, minutes=5, work=tmp_path, out=tmp_path)
+    run.steps = [{"step": "streaming", "status": "failed"}, {"step": "medusa2", "status": "ok"}]
+    (run.drafters / kit.ARMS["streaming"]).mkdir(parents=True)
+    (run.drafters / kit.ARMS["streaming"] / "downstream.json").write_text("{}")  # an older run's folder
+    (run.drafters / kit.ARMS["medusa2"]).mkdir()  # stopped before its downstream.json
+    monkeypatch.setattr(kit, "study", lambda *argv: pytest.fail(f"evaluated {argv}"))
+    record = kit.evaluate_arms(run, 60.0)
+    assert record["arms"] == [] and set(record["skipped"]) == set(kit.ARMS.values())
+    assert "failed" in record["skipped"][kit.ARMS["streaming"]] and "downstream.json" in record["skipped"][kit.ARMS["medusa2"]]
+
+
+def test_a_stopped_bench_keeps_what_it_wrote(tmp_path):
+    run = kit.Run(smoke=True, minutes=5, work=tmp_path, out=tmp_path)
+    (tmp_path / "bench-heldout-b1.json").write_text(json.dumps({"setting": {"partial": True, "n_prompts": 1}, "methods": {}}))
+    (tmp_path / "bench-mt_bench-b1.json").write_text('{"setting": {"par')  # stopped while writing
+    kit._keep_bench(run, tmp_path / "bench-heldout-b1.json")
+    kit._keep_bench(run, tmp_path / "bench-mt_bench-b1.json")
+    assert list(run.results["bench"]) == ["bench-heldout-b1"]
+    from report import markdown
+
+    text = markdown({"machine": {"device": "d", "date": "t", "torch": "x", "transformers": "y"}, "minutes": 5,
+                     "smoke": True, "dtype": "bfloat16", "steps": [], **run.results})  # fmt: skip
+    assert "partial: the first 1 prompts" in text
+
+
+def test_a_short_rerun_names_its_steps():
+    command = pack.device_command(4.5, "distill,label,eagle3,streaming,medusa2,bench-heldout")
+    assert "kit.py --minutes 4.5 --steps distill,label,eagle3,streaming,medusa2,bench-heldout --carry" in command
+    assert len(command) <= 2000

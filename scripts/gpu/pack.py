@@ -8,6 +8,7 @@ land their parts (a warm machine keeps ignored folders between calls).
 
     python scripts/gpu/pack.py --dry-run      # each call's size and command; writes nothing, needs no network
     python scripts/gpu/pack.py                # download the wheels, write .gpu_carry/
+    python scripts/gpu/pack.py --dry-run --minutes 4.5 --steps distill,label,eagle3,streaming,medusa2,bench-heldout
 """
 
 from __future__ import annotations
@@ -111,8 +112,9 @@ def gguf_path() -> Path | None:
         return None
 
 
-def plan_calls(gguf_bytes: int, small: dict[str, int], tree: float, minutes: float) -> list[Call]:
-    """Split the GGUF over as few calls as fit under the limit; the small files and the run go in the last one."""
+def plan_calls(gguf_bytes: int, small: dict[str, int], tree: float, minutes: float, steps: str | None = None) -> list[Call]:
+    """Split the GGUF over as few calls as fit under the limit; the small files and the run (``steps``: the kit's
+    ``--steps``) go in the last one."""
     room = int((CALL_LIMIT_MIB - tree - 0.5) * 2**20)
     total = gguf_bytes + sum(small.values())
     n = max(1, math.ceil(total / room))
@@ -125,17 +127,19 @@ def plan_calls(gguf_bytes: int, small: dict[str, int], tree: float, minutes: flo
     calls[-1].files.update(small)
     for call in calls[:-1]:
         call.command = f"ls -l {call.folder} && sha256sum {call.folder}/gguf.part*"
-    calls[-1].command = device_command(minutes)
+    calls[-1].command = device_command(minutes, steps)
     return calls
 
 
-def device_command(minutes: float) -> str:
-    """The last call's command: offline setup from the carried wheels, then the kit, its log kept in $OUT."""
+def device_command(minutes: float, steps: str | None = None) -> str:
+    """The last call's command: offline setup from the carried wheels, then the kit (``steps``: only those), its log
+    kept in $OUT."""
     return (
         "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "
         f"{CARRY}/*/wheels/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; set -o pipefail; "
-        f"PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 python3 scripts/gpu/kit.py --minutes {minutes:g} --carry {CARRY} "
-        "--out $OUT 2>&1 | tee $OUT/log.txt"
+        f"PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 python3 scripts/gpu/kit.py --minutes {minutes:g} "
+        + (f"--steps {steps} " if steps else "")
+        + f"--carry {CARRY} --out $OUT 2>&1 | tee $OUT/log.txt"
     )
 
 
@@ -178,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="print the calls; write and download nothing")
     parser.add_argument("--minutes", type=float, default=9.0, help="the kit's whole run on the machine")
+    parser.add_argument("--steps", default=None, help="the kit's --steps: run only these steps (comma list)")
     parser.add_argument("--data", default=str(DATA_ROOT), help="the shared data folder (ShareGPT, E2E NLG)")
     args = parser.parse_args(argv)
     gguf, data = gguf_path(), Path(args.data)
@@ -188,7 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     data_bytes = len(archive) or int(DATA_ARCHIVE_ESTIMATE_MIB * 2**20)
     small = {**wheel_sizes(), "data.tar.gz": data_bytes, "manifest.json": 1024}
     tree = tree_mib()
-    calls = plan_calls(gguf.stat().st_size if gguf else GGUF_BYTES, small, tree, args.minutes)
+    if args.steps:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from kit import parse_steps
+
+        args.steps = ",".join(parse_steps(args.steps))  # an unknown step fails here, not on the machine
+    calls = plan_calls(gguf.stat().st_size if gguf else GGUF_BYTES, small, tree, args.minutes, args.steps)
     if not args.dry_run:
         write_calls(calls, gguf, archive, wheels)
     print("\n".join(describe(calls, tree)))

@@ -54,17 +54,24 @@ def downstream_table(arms: dict) -> list[str]:
     return rows
 
 
+def _note(step: dict) -> str:
+    """A step's error or skip reason, the arms it skipped, else nothing (``|`` kept out of the table)."""
+    note = step.get("error") or "; ".join(f"skipped {k}: {v}" for k, v in (step.get("skipped") or {}).items())
+    return note.replace("|", "/")
+
+
 def markdown(results: dict) -> str:
     """``results.md``: the machine, each step's time, then one table per measurement."""
     m = results["machine"]
     lines = [f"# GPU kit run: {m['device']}", "",
              f"{m['date']}, torch {m['torch']}, transformers {m['transformers']}, {results['minutes']} minutes budget"
              f"{' (smoke run: a tiny random model, numbers mean nothing)' if results['smoke'] else ''}.", "",
-             "| step | status | seconds |", "|---|---|---:|"]  # fmt: skip
-    lines += [f"| {s['step']} | {s.get('status', 'ok')} | {s.get('seconds', '-')} |" for s in results["steps"]]
+             "| step | status | seconds | note |", "|---|---|---:|---|"]  # fmt: skip
+    lines += [f"| {s['step']} | {s.get('status', 'ok')} | {s.get('seconds', '-')} | {_note(s)} |" for s in results["steps"]]
     for name, data in results["bench"].items():
         setting = data.get("setting", {})
-        lines += ["", f"## {name} ({results['dtype']}, greedy, {setting.get('max_new_tokens', '?')} new tokens)", ""]
+        partial = f", partial: the first {setting.get('n_prompts')} prompts" if setting.get("partial") else ""
+        lines += ["", f"## {name} ({results['dtype']}, greedy, {setting.get('max_new_tokens', '?')} new tokens{partial})", ""]
         lines += batch_table(data) if "batches" in data else bench_table(data)
     if results["downstream"]:
         lines += ["", "## E2E NLG arms (downstream eval)", "", *downstream_table(results["downstream"])]
