@@ -51,6 +51,12 @@ def add_parser(subparsers) -> None:
                    help="skip the numerics floor (greedy runs measure, untimed, how often plain generate() changes "
                    "its output as one row of a batch of 2 and with its prefill split in two: the rounding noise "
                    "that bfloat16/float16 outputs are read against)")  # fmt: skip
+    p.add_argument("--shapes", default=None, help="the cost side at published shapes instead, random weights, no download: "
+                   "comma list of NAME (qwen2.5-0.5b, llama-3.2-1b, llama-3.2-3b, mistral-7b, llama-3.1-8b, ... tiny) "
+                   "in --dtype float32 and/or bfloat16 (a comma list; float32 up to 3B parameters): plain tok/s, the "
+                   "engine's one-token step, tree costs, peak memory, first-call overhead and projected speedups; "
+                   "--output J.json also writes J.md and J.png")  # fmt: skip
+    p.add_argument("--shape-tokens", type=int, default=16, help="--shapes: new tokens per timed generate (default 16)")
     p.add_argument("--batch-size", default=None, help="batched throughput instead: comma list of batch sizes B (e.g. "
                    "1,4,8,16); prompts left padded in batches of B, total new tokens/s against plain batched generate, "
                    "tau per row; --plot draws speedup against B")  # fmt: skip
@@ -95,6 +101,8 @@ def _bench_options(args, drafters: dict):
 
 def run(args) -> int:
     setup_torch(args)
+    if args.shapes:
+        return _run_shapes(args)
     from ..bench.harness import run_benchmark
     from ..bench.prompts import describe_prompts, first_per_category, load_prompts, spread_over_categories
     from ..bench.reference import resolve_model
@@ -138,6 +146,31 @@ def run(args) -> int:
             print(f"{name}: median tokens/s per repeat {[round(x, 2) for x in r['median_tokens_per_s_per_repeat']]}, "
                   f"spread {100 * r['relative_spread']:.1f}%")  # fmt: skip
     return _write_outputs(args, result, len(records), lambda path, title: plot_results(result["methods"], path, title=title))
+
+
+def _run_shapes(args) -> int:
+    """``--shapes``: random-weight targets of published shapes (`hf_speculative.bench.shape_bench`); a shape that is
+    not built here (unknown, float32 above 3B parameters, more memory than available) is refused before anything is
+    allocated, exit status 2."""
+    from ..bench.shape_bench import run_shape_bench, shapes_markdown, write_shape_outputs
+
+    names = [n.strip() for n in args.shapes.split(",") if n.strip()]
+    dtypes = [{"fp32": "float32", "bf16": "bfloat16"}.get(d.strip(), d.strip()) for d in args.dtype.split(",") if d.strip()]
+    try:
+        result = run_shape_bench(names, dtypes, tokens=args.shape_tokens, seed=args.seed, repeats=max(args.repeats, 2))
+    except ValueError as err:
+        print(f"hf-speculative bench: error: {err}", file=sys.stderr)
+        return 2
+    result["setting"]["command"] = "hf-speculative " + " ".join(getattr(args, "argv", None) or sys.argv[1:])
+    print()
+    print(shapes_markdown(result))
+    if not args.output:
+        print("results not written to a file (no --output given; --output shapes.json writes the JSON, a markdown table "
+              "and a plot next to it)")  # fmt: skip
+        return 0
+    for path in write_shape_outputs(result, args.output):
+        print(f"wrote {path}")
+    return 0
 
 
 def _run_batched(args, model, tokenizer, records, methods, options) -> int:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-SHAPE_NAMES = "llama-2-7b, vicuna-7b, llama-2-13b, llama-3-8b, llama-3.2-1b, smollm2-135m, tiny"
+SHAPE_NAMES = ("llama-2-7b, vicuna-7b, llama-2-13b, llama-3-8b, llama-3.1-8b, llama-3.2-1b, llama-3.2-3b, qwen2.5-0.5b, "
+               "mistral-7b, smollm2-135m, tiny")
 
 
 def add_parser(subparsers) -> None:

@@ -1,4 +1,5 @@
-"""Model shapes for the analytic cost model: named target shapes (`SHAPES`) and `ModelShape`, which counts a decoder's
+"""Model shapes for the analytic cost model: named target shapes (`SHAPES`: published configs, each built in its
+family's config class by `shape_config`) and `ModelShape`, which counts a decoder's
 parameters, and the FLOPs and bytes of one forward, from its config alone (no weights, no torch).
 
 The counts are those of a Llama-style decoder (Llama, Mistral, Qwen2, SmolLM2, and the drafters built on them): per
@@ -15,21 +16,50 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-#: LlamaConfig keyword arguments of common target (and draft) shapes
+#: Llama 3's rotary embedding (rope_type "llama3"; ``factor`` 8 for 3.1, 32 for 3.2)
+_LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=500000.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                    original_max_position_embeddings=8192)  # fmt: skip
+
+#: Config keyword arguments of common target (and draft) shapes: ``model_type`` names the family's config class
+#: (`shape_config`), the rest are the published ``config.json`` fields that decide a forward's cost (token ids and
+#: generation settings left out)
 SHAPES: dict[str, dict] = {
-    "llama-2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                       num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096),
-    "vicuna-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                      num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096),
-    "llama-2-13b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=40, num_attention_heads=40,
-                        num_key_value_heads=40, vocab_size=32000, max_position_embeddings=4096),
-    "llama-3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                       num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192),
-    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                         num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072, tie_word_embeddings=True),
-    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                         num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, tie_word_embeddings=True),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    "llama-2-7b": dict(model_type="llama", hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096),
+    "vicuna-7b": dict(model_type="llama", hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096),
+    "llama-2-13b": dict(model_type="llama", hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
+                        num_attention_heads=40, num_key_value_heads=40, vocab_size=32000, max_position_embeddings=4096),
+    "llama-3-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192),
+    # meta-llama/Llama-3.1-8B
+    "llama-3.1-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+                         max_position_embeddings=131072, rope_parameters=dict(_LLAMA3_ROPE, factor=8.0),
+                         rms_norm_eps=1e-5, tie_word_embeddings=False),
+    # meta-llama/Llama-3.2-1B and -3B: tied embeddings
+    "llama-3.2-1b": dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
+                         max_position_embeddings=131072, rope_parameters=dict(_LLAMA3_ROPE, factor=32.0),
+                         rms_norm_eps=1e-5, tie_word_embeddings=True),
+    "llama-3.2-3b": dict(model_type="llama", hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+                         num_attention_heads=24, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+                         max_position_embeddings=131072, rope_parameters=dict(_LLAMA3_ROPE, factor=32.0),
+                         rms_norm_eps=1e-5, tie_word_embeddings=True),
+    # Qwen/Qwen2.5-0.5B: Qwen2Config (q, k and v projections with biases), tied embeddings
+    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                         max_position_embeddings=32768, rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+                         rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False),
+    # mistralai/Mistral-7B-v0.3: MistralConfig, 32768-token vocabulary, no sliding window, untied
+    "mistral-7b": dict(model_type="mistral", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32768,
+                       max_position_embeddings=32768, rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+                       rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=False),
+    "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192,
+                         tie_word_embeddings=True),
+    "tiny": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=256, max_position_embeddings=1024),
 }  # fmt: skip
 
@@ -37,13 +67,20 @@ SHAPES: dict[str, dict] = {
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
 
 
-def shape_config(shape: str):
-    """A ``LlamaConfig`` of a named shape (:data:`SHAPES`)."""
-    from transformers import LlamaConfig
-
+def check_shape_name(shape: str) -> None:
+    """A `ValueError` listing the known shapes when ``shape`` is none of them."""
     if shape not in SHAPES:
-        raise ValueError(f"unknown shape {shape!r}; known: {sorted(SHAPES)}")
-    return LlamaConfig(**SHAPES[shape])
+        raise ValueError(f"unknown shape {shape!r}; known: {', '.join(sorted(SHAPES))}")
+
+
+def shape_config(shape: str):
+    """The config of a named shape (:data:`SHAPES`) in its family's own class (``LlamaConfig``, ``Qwen2Config``,
+    ``MistralConfig``), built by transformers from its ``model_type``."""
+    from transformers import AutoConfig
+
+    check_shape_name(shape)
+    fields = dict(SHAPES[shape])
+    return AutoConfig.for_model(fields.pop("model_type"), **fields)
 
 
 def _get(config: Any, name: str, default=None):
@@ -124,8 +161,7 @@ class ModelShape:
     @classmethod
     def from_name(cls, name: str, dtype_bytes: int = 2) -> "ModelShape":
         """A named shape of :data:`SHAPES` (e.g. ``"llama-3-8b"``)."""
-        if name not in SHAPES:
-            raise ValueError(f"unknown shape {name!r}; known: {sorted(SHAPES)}")
+        check_shape_name(name)
         return cls.from_config(SHAPES[name], dtype_bytes=dtype_bytes, name=name)
 
     @classmethod
