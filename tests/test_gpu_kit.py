@@ -148,3 +148,36 @@ def test_a_short_rerun_names_its_steps():
     command = pack.device_command(4.5, "distill,label,eagle3,streaming,medusa2,bench-heldout")
     assert "kit.py --minutes 4.5 --steps distill,label,eagle3,streaming,medusa2,bench-heldout --carry" in command
     assert len(command) <= 2000
+
+
+def test_gpu_steps_size_their_commands_to_the_slot(tmp_path, monkeypatch):
+    """The GPU run's command lines (captured, nothing runs): budgets inside the slot, the bench sized to it."""
+    calls = []
+
+    def capture(*argv):
+        calls.append([str(a) for a in argv])
+        out = argv[argv.index("--output") + 1] if "--output" in argv else argv[argv.index("--out") + 1]
+        Path(out).write_text(json.dumps({"setting": {}, "methods": {}}) if "bench" in argv else "{}\n")
+
+    monkeypatch.setattr(kit, "cli", capture)
+    monkeypatch.setattr(kit, "study", capture)
+    run = kit.Run(smoke=False, minutes=5, work=tmp_path, out=tmp_path)
+    run.drafters.mkdir(parents=True)
+
+    def value(flag):
+        return float(calls[-1][calls[-1].index(flag) + 1])
+
+    kit.distill(run, 60.0)
+    assert value("--time-budget") <= 60 - kit.DISTILL_LOAD_S and value("--max-new-tokens") == kit.DISTILL_NEW_TOKENS
+    kit.label(run, 16.0)
+    assert value("--max-tokens") <= kit.LABEL_TOKENS_PER_S * 16
+    for step, fn in [("eagle3", kit.train_eagle3), ("streaming", lambda r, s: kit.train_downstream(r, s, "streaming")),
+                     ("medusa2", lambda r, s: kit.train_downstream(r, s, "medusa2")), ("parallel", kit.train_parallel)]:  # fmt: skip
+        fn(run, 40.0)
+        assert value("--time-budget") + kit.OVERHEAD_S[step] <= 40
+        if step in kit.ARMS:
+            assert value("--calibration-prompts") == kit.DOWNSTREAM_CALIBRATION_PROMPTS
+    kit.bench(run, 30.0, "heldout")
+    line = calls[-1]
+    assert value("--limit") >= 1 and value("--max-new-tokens") == kit.BENCH_NEW_TOKENS and "--no-numerics-floor" in line
+    assert line[line.index("--methods") + 1].split(",")[0] == "plain" and "bench-heldout-b1" in run.results["bench"]
