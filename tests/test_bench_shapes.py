@@ -100,7 +100,7 @@ def test_shapes_end_to_end_on_tiny(tmp_path, capsys):
     assert r["engine"]["step_over_plain"] > 0 and r["engine"]["tokens_equal_plain"] is True  # float32: token-exact
     assert set(r["tree_cost"]["c"]) == {str(n) for n in TREE_NODES} and r["tree_cost"]["one_token_forward_ms"] > 0
     assert r["memory"]["plain_peak_bytes"] > 0 and r["memory"]["speculative_peak_bytes"] > 0
-    assert isinstance(r["memory"]["first_call_overhead_s"], float)
+    assert isinstance(r["memory"]["first_call_overhead_s"], float) and r["memory"]["enable_s"] >= 0
     assert set(r["projected_speedup"]) == {str(n) for n in PROJECTED_TREES}
     assert all(set(by_tau) == {str(t) for t in PROJECTED_TAUS} for by_tau in r["projected_speedup"].values())
     table = out.with_suffix(".md").read_text()

@@ -120,7 +120,8 @@ def _memory(name: str, dtype: str, tokens: int, prompt_tokens: int, seed: int) -
     spec = measure_memory("speculative", name, dtype, tokens, prompt_tokens, seed)
     return {"plain_peak_bytes": plain["peak_bytes"], "speculative_peak_bytes": spec["peak_bytes"],
             "speculative_over_plain": spec["peak_bytes"] / plain["peak_bytes"] if plain["peak_bytes"] else None,
-            "first_call_overhead_s": spec["first_call_overhead_s"], "first_call_s": spec["first_call_s"]}  # fmt: skip
+            "first_call_overhead_s": spec["first_call_overhead_s"], "first_call_s": spec["first_call_s"],
+            "enable_s": spec["enable_s"]}  # fmt: skip
 
 
 def _check_tokens(tokens: int) -> None:
