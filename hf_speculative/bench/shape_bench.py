@@ -96,10 +96,15 @@ def _step_timings(model, ids, tokens: int, repeats: int) -> dict:
 
     common = dict(do_sample=False, attention_mask=torch.ones_like(ids))
     hfs.enable(model)
-    plain = lambda n: transformers.GenerationMixin.generate(model, ids, max_new_tokens=n, **common)  # noqa: E731
-    engine = lambda n: model.generate(ids, assistant_model=RootOnlyDrafter(), max_new_tokens=n, **ENGINE_CALL, **common)  # noqa: E731
-    (plain_timing, plain_ids), (engine_timing, engine_ids) = (_decode_timing(plain, tokens, repeats),
-                                                              _decode_timing(engine, tokens, repeats))  # fmt: skip
+
+    def plain(n: int):
+        return transformers.GenerationMixin.generate(model, ids, max_new_tokens=n, **common)
+
+    def engine(n: int):
+        return model.generate(ids, assistant_model=RootOnlyDrafter(), max_new_tokens=n, **ENGINE_CALL, **common)
+
+    plain_timing, plain_ids = _decode_timing(plain, tokens, repeats)
+    engine_timing, engine_ids = _decode_timing(engine, tokens, repeats)
     engine_timing["step_over_plain"] = engine_timing["step_ms"] / plain_timing["step_ms"]
     engine_timing["tokens_equal_plain"] = bool(torch.equal(plain_ids, engine_ids))
     return {"plain": plain_timing, "engine": engine_timing}
