@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 _ENGINE = {
     "enable": "engine.generation",
     "is_enabled": "engine.generation",
+    "SpeedPolicy": "engine.policy",
     "SpeculativeGenerationMixin": "engine.generation",
     "TreeSpec": "engine.trees",
     "DraftTree": "engine.trees",

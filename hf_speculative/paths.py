@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["cache_root", "machine_description", "model_key"]
+__all__ = ["cache_root", "machine_description", "model_key", "speed_key", "write_atomically"]
 
 
 def cache_root() -> Path:
@@ -25,17 +25,73 @@ def cache_root() -> Path:
     return Path(os.environ.get("HF_SPECULATIVE_CACHE", Path.home() / ".cache" / "hf_speculative")).expanduser()
 
 
-def model_key(model, max_length: int) -> str:
-    """A short hash naming a model (its config, a checksum of its first weights, the dtype) and a length setting:
-    the key of every cache computed from the model (hidden states, labelled shards, cost curves)."""
-    key = hashlib.sha256()
+#: values sampled from each parameter for a key (evenly spaced along each dimension)
+SAMPLE_ROWS, SAMPLE_COLUMNS = 16, 64
+
+
+def _sample(param) -> bytes:
+    """A few values of ``param`` (at most `SAMPLE_ROWS` x `SAMPLE_COLUMNS`, evenly spaced, in its own dtype, copied
+    to the CPU): O(1) memory whatever its size; nothing for a tensor with no data (meta device)."""
+    import torch
+
+    if param.device.type == "meta" or param.numel() == 0:
+        return b"meta" if param.device.type == "meta" else b""
+    with torch.no_grad():
+        t = param.detach()
+        t = t.reshape(t.shape[0], -1) if t.dim() > 2 else t.reshape(1, -1) if t.dim() < 2 else t
+        rows = torch.linspace(0, t.shape[0] - 1, min(SAMPLE_ROWS, t.shape[0]), device=t.device).long()
+        cols = torch.linspace(0, t.shape[1] - 1, min(SAMPLE_COLUMNS, t.shape[1]), device=t.device).long()
+        values = t[rows[:, None], cols[None, :]].cpu().contiguous()
+    return values.view(torch.uint8).numpy().tobytes() if values.dtype != torch.bool else values.numpy().tobytes()
+
+
+def _config_key(model, key) -> None:
     key.update(str(getattr(model.config, "_name_or_path", type(model).__name__)).encode())
     key.update(json.dumps(model.config.to_diff_dict(), sort_keys=True, default=str).encode())
-    # float64 and 9 significant digits: the checksum must not depend on the thread count's summation order
-    checksum = sum(float(p.detach().double().abs().sum()) for p in list(model.parameters())[:3])
-    key.update(f"{checksum:.9e}".encode())
+
+
+def model_key(model, max_length: int) -> str:
+    """A short hash naming a model and a length setting, the key of its data caches (hidden states, labelled
+    shards): its config, and of every parameter its name, shape, dtype and a sample of its values (`_sample`), so
+    that two fine-tunes of one model get different keys. O(1) memory per parameter, no float64 copy, exact bytes
+    (no dependence on the thread count's summation order)."""
+    key = hashlib.sha256()
+    _config_key(model, key)
+    for name, param in model.named_parameters():
+        key.update(f"{name}|{tuple(param.shape)}|{param.dtype}".encode())
+        key.update(_sample(param))
     key.update(f"{max_length}|{model.dtype}".encode())
     return key.hexdigest()[:16]
+
+
+def speed_key(model) -> str:
+    """A short hash naming what a model's speed depends on, the key of its speed caches (kernel tables, cost
+    curves): its config, every parameter's shape, dtype and device, and a sample of the first three parameters'
+    values. Nothing proportional to the model's size: cheap on the first ``generate()`` of an 8B model."""
+    key = hashlib.sha256()
+    _config_key(model, key)
+    for i, (name, param) in enumerate(model.named_parameters()):
+        key.update(f"{name}|{tuple(param.shape)}|{param.dtype}|{param.device.type}".encode())
+        if i < 3:
+            key.update(_sample(param))
+    return key.hexdigest()[:16]
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a unique temporary file in the same folder and ``os.replace``: a reader
+    sees the old file or the new one, never a part (a killed run, or two processes writing at once)."""
+    import tempfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def machine_description(device: "torch.device | str" = "cpu") -> str:

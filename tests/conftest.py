@@ -6,6 +6,7 @@ import copy
 import os
 import random
 import socket
+import tempfile
 
 import pytest
 import torch
@@ -28,6 +29,9 @@ os.environ.setdefault("HF_SPECULATIVE_COST_AWARE", "0")
 # Online step pricing decides from wall-clock timings: off unless a test asks for it (speculative_pricing=True), so
 # that tree sizes and tau in a test never depend on how busy the machine is. The output is the same either way.
 os.environ.setdefault("HF_SPECULATIVE_PRICING", "0")
+# Everything the library caches (the native kernel it builds, kernel tables, cost curves) goes to a folder of this
+# test session's own, never the user's ~/.cache; per process, so the kernel is built once per pytest worker.
+os.environ["HF_SPECULATIVE_CACHE"] = tempfile.mkdtemp(prefix="hfs-test-cache-")
 
 # Tolerance for float32 tensors that two computation orders reach through a model's layers (tree forward against
 # per-branch forwards, batched against one by one, fused against naive kernels): the last bits depend on the CPU's

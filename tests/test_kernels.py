@@ -1,9 +1,14 @@
-"""The engine's linear-layer kernels: each equals ``F.linear``; the engine runs them only inside its own forwards; the
-table that chooses them is cached, read from the cache and can be turned off; greedy output stays exact."""
+"""The engine's linear-layer kernels and the speed policy that runs them: each kernel equals ``F.linear``; the engine
+runs them only inside its own forwards; they read the weights in place (no copy); the table that chooses them is
+measured, cached and read; every fault in building, loading or checking the native kernel degrades to torch's
+kernels with a warning, never an exception or a wrong token."""
 
 from __future__ import annotations
 
 import json
+import os
+import pickle
+import stat
 
 import pytest
 import torch
@@ -11,32 +16,52 @@ import torch.nn.functional as F
 
 import hf_speculative as hfs
 from hf_speculative.engine import kernels
-from hf_speculative.engine.kernels.build import build_small_gemm
-from hf_speculative.engine.kernels.linear import PackedKernel
+from hf_speculative.engine.kernels import build
+from hf_speculative.engine.kernels.linear import DirectKernel
+from hf_speculative.engine.policy import KERNELS_ENV, SpeedPolicy, speed_policy
 
 from conftest import FP32_LAYERS, tiny_model
 from test_batch import left_padded
 
 ARCHS = ["llama", "mistral", "qwen2"]  # qwen2: q/k/v projections with a bias
+IDS = torch.tensor([[5, 17, 33, 2, 9, 41, 7] * 2])
 
 
 @pytest.fixture(scope="module")
-def packed_available():
-    if build_small_gemm() is None:
-        pytest.skip("no C compiler: the packed kernel cannot be built here (the engine keeps torch's kernels)")
-    return kernels.available_kernels(torch.float32)
+def direct_available():
+    if build.build_direct_gemm() is None:
+        pytest.skip("no C compiler: the direct kernel cannot be built here (the engine keeps torch's kernels)")
+    found = kernels.available_kernels(torch.float32)
+    assert "direct" in found, "the direct kernel was built but not offered (it failed its check against F.linear)"
+    return found
+
+
+def _forget_loaded_kernels():
+    build.load_direct_gemm.cache_clear()
+    kernels.linear._direct_kernel.cache_clear()
+
+
+@pytest.fixture
+def isolated_build(monkeypatch, tmp_path):
+    """A cache of its own and nothing remembered from earlier builds or loads in this process."""
+    monkeypatch.setenv("HF_SPECULATIVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(build, "_FAILED", set())
+    _forget_loaded_kernels()
+    yield tmp_path / "cache"
+    monkeypatch.undo()
+    _forget_loaded_kernels()  # the next test finds the session's kernel again
 
 
 @pytest.mark.parametrize("rows", [0, 1, 2, 5, 6, 7, 13, 48, 49, 70])
 @pytest.mark.parametrize("shape", [(64, 32), (67, 45), (200, 576)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_every_kernel_equals_linear(packed_available, rows, shape, bias):
+def test_every_kernel_equals_linear(direct_available, rows, shape, bias):
     torch.manual_seed(rows)
     module = torch.nn.Linear(shape[1], shape[0], bias=bias)
     x = torch.randn(rows, shape[1])
     with torch.no_grad():
         expected = F.linear(x, module.weight, module.bias)
-        for name, kernel in packed_available.items():
+        for name, kernel in direct_available.items():
             got = kernels.fast_linear(module, x, kernel)
             assert got.shape == expected.shape, name
             torch.testing.assert_close(got, expected, **FP32_LAYERS, msg=name)
@@ -44,15 +69,18 @@ def test_every_kernel_equals_linear(packed_available, rows, shape, bias):
             torch.testing.assert_close(got3[0], expected, **FP32_LAYERS, msg=name)
 
 
-def test_prepared_weight_follows_in_place_changes(packed_available):
-    module = torch.nn.Linear(40, 70)
-    x = torch.randn(3, 40)
+@pytest.mark.parametrize("rows", [1, 3, 9, 64])
+def test_direct_bfloat16_rounds_like_linear(direct_available, rows):
+    kernel = kernels.available_kernels(torch.bfloat16).get("direct")
+    assert kernel is not None
+    module = torch.nn.Linear(130, 96).to(torch.bfloat16)
+    x = torch.randn(rows, 130, dtype=torch.bfloat16)
     with torch.no_grad():
-        for kernel in packed_available.values():
-            kernels.fast_linear(module, x, kernel)  # prepares the copy
-            module.weight.mul_(2.0)
-            module.bias.add_(1.0)
-            torch.testing.assert_close(kernels.fast_linear(module, x, kernel), F.linear(x, module.weight, module.bias), **FP32_LAYERS)
+        got = kernels.fast_linear(module, x, kernel)
+        exact = F.linear(x.float(), module.weight.float(), module.bias.float())
+    assert got.dtype == torch.bfloat16
+    # float32 accumulation, one rounding to bfloat16: within one bfloat16 step of the exact product
+    torch.testing.assert_close(got.float(), exact, rtol=2 ** -7, atol=2 ** -7 * float(exact.abs().max()))
 
 
 def test_onednn_bfloat16_close_to_linear():
@@ -68,75 +96,114 @@ def test_onednn_bfloat16_close_to_linear():
 
 
 def _spy(monkeypatch):
-    """Counts the packed kernel's products (rows per call)."""
+    """Counts the direct kernel's products (rows per call)."""
     calls = []
-    original = PackedKernel.product
+    original = DirectKernel.product
 
     def product(self, prepared, x, n, bias):
         calls.append(x.numel() // x.shape[-1])
         return original(self, prepared, x, n, bias)
 
-    monkeypatch.setattr(PackedKernel, "product", product)
+    monkeypatch.setattr(DirectKernel, "product", product)
     return calls
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_equal_with_the_packed_kernel_on_ragged_batches(packed_available, monkeypatch, arch):
+def test_greedy_equal_with_the_direct_kernel_on_ragged_batches(direct_available, monkeypatch, arch):
     model = hfs.enable(tiny_model(arch))
     ids, mask = left_padded()
     plain = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
     calls = _spy(monkeypatch)
     drafter = hfs.PromptLookupDrafter(min_ngram_size=1)
     out = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0, assistant_model=drafter)
-    assert calls, "the engine's forwards did not run the packed kernel"
+    assert calls, "the engine's forwards did not run the direct kernel"
     assert torch.equal(out, plain)
     single = model.generate(ids[:1], max_new_tokens=12, do_sample=False, assistant_model=drafter)
     assert torch.equal(single, model.generate(ids[:1], max_new_tokens=12, do_sample=False))
 
 
-def test_kernels_only_inside_the_engine_and_turned_off(packed_available, monkeypatch):
+def test_kernels_only_inside_the_engine_and_turned_off(direct_available, monkeypatch):
     model = hfs.enable(tiny_model("llama"))
     calls = _spy(monkeypatch)
-    ids = torch.tensor([[5, 17, 33, 2, 9, 41, 7] * 2])
-    model.generate(ids, max_new_tokens=8, do_sample=False)  # plain generate: torch's kernels
-    model(ids)  # the model's own forward
+    model.generate(IDS, max_new_tokens=8, do_sample=False)  # plain generate: torch's kernels
+    model(IDS)  # the model's own forward
     assert not calls
     assert not any("forward" in m.__dict__ for m in model.modules())
-    model.generate(ids, max_new_tokens=8, do_sample=False, assistant_model=hfs.PromptLookupDrafter())
+    model.generate(IDS, max_new_tokens=8, do_sample=False, assistant_model=hfs.PromptLookupDrafter())
     assert calls and not any("forward" in m.__dict__ for m in model.modules())  # installed per forward, then removed
     calls.clear()
     hfs.enable(model, kernels="torch")
-    model.generate(ids, max_new_tokens=8, do_sample=False, assistant_model=hfs.PromptLookupDrafter())
+    model.generate(IDS, max_new_tokens=8, do_sample=False, assistant_model=hfs.PromptLookupDrafter())
     assert not calls
-    hfs.enable(model, kernels="auto")
-    monkeypatch.setenv(kernels.KERNELS_ENV, "torch")
-    model.generate(ids, max_new_tokens=8, do_sample=False, assistant_model=hfs.PromptLookupDrafter())
+    monkeypatch.setenv(KERNELS_ENV, "torch")  # read once, at enable
+    hfs.enable(model)
+    assert speed_policy(model).kernels == "torch"
+    model.generate(IDS, max_new_tokens=8, do_sample=False, assistant_model=hfs.PromptLookupDrafter())
     assert not calls
     with pytest.raises(ValueError, match="kernels must be"):
         hfs.enable(model, kernels="fast")
+    with pytest.raises(ValueError, match="disagrees"):
+        hfs.enable(model, kernels="auto", policy=SpeedPolicy(kernels="torch"))
 
 
-def test_kernel_table_is_measured_cached_and_read(packed_available, tmp_path, monkeypatch):
+def test_the_kernels_read_the_weights_in_place(direct_available):
+    """No copy of any weight: the policy holds no prepared tensor, and a weight changed in place is what the next
+    forward reads."""
+    model = hfs.enable(tiny_model("llama"))
+    policy = speed_policy(model)
+    assert set(policy.offered_kernels(model, torch.float32)) == {"torch", "direct"}  # oneDNN copies: over the budget
+    module = model.model.layers[0].mlp.up_proj
+    x = torch.randn(3, module.in_features)
+    with torch.no_grad(), policy.engine_kernels(model, rows=3) as kernel:
+        assert kernel is not None and kernel.name == "direct" and not kernel.copies
+        before = module(x)
+        module.weight.mul_(2.0)
+        torch.testing.assert_close(module(x), 2.0 * before, **FP32_LAYERS)
+    assert len(policy._prepared) == 0
+
+
+def test_a_copying_kernel_only_within_the_memory_budget(direct_available):
+    if "onednn" not in kernels.available_kernels(torch.float32):
+        pytest.skip("oneDNN does not run here")
+    model = tiny_model("llama")
+    assert "onednn" not in SpeedPolicy().offered_kernels(model, torch.float32)
+    assert "onednn" in SpeedPolicy(memory_budget=2.0).offered_kernels(model, torch.float32)
+    with pytest.raises(ValueError, match="memory_budget"):
+        SpeedPolicy(memory_budget=-1)
+
+
+def test_kernel_table_is_measured_cached_and_read(direct_available, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_SPECULATIVE_CACHE", str(tmp_path))
     model = hfs.enable(tiny_model("llama"))
-    assert kernels.kernel_table(model).meta.get("source") == "default"
-    assert kernels.kernel_table(model) is kernels.kernel_table(model)  # read once per model and dtype
+    assert speed_policy(model).table.meta.get("source") == "default"  # a tiny model: too small to time
     table = kernels.measure_kernel_table(model, buckets=(1, 4), repeats=1)
-    assert set(table.choice) == {1, 4} and set(table.milliseconds) >= {"torch", "packed"}
+    assert set(table.choice) == {1, 4} and set(table.milliseconds) >= {"torch", "direct"}
     assert all(table.milliseconds[table.choice[b]][b] == min(ms[b] for ms in table.milliseconds.values()) for b in (1, 4))
     # a cached table (here: torch's kernels at every row count) is what a fresh model reads
     path = kernels.kernel_table_path(model)
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(kernels.KernelTable({1: "torch", 64: "torch"}).to_dict()))
     fresh = hfs.enable(tiny_model("llama"))
-    assert kernels.kernel_table(fresh).choice == {1: "torch", 64: "torch"}
+    assert speed_policy(fresh).table.choice == {1: "torch", 64: "torch"}
     calls = _spy(monkeypatch)
     fresh.generate(torch.tensor([[5, 17, 33, 2] * 3]), max_new_tokens=6, do_sample=False, assistant_model=hfs.PromptLookupDrafter())
     assert not calls
-    assert kernels.kernel_table(fresh).kernel_for(65) == "torch"
+    assert speed_policy(fresh).table.kernel_for(65) == "torch"
+    # a truncated or foreign table is not read: the default applies
+    for text in ('{"choice": {"1": "tor', json.dumps({"choice": {"1": "no-such-kernel"}})):
+        path.write_text(text)
+        assert speed_policy(hfs.enable(tiny_model("llama"))).table.meta.get("source") == "default"
 
 
-def test_calibrate_writes_the_table_and_the_curve(packed_available, tmp_path, monkeypatch):
+def test_the_quick_measurement_at_enable_keeps_its_time(direct_available, monkeypatch):
+    monkeypatch.setattr("hf_speculative.engine.policy.MEASURE_MIN_BYTES", 0)  # time even a tiny model
+    model = hfs.enable(tiny_model("llama"), policy=SpeedPolicy(measure_seconds=0.5))
+    table = speed_policy(model).table
+    assert table.meta.get("source") != "default" and table.meta["seconds"] < 5
+    assert set(table.choice) == set(kernels.ROW_BUCKETS)
+
+
+def test_calibrate_writes_the_table_and_the_curve(direct_available, tmp_path, monkeypatch):
     from argparse import Namespace
 
     from hf_speculative.commands import calibrate_cost
@@ -150,4 +217,132 @@ def test_calibrate_writes_the_table_and_the_curve(packed_available, tmp_path, mo
     args = Namespace(model="tiny", dtype="float32", device="cpu", threads=None, seed=0, force=False, kernels="auto")
     assert calibrate_cost.run(args) == 0
     assert kernels.kernel_table_path(model).exists()
-    assert kernels.kernel_table(model).meta.get("source") != "default"
+    assert speed_policy(model).table.meta.get("source") != "default"
+
+
+def test_the_policy_pickles_without_its_kernels(direct_available):
+    model = hfs.enable(tiny_model("llama"))
+    policy = pickle.loads(pickle.dumps(speed_policy(model)))
+    assert policy.table == speed_policy(model).table and not policy._kernels
+    model._hfs_policy = policy  # loaded again on the first forward that needs them
+    out = model.generate(IDS, max_new_tokens=6, do_sample=False, assistant_model=hfs.PromptLookupDrafter())
+    assert policy._kernels and torch.equal(out, model.generate(IDS, max_new_tokens=6, do_sample=False))
+
+
+# ----------------------------------------------------------------------------- faults: each degrades to torch's kernels
+
+
+def _generates_exactly_on_torch_kernels(monkeypatch):
+    model = hfs.enable(tiny_model("llama"))
+    calls = _spy(monkeypatch)
+    out = model.generate(IDS, max_new_tokens=8, do_sample=False, assistant_model=hfs.PromptLookupDrafter())
+    assert not calls, "the direct kernel ran although its build or check failed"
+    assert torch.equal(out, model.generate(IDS, max_new_tokens=8, do_sample=False))
+
+
+def test_an_unwritable_cache_degrades(isolated_build, monkeypatch, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("HF_SPECULATIVE_CACHE", str(blocker / "cache"))  # cannot be created: a file is in the way
+    _generates_exactly_on_torch_kernels(monkeypatch)
+
+
+def test_a_group_writable_cache_folder_is_refused(isolated_build, monkeypatch):
+    folder = isolated_build / "kernels"
+    folder.mkdir(parents=True)
+    folder.chmod(0o777)
+    assert build.build_direct_gemm() is None
+    assert not any(folder.glob("*.so")), "built into a folder others can write"
+    _generates_exactly_on_torch_kernels(monkeypatch)
+    folder.chmod(0o700)  # the negative control: the same folder, private, is used
+    monkeypatch.setattr(build, "_FAILED", set())
+    if build._compiler() is not None:
+        assert build.build_direct_gemm() is not None
+
+
+def test_a_wrong_library_under_the_expected_name_is_not_loaded(isolated_build, monkeypatch):
+    if build._compiler() is None:
+        pytest.skip("no C compiler")
+    target = build.build_direct_gemm()
+    assert target is not None and build.load_direct_gemm(str(target)) is not None  # the negative control: it loads
+    _forget_loaded_kernels()
+    target.write_bytes(target.read_bytes()[:-100] + b"\0" * 100)  # planted: same name, other content
+    assert build.load_direct_gemm(str(target)) is None
+    _generates_exactly_on_torch_kernels(monkeypatch)
+
+
+def test_a_kernel_that_computes_wrong_is_disabled(direct_available, monkeypatch):
+    original = DirectKernel.product
+
+    def off_by_a_bit(self, prepared, x, n, bias):
+        return original(self, prepared, x, n, bias) * (1 + 1e-3)
+
+    monkeypatch.setattr(DirectKernel, "product", off_by_a_bit)
+    kernels.verify_kernel.cache_clear()
+    try:
+        assert "direct" not in kernels.available_kernels(torch.float32)
+    finally:
+        monkeypatch.undo()
+        kernels.verify_kernel.cache_clear()
+    assert "direct" in kernels.available_kernels(torch.float32)  # the negative control: the real kernel passes
+
+
+def test_no_compiler_degrades(isolated_build, monkeypatch):
+    monkeypatch.setattr(build, "_compiler", lambda: None)
+    assert build.build_direct_gemm() is None
+    _generates_exactly_on_torch_kernels(monkeypatch)
+
+
+@pytest.mark.parametrize("script", ["sleep 30", "echo broken >&2; exit 1"])
+def test_a_hanging_or_failing_compiler_degrades_once(isolated_build, monkeypatch, tmp_path, script):
+    compiler = tmp_path / "cc"
+    calls = tmp_path / "calls"
+    compiler.write_text(f"#!/bin/sh\necho x >> {calls}\n{script}\n")
+    compiler.chmod(compiler.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(build, "_compiler", lambda: str(compiler))
+    monkeypatch.setattr(build, "BUILD_TIMEOUT", 1.0)
+    assert build.build_direct_gemm() is None
+    assert build.build_direct_gemm() is None  # remembered: not tried again in this process
+    assert calls.read_text().count("x") == 1
+    _generates_exactly_on_torch_kernels(monkeypatch)
+
+
+def test_a_model_off_the_cpu_gets_no_kernel_work(monkeypatch):
+    """A meta-device (or CUDA, or offloaded) model: enable builds, checks and measures nothing."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def no_build():
+        raise AssertionError("built a CPU kernel for a model that is not on the CPU")
+
+    monkeypatch.setattr(build, "build_direct_gemm", no_build)
+    monkeypatch.setattr("hf_speculative.engine.policy.measure_kernel_table", no_build)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                             num_attention_heads=32, num_key_value_heads=8, vocab_size=128256))  # fmt: skip
+    hfs.enable(model)
+    policy = speed_policy(model)
+    assert policy.table is None and policy.kernel_for_rows(1) is None
+    from hf_speculative.paths import model_key, speed_key
+
+    assert len(model_key(model, 0)) == 16 and len(speed_key(model)) == 16
+
+
+def test_model_keys_take_constant_memory_and_tell_fine_tunes_apart():
+    """A parameter of 10^12 elements that owns 4 bytes (an expanded view): any copy of a whole tensor would fail."""
+    from hf_speculative.paths import model_key, speed_key
+
+    model = tiny_model("llama")
+    huge = torch.zeros(1, 1).expand(10**6, 10**6)
+    model.model.embed_tokens.weight = torch.nn.Parameter(huge, requires_grad=False)
+    assert len(model_key(model, 8)) == 16 and len(speed_key(model)) == 16
+    tuned = tiny_model("llama")
+    key = model_key(tuned, 8)
+    with torch.no_grad():
+        tuned.model.layers[-1].mlp.down_proj.weight.add_(1e-3)  # a fine-tune of one deep layer
+    assert model_key(tuned, 8) != key
+    assert model_key(tuned, 8) != model_key(tuned, 16)
+
+
+def test_tests_build_into_their_own_cache():
+    cache = os.environ.get("HF_SPECULATIVE_CACHE", "")
+    assert cache and not cache.startswith(os.path.expanduser("~/.cache")), cache

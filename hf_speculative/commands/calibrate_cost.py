@@ -28,7 +28,9 @@ def run(args) -> int:
     setup_torch(args)
     from ..bench.reference import resolve_model
     from ..engine.generation import enable
-    from ..engine.kernels import kernel_table_path, measure_kernel_table, set_kernel_table
+    from ..engine.kernels import kernel_table_path, measure_kernel_table, read_kernel_table
+    from ..engine.policy import speed_policy
+    from ..paths import write_atomically
     from ..perf_model import cost_curve_path, get_cost_curve, measure_cost_curve
 
     model, _ = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)
@@ -38,10 +40,10 @@ def run(args) -> int:
         table_path = kernel_table_path(model)
         if args.force or not table_path.exists():
             print(f"measuring the linear-layer kernels of {args.model} ({model.dtype}) on this machine ...", flush=True)
-            table = measure_kernel_table(model)
-            table_path.parent.mkdir(parents=True, exist_ok=True)
-            table_path.write_text(json.dumps(table.to_dict(), indent=1) + "\n")
-        set_kernel_table(model, None)  # read from the cache from here on
+            policy = speed_policy(model)
+            table = measure_kernel_table(model, kernels=policy.offered_kernels(model, model.dtype))
+            write_atomically(table_path, json.dumps(table.to_dict(), indent=1) + "\n")
+        enable(model, kernels=args.kernels)  # the policy reads the cached table from here on
         report["kernel_table"] = json.loads(table_path.read_text())
     path = cost_curve_path(model)
     if args.force or not path.exists():

@@ -39,7 +39,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .._compat import cache_arg, model_kwargs_cache
 from .cache import attention_window, keep_paths, prepare_tree_cache
-from .kernels import engine_kernels, head_projector
+from .policy import speed_policy
 from .trees import DraftingOptions, BatchTreeMaskBuffer, DraftTree, DynamicTree, TreeSpec, batch_tree_block
 from .protocol import TreeDrafter
 from .logits import NodeLogits
@@ -350,7 +350,7 @@ def _verify(model, drafter: TreeDrafter, batch: _Batch, drafts, masks: _TreeMask
     device = batch.visible.device
     input_ids, position_ids = batch.tree_inputs(drafts, device)
     no_rows = torch.empty(0, dtype=torch.long, device=device)
-    with engine_kernels(model, rows=input_ids.numel()):  # the linear layers at this machine's cost for that many rows
+    with speed_policy(model).engine_kernels(model, rows=input_ids.numel()):  # the linear layers at this machine's cost for that many rows
         return verification_forward(
             model, drafter, drafts, lambda pruned, positions: masks(batch, pruned, positions),
             input_ids=input_ids, attention_mask=masks(batch, drafts, position_ids), position_ids=position_ids,
@@ -487,7 +487,7 @@ def tree_speculative_decoding(
     batch, prefill = _prefill_and_begin(model, input_ids, cache, model_kwargs, drafter, stopping, masks, stats, logits_processor, do_sample)
     # a drafter that reads every node's logits gets them from the verification forward itself (no lazy head)
     lazy_head = None if drafter.verified_top_k else NodeLogits.lazy_head(model, prefill)
-    project = head_projector(model, lazy_head) if lazy_head is not None else None
+    project = speed_policy(model).head_projector(lazy_head) if lazy_head is not None else None
     del prefill
 
     pricer = pricer_for(priced, model, len(batch.rows)) if pricing_enabled(pricing) else None

@@ -14,7 +14,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from .acceptance import AcceptanceSettings
 from .decoding import check_tree_attention, tree_speculative_decoding
 from .resolve import resolve_drafter
-from .kernels import prepare_kernels
+from .policy import SpeedPolicy
 
 __all__ = ["SpeculativeGenerationMixin", "enable", "is_enabled"]
 
@@ -100,28 +100,29 @@ def is_enabled(model) -> bool:
     return isinstance(model, SpeculativeGenerationMixin)
 
 
-def enable(model: PreTrainedModel, kernels: str = "auto") -> PreTrainedModel:
+def enable(model: PreTrainedModel, kernels: str | None = None, policy: SpeedPolicy | None = None) -> PreTrainedModel:
     """Give a transformers causal LM tree speculative generation (idempotent); returns the same object.
 
-    ``kernels``: ``"auto"`` (default) runs the engine's forwards through the fastest kernels this CPU has for their
-    row count (`hf_speculative.engine.kernels`: built here once per machine, the weights' prepared copies made on first
-    use); ``"torch"`` keeps torch's own (as does ``HF_SPECULATIVE_KERNELS=torch``). Plain ``generate()`` and the
-    model's own forward always run torch's."""
-    if kernels not in ("auto", "torch"):
-        raise ValueError(f"kernels must be 'auto' or 'torch', got {kernels!r}")
-    if is_enabled(model):
-        model._hfs_kernels = kernels
-        prepare_kernels(model)
-        return model
-    if not isinstance(model, GenerationMixin):
-        raise TypeError(f"enable() needs a transformers model that can generate, got {type(model).__name__}")
-    if getattr(model.config, "is_encoder_decoder", False):
-        raise ValueError("tree speculative decoding supports decoder-only causal LMs")
-    cls = type(model)
-    if cls not in _ENABLED_CLASSES:
-        _ENABLED_CLASSES[cls] = type(cls.__name__, (SpeculativeGenerationMixin, cls), {"__module__": cls.__module__})
-        _ENABLED_CLASSES[cls].__qualname__ = cls.__qualname__
-    model.__class__ = _ENABLED_CLASSES[cls]
-    model._hfs_kernels = kernels
-    prepare_kernels(model)
+    ``policy`` (`SpeedPolicy`): how the engine's forwards use this machine: kernels, memory budget, kernel table.
+    By default a new one, prepared here: it builds this CPU's kernel once (cached per user), checks it against
+    ``F.linear``, and measures which kernel is fastest per row count in about two seconds. The default kernels read
+    the weights in place: the engine holds no copy of the model. ``kernels="torch"`` (or
+    ``HF_SPECULATIVE_KERNELS=torch``) keeps torch's own kernels (shorthand for ``SpeedPolicy(kernels="torch")``).
+    Plain ``generate()`` and the model's own forward always run torch's."""
+    if policy is None:
+        policy = SpeedPolicy.from_env(kernels=kernels or "auto")
+    elif kernels is not None and kernels != policy.kernels:
+        raise ValueError(f"kernels={kernels!r} disagrees with the policy's kernels={policy.kernels!r}; give one of them")
+    if not is_enabled(model):
+        if not isinstance(model, GenerationMixin):
+            raise TypeError(f"enable() needs a transformers model that can generate, got {type(model).__name__}")
+        if getattr(model.config, "is_encoder_decoder", False):
+            raise ValueError("tree speculative decoding supports decoder-only causal LMs")
+        cls = type(model)
+        if cls not in _ENABLED_CLASSES:
+            _ENABLED_CLASSES[cls] = type(cls.__name__, (SpeculativeGenerationMixin, cls), {"__module__": cls.__module__})
+            _ENABLED_CLASSES[cls].__qualname__ = cls.__qualname__
+        model.__class__ = _ENABLED_CLASSES[cls]
+    policy.prepare(model)
+    model._hfs_policy = policy
     return model

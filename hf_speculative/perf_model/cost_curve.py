@@ -157,15 +157,15 @@ def _sync(device: torch.device) -> None:
 def _time_forward(model, ids, cache, mask, prefix: int, n: int, logits_to_keep, no_rows, fast_head, lm_head) -> float:
     """Seconds of one target forward over ``n`` new tokens after the ``prefix``-token cache (with the engine's lazy
     LM head when ``logits_to_keep`` is None), the cache cropped back to the prefix afterwards."""
-    from ..engine.kernels import engine_kernels
     from ..engine.logits import PREFETCH_ROWS, vocab_logits
+    from ..engine.policy import speed_policy
 
     device = ids.device
     engine_step = logits_to_keep is None and n > 1
     keep = (1 if n == 1 else no_rows) if logits_to_keep is None else logits_to_keep
     _sync(device)
     start = time.perf_counter()
-    with engine_kernels(model, rows=n) if logits_to_keep is None else contextlib.nullcontext():
+    with speed_policy(model).engine_kernels(model, rows=n) if logits_to_keep is None else contextlib.nullcontext():
         out = model(
             input_ids=ids[:, prefix : prefix + n], attention_mask=mask, **cache_arg(cache), use_cache=True,
             position_ids=torch.arange(prefix, prefix + n, device=device)[None], logits_to_keep=keep,
@@ -214,7 +214,7 @@ def measure_cost_curve(
     and so do these (with ``logits_to_keep=None``): the curve prices the verification forward the engine runs."""
     from transformers import DynamicCache
 
-    from ..engine.kernels import head_projector
+    from ..engine.policy import speed_policy
     from ..engine.trees import additive_mask
 
     nodes = sorted({1, *(int(n) for n in nodes)})
@@ -231,7 +231,7 @@ def measure_cost_curve(
     states = torch.randn(max(rows, default=1), head.weight.shape[1], generator=gen).to(device) if rows else None
 
     lm_head = model.get_output_embeddings()
-    fast_head = head_projector(model, lm_head)
+    fast_head = speed_policy(model).head_projector(lm_head)
     no_rows = torch.empty(0, dtype=torch.long, device=device)
 
     best = {("n", n): float("inf") for n in nodes} | {("r", r): float("inf") for r in rows}
@@ -262,20 +262,19 @@ _LOADED: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDic
 
 
 #: bumped when what a curve measures changes, so that curves cached by older code are measured again
-CURVE_VERSION = "engine-step-3"  # 3: timed with the engine's kernels
+CURVE_VERSION = "engine-step-4"  # 4: timed with the in-place kernels
 
 
 def cost_curve_path(model, prefix: int = 128) -> Path:
     """``$HF_SPECULATIVE_CACHE/cost_curves/<key>.json``, the key naming the machine, dtype, model and whether the
-    engine's kernels are on (`hf_speculative.engine.kernels.kernels_setting`)."""
-    from ..engine.kernels import kernels_setting
-    from ..paths import cache_root, model_key
+    engine's kernels are on (`hf_speculative.engine.policy.SpeedPolicy`)."""
+    from ..engine.policy import speed_policy
+    from ..paths import cache_root, speed_key
 
     param = next(model.parameters())
-    with torch.no_grad():
-        parts = [machine_description(param.device), str(param.dtype), model_key(model, prefix), CURVE_VERSION]
-    if kernels_setting(model) != "auto":
-        parts.append(f"kernels={kernels_setting(model)}")
+    parts = [machine_description(param.device), str(param.dtype), speed_key(model), str(prefix), CURVE_VERSION]
+    if speed_policy(model).kernels != "auto":
+        parts.append(f"kernels={speed_policy(model).kernels}")
     key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
     return cache_root() / "cost_curves" / f"{key}.json"
 

@@ -1,10 +1,11 @@
-"""Kernels for the engine's forwards: the target's linear layers at the machine's cost (`linear`), built for this
-CPU where they are C (`build`)."""
+"""Kernels for the engine's forwards: the target's linear layers at the machine's cost, reading the weights in place
+(`linear`), built for this CPU and checked where they are C (`build`). Which kernel runs when is the speed policy's
+choice (`hf_speculative.engine.policy`)."""
 
-from .linear import KERNELS_ENV, ROW_BUCKETS, KernelTable, LinearKernel, available_kernels, default_kernel_table, engine_kernels, fast_linear, head_projector, kernel_for_rows, kernel_table, kernel_table_path, kernels_setting, measure_kernel_table, native_bf16, prepare_kernels, set_kernel_table
+from .linear import ROW_BUCKETS, DirectKernel, KernelTable, LinearKernel, OneDnnKernel, available_kernels, default_kernel_table, fast_linear, kernel_table_path, linear_layers, measure_kernel_table, native_bf16, read_kernel_table, verify_kernel
 
 __all__ = [
-    "KERNELS_ENV", "ROW_BUCKETS", "KernelTable", "LinearKernel", "available_kernels", "default_kernel_table",
-    "engine_kernels", "fast_linear", "head_projector", "kernel_for_rows", "kernel_table", "kernel_table_path",
-    "kernels_setting", "measure_kernel_table", "native_bf16", "prepare_kernels", "set_kernel_table",
+    "ROW_BUCKETS", "DirectKernel", "KernelTable", "LinearKernel", "OneDnnKernel", "available_kernels",
+    "default_kernel_table", "fast_linear", "kernel_table_path", "linear_layers", "measure_kernel_table",
+    "native_bf16", "read_kernel_table", "verify_kernel",
 ]  # fmt: skip

@@ -1,35 +1,30 @@
-"""The target's linear layers at the machine's cost during the engine's forwards.
+"""The target's linear layers at the machine's cost during the engine's forwards, with no copy of the weights.
 
 A forward over n tokens multiplies n rows by every weight. Decoding is memory-bound, so a forward over a few dozen
-tokens should cost about what reading the weights costs, one decoding step. On a CPU the default kernels do not get
-there at small row counts: float32 BLAS re-packs the weight on every call and runs compute-starved at 2-32 rows
-(a forward over 8 tokens costs 1.6-1.8 one-token steps), and the default bfloat16 path is three times its memory
-floor at one row. The kernels here, each a `LinearKernel`:
+tokens should cost about what reading the weights costs, one decoding step. On a CPU the default kernels do not
+always get there at small row counts: float32 BLAS re-packs the weight on every call and runs compute-starved at
+2-32 rows, MKL's paths on AMD CPUs are slower than the memory allows even at one row, and bfloat16 without native
+bf16 products is several times its memory floor beyond one row. The kernels here, each a `LinearKernel`:
 
 * ``"torch"``: ``F.linear``, what plain ``generate()`` runs;
-* ``"packed"``: float32; the weight packed once into column panels, every panel streamed once per call through an
-  outer-product micro-kernel (``small_gemm.c``, compiled once for this CPU by `build_small_gemm`);
-* ``"onednn"``: float32 / bfloat16 / float16; the weight reordered once into oneDNN's blocked layout
-  (``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``; AMX and AVX512-BF16 where the CPU has them).
+* ``"direct"``: float32 and bfloat16 weights read in place, as ``nn.Linear`` holds them (``direct_gemm.c``,
+  compiled once for this CPU by `build_direct_gemm`, compared with ``F.linear`` before first use by
+  `verify_kernel`): no copy, no memory beyond the output;
+* ``"onednn"``: float32 / bfloat16 / float16 with the weight reordered once into oneDNN's blocked layout (AMX and
+  AVX512-BF16 where the CPU has them): a copy of every weight it runs, so the speed policy offers it only when its
+  memory budget holds that copy (`hf_speculative.engine.policy.SpeedPolicy.memory_budget`).
 
-`KernelTable` says which kernel runs a forward of a given row count (rows = batch rows x tokens); it is measured by
-``hf-speculative calibrate`` (`measure_kernel_table`, cached per machine, dtype and model) and otherwise follows
-`default_kernel_table`. `engine_kernels(model, rows)` installs the chosen kernel on the model's ``nn.Linear``
-modules for one forward of the engine and restores them after it, so the model's own forward and plain
-``generate()`` never run these kernels. The prepared weights are copies (a packed float32 copy of every linear
-weight, or oneDNN's reordered copy), made on the first forward that needs them and kept while the weight is
-unchanged: memory grows by the size of the linear weights (LM head included). ``HF_SPECULATIVE_KERNELS=torch``
-(or ``hfs.enable(model, kernels="torch")``) turns them off.
+`KernelTable` says which kernel runs a forward of a given row count (rows = batch rows x tokens); the speed policy
+measures it at ``hfs.enable`` in about two seconds (`measure_kernel_table` on a sample of the model's own layers),
+or reads the one ``hf-speculative calibrate`` measured thoroughly and cached. The policy installs the chosen kernel
+on the model's ``nn.Linear`` modules for one forward of the engine and restores them after it, so the model's own
+forward and plain ``generate()`` never run these kernels.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import json
-import os
 import time
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,23 +32,23 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "KERNELS_ENV", "ROW_BUCKETS", "KernelTable", "LinearKernel", "available_kernels", "default_kernel_table",
-    "engine_kernels", "fast_linear", "head_projector", "kernel_for_rows", "kernel_table", "kernel_table_path",
-    "kernels_setting", "measure_kernel_table", "native_bf16", "prepare_kernels", "set_kernel_table",
+    "ROW_BUCKETS", "DirectKernel", "KernelTable", "LinearKernel", "OneDnnKernel", "available_kernels",
+    "default_kernel_table", "fast_linear", "kernel_table_path", "linear_layers", "measure_kernel_table",
+    "native_bf16", "read_kernel_table", "verify_kernel",
 ]  # fmt: skip
 
-KERNELS_ENV = "HF_SPECULATIVE_KERNELS"
 #: row counts a table has an entry for; a forward of r rows runs the kernel of the smallest bucket >= r, and torch's
 #: above the last (a long prompt's prefill)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
 class LinearKernel:
-    """One way to compute ``x @ W^T + b`` for an ``nn.Linear``: `prepare` makes the weight's copy in the kernel's
-    layout, `bind` returns the module's ``forward(x)`` through the kernel (its copy made on first use and again when
-    the weight or bias changes). The base class is torch's own ``F.linear``."""
+    """One way to compute ``x @ W^T + b`` for an ``nn.Linear``. `prepare` makes what the kernel reads from the
+    weight (the weight itself, or a copy in the kernel's layout: `copies` says which), `product` computes. The base
+    class is torch's own ``F.linear``."""
 
     name = "torch"
+    copies = False  # True: `prepare` makes a copy of the weight (memory the speed policy must budget)
 
     def supports(self, weight: torch.Tensor) -> bool:
         return True
@@ -65,55 +60,43 @@ class LinearKernel:
         """``x @ W^T + bias`` from the prepared weight (``x`` of any leading shape)."""
         return F.linear(x, prepared, bias)
 
-    def bind(self, module: torch.nn.Linear):
-        ref, state, n = weakref.ref(module), {}, module.out_features
 
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            owner = ref()
-            weight, bias = owner.weight, owner.bias
-            stamp = (weight.data_ptr(), weight._version, None if bias is None else (bias.data_ptr(), bias._version))
-            if state.get("stamp") != stamp:
-                b = None if bias is None else bias.detach().contiguous()
-                state.update(stamp=stamp, prepared=self.prepare(weight.detach().contiguous()), bias=b)
-            return self.product(state["prepared"], x, n, state["bias"])
+class DirectKernel(LinearKernel):
+    """float32 and bfloat16 weights read in place through ``direct_gemm.c`` (see
+    `hf_speculative.engine.kernels.build`); products accumulate in float32, the output is rounded once to the
+    weight's dtype, as ``F.linear`` does."""
 
-        return forward
-
-
-class PackedKernel(LinearKernel):
-    """float32 on the CPU through ``small_gemm.c``'s packed panels (see `hf_speculative.engine.kernels.build`); about 8 us
-    of call overhead."""
-
-    name = "packed"
+    name = "direct"
 
     def __init__(self, lib):
         self.lib = lib
-        self.panel = int(lib.hfs_panel_width())
 
     def supports(self, weight: torch.Tensor) -> bool:
-        return weight.dtype == torch.float32 and weight.device.type == "cpu" and weight.dim() == 2
-
-    def prepare(self, weight: torch.Tensor) -> torch.Tensor:
-        n, k = weight.shape
-        packed = torch.empty(-(-n // self.panel) * k * self.panel, dtype=torch.float32)
-        self.lib.hfs_pack(weight.data_ptr(), packed.data_ptr(), n, k)
-        return packed
+        return (
+            weight.dtype in (torch.float32, torch.bfloat16) and weight.device.type == "cpu" and weight.dim() == 2
+            and weight.is_contiguous()
+        )  # fmt: skip
 
     def product(self, prepared, x, n, bias):
         x = x if x.is_contiguous() and x.dtype == torch.float32 else x.float().contiguous()
+        if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+            bias = bias.float().contiguous()
         k = x.shape[-1]
         rows = x.numel() // k if k else 0
         y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
         if rows:
-            self.lib.hfs_gemm(x.data_ptr(), rows, k, prepared.data_ptr(), n, None if bias is None else bias.data_ptr(),
-                              y.data_ptr(), torch.get_num_threads())  # fmt: skip
-        return y
+            fn = self.lib.hfs_direct_f32 if prepared.dtype == torch.float32 else self.lib.hfs_direct_bf16
+            fn(x.data_ptr(), rows, k, prepared.data_ptr(), n, None if bias is None else bias.data_ptr(), y.data_ptr(),
+               torch.get_num_threads())  # fmt: skip
+        return y if prepared.dtype == torch.float32 else y.to(prepared.dtype)
 
 
 class OneDnnKernel(LinearKernel):
-    """oneDNN with the weight reordered once into its blocked layout (float32, bfloat16, float16 on the CPU)."""
+    """oneDNN with the weight reordered once into its blocked layout (float32, bfloat16, float16 on the CPU): a
+    copy of the weight."""
 
     name = "onednn"
+    copies = True
 
     def supports(self, weight: torch.Tensor) -> bool:
         return weight.device.type == "cpu" and weight.dim() == 2 and torch.backends.mkldnn.is_available()
@@ -125,17 +108,65 @@ class OneDnnKernel(LinearKernel):
         return torch.ops.mkldnn._linear_pointwise.default(x, prepared, bias, "none", [], "")
 
 
-def available_kernels(dtype: torch.dtype) -> dict[str, LinearKernel]:
-    """The kernels that can run ``dtype`` weights on this machine (``"torch"`` always; ``"packed"`` once built)."""
-    from .build import built_small_gemm, load_small_gemm
+#: (rows, out_features, in_features, bias) of the products `verify_kernel` compares with ``F.linear``
+VERIFY_SHAPES = ((1, 67, 45, True), (2, 200, 576, False), (5, 37, 1003, True), (7, 64, 32, False), (13, 96, 130, True), (64, 50, 333, True))  # fmt: skip
+#: largest |kernel - reference| allowed, relative to the reference's largest |value|: float32 summation order only
+VERIFY_TOLERANCE = 1e-4
 
+
+@functools.lru_cache(maxsize=None)
+def verify_kernel(kernel: LinearKernel, dtype: torch.dtype) -> bool:
+    """Whether ``kernel`` computes ``F.linear`` on ``dtype`` weights (odd sizes, bias, 1-64 rows), once per process:
+    compared in float32 with the product of the same (exactly widened) values, within `VERIFY_TOLERANCE` of the
+    output's scale. A kernel that fails is not used (a warning says so)."""
+    from transformers.utils import logging
+
+    gen = torch.Generator().manual_seed(0)
+    for rows, n, k, with_bias in VERIFY_SHAPES:
+        weight = torch.randn(n, k, generator=gen).to(dtype)
+        x = torch.randn(rows, k, generator=gen).to(dtype)
+        bias = torch.randn(n, generator=gen).to(dtype) if with_bias else None
+        expected = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+        try:
+            got = kernel.product(kernel.prepare(weight), x, n, bias).float()
+        except (RuntimeError, OSError, ValueError) as error:
+            got, problem = None, f"{type(error).__name__}: {error}"
+        if got is not None:
+            scale = float(expected.abs().max())
+            if dtype != torch.float32:  # the kernel's output is rounded to the weight's dtype once
+                expected = expected.to(dtype).float()
+                tolerance = float(torch.finfo(dtype).eps) * scale
+            else:
+                tolerance = VERIFY_TOLERANCE * scale
+            error_size = float((got - expected).abs().max()) if got.shape == expected.shape else float("inf")
+            problem = None if error_size <= tolerance else f"off by {error_size:.3g} (tolerance {tolerance:.3g})"
+        if problem is not None:
+            logging.get_logger(__name__).warning_once(
+                f"the {kernel.name!r} kernel does not compute F.linear on {dtype} weights ({rows}x{k} @ {k}x{n}: "
+                f"{problem}); torch's kernels stay in use"
+            )
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _direct_kernel() -> DirectKernel | None:
+    """The direct kernel if built (`build_direct_gemm`, run by ``hfs.enable``) and loaded with every check passed."""
+    from .build import built_direct_gemm, load_direct_gemm
+
+    path = built_direct_gemm()  # built by `hfs.enable` / ``hf-speculative calibrate``, never here
+    lib = load_direct_gemm(str(path)) if path is not None else None
+    return DirectKernel(lib) if lib is not None else None
+
+
+def available_kernels(dtype: torch.dtype, copies: bool = True) -> dict[str, LinearKernel]:
+    """The kernels that can run ``dtype`` weights on this machine and passed `verify_kernel` (``"torch"`` always;
+    ``"direct"`` once built; ``copies=False`` leaves out the kernels that copy the weight)."""
     kernels: dict[str, LinearKernel] = {"torch": LinearKernel()}
-    if dtype == torch.float32:
-        path = built_small_gemm()  # built by `hfs.enable` / ``hf-speculative calibrate``, never here
-        lib = load_small_gemm(str(path)) if path is not None else None
-        if lib is not None:
-            kernels["packed"] = PackedKernel(lib)
-    if dtype in (torch.float32, torch.bfloat16, torch.float16) and _onednn_runs(dtype):
+    direct = _direct_kernel() if dtype in (torch.float32, torch.bfloat16) else None
+    if direct is not None and verify_kernel(direct, dtype):
+        kernels["direct"] = direct
+    if copies and dtype in (torch.float32, torch.bfloat16, torch.float16) and _onednn_runs(dtype):
         kernels["onednn"] = OneDnnKernel()
     return kernels
 
@@ -193,46 +224,16 @@ def native_bf16() -> bool:
 
 
 def default_kernel_table(dtype: torch.dtype, kernels: dict[str, LinearKernel]) -> KernelTable:
-    """The kernels that measured fastest on the project's CPUs (Intel Xeon with AMX, AMD EPYC) when this machine
-    has no measured table: float32 through the packed panels up to 48 rows; bfloat16 through oneDNN where the
-    CPU has native bf16 products; torch's otherwise."""
-    if dtype == torch.float32 and "packed" in kernels:
-        kernel = "packed"
-    elif dtype == torch.bfloat16 and "onednn" in kernels and native_bf16():
-        kernel = "onednn"
-    else:
-        kernel = "torch"
-    return KernelTable({b: kernel for b in ROW_BUCKETS if b <= 32}, meta={"source": "default"})
+    """The table when nothing was measured (a model too small to time, or measuring turned off): the direct kernel
+    up to 64 rows where it runs ``dtype``, torch's otherwise."""
+    kernel = "direct" if "direct" in kernels else "torch"
+    return KernelTable({b: kernel for b in ROW_BUCKETS}, meta={"source": "default", "dtype": str(dtype).replace("torch.", "")})
 
 
-def kernels_setting(model=None) -> str:
-    """``"auto"`` (measured or default table) or ``"torch"`` (off): the model's `enable` setting, else
-    ``$HF_SPECULATIVE_KERNELS``."""
-    env = os.environ.get(KERNELS_ENV, "auto").strip().lower()
-    if env in ("0", "off", "false", "no", "torch"):
-        return "torch"
-    return getattr(model, "_hfs_kernels", "auto") if model is not None else "auto"
+# ----------------------------------------------------------------------------- measuring the table
 
 
-# ----------------------------------------------------------------------------- measuring and caching the table
-
-
-_LINEARS: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = weakref.WeakKeyDictionary()
-#: engine forwards between two scans of a model's modules (a module added later, e.g. an adapter, is found then)
-RESCAN_EVERY = 256
-
-
-def _cached_linears(model) -> list[torch.nn.Linear]:
-    """`_linears`, scanned again every `RESCAN_EVERY` calls (a scan walks every module: about 2 ms on a 30-layer
-    model, too much for every step)."""
-    entry = _LINEARS.get(model)
-    if entry is None or entry[0] >= RESCAN_EVERY:
-        entry = _LINEARS[model] = [0, _linears(model)]
-    entry[0] += 1
-    return entry[1]
-
-
-def _linears(model) -> list[torch.nn.Linear]:
+def linear_layers(model) -> list[torch.nn.Linear]:
     """The model's linear layers a kernel may replace: plain ``nn.Linear`` on the CPU, whose forward is the class's
     own (a module whose forward was replaced, e.g. by accelerate's hooks, is left alone)."""
     return [
@@ -241,159 +242,83 @@ def _linears(model) -> list[torch.nn.Linear]:
     ]  # fmt: skip
 
 
-def _time_stack(forwards: list, linears: list, inputs: dict) -> float:
+def _sample_layers(model, budget_bytes: int) -> list[torch.nn.Linear]:
+    """Whole decoder layers' linear modules, in order, up to ``budget_bytes`` of weights (at least one layer), plus
+    the LM head when it fits: what a step reads, in proportion."""
+    linears, size = [], 0
+    for module in linear_layers(model):
+        if linears and size + module.weight.nbytes > budget_bytes:
+            break
+        linears.append(module)
+        size += module.weight.nbytes
+    return linears
+
+
+def _time_stack(kernel: LinearKernel, prepared: list, linears: list, inputs: dict) -> float:
     start = time.perf_counter()
-    for module, forward in zip(linears, forwards):
-        forward(inputs[module.in_features])
+    for module, weight in zip(linears, prepared):
+        kernel.product(weight, inputs[module.in_features], module.out_features, module.bias)
     return time.perf_counter() - start
 
 
 @torch.no_grad()
-def measure_kernel_table(model, buckets=ROW_BUCKETS, repeats: int = 3, budget_bytes: int = 2**30) -> KernelTable:
-    """Time every available kernel on the model's own linear layers (the first ``budget_bytes`` of weights, in
-    order) at each row count; best of ``repeats``, kernels interleaved per round. The table picks the fastest."""
-    linears, size = [], 0
-    for module in _linears(model):
-        if size > budget_bytes:
-            break
-        linears.append(module)
-        size += module.weight.numel() * module.weight.element_size()
+def measure_kernel_table(
+    model, buckets=ROW_BUCKETS, repeats: int = 3, budget_bytes: int = 2**30, seconds: float | None = None,
+    kernels: dict[str, LinearKernel] | None = None,
+) -> KernelTable:  # fmt: skip
+    """Time every kernel of ``kernels`` (default: `available_kernels` of the model's dtype) on the model's own linear
+    layers (the first ``budget_bytes`` of weights, in order) at each row count; best of ``repeats``, kernels
+    interleaved per round; rounds stop early once ``seconds`` have passed (after the warm-up and one timed round).
+    The table picks the fastest. A kernel that copies weights times its copies of the sample only (freed on return)."""
+    linears = _sample_layers(model, budget_bytes)
     dtype = linears[0].weight.dtype if linears else torch.float32
-    kernels = {n: k for n, k in available_kernels(dtype).items() if all(k.supports(m.weight) for m in linears)}
-    forwards = {n: [k.bind(m) for m in linears] for n, k in kernels.items()}  # temporary copies, freed on return
+    kernels = kernels if kernels is not None else available_kernels(dtype)
+    kernels = {n: k for n, k in kernels.items() if all(k.supports(m.weight) for m in linears)}
+    prepared = {n: [k.prepare(m.weight.detach()) for m in linears] for n, k in kernels.items()}
     best = {n: {b: float("inf") for b in buckets} for n in kernels}
     gen = torch.Generator().manual_seed(0)
+    began = time.perf_counter()
     for round_ in range(repeats + 1):  # round 0 warms up
         for b in buckets:
             inputs = {f: torch.randn(b, f, generator=gen).to(dtype) for f in {m.in_features for m in linears}}
-            for n in kernels:
-                seconds = _time_stack(forwards[n], linears, inputs)
+            for n, kernel in kernels.items():
+                elapsed = _time_stack(kernel, prepared[n], linears, inputs)
                 if round_:
-                    best[n][b] = min(best[n][b], seconds * 1e3)
+                    best[n][b] = min(best[n][b], elapsed * 1e3)
+        if round_ and seconds is not None and time.perf_counter() - began > seconds:
+            break
     choice = {b: min(kernels, key=lambda n: best[n][b]) for b in buckets}
+    size = sum(m.weight.nbytes for m in linears)
     meta = {"dtype": str(dtype).replace("torch.", ""), "threads": torch.get_num_threads(), "linears": len(linears),
-            "weight_megabytes": round(size / 2**20, 1), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+            "weight_megabytes": round(size / 2**20, 1), "seconds": round(time.perf_counter() - began, 2),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
     return KernelTable(choice, best, meta)
 
 
 def kernel_table_path(model) -> Path:
     """``$HF_SPECULATIVE_CACHE/kernel_tables/<key>.json``, the key naming the machine (CPU, thread count), the
-    dtype and the model."""
+    dtype and the model (`hf_speculative.paths.speed_key`: its config, shapes and a few values)."""
     import hashlib
 
-    from ...paths import cache_root, machine_description, model_key
+    from ...paths import cache_root, machine_description, speed_key
 
     param = next(model.parameters())
-    with torch.no_grad():
-        parts = [machine_description(param.device), str(param.dtype), model_key(model, 0), "kernel-table-1"]
+    parts = [machine_description(param.device), str(param.dtype), speed_key(model), "kernel-table-2"]
     return cache_root() / "kernel_tables" / f"{hashlib.sha256('|'.join(parts).encode()).hexdigest()[:16]}.json"
 
 
-_TABLES: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+def read_kernel_table(path: Path, kernels: dict[str, LinearKernel]) -> KernelTable | None:
+    """The table cached at ``path`` if it is readable and names only ``kernels`` (None otherwise: a damaged,
+    truncated or foreign file, or one that names a kernel this process cannot run)."""
+    import json
 
-
-def set_kernel_table(model, table: KernelTable | None) -> None:
-    """Use ``table`` for ``model`` in this process (None: forget it, read the cache or the default again)."""
-    _TABLES.pop(model, None)
-    if table is not None:
-        _TABLES[model] = {"injected": table}
-
-
-def kernel_table(model) -> KernelTable:
-    """The table in force for ``model``: injected (`set_kernel_table`), else measured and cached (``hf-speculative
-    calibrate``), else `default_kernel_table`. Read once per model and dtype; never measured here."""
-    param = next(model.parameters())
-    memo = _TABLES.setdefault(model, {})
-    if "injected" in memo:
-        return memo["injected"]
-    key = (param.dtype, param.device.type)
-    if key not in memo:
-        path = kernel_table_path(model)
-        table = None
-        if path.exists():
-            try:
-                table = KernelTable.from_dict(json.loads(path.read_text()))
-            except (ValueError, KeyError, TypeError):
-                table = None  # a damaged file: the default applies
-        memo[key] = table or default_kernel_table(param.dtype, available_kernels(param.dtype))
-    return memo[key]
-
-
-# ----------------------------------------------------------------------------- running the engine's forwards
+    try:
+        table = KernelTable.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return table if set(table.choice.values()) <= set(kernels) and table.choice else None
 
 
 def fast_linear(module: torch.nn.Linear, x: torch.Tensor, kernel: LinearKernel) -> torch.Tensor:
-    """``module(x)`` through ``kernel``."""
-    return _bound(module, kernel)(x)
-
-
-_AVAILABLE: dict = {}  # dtype -> available_kernels(dtype), for the engine's per-step lookups
-
-
-def prepare_kernels(model) -> None:
-    """Build this CPU's C kernel once (cached on disk; a second of compiling the first time) unless the kernels are
-    off; `hfs.enable` calls it, so that ``generate()`` itself never compiles or writes anything."""
-    if kernels_setting(model) == "torch" or not any(p.device.type == "cpu" for p in model.parameters()):
-        return
-    from .build import build_small_gemm, built_small_gemm
-
-    if built_small_gemm() is None and build_small_gemm() is not None:
-        _AVAILABLE.clear()  # the packed kernel is there now: tables chosen without it are chosen again
-        for memo in _TABLES.values():
-            for key in [k for k in memo if k != "injected"]:
-                memo.pop(key)
-
-
-def kernel_for_rows(model, rows: int) -> LinearKernel | None:
-    """The kernel the engine runs a forward of ``rows`` rows with (None: torch's own)."""
-    if torch.is_grad_enabled() or kernels_setting(model) == "torch":
-        return None
-    name = kernel_table(model).kernel_for(rows)
-    if name == "torch":
-        return None
-    dtype = next(model.parameters()).dtype
-    if dtype not in _AVAILABLE:
-        _AVAILABLE[dtype] = available_kernels(dtype)
-    return _AVAILABLE[dtype].get(name)
-
-
-@contextlib.contextmanager
-def engine_kernels(model, rows: int):
-    """For one forward of the engine over ``rows`` rows: the model's linear layers run the table's kernel."""
-    kernel = kernel_for_rows(model, rows)
-    linears = [m for m in _cached_linears(model) if kernel.supports(m.weight)] if kernel is not None else []
-    for module in linears:
-        module.forward = _bound(module, kernel)  # an instance attribute: removed again below
-    try:
-        yield kernel
-    finally:
-        for module in linears:
-            module.__dict__.pop("forward", None)
-
-
-_BOUND: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
-
-
-def _bound(module: torch.nn.Linear, kernel: LinearKernel):
-    """``kernel.bind(module)``, made once per module and kernel."""
-    slots = _BOUND.setdefault(module, {})
-    if kernel.name not in slots:
-        slots[kernel.name] = kernel.bind(module)
-    return slots[kernel.name]
-
-
-def head_projector(model, head: torch.nn.Module):
-    """``project(states)``: the LM head on a few rows (the engine's lazy head) through the table's kernel for that
-    many rows (``F.linear`` where the table chose torch's: what it measured), when ``head`` is a plain ``nn.Linear``
-    on the CPU; None when the kernels are off (the engine then keeps its own product)."""
-    if type(head) is not torch.nn.Linear or kernels_setting(model) == "torch" or head.weight.device.type != "cpu":
-        return None
-
-    def project(states: torch.Tensor) -> torch.Tensor:
-        states = states.to(head.weight.dtype)
-        kernel = kernel_for_rows(model, states.reshape(-1, states.shape[-1]).shape[0])
-        if kernel is None or not kernel.supports(head.weight):  # the table chose torch's kernel for this many rows
-            return F.linear(states, head.weight, head.bias)
-        return fast_linear(head, states, kernel)
-
-    return project
+    """``module(x)`` through ``kernel`` (its weight prepared now: for tests and measurements)."""
+    return kernel.product(kernel.prepare(module.weight.detach()), x, module.out_features, module.bias)
