@@ -610,6 +610,14 @@ def time_one(method: BenchMethod, prompt: BenchPrompt, common: dict, device, see
     return out, t1 - t0, (counter.n if counter is not None else None)
 
 
+def _version_or_none(name: str) -> str | None:
+    """The installed distribution's version; None when the package runs from a source tree (PYTHONPATH)."""
+    try:
+        return version(name)
+    except Exception:  # importlib.metadata.PackageNotFoundError: not installed, only importable
+        return None
+
+
 def machine_info(device) -> dict:
     from importlib.metadata import version
 
@@ -623,7 +631,7 @@ def machine_info(device) -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "hf_speculative": version("hf-speculative"),
+        "hf_speculative": _version_or_none("hf-speculative"),
         "device": str(device),
     }
     if torch.device(device).type == "cuda":
