@@ -22,6 +22,11 @@ CARDS = ROOT / "model_cards"
 #: The drafters whose weights stay in the repository: the demo's Medusa heads, the README's Token Recycling matrix
 #: and the smallest self-drafting folder.
 KEEP = ("medusa-smollm2-135m-instruct", "speculative-streaming-smollm2-135m-instruct", "token-recycling-smollm2-135m-instruct")
+#: GPU-trained folders (docs/gpu.md) that fit the weight budget beside ``KEEP``: the E2E NLG arms of the H100 run of
+#: 2026-11-28 hold the room a GPU-trained EAGLE-3 would take; one worth shipping takes their place (remove them here
+#: and rerun, which leaves their cards and rebuild commands).
+GPU_TRAINED = ("medusa2-smollm2-135m-e2e-nlg-gpu", "speculative-streaming-smollm2-135m-e2e-nlg-gpu")
+KEEP += GPU_TRAINED
 #: Folders whose tensors are counts or indices (no rounding allowed): left as they are.
 EXACT = ("token-recycling-smollm2-135m-instruct",)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
@@ -68,6 +73,16 @@ def kept_section(folder: Path, exact: bool) -> str:
     size = sum(p.stat().st_size for p in weight_files(folder)) / 2**20
     if exact:
         return f"{MARK}\n\nIn this folder ({size:.1f} MiB): integer tables and counts, stored exactly.\n"
+    adapters = [p for p in weight_files(folder) if p.name.startswith("adapter_model.")]
+    if adapters:  # a fine-tuned arm: its LoRA changes the model that verifies, not only what is drafted
+        names = ", ".join(f"`{p.relative_to(folder).as_posix()}`" for p in adapters)
+        return (
+            f"{MARK}\n\nIn this folder ({size:.1f} MiB), stored in bfloat16 (trained in float32): the drafting weights "
+            f"and the LoRA adapter of the fine-tuned model ({names}). Rounding the drafting weights changes only what is "
+            "proposed; rounding the adapter changes the fine-tuned model itself slightly, so this folder's plain "
+            "decoding may differ from the float32 model's in places. Its speculative decoding still matches its own "
+            "plain decoding token for token (the lossless column below).\n"
+        )
     return (
         f"{MARK}\n\nIn this folder ({size:.1f} MiB), stored in bfloat16 (trained in float32; the rounding changes "
         "only what the drafter proposes, never the verified output). Loaded next to a target, the drafter runs in "
