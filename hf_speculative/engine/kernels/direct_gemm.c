@@ -5,7 +5,8 @@
  * the kernels add no memory. What makes that fast is the order of the reads:
  *
  *  - up to SMALL_M rows of x: one weight row at a time, every row of x against it (a row of x per accumulator
- *    set), so the whole weight is one sequential stream through memory, which the hardware prefetcher follows;
+ *    set), so the whole weight is one sequential stream through memory, prefetched PF_AHEAD elements ahead;
+ *    up to PASSES_M rows, passes of SMALL_M rows each;
  *  - more rows: blocks of BLOCK_N weight rows, K in chunks of KC (the chunk of the block stays in L1 while every
  *    group of up to 6 rows of x passes over it), the next block prefetched while this one is computed.
  *
@@ -21,11 +22,13 @@
 #else
 #define VW 8
 #endif
-#define SMALL_M 6   /* up to this many rows of x: the sequential one-weight-row-at-a-time path */
+#define SMALL_M 12  /* up to this many rows of x per pass of the sequential one-weight-row-at-a-time path */
+#define PASSES_M 24 /* up to this many rows: passes of SMALL_M rows; more: the blocked path */
 #define BLOCK_N 12  /* weight rows per block on the blocked path */
 #define KC 256      /* K per chunk on the blocked path */
 #define MAX_M 48    /* rows of x per pass on the blocked path */
 #define ABI_VERSION 1
+#define PF_AHEAD 1024 /* elements of a weight row prefetched ahead on the sequential path */
 
 typedef float vf __attribute__((vector_size(VW * 4)));
 typedef uint16_t vh __attribute__((vector_size(VW * 2)));
@@ -67,11 +70,14 @@ static inline float hsum(vf v) {
             for (int i = 0; i < R; i++)                                                                   \
                 for (int u = 0; u < U; u++) acc[i][u] = (vf){0};                                          \
             int64_t k = 0;                                                                                \
-            for (; k + U * VW <= K; k += U * VW)                                                          \
+            for (; k + U * VW <= K; k += U * VW) {                                                        \
+                __builtin_prefetch(w + k + PF_AHEAD);                                                     \
+                if (U * VW * sizeof(WT) > 64) __builtin_prefetch(w + k + PF_AHEAD + 64 / sizeof(WT));     \
                 for (int u = 0; u < U; u++) {                                                             \
                     vf wv = load_##NAME(w + k + u * VW);                                                  \
                     for (int i = 0; i < R; i++) acc[i][u] += load_f32(x + i * K + k + u * VW) * wv;       \
                 }                                                                                         \
+            }                                                                                             \
             for (; k + VW <= K; k += VW) {                                                                \
                 vf wv = load_##NAME(w + k);                                                               \
                 for (int i = 0; i < R; i++) acc[i][0] += load_f32(x + i * K + k) * wv;                    \
@@ -112,6 +118,8 @@ static const int TILE_WIDTH[7] = {0, 4, 4, 4, 3, 2, 2};
 #define DEFINE_KERNELS(NAME, WT)                                                                          \
     DEFINE_STREAM(NAME, WT, 1, 4) DEFINE_STREAM(NAME, WT, 2, 4) DEFINE_STREAM(NAME, WT, 3, 4)              \
     DEFINE_STREAM(NAME, WT, 4, 3) DEFINE_STREAM(NAME, WT, 5, 2) DEFINE_STREAM(NAME, WT, 6, 2)              \
+    DEFINE_STREAM(NAME, WT, 7, 1) DEFINE_STREAM(NAME, WT, 8, 1) DEFINE_STREAM(NAME, WT, 9, 1)              \
+    DEFINE_STREAM(NAME, WT, 10, 1) DEFINE_STREAM(NAME, WT, 11, 1) DEFINE_STREAM(NAME, WT, 12, 1)           \
     DEFINE_TILE(NAME, WT, 1, 4) DEFINE_TILE(NAME, WT, 2, 4) DEFINE_TILE(NAME, WT, 3, 4)                    \
     DEFINE_TILE(NAME, WT, 4, 3) DEFINE_TILE(NAME, WT, 5, 2) DEFINE_TILE(NAME, WT, 6, 2)                    \
                                                                                                           \
@@ -123,7 +131,13 @@ static const int TILE_WIDTH[7] = {0, 4, 4, 4, 3, 2, 2};
         case 3: NAME##_stream3(x, K, W, nr, out, ldo); break;                                             \
         case 4: NAME##_stream4(x, K, W, nr, out, ldo); break;                                             \
         case 5: NAME##_stream5(x, K, W, nr, out, ldo); break;                                             \
-        default: NAME##_stream6(x, K, W, nr, out, ldo); break;                                            \
+        case 6: NAME##_stream6(x, K, W, nr, out, ldo); break;                                             \
+        case 7: NAME##_stream7(x, K, W, nr, out, ldo); break;                                             \
+        case 8: NAME##_stream8(x, K, W, nr, out, ldo); break;                                             \
+        case 9: NAME##_stream9(x, K, W, nr, out, ldo); break;                                             \
+        case 10: NAME##_stream10(x, K, W, nr, out, ldo); break;                                           \
+        case 11: NAME##_stream11(x, K, W, nr, out, ldo); break;                                           \
+        default: NAME##_stream12(x, K, W, nr, out, ldo); break;                                           \
         }                                                                                                 \
     }                                                                                                     \
                                                                                                           \
@@ -173,6 +187,11 @@ static const int TILE_WIDTH[7] = {0, 4, 4, 4, 3, 2, 2};
                                                                                                           \
     void hfs_direct_##NAME(const float *x, int64_t M, int64_t K, const WT *W, int64_t N, const float *bias,   \
                            float *y, int threads) {                                                       \
+        if (M > SMALL_M && M <= PASSES_M) {                                                               \
+            for (int64_t m = 0; m < M; m += SMALL_M)                                                      \
+                hfs_direct_##NAME(x + m * K, M - m < SMALL_M ? M - m : SMALL_M, K, W, N, bias, y + m * N, threads); \
+            return;                                                                                       \
+        }                                                                                                 \
         int64_t nb = M <= SMALL_M ? 16 : BLOCK_N, blocks = (N + nb - 1) / nb;                             \
         _Pragma("omp parallel for schedule(static) num_threads(threads)")                                \
         for (int64_t b = 0; b < blocks; b++) {                                                            \
