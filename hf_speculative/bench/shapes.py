@@ -60,15 +60,20 @@ BLOCK = 65521
 GiB = float(1 << 30)
 
 
-def available_memory() -> int | None:
-    """``MemAvailable`` of ``/proc/meminfo`` in bytes (None where it cannot be read)."""
+def _proc_kilobytes(path: str, field: str) -> int | None:
+    """The ``field:`` line of a ``/proc`` file (a count of kB) in bytes; None where it cannot be read."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def available_memory() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (None where it cannot be read)."""
+    return _proc_kilobytes("/proc/meminfo", "MemAvailable")
 
 
 def required_memory(shape: ModelShape) -> dict[str, int]:
@@ -171,13 +176,7 @@ def random_prompt(vocab_size: int, tokens: int, seed: int = 0) -> torch.LongTens
 
 def peak_resident_memory() -> int | None:
     """This process's peak resident memory (``VmHWM`` of ``/proc/self/status``) in bytes."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    return _proc_kilobytes("/proc/self/status", "VmHWM")
 
 
 def measure_memory(mode: str, name: str, dtype: str, tokens: int, prompt_tokens: int, seed: int = 0) -> dict:
