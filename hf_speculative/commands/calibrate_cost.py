@@ -28,13 +28,14 @@ def run(args) -> int:
     setup_torch(args)
     from ..bench.reference import resolve_model
     from ..engine.generation import enable
-    from ..engine.kernels import kernel_table_path, measure_kernel_table, read_kernel_table
-    from ..engine.policy import speed_policy
+    from ..engine.kernels import kernel_table_path, measure_kernel_table
+    from ..engine.policy import SpeedPolicy, speed_policy
     from ..paths import write_atomically
     from ..perf_model import cost_curve_path, get_cost_curve, measure_cost_curve
 
     model, _ = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)
-    enable(model, kernels=args.kernels)  # builds this CPU's kernel once
+    # builds this CPU's kernel once; no quick table measurement: the thorough one below replaces it
+    enable(model, policy=SpeedPolicy.from_env(kernels=args.kernels, measure_seconds=0))
     report = {}
     if args.kernels == "auto":
         table_path = kernel_table_path(model)
