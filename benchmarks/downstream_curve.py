@@ -18,7 +18,12 @@ def curve_rows(folder: Path) -> list[dict]:
     """The learning-curve points of a trained folder (minutes, steps, expected tau, per-stream top-1)."""
     training = json.loads((folder / "downstream.json").read_text())["training"]
     return [
-        {"minutes": p["train_seconds"] / 60, "steps": p["step"], "expected_tau": p["expected_tau_calibrated"], "top1": p["stream_top1"]}
+        {
+            "minutes": p["train_seconds"] / 60,
+            "steps": p["step"],
+            "expected_tau": p["expected_tau_calibrated"],
+            "top1": p["stream_top1"],
+        }
         for p in training.get("learning_curve", [])
     ]
 
@@ -28,8 +33,16 @@ def eval_points(paths: list[Path]) -> list[dict]:
     points = []
     for path in paths:
         r = json.loads(path.read_text())
-        points.append({"minutes": r["train_seconds"] / 60, "steps": r.get("train_steps"), "tau": r["tau"], "speedup": r["speedup"],
-                       "drafter": r["drafter"], "file": path.name})  # fmt: skip
+        points.append(
+            {
+                "minutes": r["train_seconds"] / 60,
+                "steps": r.get("train_steps"),
+                "tau": r["tau"],
+                "speedup": r["speedup"],
+                "drafter": r["drafter"],
+                "file": path.name,
+            }
+        )
     return sorted(points, key=lambda p: p["minutes"])
 
 
@@ -46,12 +59,16 @@ def main() -> None:
     print("| training time | steps | held-out top-1 per stream | expected tau (calibrated 16-node tree) |")
     print("|---:|---:|---|---:|")
     for c in curve:
-        print(f"| {c['minutes']:.1f} min | {c['steps']} | {' / '.join(f'{a:.3f}' for a in c['top1'])} | {c['expected_tau']:.2f} |")
+        print(
+            f"| {c['minutes']:.1f} min | {c['steps']} | {' / '.join(f'{a:.3f}' for a in c['top1'])} | {c['expected_tau']:.2f} |"
+        )
     if measured:
         print("\n| eval JSON | training time | steps | decoding | measured tau | speedup |")
         print("|---|---:|---:|---|---:|---:|")
         for m in measured:
-            print(f"| `{m['file']}` | {m['minutes']:.1f} min | {m['steps']} | {m['drafter']} | {m['tau']:.2f} | {m['speedup']:.2f}x |")
+            print(
+                f"| `{m['file']}` | {m['minutes']:.1f} min | {m['steps']} | {m['drafter']} | {m['tau']:.2f} | {m['speedup']:.2f}x |"
+            )
     if args.plot:
         import matplotlib
 
@@ -61,9 +78,16 @@ def main() -> None:
         from hf_speculative.plotting import save_figure
 
         fig, ax = plt.subplots(figsize=(6, 3.6))
-        ax.plot([c["minutes"] for c in curve], [c["expected_tau"] for c in curve], "o-", label="expected tau (held-out, calibrated tree)")
+        ax.plot(
+            [c["minutes"] for c in curve],
+            [c["expected_tau"] for c in curve],
+            "o-",
+            label="expected tau (held-out, calibrated tree)",
+        )
         if measured:
-            ax.plot([m["minutes"] for m in measured], [m["tau"] for m in measured], "s", label="measured tau (test prompts)")
+            ax.plot(
+                [m["minutes"] for m in measured], [m["tau"] for m in measured], "s", label="measured tau (test prompts)"
+            )
         ax.axhline(3.0, color="grey", ls="--", lw=0.8, label="target tau 3.0")
         ax.set_xlabel("training time (minutes, 2-core CPU)")
         ax.set_ylabel("tokens per step (tau)")

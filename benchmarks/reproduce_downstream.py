@@ -43,7 +43,9 @@ def rerun(record: dict, out: Path) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, default=RESULTS, help="folder of eval JSONs (default: docs/results/downstream)")
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS, help="folder of eval JSONs (default: docs/results/downstream)"
+    )
     parser.add_argument("--only", default=None, help="comma-separated JSON names (without .json)")
     parser.add_argument("--out", default=None, help="keep the new JSONs here (default: a temporary folder)")
     parser.add_argument("--report", default=None, help="also write the comparison as markdown here")
@@ -53,7 +55,10 @@ def main() -> int:
         names = [n for n in names if n in args.only.split(",")]
     out_dir = Path(args.out or tempfile.mkdtemp(prefix="reproduce-"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    lines = ["| row | folder | tau recorded / now | lossless | metric | speedup recorded / now | reproduced |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| row | folder | tau recorded / now | lossless | metric | speedup recorded / now | reproduced |",
+        "|---|---|---|---|---|---|---|",
+    ]
     failed = []
     for name in names:
         record = json.loads((args.results / f"{name}.json").read_text())

@@ -34,8 +34,9 @@ import argparse
 import json
 from pathlib import Path
 
-from hf_speculative.perf_model import SHAPES, ModelShape
 from roofline import Hardware, throughput_multiplier
+
+from hf_speculative.perf_model import SHAPES, ModelShape
 
 
 def _depth(settings: dict, nodes: int | None) -> int:
@@ -57,14 +58,23 @@ def model_method(name: str, settings: dict, target: ModelShape) -> tuple[str, Mo
     kind = f"{name} {settings.get('drafter_type', '')} {(config or {}).get('model_type', '')}".lower()
     window = {}
     if config is not None:
-        window = {"sliding_window": config.get("sliding_window") or 64, "sink_tokens": config.get("num_sink_tokens") or 1}
+        window = {
+            "sliding_window": config.get("sliding_window") or 64,
+            "sink_tokens": config.get("num_sink_tokens") or 1,
+        }
     if "magicdec" in kind:
-        window = {"sliding_window": settings.get("sliding_window", window.get("sliding_window", 64)),
-                  "sink_tokens": settings.get("num_sink_tokens", window.get("sink_tokens", 1))}  # fmt: skip
+        window = {
+            "sliding_window": settings.get("sliding_window", window.get("sliding_window", 64)),
+            "sink_tokens": settings.get("num_sink_tokens", window.get("sink_tokens", 1)),
+        }
         return "magicdec", None, window
     if "spire" in kind:
         layers = (config or {}).get("num_hidden_layers", 2)
-        return "spire", target.truncated(layers, name=f"spire:{layers}"), window or {"sliding_window": 64, "sink_tokens": 1}
+        return (
+            "spire",
+            target.truncated(layers, name=f"spire:{layers}"),
+            window or {"sliding_window": 64, "sink_tokens": 1},
+        )
     if settings.get("draft_layers"):
         layers = int(settings["draft_layers"])
         return "vanilla", target.truncated(layers, name=f"layer-cut:{layers}"), {}
@@ -87,11 +97,22 @@ def compare(result: dict, target: ModelShape, hw: Hardware, context: int) -> lis
             verify = int(nodes) + 1 if nodes else k + 1
             if s.get("verified_tokens_per_row"):  # measured: a trie drafter fills only part of its tree budget
                 verify = max(1, round(float(s["verified_tokens_per_row"])))
-            predicted = throughput_multiplier(method, target, draft, hw, int(b), context, k, float(s["tau"]),
-                                              verify_tokens=verify, **window)  # fmt: skip
-            rows.append({"method": name, "model": method, "draft": draft.name if draft is not None else None,
-                         "batch_size": int(b), "k": k, "verify_tokens": verify, "tau": float(s["tau"]),
-                         "measured_speedup": float(s["speedup"]), "projected_speedup": predicted})  # fmt: skip
+            predicted = throughput_multiplier(
+                method, target, draft, hw, int(b), context, k, float(s["tau"]), verify_tokens=verify, **window
+            )
+            rows.append(
+                {
+                    "method": name,
+                    "model": method,
+                    "draft": draft.name if draft is not None else None,
+                    "batch_size": int(b),
+                    "k": k,
+                    "verify_tokens": verify,
+                    "tau": float(s["tau"]),
+                    "measured_speedup": float(s["speedup"]),
+                    "projected_speedup": predicted,
+                }
+            )
     return rows
 
 
@@ -108,8 +129,14 @@ def plot(rows: list[dict], path: str, title: str) -> None:
         sizes = [r["batch_size"] for r in mine]
         color = f"C{i}"
         ax.plot(sizes, [r["measured_speedup"] for r in mine], marker="o", color=color, label=f"{name} measured")
-        ax.plot(sizes, [r["projected_speedup"] for r in mine], marker="x", linestyle="--", color=color,
-                label=f"{name} projected ({mine[0]['model']})")  # fmt: skip
+        ax.plot(
+            sizes,
+            [r["projected_speedup"] for r in mine],
+            marker="x",
+            linestyle="--",
+            color=color,
+            label=f"{name} projected ({mine[0]['model']})",
+        )
     ax.axhline(1.0, color="black", linewidth=0.8)
     sizes = sorted({r["batch_size"] for r in rows})
     ax.set_xscale("log", base=2)
@@ -145,17 +172,25 @@ def main() -> None:
         target = ModelShape.from_json(args.target, dtype_bytes=args.dtype_bytes)
     hw = Hardware.measure_cpu(threads=args.threads or setting.get("threads"))
     context = args.prompt_tokens + int(setting.get("max_new_tokens", 128)) // 2
-    print(f"{hw.name}: {hw.flops / 1e9:.1f} GFLOP/s, {hw.bandwidth / 1e9:.1f} GB/s (HOI {hw.hoi:.1f} FLOP/B); "
-          f"target {target.name}, {target.num_parameters / 1e6:.1f} M params, {target.dtype_bytes} B/param; L = {context}")  # fmt: skip
+    print(
+        f"{hw.name}: {hw.flops / 1e9:.1f} GFLOP/s, {hw.bandwidth / 1e9:.1f} GB/s (HOI {hw.hoi:.1f} FLOP/B); "
+        f"target {target.name}, {target.num_parameters / 1e6:.1f} M params, {target.dtype_bytes} B/param; L = {context}"
+    )
     rows = compare(result, target, hw, context)
     print("| method | model | B | k | verify tokens | tau (measured) | speedup measured | speedup projected |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['method']} | {r['model']} | {r['batch_size']} | {r['k']} | {r['verify_tokens']} | {r['tau']:.2f} | "
-              f"{r['measured_speedup']:.2f}x | {r['projected_speedup']:.2f}x |")  # fmt: skip
+        print(
+            f"| {r['method']} | {r['model']} | {r['batch_size']} | {r['k']} | {r['verify_tokens']} | {r['tau']:.2f} | "
+            f"{r['measured_speedup']:.2f}x | {r['projected_speedup']:.2f}x |"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"hardware": hw.to_dict(), "target": target.to_dict(), "context": context,
-                                               "rows": rows}, indent=1) + "\n")  # fmt: skip
+        Path(args.json).write_text(
+            json.dumps(
+                {"hardware": hw.to_dict(), "target": target.to_dict(), "context": context, "rows": rows}, indent=1
+            )
+            + "\n"
+        )
         print(f"wrote {args.json}")
     if args.plot:
         title = f"{setting.get('model', 'reference')} on {hw.name}: measured vs projected (roofline, measured tau), L={context}"

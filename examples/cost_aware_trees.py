@@ -34,7 +34,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--curve", default=None, help="a saved CostCurve JSON (default: measured once and cached)")
-    parser.add_argument("--draft-vocab", type=int, default=None, help="also score Medusa with a K-token draft vocabulary")
+    parser.add_argument(
+        "--draft-vocab", type=int, default=None, help="also score Medusa with a K-token draft vocabulary"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -44,18 +46,40 @@ def main() -> None:
     curve = CostCurve.load(args.curve) if args.curve else get_cost_curve(model)
     set_cost_curve(model, curve)
     print(f"{curve} ({curve.meta.get('machine', '?')})\n")
-    print("| drafter | tree | nodes | depth | E[tau] | cost (steps) | E[tau] / cost |\n|---|---|---:|---:|---:|---:|---:|")
+    print(
+        "| drafter | tree | nodes | depth | E[tau] | cost (steps) | E[tau] / cost |\n|---|---|---:|---:|---:|---:|---:|"
+    )
     heads = hfs.MedusaHeadsModel.from_pretrained(f"{CARDS}/medusa-smollm2-135m-instruct", base_model=model)
     accuracies = heads.config.calibration["head_top_i_accuracy"]
     row("Medusa-1", heads.get_tree_drafter(model), accuracies, heads.config.tree, curve)
     if args.draft_vocab:
         heads.config.draft_vocab_size = args.draft_vocab  # the cost only depends on the size
-        row(f"Medusa-1, {args.draft_vocab} draft tokens", heads.get_tree_drafter(model), accuracies, heads.config.tree, curve)
+        row(
+            f"Medusa-1, {args.draft_vocab} draft tokens",
+            heads.get_tree_drafter(model),
+            accuracies,
+            heads.config.tree,
+            curve,
+        )
     parallel = hfs.ParallelDrafter.from_pretrained(f"{CARDS}/parallel-drafter-smollm2-135m-instruct", base_model=model)
-    row("ParallelDrafter", parallel.get_tree_drafter(model), parallel.config.calibration["depth_top_i_accuracy"], parallel.config.tree, curve)
-    ss = hfs.LlamaForSpeculativeStreaming.from_pretrained(f"{CARDS}/speculative-streaming-smollm2-135m-instruct", base_model=model)
+    row(
+        "ParallelDrafter",
+        parallel.get_tree_drafter(model),
+        parallel.config.calibration["depth_top_i_accuracy"],
+        parallel.config.tree,
+        curve,
+    )
+    ss = hfs.LlamaForSpeculativeStreaming.from_pretrained(
+        f"{CARDS}/speculative-streaming-smollm2-135m-instruct", base_model=model
+    )
     set_cost_curve(ss, curve)  # it verifies with its own forward
-    row("Speculative Streaming", ss.get_self_drafter(), ss.config.calibration["stream_top_i_accuracy"], ss.config.tree, curve)
+    row(
+        "Speculative Streaming",
+        ss.get_self_drafter(),
+        ss.config.calibration["stream_top_i_accuracy"],
+        ss.config.tree,
+        curve,
+    )
 
 
 if __name__ == "__main__":

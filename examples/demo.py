@@ -63,17 +63,25 @@ DEFAULT_DRAFTER = "prompt-lookup,hybrid"
 def load_drafter(name: str, model):
     """``(drafter, description)`` for ``--drafter``; a folder that does not exist raises (no silent fallback)."""
     if name == "prompt-lookup":
-        return hfs.PromptLookupDrafter(), ("n-gram tree drafter (prompt lookup: no draft model, 16-node budget; the fastest "
-                                           "drafter measured on the held-out prompts, docs/results/2026-11-25-token-recycling.md)")
+        return hfs.PromptLookupDrafter(), (
+            "n-gram tree drafter (prompt lookup: no draft model, 16-node budget; the fastest "
+            "drafter measured on the held-out prompts, docs/results/2026-11-25-token-recycling.md)"
+        )
     if name == "token-recycling":
-        return hfs.TokenRecyclingDrafter(), "Token Recycling (the target's verified top-k successors; no draft model, learns as it runs)"
+        return (
+            hfs.TokenRecyclingDrafter(),
+            "Token Recycling (the target's verified top-k successors; no draft model, learns as it runs)",
+        )
     if name == "hybrid":
         parts = [hfs.PromptLookupDrafter(), hfs.TokenRecyclingDrafter()]
         return hfs.HybridDrafter(parts), "one tree merged from prompt lookup and Token Recycling (no draft model)"
     if name == "medusa":
         heads = hfs.MedusaHeadsModel.from_pretrained(HEADS, base_model=model)
         vocab = f", {heads.config.draft_vocab_size}-token draft vocabulary" if heads.config.draft_vocab_size else ""
-        return heads, f"Medusa heads from {HEADS.relative_to(ROOT)} ({heads.config.num_heads} heads{vocab}, cost-aware tree)"
+        return (
+            heads,
+            f"Medusa heads from {HEADS.relative_to(ROOT)} ({heads.config.num_heads} heads{vocab}, cost-aware tree)",
+        )
     from hf_speculative.bench.harness import load_drafter as load_drafter_folder
 
     drafter = load_drafter_folder(name, model)
@@ -83,8 +91,11 @@ def load_drafter(name: str, model):
 def with_engine(drafters: dict) -> dict:
     """The engine with nothing drafted (`ENGINE_LABEL`) first, then ``drafters``: the row speculation's share is read
     against."""
-    engine = (RootOnlyDrafter(), "no candidates: every step a one-token step through the engine's kernels (each drafter's "
-              "speculation's share is its speed over this one's)")
+    engine = (
+        RootOnlyDrafter(),
+        "no candidates: every step a one-token step through the engine's kernels (each drafter's "
+        "speculation's share is its speed over this one's)",
+    )
     return {ENGINE_LABEL: drafters.get(ENGINE_LABEL, engine), **drafters}
 
 
@@ -128,7 +139,9 @@ def measure_prompt(model, ids, drafters: dict, common: dict, exact: bool) -> Pro
     run = PromptRun(plain, time.perf_counter() - start, plain.shape[1] - ids.shape[1])
     if not exact:  # the numerics floor: plain decoding of the same prompt as one row of a batch of two
         two = plain_generate(model, ids.expand(2, -1), common)
-        run.floor_moved = first_divergence(two[0, ids.shape[1] : plain.shape[1]].tolist(), plain[0, ids.shape[1] :].tolist())
+        run.floor_moved = first_divergence(
+            two[0, ids.shape[1] : plain.shape[1]].tolist(), plain[0, ids.shape[1] :].tolist()
+        )
     for name, (drafter, _) in drafters.items():
         extra = ENGINE_CALL if isinstance(drafter, RootOnlyDrafter) else {}
         start = time.perf_counter()
@@ -153,12 +166,17 @@ def report_prompt(run: PromptRun, ids, width: int, exact: bool, dtype: str) -> N
     say(f"    {'plain':{width}s}  {new / run.plain_s:6.1f} tok/s  ({new} tokens in {run.plain_s:.1f} s)")
     if not exact:
         moved = run.floor_moved
-        say(f"    {'':{width}s}  plain as a row of a batch of 2: " + ("identical" if moved is None else f"differs from token {moved}"))
+        say(
+            f"    {'':{width}s}  plain as a row of a batch of 2: "
+            + ("identical" if moved is None else f"differs from token {moved}")
+        )
     for name, seconds in run.seconds.items():
         tau = new / run.forwards[name]
         share = "" if name == ENGINE_LABEL else f"speculation's share {speculation_share(run, name):.2f}x  "
-        say(f"    {name:{width}s}  {new / seconds:6.1f} tok/s  tau {tau:.2f}  speedup {run.plain_s / seconds:.2f}x  {share}"
-            f"{'lossless' if exact else 'identical'}: {identity_text(run, name, ids, exact, dtype)}")  # fmt: skip
+        say(
+            f"    {name:{width}s}  {new / seconds:6.1f} tok/s  tau {tau:.2f}  speedup {run.plain_s / seconds:.2f}x  {share}"
+            f"{'lossless' if exact else 'identical'}: {identity_text(run, name, ids, exact, dtype)}"
+        )
 
 
 def find_disturbed(runs: list[PromptRun]) -> dict[str, dict[str, float]]:
@@ -170,7 +188,9 @@ def find_disturbed(runs: list[PromptRun]) -> dict[str, dict[str, float]]:
     return {method: runs_ for method, runs_ in found.items() if runs_}
 
 
-def remeasure(model, prompts, runs: list[PromptRun], disturbed: dict, drafters: dict, common: dict, exact: bool) -> None:
+def remeasure(
+    model, prompts, runs: list[PromptRun], disturbed: dict, drafters: dict, common: dict, exact: bool
+) -> None:
     """Measure the disturbed prompts once more, alternating as before, and keep each method's faster time."""
     indices = sorted({int(label.split()[1]) - 1 for found in disturbed.values() for label in found})
     for i in indices:
@@ -198,15 +218,26 @@ def report_verdicts(runs: list[PromptRun], exact: bool, dtype: str) -> None:
     for name in runs[0].seconds:
         spread = SpeedupSpread.from_seconds([r.plain_s for r in runs], [r.seconds[name] for r in runs])
         tau = tokens / sum(r.forwards[name] for r in runs)
-        share = "" if name == ENGINE_LABEL else (
-            f", speculation's own share {statistics.median(speculation_share(r, name) for r in runs):.2f}x over the engine")
-        say(f"verdict: {name}: {spread.describe()} plain decoding, tau {tau:.2f} ({speedup_verdict(spread)} it){share}, "
-            f"{lossless_text(runs, name, exact, dtype)}.")  # fmt: skip
+        share = (
+            ""
+            if name == ENGINE_LABEL
+            else (
+                f", speculation's own share {statistics.median(speculation_share(r, name) for r in runs):.2f}x over the engine"
+            )
+        )
+        say(
+            f"verdict: {name}: {spread.describe()} plain decoding, tau {tau:.2f} ({speedup_verdict(spread)} it){share}, "
+            f"{lossless_text(runs, name, exact, dtype)}."
+        )
         if spread.wide:
-            say(f"         {name}: the per-prompt speedups spread widely; more prompts (--limit) make the median firmer")
+            say(
+                f"         {name}: the per-prompt speedups spread widely; more prompts (--limit) make the median firmer"
+            )
 
 
-def run_demo(model, tokenizer, prompts, drafters: dict, max_new_tokens: int, dtype: str = "float32", show: int = 1) -> list[PromptRun]:
+def run_demo(
+    model, tokenizer, prompts, drafters: dict, max_new_tokens: int, dtype: str = "float32", show: int = 1
+) -> list[PromptRun]:
     """Every prompt measured and printed as it comes (the engine with nothing drafted beside the drafters), disturbed
     prompts re-measured once, then the verdicts."""
     drafters = with_engine(drafters)
@@ -219,7 +250,7 @@ def run_demo(model, tokenizer, prompts, drafters: dict, max_new_tokens: int, dty
         runs.append(measure_prompt(model, prompt.input_ids, drafters, common, exact))
         report_prompt(runs[-1], prompt.input_ids, width, exact, dtype)
         if i < show:
-            answer = tokenizer.decode(runs[-1].plain[0, prompt.input_ids.shape[1]:], skip_special_tokens=True)
+            answer = tokenizer.decode(runs[-1].plain[0, prompt.input_ids.shape[1] :], skip_special_tokens=True)
             say("    answer: " + answer.replace("\n", "\n            ")[:600])
     disturbed = find_disturbed(runs)
     if disturbed:
@@ -235,13 +266,23 @@ def run_demo(model, tokenizer, prompts, drafters: dict, max_new_tokens: int, dty
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", default="mt_bench", help="built-in prompt set or prompt file (default: mt_bench)")
-    parser.add_argument("--limit", type=int, default=6, help="number of prompts, taken evenly across the set (default 6)")
+    parser.add_argument(
+        "--limit", type=int, default=6, help="number of prompts, taken evenly across the set (default 6)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--drafter", default=DEFAULT_DRAFTER, help=f"prompt-lookup | token-recycling | hybrid | medusa | a drafter folder (default: {DEFAULT_DRAFTER})")
+    parser.add_argument(
+        "--drafter",
+        default=DEFAULT_DRAFTER,
+        help=f"prompt-lookup | token-recycling | hybrid | medusa | a drafter folder (default: {DEFAULT_DRAFTER})",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--show", type=int, default=1, help="print this many answers in full (default 1)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                        help="the target's dtype (default float32, where outputs are token-exact)")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="the target's dtype (default float32, where outputs are token-exact)",
+    )
     return parser.parse_args(argv)
 
 
@@ -255,9 +296,16 @@ def main() -> None:
     # a wrong prompt set or drafter folder fails here, before the model loads
     records = spread(load_prompts(args.prompts), args.limit)
     names = [n.strip() for n in args.drafter.split(",") if n.strip()]
-    names = [n if n in ("prompt-lookup", "token-recycling", "hybrid", "medusa") else resolve_name_or_path(n, what="drafter") for n in names]
+    names = [
+        n if n in ("prompt-lookup", "token-recycling", "hybrid", "medusa") else resolve_name_or_path(n, what="drafter")
+        for n in names
+    ]
     first = not (reference_cache_path() / "model.safetensors").is_file()
-    say("loading SmolLM2-135M-Instruct" + (" (first run: converting the GGUF file once, about a minute)" if first else "") + " ...")
+    say(
+        "loading SmolLM2-135M-Instruct"
+        + (" (first run: converting the GGUF file once, about a minute)" if first else "")
+        + " ..."
+    )
     model, tokenizer = load_reference_model(dtype=getattr(torch, args.dtype))
     hfs.enable(model)
     drafters = with_engine({name: load_drafter(name, model) for name in names})

@@ -26,11 +26,12 @@ def main() -> None:
     parser.add_argument("--labelled", action="append", required=True)
     parser.add_argument("--size", type=int, default=16384)
     args = parser.parse_args()
+    from safetensors import safe_open
+
     from hf_speculative.bench import load_reference_model
     from hf_speculative.bench.harness import load_drafter
     from hf_speculative.drafters.draft_vocab import frequent_tokens
     from hf_speculative.training.labelling import LabelledShards
-    from safetensors import safe_open
 
     model, _ = load_reference_model()
     drafter = load_drafter(args.folder, target=model)
@@ -47,7 +48,15 @@ def main() -> None:
     for extra in ("README.md", "generation_config.json"):
         if (Path(args.folder) / extra).is_file() and not (out / extra).is_file():
             shutil.copy(Path(args.folder) / extra, out / extra)
-    print(json.dumps({"folder": str(out), "draft_vocab_size": drafter.config.draft_vocab_size, "answer_tokens_counted": int(sum(c.numel() for c in chosen))}))
+    print(
+        json.dumps(
+            {
+                "folder": str(out),
+                "draft_vocab_size": drafter.config.draft_vocab_size,
+                "answer_tokens_counted": int(sum(c.numel() for c in chosen)),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

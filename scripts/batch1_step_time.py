@@ -3,14 +3,22 @@
 Run from a checkout root (it imports that checkout's hf_speculative): ``OMP_NUM_THREADS=1 python scripts/batch1_step_time.py``;
 alternate two checkouts several times and compare the minimum ms_per_step of each (4 held-out prompts, 64 new tokens,
 tree prompt lookup and the Medusa card, greedy, one thread)."""
-import os, sys, time, json
+
+import json
+import os
+import sys
+import time
+
 sys.path.insert(0, os.getcwd())
 import torch
+
 torch.set_num_threads(1)
-import hf_speculative as hfs
-from hf_speculative.bench import load_reference_model, load_prompts
-from hf_speculative.bench.prompts import first_per_category, prepare_prompts
 from transformers import AutoModel
+
+import hf_speculative as hfs
+from hf_speculative.bench import load_prompts, load_reference_model
+from hf_speculative.bench.prompts import first_per_category, prepare_prompts
+
 model, tok = load_reference_model()
 model = hfs.enable(model)
 records = first_per_category(load_prompts("heldout"), 1)
@@ -26,5 +34,7 @@ for name, d in drafters.items():
         total += time.perf_counter() - t
         fwd += o.speculative_stats.num_target_forwards
         toks += o.sequences.shape[1] - ids.shape[1]
-    out[name] = dict(s=round(total, 3), forwards=fwd, ms_per_step=round(1000 * total / fwd, 2), tok_s=round(toks / total, 2))
+    out[name] = dict(
+        s=round(total, 3), forwards=fwd, ms_per_step=round(1000 * total / fwd, 2), tok_s=round(toks / total, 2)
+    )
 print(os.getcwd(), json.dumps(out))

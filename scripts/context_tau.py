@@ -68,8 +68,13 @@ def main() -> None:
         for name, drafter in drafters.items():
             new = forwards = 0
             for ids in prompts:
-                out = model.generate(ids, assistant_model=drafter, max_new_tokens=args.max_new_tokens, do_sample=False,
-                                     return_dict_in_generate=True)  # fmt: skip
+                out = model.generate(
+                    ids,
+                    assistant_model=drafter,
+                    max_new_tokens=args.max_new_tokens,
+                    do_sample=False,
+                    return_dict_in_generate=True,
+                )
                 new += out.speculative_stats.num_new_tokens
                 forwards += out.speculative_stats.num_target_forwards
             table[name][length] = round(new / forwards, 3)
@@ -79,8 +84,13 @@ def main() -> None:
     for name, row in table.items():
         print(f"| {name} | " + " | ".join(f"{row[c]:.2f}" for c in contexts) + " |")
     if args.output:
-        Path(args.output).write_text(json.dumps({"contexts": contexts, "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
-                                                 "tau": table}, indent=2) + "\n")  # fmt: skip
+        Path(args.output).write_text(
+            json.dumps(
+                {"contexts": contexts, "prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "tau": table},
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -22,9 +22,9 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative.bench import load_reference_model
-from hf_speculative.engine.trees import DraftingOptions
-from hf_speculative.engine.logits import vocab_logits
 from hf_speculative.drafters.draft_vocab import draft_vocab_logits, frequent_tokens
+from hf_speculative.engine.logits import vocab_logits
+from hf_speculative.engine.trees import DraftingOptions
 
 
 def interleaved(fns: dict, repeats: int) -> dict:
@@ -43,13 +43,17 @@ def coverage(path: str, tokenizer, sizes: list[int], vocab: int) -> None:
     random.Random(0).shuffle(records)
     answers = [
         tokenizer(m["content"], add_special_tokens=False)["input_ids"]
-        for r in records for m in r["messages"] if m["role"] == "assistant"
-    ]  # fmt: skip
+        for r in records
+        for m in r["messages"]
+        if m["role"] == "assistant"
+    ]
     held = len(answers) // 10
     held_ids = torch.tensor([t for a in answers[:held] for t in a])
     for k in sizes:
         share = torch.isin(held_ids, frequent_tokens(answers[held:], k, vocab_size=vocab)).float().mean()
-        print(f"K={k}: {100 * float(share):.1f}% of {held_ids.numel()} held-out answer tokens are in the draft vocabulary")
+        print(
+            f"K={k}: {100 * float(share):.1f}% of {held_ids.numel()} held-out answer tokens are in the draft vocabulary"
+        )
 
 
 @torch.no_grad()

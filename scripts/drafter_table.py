@@ -51,7 +51,9 @@ def reference_and_prompts(args) -> tuple[object, list[torch.Tensor]]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("folders", nargs="+", help="drafter folders")
-    p.add_argument("--pruning-thresholds", default=None, help="comma list: one row per threshold for folders with a pruning head")
+    p.add_argument(
+        "--pruning-thresholds", default=None, help="comma list: one row per threshold for folders with a pruning head"
+    )
     add_prompt_arguments(p)
     args = p.parse_args()
     model, prompts = reference_and_prompts(args)
@@ -64,15 +66,28 @@ def main() -> None:
             thresholds = [float(t) for t in args.pruning_thresholds.split(",")]
         runs += [(folder, drafter, t) for t in thresholds]
     rows = [{"method": "plain", "seconds": 0.0, "tokens": 0, "forwards": 0, "nodes": [], "identical": 0}]
-    rows += [{"method": label, "pruning_threshold": t, "seconds": 0.0, "tokens": 0, "forwards": 0, "nodes": [], "identical": 0,
-              **{k: getattr(d.config, k) for k in DESCRIBE if getattr(d.config, k, None) is not None}} for label, d, t in runs]  # fmt: skip
+    rows += [
+        {
+            "method": label,
+            "pruning_threshold": t,
+            "seconds": 0.0,
+            "tokens": 0,
+            "forwards": 0,
+            "nodes": [],
+            "identical": 0,
+            **{k: getattr(d.config, k) for k in DESCRIBE if getattr(d.config, k, None) is not None},
+        }
+        for label, d, t in runs
+    ]
     kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
     for i, ids in enumerate(prompts):
         start = time.perf_counter()
         ref = model.generate(ids, **kwargs)
         rows[0]["seconds"] += time.perf_counter() - start
         new = ref.shape[1] - ids.shape[1]
-        rows[0].update(tokens=rows[0]["tokens"] + new, forwards=rows[0]["forwards"] + new, identical=rows[0]["identical"] + 1)
+        rows[0].update(
+            tokens=rows[0]["tokens"] + new, forwards=rows[0]["forwards"] + new, identical=rows[0]["identical"] + 1
+        )
         for row, (_, drafter, threshold) in zip(rows[1:], runs):
             if threshold is not None:
                 drafter.config.pruning_threshold = threshold
@@ -96,13 +111,19 @@ def main() -> None:
             identical=f"{row['identical']}/{len(prompts)}",
             seconds=round(row["seconds"], 1),
         )
-    print("| method | settings | tau | tok/s | speedup | verified nodes | identical |\n|---|---|---:|---:|---:|---:|---|")
+    print(
+        "| method | settings | tau | tok/s | speedup | verified nodes | identical |\n|---|---|---:|---:|---:|---:|---|"
+    )
     for row in rows:
         settings = ", ".join(f"{k}={row[k]}" for k in (*DESCRIBE, "pruning_threshold") if row.get(k) is not None)
-        print(f"| {row['method']} | {settings} | {row['tau']} | {row['tokens_per_s']} | {row['speedup']}x | {row['mean_tree_nodes']} | {row['identical']} |")
+        print(
+            f"| {row['method']} | {settings} | {row['tau']} | {row['tokens_per_s']} | {row['speedup']}x | {row['mean_tree_nodes']} | {row['identical']} |"
+        )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"threads": args.threads, "prompts": len(prompts), "rows": rows}, indent=1))
+        Path(args.out).write_text(
+            json.dumps({"threads": args.threads, "prompts": len(prompts), "rows": rows}, indent=1)
+        )
 
 
 if __name__ == "__main__":

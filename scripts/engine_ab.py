@@ -77,8 +77,14 @@ for line in sys.stdin:
 
 def _worker(checkout: str, threads: int) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.path.abspath(checkout), "THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-                            cwd=os.path.abspath(checkout))  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WORKER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=os.path.abspath(checkout),
+    )
     ready = json.loads(proc.stdout.readline())
     print(f"worker {checkout}: {ready['ready']}", file=sys.stderr)
     return proc
@@ -97,12 +103,16 @@ def _summary(runs: list[dict], method: str, rounds: int) -> dict:
     rows = [r[method] for r in runs]
     per_round = len(rows) // rounds
     round_tps = [
-        sum(r["tokens"] for r in rows[k * per_round:(k + 1) * per_round]) / sum(r["seconds"] for r in rows[k * per_round:(k + 1) * per_round])
+        sum(r["tokens"] for r in rows[k * per_round : (k + 1) * per_round])
+        / sum(r["seconds"] for r in rows[k * per_round : (k + 1) * per_round])
         for k in range(rounds)
-    ]  # fmt: skip
+    ]
     tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
-    out = {"tokens_per_second": round(tokens / seconds, 2), "rounds_tokens_per_second": [round(t, 2) for t in round_tps],
-           "median_round_tokens_per_second": round(statistics.median(round_tps), 2)}  # fmt: skip
+    out = {
+        "tokens_per_second": round(tokens / seconds, 2),
+        "rounds_tokens_per_second": [round(t, 2) for t in round_tps],
+        "median_round_tokens_per_second": round(statistics.median(round_tps), 2),
+    }
     if "steps" in rows[0]:
         steps = sum(r["steps"] for r in rows)
         out.update(
@@ -148,7 +158,10 @@ def main() -> int:
         for i, prompt in enumerate(prompts):
             for name in ("old", "new") if (i + k) % 2 == 0 else ("new", "old"):  # alternate which commit goes first
                 runs[name].append(_ask(workers[name], prompt.input_ids[0].tolist(), args.max_new_tokens))
-            print(f"round {k + 1}/{args.rounds}, prompt {i + 1}/{len(prompts)} ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
+            print(
+                f"round {k + 1}/{args.rounds}, prompt {i + 1}/{len(prompts)} ({time.perf_counter() - start:.0f} s)",
+                file=sys.stderr,
+            )
     peak = {}
     for name, proc in workers.items():
         proc.stdin.write(json.dumps({"memory": True}) + "\n")
@@ -159,14 +172,21 @@ def main() -> int:
         proc.wait()
     identical = all(
         runs["old"][i][m]["output"] == runs["new"][i][m]["output"] == runs["new"][i]["plain"]["output"]
-        for i in range(len(runs["new"])) for m in METHODS
-    )  # fmt: skip
+        for i in range(len(runs["new"]))
+        for m in METHODS
+    )
     report = {
-        "old": os.path.abspath(args.old), "new": os.path.abspath(args.new), "prompts": len(prompts),
-        "max_new_tokens": args.max_new_tokens, "threads": args.threads, "rounds": args.rounds, "identical_outputs": identical,
-        "peak_resident_kb": peak, "machine": _machine(),
+        "old": os.path.abspath(args.old),
+        "new": os.path.abspath(args.new),
+        "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "identical_outputs": identical,
+        "peak_resident_kb": peak,
+        "machine": _machine(),
         "methods": {m: {name: _summary(runs[name], m, args.rounds) for name in runs} for m in METHODS},
-    }  # fmt: skip
+    }
     text = json.dumps(report, indent=1)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:

@@ -46,7 +46,9 @@ class ForwardCounter:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=10, help="MT-Bench first turns to use")
-    parser.add_argument("--prompt-file", default="mt_bench", help="built-in prompt set or prompt file (default mt_bench)")
+    parser.add_argument(
+        "--prompt-file", default="mt_bench", help="built-in prompt set or prompt file (default mt_bench)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--draft-layers", default="first8", help="'firstN' or a comma list of layer indices")
     parser.add_argument("--chain", type=int, default=4, help="chain length (ours and transformers' assisted)")
@@ -71,16 +73,25 @@ def main() -> None:
     prompts = []
     for q in questions:
         ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": q["turns"][0]}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+            [{"role": "user", "content": q["turns"][0]}],
+            add_generation_prompt=True,
+            return_tensors="pt",
+            return_dict=True,
         )["input_ids"]
         prompts.append(ids)
 
     common = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
     methods = {
         "plain": lambda ids: transformers.GenerationMixin.generate(model, ids, **common),
-        "hf-assisted (chain)": lambda ids: transformers.GenerationMixin.generate(model, ids, assistant_model=draft, **common),
-        f"ours chain ({chain.num_nodes} nodes)": lambda ids: model.generate(ids, assistant_model=draft, speculative_tree=chain, return_dict_in_generate=True, **common),
-        f"ours tree ({tree.num_nodes} nodes)": lambda ids: model.generate(ids, assistant_model=draft, speculative_tree=tree, return_dict_in_generate=True, **common),
+        "hf-assisted (chain)": lambda ids: transformers.GenerationMixin.generate(
+            model, ids, assistant_model=draft, **common
+        ),
+        f"ours chain ({chain.num_nodes} nodes)": lambda ids: model.generate(
+            ids, assistant_model=draft, speculative_tree=chain, return_dict_in_generate=True, **common
+        ),
+        f"ours tree ({tree.num_nodes} nodes)": lambda ids: model.generate(
+            ids, assistant_model=draft, speculative_tree=tree, return_dict_in_generate=True, **common
+        ),
     }
     for run in methods.values():  # warm-up
         run(prompts[0][:, :16])
@@ -117,10 +128,14 @@ def main() -> None:
     plain = results["plain"]
     plain_step = 1.0 / plain["tokens_per_s"]
     hf = results["hf-assisted (chain)"]
-    print(f"\nTarget SmolLM2-135M-Instruct (fp32, {platform.machine()}, {torch.get_num_threads()} threads); "
-          f"draft: SELF-SPECULATIVE layer-cut SmolLM2 ({args.draft_layers} layers + final norm + head), "
-          f"{len(prompts)} MT-Bench first turns, {args.max_new_tokens} new tokens, greedy.\n")
-    print("| method | tau | tokens/s | speedup vs plain | speedup vs hf-assisted | lossless | engine work / plain step |")
+    print(
+        f"\nTarget SmolLM2-135M-Instruct (fp32, {platform.machine()}, {torch.get_num_threads()} threads); "
+        f"draft: SELF-SPECULATIVE layer-cut SmolLM2 ({args.draft_layers} layers + final norm + head), "
+        f"{len(prompts)} MT-Bench first turns, {args.max_new_tokens} new tokens, greedy.\n"
+    )
+    print(
+        "| method | tau | tokens/s | speedup vs plain | speedup vs hf-assisted | lossless | engine work / plain step |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name, r in results.items():
         speedup = statistics.mean(a / b for a, b in zip(r["per_prompt_tps"], plain["per_prompt_tps"]))
@@ -128,7 +143,9 @@ def main() -> None:
         lossless = sum(torch.equal(a, b) for a, b in zip(outputs[name], outputs["plain"])) / len(prompts)
         eng = f"{100 * r['engine_s_per_step'] / plain_step:.1f}%" if r["engine_s_per_step"] else "-"
         r.update(speedup=speedup, speedup_vs_hf_assisted=vs_hf, lossless_rate=lossless)
-        print(f"| {name} | {r['tau']:.2f} | {r['tokens_per_s']:.1f} | {speedup:.2f}x | {vs_hf:.2f}x | {100 * lossless:.0f}% | {eng} |")
+        print(
+            f"| {name} | {r['tau']:.2f} | {r['tokens_per_s']:.1f} | {speedup:.2f}x | {vs_hf:.2f}x | {100 * lossless:.0f}% | {eng} |"
+        )
     if args.output:
         Path(args.output).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
 

@@ -31,7 +31,9 @@ def main() -> None:
         model.to(dtype)
         table = measure_kernel_table(model, repeats=args.repeats)
         result["tables"][str(dtype).replace("torch.", "")] = table.to_dict()
-        print(f"\n{dtype} ({table.meta['linears']} linear layers, {table.meta['weight_megabytes']} MB), ms per forward:")
+        print(
+            f"\n{dtype} ({table.meta['linears']} linear layers, {table.meta['weight_megabytes']} MB), ms per forward:"
+        )
         rows = sorted(table.choice)
         print("| kernel | " + " | ".join(f"{r} rows" for r in rows) + " |")
         print("|---|" + "---:|" * len(rows))

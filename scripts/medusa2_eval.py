@@ -25,9 +25,9 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative.bench import load_reference_model
+from hf_speculative.bench.prompts import load_prompts
 from hf_speculative.commands.common import split_records
 from hf_speculative.drafters.medusa.training_medusa2 import Medusa2Dataset, load_medusa2
-from hf_speculative.bench.prompts import load_prompts
 from hf_speculative.training.data import encode_chat, load_records
 
 
@@ -71,7 +71,11 @@ def main():
     training = heads.config.training or {}
 
     seen: dict = {}
-    questions = [r for r in load_prompts(args.prompts) if seen.setdefault(r.category, []).append(r) or len(seen[r.category]) <= args.per_category]
+    questions = [
+        r
+        for r in load_prompts(args.prompts)
+        if seen.setdefault(r.category, []).append(r) or len(seen[r.category]) <= args.per_category
+    ]
     from hf_speculative.bench.metrics import load_metric
 
     rouge = load_metric("rouge")
@@ -90,12 +94,29 @@ def main():
         if m1 is not None:
             m_new, m_s, m_fw = _generate(base, ids, m1, args.max_new_tokens)
             extra = dict(m1_s=m_s, m1_forwards=m_fw, m1_lossless=bool(torch.equal(m_new, b_new)))
-        rows.append(dict(**extra, id=q.id, category=q.category, tokens=len(t_new), lossless=bool(torch.equal(a_new, t_new)),
-                         plain_s=a_s, tree_s=t_s, base_s=b_s, forwards=t_fw, base_tokens=len(b_new),
-                         adapted_text=tok.decode(a_new, skip_special_tokens=True), base_text=tok.decode(b_new, skip_special_tokens=True)))  # fmt: skip
+        rows.append(
+            dict(
+                **extra,
+                id=q.id,
+                category=q.category,
+                tokens=len(t_new),
+                lossless=bool(torch.equal(a_new, t_new)),
+                plain_s=a_s,
+                tree_s=t_s,
+                base_s=b_s,
+                forwards=t_fw,
+                base_tokens=len(b_new),
+                adapted_text=tok.decode(a_new, skip_special_tokens=True),
+                base_text=tok.decode(b_new, skip_special_tokens=True),
+            )
+        )
         r = rows[-1]
-        print(f"{q.category:12s} tau {r['tokens'] / r['forwards']:.2f} plain {r['tokens'] / a_s:.1f} tok/s tree {r['tokens'] / t_s:.1f} tok/s "
-              f"lossless {r['lossless']}", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"{q.category:12s} tau {r['tokens'] / r['forwards']:.2f} plain {r['tokens'] / a_s:.1f} tok/s tree {r['tokens'] / t_s:.1f} tok/s "
+            f"lossless {r['lossless']}",
+            file=sys.stderr,
+            flush=True,
+        )
     tokens = sum(r["tokens"] for r in rows)
     speed = {
         "prompts": len(rows),
@@ -106,8 +127,12 @@ def main():
         "speedup_vs_adapted_plain": round(sum(r["plain_s"] for r in rows) / sum(r["tree_s"] for r in rows), 3),
         "speedup_per_prompt_median": round(statistics.median(r["plain_s"] / r["tree_s"] for r in rows), 3),
         "lossless_rate": sum(r["lossless"] for r in rows) / len(rows),
-        "rougeL_adapted_vs_base_mt_bench": round(rouge.compute(predictions=[r["adapted_text"] for r in rows],
-                                                               references=[r["base_text"] for r in rows])["rougeL"], 4),  # fmt: skip
+        "rougeL_adapted_vs_base_mt_bench": round(
+            rouge.compute(predictions=[r["adapted_text"] for r in rows], references=[r["base_text"] for r in rows])[
+                "rougeL"
+            ],
+            4,
+        ),
         "identical_answers_mt_bench": sum(r["adapted_text"] == r["base_text"] for r in rows),
     }
     if m1 is not None:

@@ -25,12 +25,13 @@ def main() -> int:
     p.add_argument("--output", default=None)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    from transformers import DynamicCache
+
     import hf_speculative as hfs
     from hf_speculative._compat import cache_arg
     from hf_speculative.bench.shape_bench import cpu_info
     from hf_speculative.bench.shapes import build_shape_model, random_prompt
     from hf_speculative.engine.policy import speed_policy
-    from transformers import DynamicCache
 
     model = build_shape_model(args.shape, args.dtype)
     hfs.enable(model)
@@ -51,11 +52,17 @@ def main() -> int:
                 best[name] = min(best[name], time.perf_counter() - start)
                 cache.crop(-1)  # a negative count: drop the one new column
     report = {
-        "shape": args.shape, "dtype": args.dtype, "threads": args.threads, "prefix": args.prefix, "repeats": args.repeats,
-        "machine": cpu_info(), "kernel_for_one_row": policy.table.kernel_for(1) if policy.table else "torch",
-        "torch_step_ms": round(best["torch"] * 1e3, 1), "engine_step_ms": round(best["engine"] * 1e3, 1),
+        "shape": args.shape,
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "prefix": args.prefix,
+        "repeats": args.repeats,
+        "machine": cpu_info(),
+        "kernel_for_one_row": policy.table.kernel_for(1) if policy.table else "torch",
+        "torch_step_ms": round(best["torch"] * 1e3, 1),
+        "engine_step_ms": round(best["engine"] * 1e3, 1),
         "engine_over_torch": round(best["engine"] / best["torch"], 3),
-    }  # fmt: skip
+    }
     text = json.dumps(report, indent=1)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:

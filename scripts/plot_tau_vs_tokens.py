@@ -27,7 +27,12 @@ def main() -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for (drafter, metric), xy in sorted(lines.items()):
         xy.sort()
-        ax.plot([x / 1e6 for x, _ in xy], [y for _, y in xy], "o-" if metric == "measured" else "s--", label=f"{drafter} ({metric})")
+        ax.plot(
+            [x / 1e6 for x, _ in xy],
+            [y for _, y in xy],
+            "o-" if metric == "measured" else "s--",
+            label=f"{drafter} ({metric})",
+        )
     ax.set_xscale("symlog", linthresh=0.05)
     ax.set_xlabel("training tokens seen (millions)")
     ax.set_ylabel("tau (tokens per target forward)")

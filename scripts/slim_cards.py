@@ -21,7 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 CARDS = ROOT / "model_cards"
 #: The drafters whose weights stay in the repository: the demo's Medusa heads, the README's Token Recycling matrix
 #: and the smallest self-drafting folder.
-KEEP = ("medusa-smollm2-135m-instruct", "speculative-streaming-smollm2-135m-instruct", "token-recycling-smollm2-135m-instruct")
+KEEP = (
+    "medusa-smollm2-135m-instruct",
+    "speculative-streaming-smollm2-135m-instruct",
+    "token-recycling-smollm2-135m-instruct",
+)
 #: GPU-trained folders (docs/gpu.md) that fit the weight budget beside ``KEEP``: the E2E NLG arms of the H100 run of
 #: 2026-11-28 hold the room a GPU-trained EAGLE-3 would take; one worth shipping takes their place (remove them here
 #: and rerun, which leaves their cards and rebuild commands).

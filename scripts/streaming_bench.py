@@ -26,7 +26,11 @@ def main() -> None:
     p.add_argument("--offset", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--tree", default=None, help="'cartesian:2,2,1', 'chain:3' or a JSON list of choices (default: the streams' own)")
+    p.add_argument(
+        "--tree",
+        default=None,
+        help="'cartesian:2,2,1', 'chain:3' or a JSON list of choices (default: the streams' own)",
+    )
     p.add_argument("--output", default=None)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -40,25 +44,38 @@ def main() -> None:
     ss = hfs.LlamaForSpeculativeStreaming.from_pretrained(args.streams, base_model=model)
     tree = parse_tree(args.tree)
     questions = load_prompts(args.prompts)[args.offset : args.offset + args.limit]
-    common = dict(max_new_tokens=args.max_new_tokens, do_sample=False, eos_token_id=model.generation_config.eos_token_id,
-                  pad_token_id=tok.pad_token_id or tok.eos_token_id)  # fmt: skip
+    common = dict(
+        max_new_tokens=args.max_new_tokens,
+        do_sample=False,
+        eos_token_id=model.generation_config.eos_token_id,
+        pad_token_id=tok.pad_token_id or tok.eos_token_id,
+    )
     rows = []
     for q in questions:
         text = q.turns[0] if hasattr(q, "turns") else q.conversation()[0]["content"]
-        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt")
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt"
+        )
         ids = ids["input_ids"] if not torch.is_tensor(ids) else ids
         with torch.inference_mode():
             t0 = time.perf_counter()
             plain = hfs.generation.GenerationMixin.generate(model, ids, **common)
             t1 = time.perf_counter()
-            out = ss.generate(ids, return_dict_in_generate=True, **({"speculative_tree": tree} if tree is not None else {}), **common)
+            out = ss.generate(
+                ids, return_dict_in_generate=True, **({"speculative_tree": tree} if tree is not None else {}), **common
+            )
             t2 = time.perf_counter()
         new_plain, new_ss = plain.shape[1] - ids.shape[1], out.sequences.shape[1] - ids.shape[1]
-        rows.append({
-            "prompt_tokens": ids.shape[1], "new_tokens": new_ss, "equal": bool(torch.equal(plain, out.sequences)),
-            "tau": round(out.speculative_stats.mean_accepted_length, 3),
-            "plain_tok_s": round(new_plain / (t1 - t0), 2), "ss_tok_s": round(new_ss / (t2 - t1), 2),
-        })  # fmt: skip
+        rows.append(
+            {
+                "prompt_tokens": ids.shape[1],
+                "new_tokens": new_ss,
+                "equal": bool(torch.equal(plain, out.sequences)),
+                "tau": round(out.speculative_stats.mean_accepted_length, 3),
+                "plain_tok_s": round(new_plain / (t1 - t0), 2),
+                "ss_tok_s": round(new_ss / (t2 - t1), 2),
+            }
+        )
         print(rows[-1], flush=True)
     n_plain = sum(r["new_tokens"] for r in rows)
     summary = {

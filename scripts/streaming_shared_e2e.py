@@ -52,7 +52,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--test-mrs", type=int, default=40)
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--lr", type=float, default=1e-3, help="both arms (2e-3 before the LoRA gradient clipping fix collapsed (b))")
+    p.add_argument(
+        "--lr", type=float, default=1e-3, help="both arms (2e-3 before the LoRA gradient clipping fix collapsed (b))"
+    )
     p.add_argument("--lora-rank", type=int, default=8)
     p.add_argument("--lora-alpha", type=float, default=16.0)
     p.add_argument("--num-streams", type=int, default=3)
@@ -67,7 +69,11 @@ def parse_args() -> argparse.Namespace:
 
 def pairs(records: list[Record], seed: int) -> list[Record]:
     """One training record per (MR, reference) pair, shuffled."""
-    out = [Record(id=f"{r.id}-{k}", turns=r.turns, category=r.category, answers=[ref]) for r in records for k, ref in enumerate(r.reference)]
+    out = [
+        Record(id=f"{r.id}-{k}", turns=r.turns, category=r.category, answers=[ref])
+        for r in records
+        for k, ref in enumerate(r.reference)
+    ]
     random.Random(seed).shuffle(out)
     return out
 
@@ -75,9 +81,15 @@ def pairs(records: list[Record], seed: int) -> list[Record]:
 def train(model, states, args, out_dir: str) -> dict:
     t0 = time.perf_counter()
     trainer = train_speculative_streaming(
-        model, states, output_dir=out_dir, max_steps=args.steps, learning_rate=args.lr, batch_size=args.batch_size,
-        logging_steps=max(1, args.steps // 5), seed=args.seed,
-    )  # fmt: skip
+        model,
+        states,
+        output_dir=out_dir,
+        max_steps=args.steps,
+        learning_rate=args.lr,
+        batch_size=args.batch_size,
+        logging_steps=max(1, args.steps // 5),
+        seed=args.seed,
+    )
     logs = [h for h in trainer.state.log_history if "loss" in h]
     return {
         "train_seconds": round(time.perf_counter() - t0, 1),
@@ -112,7 +124,11 @@ def lora_baseline(args, lora, states, prompts, references, rouge) -> dict:
     model = get_peft_model(model, lora)
     fit = train(model, states, args, "outputs/_e2e_lora_trainer")
     model.eval()
-    plain = decode(lambda ids: model.generate(input_ids=ids, max_new_tokens=args.max_new_tokens, do_sample=False), prompts, tokenizer)
+    plain = decode(
+        lambda ids: model.generate(input_ids=ids, max_new_tokens=args.max_new_tokens, do_sample=False),
+        prompts,
+        tokenizer,
+    )
     return {
         **fit,
         "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
@@ -128,10 +144,17 @@ def shared_streaming(args, lora, states, calibration, prompts, references, rouge
     speculative greedy decoding against its own plain autoregressive decoding."""
     model, tokenizer = load_reference_model()
     ss = LlamaForSpeculativeStreaming.from_base_model(
-        model, args.num_streams, args.num_msa_layers, mode="shared", lora_rank=args.lora_rank, lora_alpha=args.lora_alpha
+        model,
+        args.num_streams,
+        args.num_msa_layers,
+        mode="shared",
+        lora_rank=args.lora_rank,
+        lora_alpha=args.lora_alpha,
     )
     mine = ss.lora_config()
-    assert (mine.r, mine.lora_alpha, set(mine.target_modules)) == (lora.r, lora.lora_alpha, set(lora.target_modules)), "same LoRA"
+    assert (mine.r, mine.lora_alpha, set(mine.target_modules)) == (lora.r, lora.lora_alpha, set(lora.target_modules)), (
+        "same LoRA"
+    )
     fit = train(ss, states, args, "outputs/_e2e_shared_trainer")
     acc = stream_accuracies(ss, tokenize_records(tokenizer, calibration, max_length=256))
     tree = TreeSpec.optimize(acc, args.tree_nodes)
@@ -175,7 +198,9 @@ def main() -> None:
     states = tokenize_records(tokenizer, train_pairs, max_length=256)
     prompts = [torch.tensor([encode_chat(tokenizer, r.messages)]) for r in test]
     references = [list(r.reference) for r in test]
-    lora = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0, target_modules=list(LORA_TARGET_MODULES))
+    lora = LoraConfig(
+        r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0, target_modules=list(LORA_TARGET_MODULES)
+    )
     result = {
         "note": (
             f"REDUCED run: {len(train_pairs)} E2E NLG dev (MR, ref) pairs ({states.num_train_tokens} answer tokens), "
@@ -186,7 +211,9 @@ def main() -> None:
     }
     result["a_lora_finetune"] = lora_baseline(args, lora, states, prompts, references, rouge)
     print(json.dumps(result["a_lora_finetune"], indent=1), flush=True)
-    result["b_shared_speculative_streaming"] = shared_streaming(args, lora, states, calibration, prompts, references, rouge)
+    result["b_shared_speculative_streaming"] = shared_streaming(
+        args, lora, states, calibration, prompts, references, rouge
+    )
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(result, indent=1))
     print(f"\n{result['note']}\n")
@@ -196,13 +223,15 @@ def main() -> None:
 
 def markdown_table(result: dict, args) -> str:
     a, b = result["a_lora_finetune"], result["b_shared_speculative_streaming"]
-    return "\n".join([
-        "| method | ROUGE-L | tau | plain tok/s | speculative tok/s | speedup | train s |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-        f"| (a) LoRA next-token fine-tuning | {a['rougeL']:.4f} | 1.00 | {a['plain_tok_per_s']:.1f} | - | - | {a['train_seconds']:.0f} |",
-        f"| (b) shared-mode Speculative Streaming (gamma={args.num_streams}, N_s={args.num_msa_layers}) | {b['rougeL']:.4f} | "
-        f"{b['tau']:.2f} | {b['plain_tok_per_s']:.1f} | {b['speculative_tok_per_s']:.1f} | {b['speedup']:.2f}x | {b['train_seconds']:.0f} |",
-    ])
+    return "\n".join(
+        [
+            "| method | ROUGE-L | tau | plain tok/s | speculative tok/s | speedup | train s |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+            f"| (a) LoRA next-token fine-tuning | {a['rougeL']:.4f} | 1.00 | {a['plain_tok_per_s']:.1f} | - | - | {a['train_seconds']:.0f} |",
+            f"| (b) shared-mode Speculative Streaming (gamma={args.num_streams}, N_s={args.num_msa_layers}) | {b['rougeL']:.4f} | "
+            f"{b['tau']:.2f} | {b['plain_tok_per_s']:.1f} | {b['speculative_tok_per_s']:.1f} | {b['speedup']:.2f}x | {b['train_seconds']:.0f} |",
+        ]
+    )
 
 
 if __name__ == "__main__":

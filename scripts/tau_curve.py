@@ -22,7 +22,11 @@ from transformers import AutoModel
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--checkpoints", required=True, help="folder of step* checkpoints")
-    p.add_argument("--tree-from", required=True, help="drafter folder whose tree every checkpoint uses (and whose learning curve gives the expectations)")
+    p.add_argument(
+        "--tree-from",
+        required=True,
+        help="drafter folder whose tree every checkpoint uses (and whose learning curve gives the expectations)",
+    )
     add_prompt_arguments(p)
     args = p.parse_args()
     model, prompts = reference_and_prompts(args)
@@ -33,19 +37,38 @@ def main():
     for ckpt in sorted(Path(args.checkpoints).glob("step*"), key=lambda d: int(re.sub(r"\D", "", d.name))):
         step = int(re.sub(r"\D", "", ckpt.name))
         point = points.get(step, {})  # training seen (train_groups / train_positions / ...) and the expectation
-        runs.append((ckpt, tree, {"step": step, **{k: v for k, v in point.items() if k.startswith("train_")},
-                                  "expected_tau": point.get("expected_tau_calibrated")}))  # fmt: skip
+        runs.append(
+            (
+                ckpt,
+                tree,
+                {
+                    "step": step,
+                    **{k: v for k, v in point.items() if k.startswith("train_")},
+                    "expected_tau": point.get("expected_tau_calibrated"),
+                },
+            )
+        )
     rows = []
     for folder, tree, row in runs:
         drafter = AutoModel.from_pretrained(folder)
         lengths, draft_s, target_s = [], 0.0, 0.0
         for ids in prompts:
-            out = model.generate(ids, assistant_model=drafter, speculative_tree=tree, max_new_tokens=args.max_new_tokens,
-                                 do_sample=False, return_dict_in_generate=True)  # fmt: skip
+            out = model.generate(
+                ids,
+                assistant_model=drafter,
+                speculative_tree=tree,
+                max_new_tokens=args.max_new_tokens,
+                do_sample=False,
+                return_dict_in_generate=True,
+            )
             lengths += out.speculative_stats.accepted_lengths  # prefill included, as in the bench harness
             draft_s += out.speculative_stats.timings["draft"]
             target_s += out.speculative_stats.timings["target"]
-        row.update(tau=round(sum(lengths) / len(lengths), 3), prompts=len(prompts), draft_over_target_time=round(draft_s / target_s, 4))
+        row.update(
+            tau=round(sum(lengths) / len(lengths), 3),
+            prompts=len(prompts),
+            draft_over_target_time=round(draft_s / target_s, 4),
+        )
         rows.append(row)
         print(row, flush=True)
     if args.out:

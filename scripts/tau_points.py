@@ -38,12 +38,26 @@ def main() -> None:
         drafter = load_drafter(folder, target=model)
         new = forwards = 0
         for r in records:
-            ids = tok.apply_chat_template([{"role": "user", "content": r.prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
-            out = model.generate(ids, assistant_model=drafter, max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True)
+            ids = tok.apply_chat_template(
+                [{"role": "user", "content": r.prompt}],
+                add_generation_prompt=True,
+                return_tensors="pt",
+                return_dict=True,
+            )["input_ids"]
+            out = model.generate(
+                ids,
+                assistant_model=drafter,
+                max_new_tokens=args.max_new_tokens,
+                do_sample=False,
+                return_dict_in_generate=True,
+            )
             new += out.speculative_stats.num_new_tokens
             forwards += out.speculative_stats.num_target_forwards
         sizes = out.speculative_stats.tree_sizes
-        print(f"{folder}: tau {new / forwards:.3f} ({type(drafter).__name__}, {sizes[-1] if sizes else '?'}-node tree, {len(records)} prompts)", flush=True)
+        print(
+            f"{folder}: tau {new / forwards:.3f} ({type(drafter).__name__}, {sizes[-1] if sizes else '?'}-node tree, {len(records)} prompts)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -77,7 +77,11 @@ def tiny_model(arch: str = "llama", seed: int = 0, attn_implementation: str = "s
 def noisy_copy(model, noise: float, seed: int = 1):
     """A draft close to the target (high but imperfect acceptance): the target's weights plus noise."""
     torch.manual_seed(seed)
-    draft = type(model)._from_config(copy.deepcopy(model.config), attn_implementation=model.config._attn_implementation).eval()
+    draft = (
+        type(model)
+        ._from_config(copy.deepcopy(model.config), attn_implementation=model.config._attn_implementation)
+        .eval()
+    )
     draft.load_state_dict(model.state_dict())
     with torch.no_grad():
         for p in draft.parameters():
@@ -121,7 +125,10 @@ def saved_chat_model_and_data(folder, num_layers: int, conversations: int = 8):
     tok.save_pretrained(folder / "base")
     with open(folder / "data.jsonl", "w") as f:
         for i in range(conversations):
-            msgs = [{"role": "user", "content": f"count {i}"}, {"role": "assistant", "content": "one two three four five six"}]
+            msgs = [
+                {"role": "user", "content": f"count {i}"},
+                {"role": "assistant", "content": "one two three four five six"},
+            ]
             f.write(json.dumps({"id": str(i), "messages": msgs}) + "\n")
     return model, tok, folder / "base", folder / "data.jsonl"
 
@@ -136,5 +143,7 @@ def no_network(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     from huggingface_hub import constants
 
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # read from the environment when huggingface_hub was imported
+    monkeypatch.setattr(
+        constants, "HF_HUB_OFFLINE", False
+    )  # read from the environment when huggingface_hub was imported
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import noisy_copy, tiny_model
 from transformers import DynamicCache, StaticCache, StoppingCriteria, StoppingCriteriaList
 
 import hf_speculative as hfs
 from hf_speculative._compat import cache_arg
 from hf_speculative.engine.protocol import TreeDrafter
-
-from conftest import noisy_copy, tiny_model
 
 PAD = 0
 ROWS = [[5, 17, 33, 2, 9, 41, 7], [12, 3], [8, 8, 21, 60, 4], [70, 11, 19, 5]]  # ragged lengths 7, 2, 5, 4
@@ -46,14 +45,20 @@ DRAFTERS = {
     "prompt_lookup_default": lambda model: hfs.PromptLookupDrafter(),
     "medusa": lambda model: _perturb(hfs.MedusaHeadsModel.from_base_model(model, num_heads=3)),
     "parallel": lambda model: _perturb(hfs.ParallelDrafter.from_base_model(model, num_mask_tokens=2)),
-    "streaming": lambda model: _perturb(hfs.LlamaForSpeculativeStreaming.from_base_model(model, num_streams=2, num_msa_layers=1)),
+    "streaming": lambda model: _perturb(
+        hfs.LlamaForSpeculativeStreaming.from_base_model(model, num_streams=2, num_msa_layers=1)
+    ),
     "eagle1": lambda model: _perturb(hfs.EagleDrafter.from_base_model(model, variant="eagle1")),
     "eagle3": lambda model: _perturb(hfs.EagleDrafter.from_base_model(model, variant="eagle3")),
     "spire": lambda model: _perturb(hfs.SpireDrafter.from_base_model(model, num_layers=2, sliding_window=8)),
     "magicdec": lambda model: hfs.MagicDecDrafter(model, sliding_window=8),
     "token_recycling": lambda model: _recycling(),
     "hybrid": lambda model: hfs.HybridDrafter(
-        [hfs.PromptLookupDrafter(min_ngram_size=1), _recycling(), hfs.MedusaHeadsModel.from_base_model(model, num_heads=3)],
+        [
+            hfs.PromptLookupDrafter(min_ngram_size=1),
+            _recycling(),
+            hfs.MedusaHeadsModel.from_base_model(model, num_heads=3),
+        ],
         cost_curve=lambda n: 1.0,
     ),
 }
@@ -64,7 +69,9 @@ def drafters_for(model, arch: str) -> dict:
 
 
 def _streams(seed=3):
-    ss = hfs.LlamaForSpeculativeStreaming.from_base_model(tiny_model("llama", seed=seed), num_streams=3, num_msa_layers=2)
+    ss = hfs.LlamaForSpeculativeStreaming.from_base_model(
+        tiny_model("llama", seed=seed), num_streams=3, num_msa_layers=2
+    )
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in ss.streams.parameters():
@@ -86,7 +93,9 @@ def _eos_mid_batch(model, ids, mask, new):
 
 def _eos_at_first_token(model, ids, mask, new):
     """An EOS token that stops one row with the prefill's own token while the other rows go on."""
-    first = model.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=PAD)[:, -1].tolist()
+    first = model.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=PAD)[
+        :, -1
+    ].tolist()
     for token in first:
         if token != PAD and first.count(token) == 1:
             return token
@@ -102,14 +111,25 @@ def test_batched_greedy_equals_plain_batched_generate(arch, name):
     ids, mask = left_padded()
     new = 24
     drafter = DRAFTERS[name](model)
-    cases = {"none": {}, "mid_batch": {"eos_token_id": _eos_mid_batch(model, ids, mask, new)},
-             "first_token": {"eos_token_id": _eos_at_first_token(model, ids, mask, new)}}  # fmt: skip
+    cases = {
+        "none": {},
+        "mid_batch": {"eos_token_id": _eos_mid_batch(model, ids, mask, new)},
+        "first_token": {"eos_token_id": _eos_at_first_token(model, ids, mask, new)},
+    }
     for case, kwargs in cases.items():
-        plain = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=PAD, **kwargs)
+        plain = model.generate(
+            ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=PAD, **kwargs
+        )
         out = model.generate(
-            ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=new, do_sample=False,
-            pad_token_id=PAD, return_dict_in_generate=True, **kwargs,
-        )  # fmt: skip
+            ids,
+            attention_mask=mask,
+            assistant_model=drafter,
+            max_new_tokens=new,
+            do_sample=False,
+            pad_token_id=PAD,
+            return_dict_in_generate=True,
+            **kwargs,
+        )
         assert torch.equal(out.sequences, plain), (arch, name, case)
         stats = out.speculative_stats
         assert len(stats.rows) == ids.shape[0]
@@ -149,11 +169,20 @@ def test_eos_stops_rows_at_different_times_and_pads_them():
     model = hfs.enable(tiny_model("llama", seed=2))
     ids, mask = left_padded()
     eos = _eos_mid_batch(model, ids, mask, 24)
-    plain = model.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=PAD, eos_token_id=eos)
+    plain = model.generate(
+        ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=PAD, eos_token_id=eos
+    )
     ends = [(row[ids.shape[1] :] == eos).nonzero() for row in plain]
     assert len({int(e[0]) if len(e) else -1 for e in ends}) > 1  # the rows really stop at different steps
-    out = model.generate(ids, attention_mask=mask, assistant_model=noisy_copy(model, 0.3), max_new_tokens=24,
-                         do_sample=False, pad_token_id=PAD, eos_token_id=eos)  # fmt: skip
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        assistant_model=noisy_copy(model, 0.3),
+        max_new_tokens=24,
+        do_sample=False,
+        pad_token_id=PAD,
+        eos_token_id=eos,
+    )
     assert torch.equal(out, plain)
 
 
@@ -174,15 +203,30 @@ def test_stopping_criteria_per_row(drafter_name):
     token = _eos_mid_batch(model, ids, mask, 20)
     drafter = drafters_for(model, "qwen2")[drafter_name]
     for criteria in (StopAfterToken(token),):
-        plain = model.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=PAD,
-                               stopping_criteria=StoppingCriteriaList([criteria]))  # fmt: skip
-        out = model.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=20, do_sample=False,
-                             pad_token_id=PAD, stopping_criteria=StoppingCriteriaList([criteria]))  # fmt: skip
+        plain = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=20,
+            do_sample=False,
+            pad_token_id=PAD,
+            stopping_criteria=StoppingCriteriaList([criteria]),
+        )
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            assistant_model=drafter,
+            max_new_tokens=20,
+            do_sample=False,
+            pad_token_id=PAD,
+            stopping_criteria=StoppingCriteriaList([criteria]),
+        )
         assert torch.equal(out, plain)
     # max_length and a single new token
     for kwargs in ({"max_length": ids.shape[1] + 7}, {"max_new_tokens": 1}):
         plain = model.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=PAD, **kwargs)
-        out = model.generate(ids, attention_mask=mask, assistant_model=drafter, do_sample=False, pad_token_id=PAD, **kwargs)
+        out = model.generate(
+            ids, attention_mask=mask, assistant_model=drafter, do_sample=False, pad_token_id=PAD, **kwargs
+        )
         assert torch.equal(out, plain)
 
 
@@ -200,9 +244,17 @@ def test_batch_of_one_with_padding_and_identical_rows():
     ids, mask = left_padded()
     drafter = noisy_copy(model, 0.3)
     for b in range(ids.shape[0]):
-        single = model.generate(ids[b : b + 1], attention_mask=mask[b : b + 1], max_new_tokens=16, do_sample=False, pad_token_id=PAD)
-        out = model.generate(ids[b : b + 1], attention_mask=mask[b : b + 1], assistant_model=drafter, max_new_tokens=16,
-                             do_sample=False, pad_token_id=PAD)  # fmt: skip
+        single = model.generate(
+            ids[b : b + 1], attention_mask=mask[b : b + 1], max_new_tokens=16, do_sample=False, pad_token_id=PAD
+        )
+        out = model.generate(
+            ids[b : b + 1],
+            attention_mask=mask[b : b + 1],
+            assistant_model=drafter,
+            max_new_tokens=16,
+            do_sample=False,
+            pad_token_id=PAD,
+        )
         assert torch.equal(out, single)
     same = ids[:1].repeat(3, 1)
     plain = model.generate(same, max_new_tokens=16, do_sample=False)
@@ -228,21 +280,34 @@ def test_a_one_row_drafter_works_batched_through_the_engine_loop():
     ids, mask = left_padded()
     drafter = LastTokenDrafter()
     plain = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=PAD)
-    assert torch.equal(model.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=12,
-                                      do_sample=False, pad_token_id=PAD), plain)  # fmt: skip
+    assert torch.equal(
+        model.generate(
+            ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=12, do_sample=False, pad_token_id=PAD
+        ),
+        plain,
+    )
+
     class NotBatched(TreeDrafter):
         default_tree = hfs.TreeSpec.chain(2)
         propose = LastTokenDrafter.propose
 
     with pytest.raises(NotImplementedError, match="subclass OneRowDrafter"):
-        model.generate(ids, attention_mask=mask, assistant_model=NotBatched(), max_new_tokens=4, do_sample=False, pad_token_id=PAD)
+        model.generate(
+            ids, attention_mask=mask, assistant_model=NotBatched(), max_new_tokens=4, do_sample=False, pad_token_id=PAD
+        )
 
 
 def test_output_scores_batched():
     model = hfs.enable(tiny_model("llama", seed=2))
     ids, mask = left_padded()
-    kwargs = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=PAD, return_dict_in_generate=True,
-                  output_scores=True)  # fmt: skip
+    kwargs = dict(
+        attention_mask=mask,
+        max_new_tokens=8,
+        do_sample=False,
+        pad_token_id=PAD,
+        return_dict_in_generate=True,
+        output_scores=True,
+    )
     plain = model.generate(ids, **kwargs)
     out = model.generate(ids, assistant_model=noisy_copy(model, 0.3), **kwargs)
     assert torch.equal(out.sequences, plain.sequences)
@@ -259,9 +324,13 @@ def _window_cases():
         "mistral": dict(arch="mistral", sliding_window=8),
         "qwen2": dict(arch="qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=0),
         # Gemma-2-like: sliding and full layers alternate
-        "hybrid": dict(arch="qwen2", use_sliding_window=True, sliding_window=8,
-                       layer_types=["sliding_attention", "full_attention"] * 2),
-    }  # fmt: skip
+        "hybrid": dict(
+            arch="qwen2",
+            use_sliding_window=True,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+        ),
+    }
 
 
 @pytest.mark.parametrize("case", ["mistral", "qwen2", "hybrid"])
@@ -276,16 +345,23 @@ def test_sliding_window_exact_past_the_window(case):
     ids, mask = left_padded()
     # the window really matters: without it the output differs
     plain = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=PAD)
-    drafters = {"draft_lm": noisy_copy(model, 0.3), "prompt_lookup": hfs.PromptLookupDrafter(min_ngram_size=1),
-                "medusa": _perturb(hfs.MedusaHeadsModel.from_base_model(model, num_heads=3)),
-                "parallel": _perturb(hfs.ParallelDrafter.from_base_model(model, num_mask_tokens=2)),
-                "magicdec": hfs.MagicDecDrafter(model, sliding_window=6, num_sink_tokens=2, positions="original")}  # fmt: skip
+    drafters = {
+        "draft_lm": noisy_copy(model, 0.3),
+        "prompt_lookup": hfs.PromptLookupDrafter(min_ngram_size=1),
+        "medusa": _perturb(hfs.MedusaHeadsModel.from_base_model(model, num_heads=3)),
+        "parallel": _perturb(hfs.ParallelDrafter.from_base_model(model, num_mask_tokens=2)),
+        "magicdec": hfs.MagicDecDrafter(model, sliding_window=6, num_sink_tokens=2, positions="original"),
+    }
     for name, drafter in drafters.items():
-        out = model.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=40, do_sample=False, pad_token_id=PAD)
+        out = model.generate(
+            ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=40, do_sample=False, pad_token_id=PAD
+        )
         assert torch.equal(out, plain), (case, name)
         # batch of one, no padding, and a user cache built without a config (it must not lose the window)
         single = model.generate(ids[:1], max_new_tokens=40, do_sample=False)
-        out = model.generate(ids[:1], assistant_model=drafter, max_new_tokens=40, do_sample=False, **cache_arg(DynamicCache()))
+        out = model.generate(
+            ids[:1], assistant_model=drafter, max_new_tokens=40, do_sample=False, **cache_arg(DynamicCache())
+        )
         assert torch.equal(out, single), (case, name)
 
 
@@ -304,7 +380,14 @@ def test_default_mistral_config_is_accepted():
     assert model.config.sliding_window == 4096
     ids, mask = left_padded()
     plain = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=PAD)
-    out = model.generate(ids, attention_mask=mask, assistant_model=noisy_copy(model, 0.3), max_new_tokens=12, do_sample=False, pad_token_id=PAD)
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        assistant_model=noisy_copy(model, 0.3),
+        max_new_tokens=12,
+        do_sample=False,
+        pad_token_id=PAD,
+    )
     assert torch.equal(out, plain)
 
 
@@ -321,16 +404,24 @@ def test_caches_that_cannot_work_are_named():
     model = hfs.enable(tiny_model("mistral", seed=2, sliding_window=8))
     prompt = torch.tensor([ROWS[0]])
     with pytest.raises(ValueError, match="StaticCache"):
-        model.generate(prompt, assistant_model=hfs.PromptLookupDrafter(), max_new_tokens=4,
-                       **cache_arg(StaticCache(config=model.config, max_cache_len=64)))  # fmt: skip
+        model.generate(
+            prompt,
+            assistant_model=hfs.PromptLookupDrafter(),
+            max_new_tokens=4,
+            **cache_arg(StaticCache(config=model.config, max_cache_len=64)),
+        )
     # a sliding layer that already evicted tokens
     cache = DynamicCache(config=model.config)
     long_prompt = torch.tensor([ROWS[0] * 3])
     with torch.no_grad():
         model(long_prompt, **cache_arg(cache), use_cache=True)
     with pytest.raises(ValueError, match="DynamicSlidingWindowLayer"):
-        model.generate(torch.cat([long_prompt, prompt], -1), assistant_model=hfs.PromptLookupDrafter(), max_new_tokens=4,
-                       **cache_arg(cache))  # fmt: skip
+        model.generate(
+            torch.cat([long_prompt, prompt], -1),
+            assistant_model=hfs.PromptLookupDrafter(),
+            max_new_tokens=4,
+            **cache_arg(cache),
+        )
 
 
 # ----------------------------------------------------------------------------- sampling, per row
@@ -353,8 +444,16 @@ def test_batched_sampling_is_lossless_per_row():
     n = 2000
     counts = [{}, {}]
     for _ in range(n):
-        out = target.generate(ids, attention_mask=mask, assistant_model=drafter, speculative_tree=spec, do_sample=True,
-                              max_new_tokens=NEW, pad_token_id=PAD, **kw)  # fmt: skip
+        out = target.generate(
+            ids,
+            attention_mask=mask,
+            assistant_model=drafter,
+            speculative_tree=spec,
+            do_sample=True,
+            max_new_tokens=NEW,
+            pad_token_id=PAD,
+            **kw,
+        )
         for b in range(2):
             seq = tuple(out[b, -NEW:].tolist())
             counts[b][seq] = counts[b].get(seq, 0) + 1
@@ -369,13 +468,30 @@ def test_gemma2_hybrid_cache_past_the_window():
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
     torch.manual_seed(0)
-    config = Gemma2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-                          num_key_value_heads=2, head_dim=8, sliding_window=8, max_position_embeddings=256,
-                          initializer_range=0.3, pad_token_id=None, bos_token_id=None, eos_token_id=None)  # fmt: skip
+    config = Gemma2Config(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        sliding_window=8,
+        max_position_embeddings=256,
+        initializer_range=0.3,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
     model = hfs.enable(Gemma2ForCausalLM._from_config(config, attn_implementation="eager").eval())
-    assert {type(layer).__name__ for layer in DynamicCache(config=model.config).layers} == {"DynamicSlidingWindowLayer", "DynamicLayer"}
+    assert {type(layer).__name__ for layer in DynamicCache(config=model.config).layers} == {
+        "DynamicSlidingWindowLayer",
+        "DynamicLayer",
+    }
     ids, mask = left_padded()
     plain = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=PAD)
     for drafter in (hfs.PromptLookupDrafter(min_ngram_size=1), noisy_copy(model, 0.3)):
-        out = model.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=40, do_sample=False, pad_token_id=PAD)
+        out = model.generate(
+            ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=40, do_sample=False, pad_token_id=PAD
+        )
         assert torch.equal(out, plain), type(drafter).__name__

@@ -3,15 +3,12 @@
 import json
 
 import pytest
+from conftest import tiny_chat_model
 
 import hf_speculative as hfs
 from hf_speculative.bench.harness import METHODS, BenchMethod, BenchOptions, parse_tree, register_method, run_benchmark
 from hf_speculative.bench.report import markdown_table
 from hf_speculative.training.data import Record
-
-
-
-from conftest import tiny_chat_model
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +41,16 @@ def test_parse_tree():
 def test_run_benchmark_transformers_methods(tiny):
     model, tok = tiny
     opts = BenchOptions(draft_layers=2, assistant_tokens=3)
-    result = run_benchmark(model, tok, RECORDS, ["hf-prompt-lookup", "plain", "hf-assisted"], opts,
-                           max_new_tokens=12, progress=False, save_text=True)  # fmt: skip
+    result = run_benchmark(
+        model,
+        tok,
+        RECORDS,
+        ["hf-prompt-lookup", "plain", "hf-assisted"],
+        opts,
+        max_new_tokens=12,
+        progress=False,
+        save_text=True,
+    )
     json.dumps(result)
     assert set(result) == {"setting", "methods", "prompts", "numerics_floor"}
     s = result["setting"]
@@ -68,8 +73,9 @@ def test_run_benchmark_transformers_methods(tiny):
 
 def test_sampling_has_no_lossless_rate(tiny):
     model, tok = tiny
-    result = run_benchmark(model, tok, RECORDS[:2], ["plain", "hf-prompt-lookup"], max_new_tokens=6,
-                           temperature=0.8, progress=False)  # fmt: skip
+    result = run_benchmark(
+        model, tok, RECORDS[:2], ["plain", "hf-prompt-lookup"], max_new_tokens=6, temperature=0.8, progress=False
+    )
     assert result["methods"]["hf-prompt-lookup"]["lossless_rate"] is None
     assert result["setting"]["greedy"] is False
     assert "numerics_floor" not in result  # greedy only
@@ -88,8 +94,9 @@ def test_identical_rate_and_numerics_floor_float32(tiny):
     for row in result["prompts"]:
         assert row["numerics_floor"] == {"batch_of_two": None, "split_prefill": None}
         assert row["results"]["tree-prompt-lookup"]["first_divergence"] is None
-    no_floor = run_benchmark(model, tok, RECORDS[:1], ["tree-prompt-lookup"], max_new_tokens=4, progress=False,
-                             numerics_floor=False)  # fmt: skip
+    no_floor = run_benchmark(
+        model, tok, RECORDS[:1], ["tree-prompt-lookup"], max_new_tokens=4, progress=False, numerics_floor=False
+    )
     assert "numerics_floor" not in no_floor
 
 
@@ -143,8 +150,9 @@ def test_unknown_method(tiny):
 def test_run_benchmark_engine_methods(tiny):
     model, tok = tiny
     opts = BenchOptions(draft_layers=2, tree="cartesian:2,2", chain_length=3)
-    result = run_benchmark(model, tok, RECORDS[:2], ["plain", "tree-layercut", "chain-layercut"], opts,
-                           max_new_tokens=10, progress=False)  # fmt: skip
+    result = run_benchmark(
+        model, tok, RECORDS[:2], ["plain", "tree-layercut", "chain-layercut"], opts, max_new_tokens=10, progress=False
+    )
     for name in ("tree-layercut", "chain-layercut"):
         m = result["methods"][name]
         assert m["lossless_rate"] == 1.0
@@ -167,7 +175,9 @@ def test_run_benchmark_magicdec(tiny):
     assert setting["positions"] == "cache" and setting["tree_nodes"] == 3  # the chain of 3
     # batched, with --tree and text positions
     opts = BenchOptions(magicdec_window=8, magicdec_positions="original", tree="[[0], [1], [0, 0]]")
-    batched = run_batch_benchmark(model, tok, RECORDS, ["plain", "magicdec"], [1, 2], opts, max_new_tokens=8, progress=False)
+    batched = run_batch_benchmark(
+        model, tok, RECORDS, ["plain", "magicdec"], [1, 2], opts, max_new_tokens=8, progress=False
+    )
     assert batched["setting"]["methods"]["magicdec"]["positions"] == "original"
     for b in ("1", "2"):
         stats = batched["batches"][b]["magicdec"]
@@ -208,7 +218,9 @@ def test_engine_with_nothing_drafted(tiny):
 
     model, tok = tiny
     assert "engine" in METHODS and METHODS["engine"].label == "engine, nothing drafted"
-    result = run_benchmark(model, tok, RECORDS[:2], ["tree-prompt-lookup", "engine", "plain"], max_new_tokens=10, progress=False)
+    result = run_benchmark(
+        model, tok, RECORDS[:2], ["tree-prompt-lookup", "engine", "plain"], max_new_tokens=10, progress=False
+    )
     methods = result["methods"]
     assert list(methods) == ["plain", "engine", "tree-prompt-lookup"]
     engine = methods["engine"]
@@ -222,10 +234,15 @@ def test_engine_with_nothing_drafted(tiny):
     assert "| engine, nothing drafted | 1.00 |" in table and "speculation's share" in table
     assert "tree-prompt-lookup: " in speedup_lines(methods) and "speculation's own share" in speedup_lines(methods)
 
-    batched = run_batch_benchmark(model, tok, RECORDS, ["tree-prompt-lookup", "engine"], [2], max_new_tokens=6, progress=False)
+    batched = run_batch_benchmark(
+        model, tok, RECORDS, ["tree-prompt-lookup", "engine"], [2], max_new_tokens=6, progress=False
+    )
     rows = batched["batches"]["2"]
     assert list(rows) == ["plain", "engine", "tree-prompt-lookup"]
-    assert rows["engine"]["lossless_rate"] == 1.0 and rows["engine"]["tau"] == 1.0 and rows["engine"]["tree_nodes"] is None
+    assert (
+        rows["engine"]["lossless_rate"] == 1.0 and rows["engine"]["tau"] == 1.0 and rows["engine"]["tree_nodes"] is None
+    )
     assert rows["tree-prompt-lookup"]["speculation_share"] == pytest.approx(
-        rows["tree-prompt-lookup"]["tokens_per_s"] / rows["engine"]["tokens_per_s"])
+        rows["tree-prompt-lookup"]["tokens_per_s"] / rows["engine"]["tokens_per_s"]
+    )
     assert "| 2 | engine, nothing drafted | - |" in batch_table(batched)

@@ -36,8 +36,8 @@ def test_rouge():
 
 def test_sql_exact_match():
     em = load_metric("sql_exact_match")
-    preds = ["select \"Name\" from \"1-1\" where \"No.\" = '3';", "```sql\nSELECT a FROM t\n```", "SELECT b FROM t"]
-    refs = ["SELECT \"Name\" FROM \"1-1\" WHERE \"No.\" = '3';", "SELECT a FROM t;", "SELECT c FROM t"]
+    preds = ['select "Name" from "1-1" where "No." = \'3\';', "```sql\nSELECT a FROM t\n```", "SELECT b FROM t"]
+    refs = ['SELECT "Name" FROM "1-1" WHERE "No." = \'3\';', "SELECT a FROM t;", "SELECT c FROM t"]
     assert em.compute(predictions=preds, references=refs)["exact_match"] == pytest.approx(2 / 3)
     assert em.compute(predictions=preds, references=refs, normalize=False)["exact_match"] == 0.0
     assert em.compute(predictions=["SELECT 1"], references=[["SELECT 2", "select 1"]])["exact_match"] == 1.0

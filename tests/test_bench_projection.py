@@ -52,8 +52,29 @@ def test_cli_tau_from_bench_json(tmp_path, capsys):
     bench = tmp_path / "b.json"
     bench.write_text(json.dumps({"methods": {"tree-layercut": {"tau": 2.0}}}))
     out = tmp_path / "p.json"
-    rc = main(["project", "--shape", "tiny", "--bench-json", str(bench), "--device", "cpu", "--dtype", "float32",
-               "--iters", "1", "--prefix-len", "8", "--tree", "cartesian:2", "--output", str(out), "--threads", "1"])  # fmt: skip
+    rc = main(
+        [
+            "project",
+            "--shape",
+            "tiny",
+            "--bench-json",
+            str(bench),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--iters",
+            "1",
+            "--prefix-len",
+            "8",
+            "--tree",
+            "cartesian:2",
+            "--output",
+            str(out),
+            "--threads",
+            "1",
+        ]
+    )
     assert rc == 0
     rec = json.loads(out.read_text())
     assert rec["kind"] == "projected" and rec["tau_measured"] == 2.0 and rec["n_tokens"] == 3

@@ -121,8 +121,12 @@ def test_prompts_json(runs):
 
 def test_first_divergence_summary():
     plain = [M(p, "plain", 6, 1.0, 6, [1, 2, 3, 4, 5, 6]) for p in "abcd"]
-    spec = [M("a", "spec", 6, 1.0, 3, [1, 2, 3, 4, 5, 6]), M("b", "spec", 6, 1.0, 3, [1, 2, 9, 9, 9, 9]),
-            M("c", "spec", 6, 1.0, 3, [1, 2, 3, 4, 5, 7]), M("d", "spec", 4, 1.0, 2, [1, 2, 3, 4])]  # fmt: skip
+    spec = [
+        M("a", "spec", 6, 1.0, 3, [1, 2, 3, 4, 5, 6]),
+        M("b", "spec", 6, 1.0, 3, [1, 2, 9, 9, 9, 9]),
+        M("c", "spec", 6, 1.0, 3, [1, 2, 3, 4, 5, 7]),
+        M("d", "spec", 4, 1.0, 2, [1, 2, 3, 4]),
+    ]
     s = summarize(plain + spec)
     assert s["spec"]["lossless_rate"] == pytest.approx(0.25)
     # b leaves at 2, c at 5, d stops early at 4: mean over the three diverging prompts
@@ -137,18 +141,25 @@ def test_numerics_floor_helpers():
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None
     assert first_divergence([1, 5, 3], [1, 2, 3]) == 1
     assert first_divergence([1, 2], [1, 2, 3]) == 2
-    floor = summarize_floor({
-        "a": {"batch_of_two": None, "split_prefill": None},
-        "b": {"batch_of_two": 7, "split_prefill": None},
-        "c": {"batch_of_two": 30, "split_prefill": 12},
-    })  # fmt: skip
-    assert floor["batch_of_two"]["identical"] == 1 and floor["batch_of_two"]["first_divergence_mean"] == pytest.approx(18.5)
+    floor = summarize_floor(
+        {
+            "a": {"batch_of_two": None, "split_prefill": None},
+            "b": {"batch_of_two": 7, "split_prefill": None},
+            "c": {"batch_of_two": 30, "split_prefill": 12},
+        }
+    )
+    assert floor["batch_of_two"]["identical"] == 1 and floor["batch_of_two"]["first_divergence_mean"] == pytest.approx(
+        18.5
+    )
     assert floor["split_prefill"]["identical_rate"] == pytest.approx(2 / 3)
     assert floor["any"]["identical"] == 1 and floor["any"]["first_divergence_min"] == 7
     assert floor["any"]["first_divergence_max"] == 12  # per prompt, the earliest of its variants
     text = floor_lines(floor)
     assert "as one row of a batch of 2 identical rows: identical to batch-of-one on 1/3 prompts" in text
-    assert "with its prefill split in two forwards: identical to batch-of-one on 2/3 prompts; first divergence mean 12, min 12" in text
+    assert (
+        "with its prefill split in two forwards: identical to batch-of-one on 2/3 prompts; first divergence mean 12, min 12"
+        in text
+    )
 
 
 def test_markdown_tables(runs):
@@ -156,8 +167,10 @@ def test_markdown_tables(runs):
     summary = summarize(plain + fast)
     table = markdown_table(summary)
     lines = table.splitlines()
-    assert lines[0] == ("| method | tau | tokens/s | speedup | speculation's share | step overhead | identical to plain | "
-                        "first divergence (mean / min) |")
+    assert lines[0] == (
+        "| method | tau | tokens/s | speedup | speculation's share | step overhead | identical to plain | "
+        "first divergence (mean / min) |"
+    )
     assert len(lines) == 4
     assert "| fast | 2.50 | 20.0 | 3.00x | n/a |" in table and "| 50% | 0 / 0 |" in table  # no engine row: no share
     assert "| plain | 1.00 | 6.0 | 1.00x | n/a | 1.00x | 100% | - |" in table

@@ -77,7 +77,10 @@ def test_random_weights_are_made_in_place_in_the_target_dtype(monkeypatch):
     model = shape_models.build_shape_model("tiny-qwen2", "bfloat16")
     assert type(model).__name__ == "Qwen2ForCausalLM"
     assert {(p.dtype, p.device.type) for p in model.parameters()} == {(torch.bfloat16, "cpu")}
-    assert model.lm_head.weight is model.model.embed_tokens.weight and model.model.layers[0].self_attn.k_proj.bias is not None
+    assert (
+        model.lm_head.weight is model.model.embed_tokens.weight
+        and model.model.layers[0].self_attn.k_proj.bias is not None
+    )
     assert torch.all(model.model.norm.weight == 1)
     assert model.model.layers[0].mlp.up_proj.weight.float().std().item() == pytest.approx(0.02, rel=0.1)
     assert not any(b.is_meta for b in model.buffers()) and model.model.rotary_emb.inv_freq[0] == 1.0
@@ -89,7 +92,21 @@ def test_shapes_end_to_end_on_tiny(tmp_path, capsys):
     """The whole ``--shapes`` path on ``tiny`` (its two memory processes included) writes JSON, markdown and a PNG
     naming the CPU and its flags."""
     out = tmp_path / "shapes.json"
-    rc = main(["bench", "--shapes", "tiny", "--dtype", "float32", "--shape-tokens", "3", "--threads", "1", "--output", str(out)])
+    rc = main(
+        [
+            "bench",
+            "--shapes",
+            "tiny",
+            "--dtype",
+            "float32",
+            "--shape-tokens",
+            "3",
+            "--threads",
+            "1",
+            "--output",
+            str(out),
+        ]
+    )
     assert rc == 0
     data = json.loads(out.read_text())
     machine = data["setting"]["machine"]

@@ -8,14 +8,13 @@ import time
 
 import pytest
 import torch
+from conftest import tiny_model
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 import hf_speculative as hfs
 from hf_speculative import hub
 from hf_speculative.bench.harness import load_drafter
 from hf_speculative.bench.reference import resolve_model
-
-from conftest import tiny_model
 
 DRAFTER_LOADERS = {
     "medusa": lambda path: hfs.MedusaHeadsModel.from_pretrained(path),
@@ -37,10 +36,18 @@ def no_hub(monkeypatch):
 @pytest.mark.parametrize(
     "name, is_path",
     [
-        ("./x", True), ("../x", True), ("/abs/x", True), ("~/x", True), ("a/b/c", True), ("a b", True), ("a--b/c", True),
-        ("gpt2", False), ("org/model-name.v1", False), ("HuggingFaceTB/SmolLM2-135M-Instruct", False),
+        ("./x", True),
+        ("../x", True),
+        ("/abs/x", True),
+        ("~/x", True),
+        ("a/b/c", True),
+        ("a b", True),
+        ("a--b/c", True),
+        ("gpt2", False),
+        ("org/model-name.v1", False),
+        ("HuggingFaceTB/SmolLM2-135M-Instruct", False),
     ],
-)  # fmt: skip
+)
 def test_looks_like_path(name, is_path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert hub.looks_like_path(name) is is_path
@@ -100,7 +107,9 @@ def test_a_hub_name_without_network_fails_in_seconds(loader, no_network):
 def test_offline_mode_leaves_cached_hub_names_to_the_cache(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(hub, "hub_reachable", lambda *a, **k: pytest.fail("offline mode needs no probe"))
-    monkeypatch.setattr(hub, "_cached_snapshot", lambda repo_id, repo_type: "/cache/snapshot" if repo_id == "org/model" else None)
+    monkeypatch.setattr(
+        hub, "_cached_snapshot", lambda repo_id, repo_type: "/cache/snapshot" if repo_id == "org/model" else None
+    )
     assert hub.resolve_name_or_path("org/model") == "org/model"
     with pytest.raises(FileNotFoundError, match="'org/other' does not exist .*offline mode is on"):
         hub.resolve_name_or_path("org/other")
@@ -152,8 +161,9 @@ def test_import_leaves_transformers_from_pretrained_alone():
     """``import hf_speculative`` registers classes and replaces nothing: in a fresh process the Auto classes'
     ``from_pretrained`` are the same objects before and after the import, and here (imported) they are the functions
     a process that never imported hf_speculative has."""
-    run = subprocess.run([sys.executable, "-c", FROM_PRETRAINED_BEFORE_AND_AFTER_IMPORT], capture_output=True, text=True,
-                         timeout=120)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", FROM_PRETRAINED_BEFORE_AND_AFTER_IMPORT], capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr
     fresh = json.loads(run.stdout.strip().splitlines()[-1])
     assert fresh["changed"] == []
@@ -205,4 +215,3 @@ def test_empty_prompt_to_a_self_drafting_model():
     ss = hfs.LlamaForSpeculativeStreaming.from_base_model(tiny_model(), num_streams=2, num_msa_layers=1)
     with pytest.raises(ValueError, match="no tokens"):
         ss.generate(torch.zeros((1, 0), dtype=torch.long), max_new_tokens=4)
-

@@ -24,16 +24,35 @@ def model_dir(tmp_path_factory):
 @pytest.fixture
 def prompts(tmp_path):
     path = tmp_path / "q.jsonl"
-    rows = [{"question_id": i, "category": c, "turns": [t]} for i, (c, t) in
-            enumerate([("writing", "write a poem"), ("math", "what is one and two ?"), ("writing", "tell me a story")])]  # fmt: skip
+    rows = [
+        {"question_id": i, "category": c, "turns": [t]}
+        for i, (c, t) in enumerate(
+            [("writing", "write a poem"), ("math", "what is one and two ?"), ("writing", "tell me a story")]
+        )
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
 def test_parser_has_subcommands():
     p = build_parser()
-    args = p.parse_args(["bench", "--methods", "plain,hf-assisted", "--drafter", "x=/tmp/d", "--drafter", "/tmp/e",
-                         "--tree", "cartesian:4,2,2,1", "--limit", "3", "--repeats", "2"])  # fmt: skip
+    args = p.parse_args(
+        [
+            "bench",
+            "--methods",
+            "plain,hf-assisted",
+            "--drafter",
+            "x=/tmp/d",
+            "--drafter",
+            "/tmp/e",
+            "--tree",
+            "cartesian:4,2,2,1",
+            "--limit",
+            "3",
+            "--repeats",
+            "2",
+        ]
+    )
     assert args.command == "bench" and args.drafter == ["x=/tmp/d", "/tmp/e"] and args.repeats == 2
     assert p.parse_args(["bench"]).methods.startswith("plain,engine,")  # the engine with nothing drafted, after plain
     args = p.parse_args(["distill", "--out", "o.jsonl", "--threads", "1", "--batch-size", "4"])
@@ -44,8 +63,23 @@ def test_parser_has_subcommands():
 
 def test_cli_distill(model_dir, prompts, tmp_path, capsys):
     out = tmp_path / "d.jsonl"
-    argv = ["distill", "--model", str(model_dir), "--prompts", str(prompts), "--out", str(out),
-            "--max-new-tokens", "4", "--limit", "2", "--threads", "1", "--device", "cpu"]  # fmt: skip
+    argv = [
+        "distill",
+        "--model",
+        str(model_dir),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        "4",
+        "--limit",
+        "2",
+        "--threads",
+        "1",
+        "--device",
+        "cpu",
+    ]
     assert main(argv) == 0
     assert len(out.read_text().splitlines()) == 2
     assert main(argv[:-6] + ["--max-new-tokens", "4", "--threads", "1", "--device", "cpu"]) == 0
@@ -55,8 +89,27 @@ def test_cli_distill(model_dir, prompts, tmp_path, capsys):
 
 def test_cli_bench(model_dir, prompts, tmp_path, capsys):
     out, plot = tmp_path / "b.json", tmp_path / "b.png"
-    rc = main(["bench", "--model", str(model_dir), "--prompts", str(prompts), "--methods", "plain,hf-prompt-lookup",
-               "--max-new-tokens", "5", "--output", str(out), "--plot", str(plot), "--threads", "1", "--device", "cpu"])  # fmt: skip
+    rc = main(
+        [
+            "bench",
+            "--model",
+            str(model_dir),
+            "--prompts",
+            str(prompts),
+            "--methods",
+            "plain,hf-prompt-lookup",
+            "--max-new-tokens",
+            "5",
+            "--output",
+            str(out),
+            "--plot",
+            str(plot),
+            "--threads",
+            "1",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0
     data = json.loads(out.read_text())
     assert data["setting"]["n_prompts"] == 3 and data["setting"]["model"] == str(model_dir)
@@ -66,8 +119,25 @@ def test_cli_bench(model_dir, prompts, tmp_path, capsys):
 
 
 def test_cli_bench_limit_spreads_over_categories_and_says_nothing_is_written(model_dir, prompts, capsys):
-    rc = main(["bench", "--model", str(model_dir), "--prompts", str(prompts), "--methods", "plain", "--limit", "2",
-               "--max-new-tokens", "3", "--threads", "1", "--device", "cpu"])  # fmt: skip
+    rc = main(
+        [
+            "bench",
+            "--model",
+            str(model_dir),
+            "--prompts",
+            str(prompts),
+            "--methods",
+            "plain",
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "3",
+            "--threads",
+            "1",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     per_category = out.split("speedup per category:")[1]
@@ -95,8 +165,27 @@ def test_missing_reference_package_says_how_to_install(monkeypatch, tmp_path):
 
 def test_cli_bench_per_category_and_checkpoint(model_dir, prompts, tmp_path):
     out = tmp_path / "b.json"
-    rc = main(["bench", "--model", str(model_dir), "--prompts", str(prompts), "--methods", "plain",
-               "--per-category", "1", "--max-new-tokens", "3", "--output", str(out), "--threads", "1", "--device", "cpu"])  # fmt: skip
+    rc = main(
+        [
+            "bench",
+            "--model",
+            str(model_dir),
+            "--prompts",
+            str(prompts),
+            "--methods",
+            "plain",
+            "--per-category",
+            "1",
+            "--max-new-tokens",
+            "3",
+            "--output",
+            str(out),
+            "--threads",
+            "1",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0
     data = json.loads(out.read_text())
     assert data["setting"]["n_prompts"] == 2 and "partial" not in data["setting"]  # one writing, one math
@@ -106,14 +195,40 @@ def test_cli_bench_per_category_and_checkpoint(model_dir, prompts, tmp_path):
 
 def test_cli_bench_batch_size(model_dir, prompts, tmp_path, capsys):
     out, plot = tmp_path / "bb.json", tmp_path / "bb.png"
-    rc = main(["bench", "--model", str(model_dir), "--prompts", str(prompts), "--methods",
-               "plain,hf-assisted,tree-prompt-lookup,tree-layercut", "--draft-layers", "2", "--batch-size", "1,2",
-               "--max-new-tokens", "6", "--output", str(out), "--plot", str(plot), "--threads", "1", "--device", "cpu"])  # fmt: skip
+    rc = main(
+        [
+            "bench",
+            "--model",
+            str(model_dir),
+            "--prompts",
+            str(prompts),
+            "--methods",
+            "plain,hf-assisted,tree-prompt-lookup,tree-layercut",
+            "--draft-layers",
+            "2",
+            "--batch-size",
+            "1,2",
+            "--max-new-tokens",
+            "6",
+            "--output",
+            str(out),
+            "--plot",
+            str(plot),
+            "--threads",
+            "1",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0
     data = json.loads(out.read_text())
     assert data["setting"]["batch_sizes"] == [1, 2] and data["setting"]["n_prompts"] == 3
     for b in ("1", "2"):
-        assert set(data["batches"][b]) == {"plain", "tree-prompt-lookup", "tree-layercut"}  # hf-assisted: one sequence only
+        assert set(data["batches"][b]) == {
+            "plain",
+            "tree-prompt-lookup",
+            "tree-layercut",
+        }  # hf-assisted: one sequence only
         for name in ("tree-prompt-lookup", "tree-layercut"):
             stats = data["batches"][b][name]
             assert stats["lossless_rate"] == 1.0 and len(stats["tau_per_row"]) == 3 and stats["tau"] >= 1.0

@@ -9,13 +9,12 @@ import warnings
 import pytest
 import torch
 import transformers
+from conftest import tiny_model
 from packaging.version import Version
 from transformers import DynamicCache
 
 import hf_speculative as hfs
 from hf_speculative._compat import CACHE_ARG, cache_arg, get_cache, model_kwargs_cache, takes_cache
-
-from conftest import tiny_model
 
 
 def test_cache_keyword_is_the_installed_releases():
@@ -43,7 +42,9 @@ def test_speculative_generate_passes_no_deprecated_keyword():
     ids = torch.randint(0, 96, (1, 5), generator=torch.Generator().manual_seed(1))
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
-        out = target.generate(ids, assistant_model=draft, max_new_tokens=8, do_sample=False, return_dict_in_generate=True)
+        out = target.generate(
+            ids, assistant_model=draft, max_new_tokens=8, do_sample=False, return_dict_in_generate=True
+        )
     plain = target.generate(ids, max_new_tokens=8, do_sample=False)
     assert torch.equal(out.sequences, plain)
     assert get_cache(out).get_seq_length() == out.sequences.shape[1] - 1

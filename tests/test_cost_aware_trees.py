@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_model
 
 import hf_speculative as hfs
 from hf_speculative.perf_model import CostCurve, set_cost_curve
-
-from conftest import tiny_model
 
 # Toy accuracy table: depth 1 top-1 0.8, top-2 0.1; depth 2 top-1 0.7, top-2 0.1.
 # Node values (product along the path): (0)=.8  (0,0)=.56  (1)=.1  (0,1)=.08  (1,0)=.07
@@ -94,12 +93,21 @@ def test_medusa_default_tree_is_the_cost_aware_tree(cost_aware, monkeypatch):
 
     # greedy decoding with the cost-aware default tree in the loop: exact, and every step verifies the chain
     prompt = torch.tensor([[5, 3, 9, 1]])
-    out = model.generate(prompt, assistant_model=heads, max_new_tokens=20, do_sample=False, return_dict_in_generate=True)
+    out = model.generate(
+        prompt, assistant_model=heads, max_new_tokens=20, do_sample=False, return_dict_in_generate=True
+    )
     assert torch.equal(out.sequences, model.generate(prompt, max_new_tokens=20, do_sample=False))
     assert set(out.speculative_stats.tree_sizes) == {3}
     # speculative_tree= still overrides
     tree = hfs.TreeSpec.from_choices([[0], [1], [2]])
-    out = model.generate(prompt, assistant_model=heads, max_new_tokens=8, do_sample=False, speculative_tree=tree, return_dict_in_generate=True)
+    out = model.generate(
+        prompt,
+        assistant_model=heads,
+        max_new_tokens=8,
+        do_sample=False,
+        speculative_tree=tree,
+        return_dict_in_generate=True,
+    )
     assert set(out.speculative_stats.tree_sizes) == {4}
 
     # opting out: the environment, the config flag; no calibration: the saved tree
@@ -148,17 +156,23 @@ def test_spire_default_tree_is_the_best_chain_with_alternatives(cost_aware):
     set_cost_curve(model, CURVE)
     try:
         for num_layers, per_pass, best in ((1, 0.25, CHAIN), (2, 0.5, SINGLE)):
-            drafter = hfs.SpireDrafter.from_base_model(model, num_layers=num_layers, sliding_window=8, num_draft_tokens=2)
+            drafter = hfs.SpireDrafter.from_base_model(
+                model, num_layers=num_layers, sliding_window=8, num_draft_tokens=2
+            )
             drafter.config.calibration = {"depth_top_i_accuracy": [[0.8, 0.9], [0.7, 0.8]]}  # per rank: ACC
             tree_drafter = drafter.get_tree_drafter(model)
-            assert [r for row in tree_drafter.rank_accuracies() for r in row] == pytest.approx([a for row in ACC for a in row])
+            assert [r for row in tree_drafter.rank_accuracies() for r in row] == pytest.approx(
+                [a for row in ACC for a in row]
+            )
             assert tree_drafter.draft_cost(CURVE) == pytest.approx([per_pass, 2 * per_pass])
             assert len(tree_drafter.candidate_trees(2, 10)) == 4 and len(tree_drafter.candidate_trees(2, 2)) == 3
             # 1 layer:  {(0)} 1.8/1.35 = 1.333  {(0),(1)} 1.9/1.45 = 1.310  chain 2.36/1.7 = 1.388  4 nodes 2.54/2.9
             # 2 layers: {(0)} 1.8/1.6 = 1.125   {(0),(1)} 1.9/1.7 = 1.118   chain 2.36/2.2 = 1.073  4 nodes 2.54/3.4
             assert tree_drafter.default_tree == best
         prompt = torch.tensor([[5, 3, 9, 1, 7, 2]])
-        out = model.generate(prompt, assistant_model=drafter, max_new_tokens=16, do_sample=False, return_dict_in_generate=True)
+        out = model.generate(
+            prompt, assistant_model=drafter, max_new_tokens=16, do_sample=False, return_dict_in_generate=True
+        )
         assert torch.equal(out.sequences, model.generate(prompt, max_new_tokens=16, do_sample=False))
         assert set(out.speculative_stats.tree_sizes) == {2}
         drafter.config.cost_aware_tree = False
@@ -184,8 +198,15 @@ def test_cost_aware_trees_shrink_as_the_batch_grows(cost_aware):
         # the loop uses the tree of the call's batch size, and stays exact
         ids = torch.tensor([[0, 5, 3, 9, 1], [4, 4, 8, 2, 6]])
         mask = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
-        out = model.generate(ids, attention_mask=mask, assistant_model=heads, max_new_tokens=10, do_sample=False,
-                             pad_token_id=0, return_dict_in_generate=True)  # fmt: skip
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            assistant_model=heads,
+            max_new_tokens=10,
+            do_sample=False,
+            pad_token_id=0,
+            return_dict_in_generate=True,
+        )
         plain = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0)
         assert torch.equal(out.sequences, plain)
         batch_tree = heads.get_tree_drafter(model).tree_for_batch(2)

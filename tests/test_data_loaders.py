@@ -32,10 +32,13 @@ def write_jsonl(path, rows):
 
 @pytest.fixture
 def questions(tmp_path):
-    return write_jsonl(tmp_path / "question.jsonl", [
-        {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Now shorter."]},
-        {"question_id": 82, "category": "math", "turns": ["What is 2+2?"], "reference": ["4"]},
-    ])  # fmt: skip
+    return write_jsonl(
+        tmp_path / "question.jsonl",
+        [
+            {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Now shorter."]},
+            {"question_id": 82, "category": "math", "turns": ["What is 2+2?"], "reference": ["4"]},
+        ],
+    )
 
 
 def test_questions(questions):
@@ -59,11 +62,18 @@ def test_record_conversation_all_turns(questions):
 
 def test_sharegpt(tmp_path):
     rows = [
-        {"id": "x1", "conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi"},
-                                        {"from": "gpt", "value": "Hello!"}, {"from": "human", "value": "Bye"}]},
+        {
+            "id": "x1",
+            "conversations": [
+                {"from": "system", "value": "Be brief."},
+                {"from": "human", "value": "Hi"},
+                {"from": "gpt", "value": "Hello!"},
+                {"from": "human", "value": "Bye"},
+            ],
+        },
         {"id": "x2", "conversations": [{"from": "gpt", "value": "orphan"}]},
         {"id": "x3", "conversations": [{"from": "human", "value": "Only a question"}]},
-    ]  # fmt: skip
+    ]
     path = tmp_path / "sg.json"
     path.write_text(json.dumps(rows))
     recs = load_sharegpt(path)
@@ -78,10 +88,14 @@ def test_sharegpt(tmp_path):
 
 def test_alpaca(tmp_path):
     path = tmp_path / "alpaca.json"
-    path.write_text(json.dumps([
-        {"instruction": "Add.", "input": "2 and 3", "output": "5"},
-        {"instruction": "Say hi.", "input": "", "output": "hi"},
-    ]))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            [
+                {"instruction": "Add.", "input": "2 and 3", "output": "5"},
+                {"instruction": "Say hi.", "input": "", "output": "hi"},
+            ]
+        )
+    )
     recs = load_records(path)
     assert recs[0].prompt == "Add.\n\n2 and 3" and recs[0].reference == "5"
     assert recs[1].prompt == "Say hi." and recs[1].id == "1"
@@ -89,8 +103,18 @@ def test_alpaca(tmp_path):
 
 
 def test_dialogsum_zip_and_jsonl(tmp_path):
-    test_rows = [{"fname": "test_0", "dialogue": "#Person1#: Hi.\n#Person2#: Hello.", "summary1": "They greet.",
-                  "topic1": "greeting", "summary2": "Hello.", "topic2": "g", "summary3": "Hi.", "topic3": "g"}]
+    test_rows = [
+        {
+            "fname": "test_0",
+            "dialogue": "#Person1#: Hi.\n#Person2#: Hello.",
+            "summary1": "They greet.",
+            "topic1": "greeting",
+            "summary2": "Hello.",
+            "topic2": "g",
+            "summary3": "Hi.",
+            "topic3": "g",
+        }
+    ]
     dev_rows = [{"fname": "dev_0", "dialogue": "#Person1#: Bye.", "summary": "Leaving.", "topic": "farewell"}]
     zpath = tmp_path / "DialogSum_Data.zip"
     with zipfile.ZipFile(zpath, "w") as zf:  # Python dict literals, one per line, as in the release
@@ -125,11 +149,22 @@ def test_e2e_nlg(tmp_path):
 
 
 def test_wikisql(tmp_path):
-    q = write_jsonl(tmp_path / "dev.jsonl", [
-        {"phase": 1, "table_id": "1-1", "question": "Who?", "sql": {"sel": "Name", "conds": [], "agg": ""}, "question_id": 1},
-        {"phase": 1, "table_id": "1-1", "question": "How many?", "sql": {}, "question_id": 2},
-    ])  # fmt: skip
-    write_jsonl(tmp_path / "dev_results.jsonl", [{"question_id": 1, "table_id": "1-1", "query": 'SELECT "Name" FROM "1-1";'}])
+    q = write_jsonl(
+        tmp_path / "dev.jsonl",
+        [
+            {
+                "phase": 1,
+                "table_id": "1-1",
+                "question": "Who?",
+                "sql": {"sel": "Name", "conds": [], "agg": ""},
+                "question_id": 1,
+            },
+            {"phase": 1, "table_id": "1-1", "question": "How many?", "sql": {}, "question_id": 2},
+        ],
+    )
+    write_jsonl(
+        tmp_path / "dev_results.jsonl", [{"question_id": 1, "table_id": "1-1", "query": 'SELECT "Name" FROM "1-1";'}]
+    )
     recs = load_records(q)
     assert recs[0].reference == 'SELECT "Name" FROM "1-1";' and recs[1].reference is None
     assert "Who?" in recs[0].prompt and "1-1" in recs[0].prompt
@@ -138,9 +173,10 @@ def test_wikisql(tmp_path):
 
 
 def test_chat_jsonl(tmp_path):
-    path = write_jsonl(tmp_path / "chat.jsonl", [
-        {"id": "a", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}
-    ])  # fmt: skip
+    path = write_jsonl(
+        tmp_path / "chat.jsonl",
+        [{"id": "a", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}],
+    )
     rec = load_records(path)[0]
     assert rec.id == "a" and rec.prompt == "Hi" and rec.answers == ["Hello"]
     assert load_chat_jsonl(path)[0].reference == "Hello"

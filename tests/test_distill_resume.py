@@ -3,12 +3,10 @@
 import json
 
 import pytest
+from conftest import tiny_chat_model
 
 from hf_speculative.training.data import Record, load_records
 from hf_speculative.training.distill import read_done_ids, self_distill
-
-
-from conftest import tiny_chat_model
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +16,9 @@ def tiny():
 
 RECORDS = [
     Record(str(i), [p, "now say it short"], "test")
-    for i, p in enumerate(["hello world", "write a poem about the cat", "what is one and two ?", "tell me a story", "red blue green"])
+    for i, p in enumerate(
+        ["hello world", "write a poem about the cat", "what is one and two ?", "tell me a story", "red blue green"]
+    )
 ]
 
 
@@ -70,7 +70,9 @@ def test_batched_greedy_matches_unbatched(tiny, tmp_path):
 def test_all_turns_and_sampling(tiny, tmp_path):
     model, tok = tiny
     out = tmp_path / "m.jsonl"
-    self_distill(model, tok, RECORDS[:2], out, max_new_tokens=4, all_turns=True, temperature=0.9, seed=1, progress=False)
+    self_distill(
+        model, tok, RECORDS[:2], out, max_new_tokens=4, all_turns=True, temperature=0.9, seed=1, progress=False
+    )
     rows = read(out)
     assert [m["role"] for m in rows[0]["messages"]] == ["user", "assistant", "user", "assistant"]
     assert rows[0]["messages"][2]["content"] == "now say it short"

@@ -35,7 +35,9 @@ def test_relative_links_and_repo_paths_resolve(path):
     assert not missing, f"{path.relative_to(ROOT)} names paths that do not exist: {missing}"
 
 
-@pytest.mark.parametrize("folder", sorted(p for p in (ROOT / "model_cards").iterdir() if p.is_dir()), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "folder", sorted(p for p in (ROOT / "model_cards").iterdir() if p.is_dir()), ids=lambda p: p.name
+)
 def test_card_usage_is_the_renderers_and_loads_the_base_offline(folder):
     from hf_speculative.model_card import REFERENCE_BASE_MODEL, card_kind, usage_snippet
 
@@ -77,9 +79,15 @@ def test_no_process_words_in_the_product():
     files = [ROOT / "README.md", ROOT / "setup.cfg"]
     for folder in ("docs", "model_cards", "examples", "scripts", "benchmarks", "hf_speculative"):
         files += [p for p in (ROOT / folder).rglob("*") if p.suffix in {".md", ".py", ".sh", ".yaml", ".cfg"}]
-    found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in files for m in words.finditer(p.read_text(encoding="utf-8"))]
+    found = [
+        f"{p.relative_to(ROOT)}: {m.group(0)}" for p in files for m in words.finditer(p.read_text(encoding="utf-8"))
+    ]
     assert not found, found
-    named = [p.name for p in ROOT.rglob("*") if ".git" not in p.parts and re.search(r"issue|(?<![a-z])bench1\d|(?<![a-z])batch1\d", p.name, re.IGNORECASE)]
+    named = [
+        p.name
+        for p in ROOT.rglob("*")
+        if ".git" not in p.parts and re.search(r"issue|(?<![a-z])bench1\d|(?<![a-z])batch1\d", p.name, re.IGNORECASE)
+    ]
     assert not named, named
 
 
@@ -94,7 +102,10 @@ def test_module_table_matches_the_package():
         assert (package / name).exists(), f"docs/architecture.md's module table names {name}, which does not exist"
     expected = {p.name for p in package.iterdir() if p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists())}
     for sub in ("drafters", "engine"):
-        expected |= {f"{sub}/{p.name}" for p in (package / sub).iterdir()
-                     if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").exists())}  # fmt: skip
+        expected |= {
+            f"{sub}/{p.name}"
+            for p in (package / sub).iterdir()
+            if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").exists())
+        }
     missing = sorted(expected - rows - {"drafters"})
     assert not missing, f"modules without a row in docs/architecture.md's module table: {missing}"

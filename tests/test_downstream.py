@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from hf_speculative.bench.tiny import tiny_chat_tokenizer, tiny_llama
 from downstream import calibration_split, load_task
 from downstream.cli import main
 from downstream.tasks import wikisql_records
+
+from hf_speculative.bench.tiny import tiny_chat_tokenizer, tiny_llama
 
 ANSWERS = [
     "the cat sat on the mat .",
@@ -51,9 +51,21 @@ def _wikisql(folder: Path) -> Path:
     for q in range(24):
         table = f"1-{q % 8}"
         cols = ["Player", "Team"] if q % 2 else ["Player", "No."]
-        rows.append({"table_id": table, "question": f"what is the cat {q} ?", "question_id": q,
-                     "sql": {"sel": cols[0], "conds": [[cols[1], "=", str(q)]], "agg": ""}})  # fmt: skip
-        results.append({"question_id": q, "table_id": table, "query": f"SELECT \"{cols[0]}\" FROM \"{table}\" WHERE \"{cols[1]}\" = '{q}';"})
+        rows.append(
+            {
+                "table_id": table,
+                "question": f"what is the cat {q} ?",
+                "question_id": q,
+                "sql": {"sel": cols[0], "conds": [[cols[1], "=", str(q)]], "agg": ""},
+            }
+        )
+        results.append(
+            {
+                "question_id": q,
+                "table_id": table,
+                "query": f'SELECT "{cols[0]}" FROM "{table}" WHERE "{cols[1]}" = \'{q}\';',
+            }
+        )
     (folder / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     (folder / "dev_results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results), encoding="utf-8")
     return folder
@@ -61,9 +73,30 @@ def _wikisql(folder: Path) -> Path:
 
 def _dialogsum(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    train = [repr({"fname": f"train_{i}", "dialogue": f"#Person1#: hello world {i} ?\n#Person2#: yes .", "summary": ANSWERS[i % 6], "topic": "t"}) for i in range(8)]
-    test = [repr({"fname": f"test_{i}", "dialogue": "#Person1#: tell me ?", "summary1": ANSWERS[i], "summary2": ANSWERS[i + 1],
-                  "summary3": ANSWERS[i + 2], "topic1": "t"}) for i in range(3)]  # fmt: skip
+    train = [
+        repr(
+            {
+                "fname": f"train_{i}",
+                "dialogue": f"#Person1#: hello world {i} ?\n#Person2#: yes .",
+                "summary": ANSWERS[i % 6],
+                "topic": "t",
+            }
+        )
+        for i in range(8)
+    ]
+    test = [
+        repr(
+            {
+                "fname": f"test_{i}",
+                "dialogue": "#Person1#: tell me ?",
+                "summary1": ANSWERS[i],
+                "summary2": ANSWERS[i + 1],
+                "summary3": ANSWERS[i + 2],
+                "topic1": "t",
+            }
+        )
+        for i in range(3)
+    ]
     with zipfile.ZipFile(folder / "DialogSum_Data.zip", "w") as zf:
         zf.writestr("DialogSum_Data/dialogsum.train.jsonl", "\n".join(train) + "\n")
         zf.writestr("DialogSum_Data/dialogsum.test.jsonl", "\n".join(test) + "\n")
@@ -88,9 +121,31 @@ def work(tmp_path_factory):
 
 
 def _train(work, task, method, out, *extra):
-    argv = ["train", "--task", task, "--method", method, "--data", str(work[task]), "--out", str(out),
-            "--model", work["base"], "--batch-size", "4", "--lr", "3e-2", "--calibration-prompts", "1",
-            "--num-msa-layers", "2", "--tree-nodes", "6", "--no-progress", *extra]  # fmt: skip
+    argv = [
+        "train",
+        "--task",
+        task,
+        "--method",
+        method,
+        "--data",
+        str(work[task]),
+        "--out",
+        str(out),
+        "--model",
+        work["base"],
+        "--batch-size",
+        "4",
+        "--lr",
+        "3e-2",
+        "--calibration-prompts",
+        "1",
+        "--num-msa-layers",
+        "2",
+        "--tree-nodes",
+        "6",
+        "--no-progress",
+        *extra,
+    ]
     assert main(argv) == 0
     return json.loads((Path(out) / "downstream.json").read_text())
 
@@ -123,7 +178,10 @@ def test_task_loaders_and_fixed_splits(work):
     assert wtest and not train_tables & test_tables  # split by table: no test table is trained on
     assert len(wtrain) + len(wtest) == 24
     # the schema: the union of the columns the table's questions use, as a CREATE TABLE line
-    assert 'CREATE TABLE "1-1" ("Player" TEXT, "Team" TEXT)' in next(r for r in wtrain + wtest if '"1-1"' in r.prompt).prompt
+    assert (
+        'CREATE TABLE "1-1" ("Player" TEXT, "Team" TEXT)'
+        in next(r for r in wtrain + wtest if '"1-1"' in r.prompt).prompt
+    )
     assert wikisql_records(work["wikisql"])[1][0].id == wtest[0].id  # fixed
 
     dtrain = load_task("dialogsum", work["dialogsum"], "train")
@@ -149,7 +207,12 @@ def test_training_loss_falls(trained, method):
     assert info["task"] == "e2e_nlg" and info["method"] == method
     assert record["steps"] == 30
     # the losses each arm trains on (Medusa-2's total grows with its lambda_0 warm-up: its parts fall)
-    keys = {"lora": ["loss"], "streaming": ["loss_main", "loss_stream1"], "medusa2": ["loss_lm_ce", "loss_medusa"], "eagle": ["loss"]}[method]
+    keys = {
+        "lora": ["loss"],
+        "streaming": ["loss_main", "loss_stream1"],
+        "medusa2": ["loss_lm_ce", "loss_medusa"],
+        "eagle": ["loss"],
+    }[method]
     for key in keys:
         assert record["last_logged"][key] < record["first_logged"][key] - 0.02, key
     assert not (trained[method] / "trainer_state").exists()  # the Trainer's scratch folder is gone
@@ -183,8 +246,21 @@ def test_every_arm_trains_and_evaluates_on_the_other_tasks(work, task, tmp_path)
         info = _train(work, task, method, tmp_path / method, "--max-steps", "2", *extra)
         assert info["task"] == task and info["method"] == method and info["training"]["steps"] == 2
         out = tmp_path / f"{method}.json"
-        argv = ["eval", str(tmp_path / method), "--task", task, "--data", str(work[task]), "--limit", "2",
-                "--max-new-tokens", "8", "--output", str(out), "--no-progress"]  # fmt: skip
+        argv = [
+            "eval",
+            str(tmp_path / method),
+            "--task",
+            task,
+            "--data",
+            str(work[task]),
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--output",
+            str(out),
+            "--no-progress",
+        ]
         assert main(argv) == 0
         result = json.loads(out.read_text())
         assert result["task"] == task and result["n"] == 2 and result["lossless_rate"] == 1.0, (method, result)
@@ -198,7 +274,10 @@ def test_resume_restores_trainable_weights(work, tmp_path):
 
     from hf_speculative.bench.reference import resolve_model
     from hf_speculative.drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
-    from hf_speculative.drafters.streaming.training_speculative_streaming import tokenize_records, train_speculative_streaming
+    from hf_speculative.drafters.streaming.training_speculative_streaming import (
+        tokenize_records,
+        train_speculative_streaming,
+    )
     from hf_speculative.training.trainer import DrafterTrainer
 
     records = load_task("e2e_nlg", work["e2e_nlg"], "train")
@@ -219,11 +298,21 @@ def test_resume_restores_trainable_weights(work, tmp_path):
     def run(seed, resume=False, stop_at=None):
         model, tok = resolve_model(work["base"])
         torch.manual_seed(seed)
-        ss = LlamaForSpeculativeStreaming.from_base_model(model, num_streams=2, num_msa_layers=2, mode="shared", lora_rank=4)
+        ss = LlamaForSpeculativeStreaming.from_base_model(
+            model, num_streams=2, num_msa_layers=2, mode="shared", lora_rank=4
+        )
         trainer = train_speculative_streaming(
-            ss, tokenize_records(tok, records), str(tmp_path / "ckpt"), max_steps=4, batch_size=4, learning_rate=1e-2,
-            save_steps=2, resume=resume, callbacks=[Probe(ss, stop_at)], progress=False,
-        )  # fmt: skip
+            ss,
+            tokenize_records(tok, records),
+            str(tmp_path / "ckpt"),
+            max_steps=4,
+            batch_size=4,
+            learning_rate=1e-2,
+            save_steps=2,
+            resume=resume,
+            callbacks=[Probe(ss, stop_at)],
+            progress=False,
+        )
         return trainer.state.global_step
 
     assert run(0, stop_at=2) == 2
@@ -245,8 +334,22 @@ def test_time_budget_stops_training(work, tmp_path):
 @pytest.mark.parametrize("method", ["lora", "streaming", "medusa2", "eagle"])
 def test_eval_json_is_complete_and_lossless(work, trained, method, tmp_path):
     out = tmp_path / f"{method}.json"
-    argv = ["eval", str(trained[method]), "--task", "e2e_nlg", "--data", str(work["e2e_nlg"]),
-            "--limit", "3", "--max-new-tokens", "12", "--output", str(out), "--no-progress", "--write-card"]  # fmt: skip
+    argv = [
+        "eval",
+        str(trained[method]),
+        "--task",
+        "e2e_nlg",
+        "--data",
+        str(work["e2e_nlg"]),
+        "--limit",
+        "3",
+        "--max-new-tokens",
+        "12",
+        "--output",
+        str(out),
+        "--no-progress",
+        "--write-card",
+    ]
     assert main(argv) == 0
     result = json.loads(out.read_text())
     assert all(k in result for k in EVAL_FIELDS)
@@ -265,8 +368,23 @@ def test_training_free_arm_on_the_lora_model(work, trained, drafter, tmp_path):
     prompt lookup merged with either into one tree, exact against that model's plain decoding; refused on a folder
     with its own drafter, and with a card."""
     out = tmp_path / f"{drafter}.json"
-    argv = ["eval", str(trained["lora"]), "--task", "e2e_nlg", "--data", str(work["e2e_nlg"]),
-            "--limit", "3", "--max-new-tokens", "12", "--output", str(out), "--no-progress", "--drafter", drafter]  # fmt: skip
+    argv = [
+        "eval",
+        str(trained["lora"]),
+        "--task",
+        "e2e_nlg",
+        "--data",
+        str(work["e2e_nlg"]),
+        "--limit",
+        "3",
+        "--max-new-tokens",
+        "12",
+        "--output",
+        str(out),
+        "--no-progress",
+        "--drafter",
+        drafter,
+    ]
     assert main(argv) == 0
     result = json.loads(out.read_text())
     assert result["method"] == "lora" and result["drafter"].startswith(drafter.split("-")[0])
@@ -284,8 +402,24 @@ def test_streaming_arm_with_tree_pruning_and_a_learning_curve(work, trained, tmp
     (expected tau) at shares of the time budget; decoding stays exact with pruning on, and pruning verifies fewer
     nodes per step than the same folder without it."""
     out = tmp_path / "pruned"
-    info = _train(work, "e2e_nlg", "streaming", out, "--max-steps", "100000", "--time-budget", "3", "--curve-points", "3",
-                  "--pruning-layer", "1", "--pruning-threshold", "0.2", "--pruning-budget", "1")  # fmt: skip
+    info = _train(
+        work,
+        "e2e_nlg",
+        "streaming",
+        out,
+        "--max-steps",
+        "100000",
+        "--time-budget",
+        "3",
+        "--curve-points",
+        "3",
+        "--pruning-layer",
+        "1",
+        "--pruning-threshold",
+        "0.2",
+        "--pruning-budget",
+        "1",
+    )
     training = info["training"]
     pruning = training["pruning"]
     assert pruning["layer"] == 1 and pruning["threshold"] == 0.2 and pruning["steps"] >= 1
@@ -300,8 +434,23 @@ def test_streaming_arm_with_tree_pruning_and_a_learning_curve(work, trained, tmp
     nodes = {}
     for threshold in ("0.9", "0"):
         result_path = tmp_path / f"pruned_{threshold}.json"
-        argv = ["eval", str(out), "--task", "e2e_nlg", "--data", str(work["e2e_nlg"]), "--limit", "3",
-                "--max-new-tokens", "12", "--output", str(result_path), "--no-progress", "--pruning-threshold", threshold]  # fmt: skip
+        argv = [
+            "eval",
+            str(out),
+            "--task",
+            "e2e_nlg",
+            "--data",
+            str(work["e2e_nlg"]),
+            "--limit",
+            "3",
+            "--max-new-tokens",
+            "12",
+            "--output",
+            str(result_path),
+            "--no-progress",
+            "--pruning-threshold",
+            threshold,
+        ]
         assert main(argv) == 0
         result = json.loads(result_path.read_text())
         assert result["lossless_rate"] == 1.0
@@ -325,21 +474,57 @@ def test_prune_adds_tree_pruning_to_a_trained_streaming_folder(work, trained, tm
 
     def evaluate(path, *extra):
         out = tmp_path / f"{path.name}{'_'.join(extra)}.json"
-        argv = ["eval", str(path), "--task", "e2e_nlg", "--data", str(work["e2e_nlg"]), "--limit", "3",
-                "--max-new-tokens", "12", "--output", str(out), "--no-progress", *extra]  # fmt: skip
+        argv = [
+            "eval",
+            str(path),
+            "--task",
+            "e2e_nlg",
+            "--data",
+            str(work["e2e_nlg"]),
+            "--limit",
+            "3",
+            "--max-new-tokens",
+            "12",
+            "--output",
+            str(out),
+            "--no-progress",
+            *extra,
+        ]
         assert main(argv) == 0
         return json.loads(out.read_text())
 
     before = evaluate(folder)
-    assert main(["prune", str(folder), "--data", str(work["e2e_nlg"]), "--pruning-layer", "1",
-                 "--pruning-threshold", "0.9", "--pruning-budget", "1", "--no-progress"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "prune",
+                str(folder),
+                "--data",
+                str(work["e2e_nlg"]),
+                "--pruning-layer",
+                "1",
+                "--pruning-threshold",
+                "0.9",
+                "--pruning-budget",
+                "1",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     pruning = json.loads((folder / "downstream.json").read_text())["training"]["pruning"]
     assert pruning["layer"] == 1 and pruning["steps"] >= 1 and "run_downstream.py prune" in pruning["command"]
     assert not (folder / "trainer_state").exists()
     off, on = evaluate(folder, "--pruning-threshold", "0"), evaluate(folder)
-    assert off["tau"] == before["tau"] and off["target_forwards"] == before["target_forwards"] and off["drafter"] == before["drafter"]
+    assert (
+        off["tau"] == before["tau"]
+        and off["target_forwards"] == before["target_forwards"]
+        and off["drafter"] == before["drafter"]
+    )
     assert on["lossless_rate"] == off["lossless_rate"] == 1.0
-    assert on["verified_nodes_per_step"] < off["verified_nodes_per_step"] and "tree pruning after layer 1" in on["drafter"]
+    assert (
+        on["verified_nodes_per_step"] < off["verified_nodes_per_step"] and "tree pruning after layer 1" in on["drafter"]
+    )
     with pytest.raises(ValueError, match="a 'streaming' folder"):
         main(["prune", str(trained["lora"]), "--data", str(work["e2e_nlg"]), "--pruning-layer", "1"])
 
@@ -349,8 +534,24 @@ def test_table_renders(tmp_path):
     results.mkdir()
     base = {"lossless_rate": 1.0, "n": 50, "train_seconds": 120.0, "drafter": "x"}
     rows = [
-        {"task": "wikisql", "method": "streaming", "tau": 3.1, "speedup": 2.2, "metric": {"exact_match": 0.5}, "extra_parameters": 12000, **base},
-        {"task": "e2e_nlg", "method": "lora", "tau": 1.4, "speedup": 1.1, "metric": {"rougeL": 0.45, "rouge1": 0.6}, "extra_parameters": 0, **base},
+        {
+            "task": "wikisql",
+            "method": "streaming",
+            "tau": 3.1,
+            "speedup": 2.2,
+            "metric": {"exact_match": 0.5},
+            "extra_parameters": 12000,
+            **base,
+        },
+        {
+            "task": "e2e_nlg",
+            "method": "lora",
+            "tau": 1.4,
+            "speedup": 1.1,
+            "metric": {"rougeL": 0.45, "rouge1": 0.6},
+            "extra_parameters": 0,
+            **base,
+        },
     ]
     for i, r in enumerate(rows):
         (results / f"{i}.json").write_text(json.dumps(r))
@@ -360,7 +561,12 @@ def test_table_renders(tmp_path):
     lines = md.read_text().splitlines()
     assert len(lines) == 4  # header, rule, two rows (the non-eval JSON skipped)
     assert lines[2].startswith("| E2E NLG | LoRA") and "1.10x" in lines[2] and "rougeL 45.0" in lines[2]
-    assert "| WikiSQL | Speculative Streaming" in lines[3] and "3.10" in lines[3] and "12.0K" in lines[3] and "2.0 min" in lines[3]
+    assert (
+        "| WikiSQL | Speculative Streaming" in lines[3]
+        and "3.10" in lines[3]
+        and "12.0K" in lines[3]
+        and "2.0 min" in lines[3]
+    )
     assert png.stat().st_size > 1000
 
 
@@ -376,7 +582,10 @@ def test_time_budget_counts_earlier_runs_and_bounds_warmup(tmp_path):
     assert budget_warmup_steps(10, 0.05, time_budget=60) == 1
     checkpoint = tmp_path / "checkpoint-7"
     checkpoint.mkdir()
-    args, state = SimpleNamespace(output_dir=str(tmp_path), save_strategy="steps"), SimpleNamespace(global_step=7, max_steps=100)
+    args, state = (
+        SimpleNamespace(output_dir=str(tmp_path), save_strategy="steps"),
+        SimpleNamespace(global_step=7, max_steps=100),
+    )
     earlier = TimeBudgetCallback(100.0, spent=42.0)
     earlier.on_save(args, state, TrainerControl())
     assert 42.0 <= TimeBudgetCallback.spent_in(checkpoint) < 43.0

@@ -6,13 +6,12 @@ import random
 
 import pytest
 import torch
+from conftest import random_tree, tiny_model
 from transformers import AutoModel
 
 import hf_speculative as hfs
-from hf_speculative.engine.trees import DraftingOptions
 from hf_speculative.drafters.draft_vocab import draft_vocab_logits, draft_vocab_weight, frequent_tokens
-
-from conftest import random_tree, tiny_model
+from hf_speculative.engine.trees import DraftingOptions
 
 
 def test_frequent_tokens_by_hand():
@@ -120,7 +119,10 @@ def test_parallel_drafter_with_a_draft_vocabulary(tmp_path):
     drafter.set_draft_vocab(frequent_tokens(ref[0], 16, vocab_size=96))
     assert drafter.draft_vocab_share == pytest.approx(16 / 96)
     for tree in (hfs.TreeSpec.cartesian([3, 2, 1]), hfs.DynamicTree(8, 3, 3)):
-        assert torch.equal(model.generate(prompt, assistant_model=drafter, speculative_tree=tree, max_new_tokens=24, do_sample=False), ref)
+        assert torch.equal(
+            model.generate(prompt, assistant_model=drafter, speculative_tree=tree, max_new_tokens=24, do_sample=False),
+            ref,
+        )
     tree_drafter = drafter.get_tree_drafter(model)
     tree_drafter.begin(prompt, None)
     logits = tree_drafter.draft_logits(prompt)  # (k + 1, V) rows of the draft vocabulary only

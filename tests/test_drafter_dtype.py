@@ -9,12 +9,11 @@ import logging
 
 import pytest
 import torch
+from conftest import noisy_copy, tiny_model
 from transformers import AutoModel
 
 import hf_speculative as hfs
 from hf_speculative.engine.placement import match_target
-
-from conftest import noisy_copy, tiny_model
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PROMPT = torch.tensor([[5, 17, 33, 2, 9, 41, 7, 5, 17, 33, 2]])
@@ -24,7 +23,9 @@ NEW = 10
 MODEL_DRAFTERS = {
     "medusa": lambda target: hfs.MedusaHeadsModel.from_base_model(target, num_heads=3),
     "parallel": lambda target: hfs.ParallelDrafter.from_base_model(target, num_mask_tokens=2),
-    "streaming": lambda target: hfs.LlamaForSpeculativeStreaming.from_base_model(target, num_streams=2, num_msa_layers=1),
+    "streaming": lambda target: hfs.LlamaForSpeculativeStreaming.from_base_model(
+        target, num_streams=2, num_msa_layers=1
+    ),
     "spire": lambda target: hfs.SpireDrafter.from_base_model(target, num_layers=2, sliding_window=8),
     "eagle": lambda target: hfs.EagleDrafter.from_base_model(target, variant="eagle1"),
     "eagle3": lambda target: hfs.EagleDrafter.from_base_model(target, variant="eagle3"),
@@ -35,11 +36,16 @@ OTHER_DRAFTERS = {
     "prompt_lookup": lambda target: hfs.PromptLookupDrafter(min_ngram_size=1),
     "magicdec": lambda target: hfs.MagicDecDrafter(target, sliding_window=8),
     "hybrid": lambda target: hfs.HybridDrafter(
-        [hfs.PromptLookupDrafter(min_ngram_size=1), hfs.MedusaHeadsModel.from_base_model(target, num_heads=3).to(torch.bfloat16)],
+        [
+            hfs.PromptLookupDrafter(min_ngram_size=1),
+            hfs.MedusaHeadsModel.from_base_model(target, num_heads=3).to(torch.bfloat16),
+        ],
         cost_curve=lambda n: 1.0,
     ),
 }
-CASES = [(n, d, t) for n in MODEL_DRAFTERS for d in DTYPES for t in DTYPES] + [(n, None, t) for n in OTHER_DRAFTERS for t in DTYPES]
+CASES = [(n, d, t) for n in MODEL_DRAFTERS for d in DTYPES for t in DTYPES] + [
+    (n, None, t) for n in OTHER_DRAFTERS for t in DTYPES
+]
 
 
 def _own_dtypes(module: torch.nn.Module) -> set[torch.dtype]:
@@ -66,7 +72,9 @@ def test_every_drafter_meets_a_target_of_any_dtype(name, drafter_dtype, target_d
         assert _own_dtypes(drafter) == {DTYPES[target_dtype]}  # the rule: the drafter now runs in the target's dtype
         moved = [r for r in caplog.records if "moved from" in r.getMessage()]
         assert len(moved) == (drafter_dtype != target_dtype), [r.getMessage() for r in moved]
-    assert {k: (v.dtype, v.data_ptr()) for k, v in target.state_dict().items()} == target_before  # the target is untouched
+    assert {
+        k: (v.dtype, v.data_ptr()) for k, v in target.state_dict().items()
+    } == target_before  # the target is untouched
 
 
 @pytest.mark.parametrize("name", ["medusa", "parallel", "spire", "eagle", "eagle3", "streaming"])

@@ -22,7 +22,9 @@ def _has_weights(folder: Path) -> bool:
     return any(p.name.endswith(WEIGHTS) for p in folder.iterdir() if p.is_file())
 
 
-@pytest.mark.parametrize("folder", [f for f in CARDS if (f / "config.json").is_file() and _has_weights(f)], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "folder", [f for f in CARDS if (f / "config.json").is_file() and _has_weights(f)], ids=lambda p: p.name
+)
 def test_a_folder_with_weights_loads_with_auto_model(folder):
     model = AutoModel.from_pretrained(folder)
     assert type(model).__module__.startswith("hf_speculative."), type(model)
@@ -50,8 +52,12 @@ def test_cards_name_only_data_a_user_has(folder):
 def test_card_renderers_write_the_public_data_set_for_the_projects_copy():
     from downstream.model_card import render_model_card
 
-    info = {"task": "e2e_nlg", "method": "lora", "data": "../shared/data/e2e_nlg",
-            "command": "hf-speculative downstream train --task e2e_nlg --method lora --data ../shared/data/e2e_nlg --out x"}  # fmt: skip
+    info = {
+        "task": "e2e_nlg",
+        "method": "lora",
+        "data": "../shared/data/e2e_nlg",
+        "command": "hf-speculative downstream train --task e2e_nlg --method lora --data ../shared/data/e2e_nlg --out x",
+    }
     card = str(render_model_card(info, None, "model_cards/lora-x"))
     assert "shared/data" not in card and "--data path/to/e2e_nlg" in card and "tuetschek/e2e-dataset" in card
 

@@ -6,11 +6,10 @@ import random
 
 import pytest
 import torch
+from conftest import tiny_model
 
 import hf_speculative as hfs
 from hf_speculative.engine.acceptance import accept_sampling
-
-from conftest import tiny_model
 
 # Per-depth draft distributions over a 5-token vocabulary (row d drafts depth d + 1, whatever the parent).
 PROBS = torch.tensor(
@@ -78,8 +77,14 @@ def test_greedy_equality_with_medusa_heads_and_a_dynamic_tree(arch):
         spec = hfs.DynamicTree(total_tokens=rng.randint(1, 12), depth=rng.randint(1, 3), top_k=rng.randint(1, 4))
         new = rng.randint(1, 30)
         ref = model.generate(prompt, max_new_tokens=new, do_sample=False)
-        out = model.generate(prompt, assistant_model=heads, speculative_tree=spec, max_new_tokens=new, do_sample=False,
-                             return_dict_in_generate=True)  # fmt: skip
+        out = model.generate(
+            prompt,
+            assistant_model=heads,
+            speculative_tree=spec,
+            max_new_tokens=new,
+            do_sample=False,
+            return_dict_in_generate=True,
+        )
         assert torch.equal(out.sequences, ref), (arch, case, spec)
         assert max(out.speculative_stats.tree_sizes, default=1) <= spec.total_tokens + 1
 
@@ -90,7 +95,9 @@ def test_greedy_equality_with_parallel_drafter_and_streams():
     prompt = torch.tensor([[4, 8, 15, 16]])
     ref = model.generate(prompt, max_new_tokens=24, do_sample=False)
     spec = hfs.DynamicTree(total_tokens=8, depth=3, top_k=3)
-    assert torch.equal(model.generate(prompt, assistant_model=drafter, speculative_tree=spec, max_new_tokens=24, do_sample=False), ref)
+    assert torch.equal(
+        model.generate(prompt, assistant_model=drafter, speculative_tree=spec, max_new_tokens=24, do_sample=False), ref
+    )
     # Speculative Streaming (lossless) drafting for itself; random non-zero streams (their init is zero)
     ss = hfs.LlamaForSpeculativeStreaming.from_base_model(tiny_model("llama", seed=3), num_streams=3, num_msa_layers=2)
     g = torch.Generator().manual_seed(0)
@@ -107,7 +114,12 @@ def test_unsupported_drafters_and_too_deep_trees_are_refused():
     with pytest.raises(ValueError, match="deep"):
         model.generate(prompt, assistant_model=heads, speculative_tree=hfs.DynamicTree(8, depth=3), max_new_tokens=4)
     with pytest.raises(TypeError, match="no fixed shape"):  # a two-model drafter fills static trees only
-        model.generate(prompt, assistant_model=tiny_model("llama", seed=4), speculative_tree=hfs.DynamicTree(4, 2), max_new_tokens=4)
+        model.generate(
+            prompt,
+            assistant_model=tiny_model("llama", seed=4),
+            speculative_tree=hfs.DynamicTree(4, 2),
+            max_new_tokens=4,
+        )
 
 
 def test_sampling_with_a_dynamic_tree_is_exact():

@@ -8,14 +8,19 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import FP32_LAYERS, tiny_model
+from test_sampling import ALPHA, NEW, VOCAB, _batched_sample_counts, _exact_generate, chi_square_pvalue
 from transformers import AutoModel, LlamaConfig
 
 import hf_speculative as hfs
 from hf_speculative.drafters.eagle import EagleDrafter, eagle3_feature_layers
-from hf_speculative.drafters.eagle.training_eagle import EagleCollator, EagleDataset, eagle_loss, hidden_states_from_model, train_eagle
-
-from conftest import FP32_LAYERS, tiny_model
-from test_sampling import ALPHA, NEW, VOCAB, _batched_sample_counts, _exact_generate, chi_square_pvalue
+from hf_speculative.drafters.eagle.training_eagle import (
+    EagleCollator,
+    EagleDataset,
+    eagle_loss,
+    hidden_states_from_model,
+    train_eagle,
+)
 
 ARCHS = ["llama", "mistral", "qwen2"]
 VARIANTS = ["eagle1", "eagle3"]
@@ -48,8 +53,17 @@ def _trained(arch, variant, max_steps=300, num_layers=TRAINED_LAYERS):
 
         drafter.set_draft_vocab(frequent_tokens(states.input_ids, 80, model.config.vocab_size))
     torch.manual_seed(0)
-    trainer = train_eagle(drafter, states, "/tmp/eagle-test-train", max_steps=max_steps, batch_size=8, learning_rate=3e-3,
-                          logging_steps=10, progress=False, warmup_steps=2)  # fmt: skip
+    trainer = train_eagle(
+        drafter,
+        states,
+        "/tmp/eagle-test-train",
+        max_steps=max_steps,
+        batch_size=8,
+        learning_rate=3e-3,
+        logging_steps=10,
+        progress=False,
+        warmup_steps=2,
+    )
     return model, drafter, states, trainer
 
 
@@ -58,7 +72,12 @@ def trained(request):
     return _trained(*request.param)
 
 
-TREES = [None, hfs.DynamicTree(total_tokens=10, depth=4, top_k=3), hfs.TreeSpec.cartesian([2, 2, 1]), hfs.TreeSpec.chain(4)]
+TREES = [
+    None,
+    hfs.DynamicTree(total_tokens=10, depth=4, top_k=3),
+    hfs.TreeSpec.cartesian([2, 2, 1]),
+    hfs.TreeSpec.chain(4),
+]
 
 
 def _check_greedy(model, drafter, prompts, max_new_tokens=40):
@@ -66,8 +85,14 @@ def _check_greedy(model, drafter, prompts, max_new_tokens=40):
     for prompt in prompts:
         ref = model.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False)
         for tree in TREES:
-            out = model.generate(prompt, assistant_model=drafter, speculative_tree=tree, max_new_tokens=max_new_tokens,
-                                 do_sample=False, return_dict_in_generate=True)  # fmt: skip
+            out = model.generate(
+                prompt,
+                assistant_model=drafter,
+                speculative_tree=tree,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                return_dict_in_generate=True,
+            )
             assert torch.equal(out.sequences, ref), (tree, out.sequences, ref)
             taus.append(out.speculative_stats.mean_accepted_length)
     return sum(taus) / len(taus)
@@ -100,7 +125,11 @@ def test_training_lowers_loss_and_greedy_equality_trained_saved_reloaded(trained
     with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
         keys = set(f.keys())
     assert not any("embed" in k for k in keys)  # the target's embedding is shared, never saved
-    assert ("midlayer.hidden_norm.weight" in keys and "d2t" in keys) if drafter.config.is_eagle3 else "layers.0.self_attn.q_proj.weight" in keys
+    assert (
+        ("midlayer.hidden_norm.weight" in keys and "d2t" in keys)
+        if drafter.config.is_eagle3
+        else "layers.0.self_attn.q_proj.weight" in keys
+    )
     for loaded in (EagleDrafter.from_pretrained(tmp_path, base_model=model), AutoModel.from_pretrained(tmp_path)):
         assert type(loaded) is EagleDrafter
         for k, v in drafter.state_dict().items():
@@ -131,8 +160,14 @@ def test_training_time_test_unrolled_steps_match_drafting():
         torch.testing.assert_close(calls[0][j], hidden, **FP32_LAYERS)
         for s in range(1, steps):
             mask = torch.zeros(1, 1, 1, kv[0].shape[2] + 1)  # the committed rows <= j and the chain: all visible
-            o = drafter(seq[None, j + 1 + s : j + 2 + s], hidden=hidden[None, None], position_ids=torch.tensor([[j + s]]),
-                        attention_mask=mask, cache=kv, use_cache=True)  # fmt: skip
+            o = drafter(
+                seq[None, j + 1 + s : j + 2 + s],
+                hidden=hidden[None, None],
+                position_ids=torch.tensor([[j + s]]),
+                attention_mask=mask,
+                cache=kv,
+                use_cache=True,
+            )
             kv, hidden = o.cache, o.hidden_states[0, 0]
             # step s's loss projected its valid rows in order; row j is the j-th (all rows of one sequence are valid)
             torch.testing.assert_close(calls[s][j], hidden, **FP32_LAYERS)
@@ -141,9 +176,16 @@ def test_training_time_test_unrolled_steps_match_drafting():
 # --------------------------------------------------------------------------- public checkpoint layouts
 def _public_config(model, **extra):
     c = model.config
-    cfg = LlamaConfig(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_attention_heads=c.num_attention_heads,
-                      num_key_value_heads=c.num_key_value_heads, num_hidden_layers=1, vocab_size=c.vocab_size,
-                      rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings).to_dict()  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads,
+        num_hidden_layers=1,
+        vocab_size=c.vocab_size,
+        rms_norm_eps=c.rms_norm_eps,
+        max_position_embeddings=c.max_position_embeddings,
+    ).to_dict()
     cfg["architectures"] = ["LlamaForCausalLM"]
     cfg.update(extra)
     return cfg
@@ -151,16 +193,23 @@ def _public_config(model, **extra):
 
 def _rand_state(shapes: dict, seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
-    return {k: (0.3 * torch.randn(s, generator=g) if len(s) == 2 else 1 + 0.1 * torch.randn(s, generator=g)) for k, s in shapes.items()}
+    return {
+        k: (0.3 * torch.randn(s, generator=g) if len(s) == 2 else 1 + 0.1 * torch.randn(s, generator=g))
+        for k, s in shapes.items()
+    }
 
 
 def _layer_shapes(prefix, H, I, nh, nkv, hd, attn_in):
     return {
-        f"{prefix}.self_attn.q_proj.weight": (nh * hd, attn_in), f"{prefix}.self_attn.k_proj.weight": (nkv * hd, attn_in),
-        f"{prefix}.self_attn.v_proj.weight": (nkv * hd, attn_in), f"{prefix}.self_attn.o_proj.weight": (H, nh * hd),
-        f"{prefix}.mlp.gate_proj.weight": (I, H), f"{prefix}.mlp.up_proj.weight": (I, H), f"{prefix}.mlp.down_proj.weight": (H, I),
+        f"{prefix}.self_attn.q_proj.weight": (nh * hd, attn_in),
+        f"{prefix}.self_attn.k_proj.weight": (nkv * hd, attn_in),
+        f"{prefix}.self_attn.v_proj.weight": (nkv * hd, attn_in),
+        f"{prefix}.self_attn.o_proj.weight": (H, nh * hd),
+        f"{prefix}.mlp.gate_proj.weight": (I, H),
+        f"{prefix}.mlp.up_proj.weight": (I, H),
+        f"{prefix}.mlp.down_proj.weight": (H, I),
         f"{prefix}.post_attention_layernorm.weight": (H,),
-    }  # fmt: skip
+    }
 
 
 def _rms(x, w, eps):
@@ -186,10 +235,14 @@ def _layer_by_hand(sd, prefix, attn_in, residual, nh, nkv, hd, eps):
     q, k = _rope(q, pos), _rope(k, pos)
     k, v = k.repeat_interleave(nh // nkv, 0), v.repeat_interleave(nh // nkv, 0)
     scores = q @ k.transpose(-1, -2) / hd**0.5 + torch.full((T, T), float("-inf")).triu(1)
-    attn = (torch.softmax(scores, -1) @ v).transpose(0, 1).reshape(T, nh * hd) @ sd[f"{prefix}.self_attn.o_proj.weight"].T
+    attn = (torch.softmax(scores, -1) @ v).transpose(0, 1).reshape(T, nh * hd) @ sd[
+        f"{prefix}.self_attn.o_proj.weight"
+    ].T
     h = residual + attn
     m = _rms(h, sd[f"{prefix}.post_attention_layernorm.weight"], eps)
-    mlp = (F.silu(m @ sd[f"{prefix}.mlp.gate_proj.weight"].T) * (m @ sd[f"{prefix}.mlp.up_proj.weight"].T)) @ sd[f"{prefix}.mlp.down_proj.weight"].T
+    mlp = (F.silu(m @ sd[f"{prefix}.mlp.gate_proj.weight"].T) * (m @ sd[f"{prefix}.mlp.up_proj.weight"].T)) @ sd[
+        f"{prefix}.mlp.down_proj.weight"
+    ].T
     return h + mlp
 
 
@@ -203,7 +256,9 @@ def test_public_eagle1_checkpoint(arch, fmt, tmp_path):
     shapes = {"fc.weight": (H, 2 * H), "fc.bias": (H,), **_layer_shapes("layers.0", H, I, nh, nkv, hd, H)}
     sd = _rand_state(shapes, seed=11)
     sd["fc.bias"] = 0.1 * sd["fc.bias"]
-    sd["embed_tokens.weight"] = torch.zeros(c.vocab_size, H)  # some exports carry the embedding: ignored, the target's is used
+    sd["embed_tokens.weight"] = torch.zeros(
+        c.vocab_size, H
+    )  # some exports carry the embedding: ignored, the target's is used
     (tmp_path / "config.json").write_text(json.dumps(_public_config(model)))
     if fmt == "bin":
         torch.save(sd, tmp_path / "pytorch_model.bin")
@@ -212,7 +267,11 @@ def test_public_eagle1_checkpoint(arch, fmt, tmp_path):
 
         save_file(sd, str(tmp_path / "model.safetensors"))
     drafter = EagleDrafter.from_pretrained(tmp_path, base_model=model)
-    assert drafter.config.variant == "eagle1" and drafter.config.fc_bias and drafter.config.feature_layers() == [NUM_LAYERS]
+    assert (
+        drafter.config.variant == "eagle1"
+        and drafter.config.fc_bias
+        and drafter.config.feature_layers() == [NUM_LAYERS]
+    )
     # the maths by hand: g = Layer(fc([e(x_{j+1}); f_j])), logits = target lm_head(g)
     seq = torch.tensor([[4, 8, 15, 16, 23, 42]])
     with torch.no_grad():
@@ -241,15 +300,23 @@ def test_public_eagle3_checkpoint(arch, tmp_path):
     c = model.config
     H, I, nh, nkv, V = c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.vocab_size
     hd, Vd = H // nh, 40
-    shapes = {"fc.weight": (H, 3 * H), **_layer_shapes("midlayer", H, I, nh, nkv, hd, 2 * H),
-              "midlayer.hidden_norm.weight": (H,), "midlayer.input_layernorm.weight": (H,), "norm.weight": (H,), "lm_head.weight": (Vd, H)}  # fmt: skip
+    shapes = {
+        "fc.weight": (H, 3 * H),
+        **_layer_shapes("midlayer", H, I, nh, nkv, hd, 2 * H),
+        "midlayer.hidden_norm.weight": (H,),
+        "midlayer.input_layernorm.weight": (H,),
+        "norm.weight": (H,),
+        "lm_head.weight": (Vd, H),
+    }
     sd = _rand_state(shapes, seed=12)
     g = torch.Generator().manual_seed(3)
     draft_ids = torch.randperm(V, generator=g)[:Vd].sort().values
     sd["d2t"] = draft_ids - torch.arange(Vd)
     sd["t2d"] = torch.zeros(V, dtype=torch.bool)
     sd["t2d"][draft_ids] = True
-    (tmp_path / "config.json").write_text(json.dumps(_public_config(model, draft_vocab_size=Vd, architectures=["LlamaForCausalLMEagle3"])))
+    (tmp_path / "config.json").write_text(
+        json.dumps(_public_config(model, draft_vocab_size=Vd, architectures=["LlamaForCausalLMEagle3"]))
+    )
     torch.save(sd, tmp_path / "pytorch_model.bin")
     drafter = EagleDrafter.from_pretrained(tmp_path, base_model=model)
     assert drafter.config.variant == "eagle3" and drafter.config.draft_vocab_size == Vd
@@ -263,7 +330,9 @@ def test_public_eagle3_checkpoint(arch, tmp_path):
         feats = torch.cat([hs[low][0], hs[mid][0], hs[high][0]], -1)[:-1]  # f_j for rows j = 0..T-2
         f = feats @ sd["fc.weight"].T
         e = model.get_input_embeddings()(seq)[0, 1:]
-        attn_in = torch.cat([_rms(e, sd["midlayer.input_layernorm.weight"], eps), _rms(f, sd["midlayer.hidden_norm.weight"], eps)], -1)
+        attn_in = torch.cat(
+            [_rms(e, sd["midlayer.input_layernorm.weight"], eps), _rms(f, sd["midlayer.hidden_norm.weight"], eps)], -1
+        )
         gh = _layer_by_hand(sd, "midlayer", attn_in, f, nh, nkv, hd, eps)
         draft_logits = _rms(gh, sd["norm.weight"], eps) @ sd["lm_head.weight"].T
         mine = drafter(seq[:, 1:], target_features=drafter.target_features(hs)[:, :-1])
@@ -296,7 +365,9 @@ def test_d2t_mapping():
     td = drafter.get_tree_drafter(model)
     with torch.no_grad():
         td.begin(torch.tensor([[1, 2]]), model(torch.tensor([[1, 2]]), output_hidden_states=True))
-    draft = td.propose(torch.tensor([[1, 2, 3]]), hfs.DynamicTree(total_tokens=12, depth=3, top_k=4), hfs.DraftingOptions())
+    draft = td.propose(
+        torch.tensor([[1, 2, 3]]), hfs.DynamicTree(total_tokens=12, depth=3, top_k=4), hfs.DraftingOptions()
+    )
     assert set(draft.tokens[1:].tolist()) <= set(ids.tolist())
     with pytest.raises(ValueError, match="distinct"):
         drafter.set_draft_vocab(torch.tensor([1, 1, 2, 3, 4]))
@@ -312,7 +383,12 @@ def test_dynamic_tree_grow_hand_example():
     Rerank to 5: A .6, B .3, A2 .30 (tie with B: the earlier node first), B0 .27, A3 .24.
     """
     lp = lambda *p: torch.tensor(p).log()  # noqa: E731
-    rows = {(0,): lp(0.1, 0.2, 0.5, 0.4) - 0, (1,): lp(0.9, 0.05, 0.03, 0.02), (0, 2): lp(0.2, 0.7, 0.05, 0.05), (1, 0): lp(0.05, 0.05, 0.1, 0.8)}
+    rows = {
+        (0,): lp(0.1, 0.2, 0.5, 0.4) - 0,
+        (1,): lp(0.9, 0.05, 0.03, 0.02),
+        (0, 2): lp(0.2, 0.7, 0.05, 0.05),
+        (1, 0): lp(0.05, 0.05, 0.1, 0.8),
+    }
     rows[(0,)] = lp(0.05, 0.05, 0.5, 0.4)
     calls = []
 
@@ -339,7 +415,9 @@ def test_dynamic_tree_grow_hand_example():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(  # one case a tree: the two pytest-xdist workers share them
-    "tree", [hfs.TreeSpec.cartesian([3, 2, 1]), hfs.DynamicTree(total_tokens=6, depth=3, top_k=2)], ids=["static-tree", "dynamic-tree"]
+    "tree",
+    [hfs.TreeSpec.cartesian([3, 2, 1]), hfs.DynamicTree(total_tokens=6, depth=3, top_k=2)],
+    ids=["static-tree", "dynamic-tree"],
 )
 def test_sampling_matches_target_distribution(tree):
     target = hfs.enable(tiny_model("llama", seed=21, vocab_size=VOCAB, num_layers=2))
@@ -353,7 +431,13 @@ def test_sampling_matches_target_distribution(tree):
     n = 3000
     torch.manual_seed(1234)
     gen = dict(do_sample=True, max_new_tokens=NEW, top_k=4, temperature=0.7)
-    counts = _batched_sample_counts(lambda ids, mask: target.generate(ids, attention_mask=mask, assistant_model=drafter, speculative_tree=tree, **gen), prompt, n)
+    counts = _batched_sample_counts(
+        lambda ids, mask: target.generate(
+            ids, attention_mask=mask, assistant_model=drafter, speculative_tree=tree, **gen
+        ),
+        prompt,
+        n,
+    )
     assert chi_square_pvalue(counts, exact, n) > ALPHA, tree
 
 
@@ -384,5 +468,7 @@ def test_batched_greedy_equality_with_ragged_prompts(arch, variant):
     mask[2, :2] = 0
     ids[mask == 0] = 0
     ref = model.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=0)
-    out = model.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=20, do_sample=False, pad_token_id=0)
+    out = model.generate(
+        ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=20, do_sample=False, pad_token_id=0
+    )
     assert torch.equal(out, ref)

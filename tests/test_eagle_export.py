@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_model
 from safetensors.torch import load_file
 
 import hf_speculative as hfs
 from hf_speculative.cli import main
 from hf_speculative.drafters.eagle import EagleDrafter
-
-from conftest import tiny_model
 
 FORMATS = ["vllm", "sglang"]
 VARIANTS = ["eagle", "eagle3"]
@@ -28,14 +27,26 @@ NUM_LAYERS = 6
 DRAFT_VOCAB = 40
 ROPE_THETA = 50000.0  # not Llama's default: a lost rope_theta would change the drafter
 LAYER = [
-    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "post_attention_layernorm.weight",
-]  # fmt: skip
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+    "post_attention_layernorm.weight",
+]
 EAGLE1_KEYS = {"fc.weight", *(f"layers.0.{k}" for k in LAYER)}
 EAGLE3_KEYS = {
-    "fc.weight", *(f"midlayer.{k}" for k in LAYER), "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
-    "norm.weight", "lm_head.weight", "d2t", "t2d",
-}  # fmt: skip
+    "fc.weight",
+    *(f"midlayer.{k}" for k in LAYER),
+    "midlayer.input_layernorm.weight",
+    "midlayer.hidden_norm.weight",
+    "norm.weight",
+    "lm_head.weight",
+    "d2t",
+    "t2d",
+}
 EXPECTED_KEYS = {
     ("vllm", "eagle"): EAGLE1_KEYS,  # vLLM's EAGLE fc has no bias
     ("sglang", "eagle"): EAGLE1_KEYS | {"fc.bias"},  # SGLang's EAGLE fc always has one
@@ -49,16 +60,35 @@ ARCHITECTURES = {
     ("sglang", "eagle3"): "LlamaForCausalLMEagle3",
 }
 # the parameters each engine's drafter module holds (fused q/k/v and gate/up), shared embeddings and heads left out
-_FUSED = ["self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.gate_up_proj.weight", "mlp.down_proj.weight",
-          "post_attention_layernorm.weight"]  # fmt: skip
+_FUSED = [
+    "self_attn.qkv_proj.weight",
+    "self_attn.o_proj.weight",
+    "mlp.gate_up_proj.weight",
+    "mlp.down_proj.weight",
+    "post_attention_layernorm.weight",
+]
 ENGINE_PARAMETERS = {
     ("vllm", "eagle"): {"model.fc.weight", *(f"model.layers.0.{k}" for k in _FUSED)},
     ("sglang", "eagle"): {"model.fc.weight", "model.fc.bias", *(f"model.layers.0.{k}" for k in _FUSED)},
-    ("vllm", "eagle3"): {"model.fc.weight", *(f"model.layers.0.{k}" for k in _FUSED), "model.layers.0.input_layernorm.weight",
-                         "model.layers.0.hidden_norm.weight", "model.norm.weight", "lm_head.weight", "draft_id_to_target_id"},
-    ("sglang", "eagle3"): {"model.fc.weight", *(f"model.midlayer.{k}" for k in _FUSED), "model.midlayer.input_layernorm.weight",
-                           "model.midlayer.hidden_norm.weight", "model.norm.weight", "lm_head.weight", "hot_token_id"},
-}  # fmt: skip
+    ("vllm", "eagle3"): {
+        "model.fc.weight",
+        *(f"model.layers.0.{k}" for k in _FUSED),
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.0.hidden_norm.weight",
+        "model.norm.weight",
+        "lm_head.weight",
+        "draft_id_to_target_id",
+    },
+    ("sglang", "eagle3"): {
+        "model.fc.weight",
+        *(f"model.midlayer.{k}" for k in _FUSED),
+        "model.midlayer.input_layernorm.weight",
+        "model.midlayer.hidden_norm.weight",
+        "model.norm.weight",
+        "lm_head.weight",
+        "hot_token_id",
+    },
+}
 
 
 def engine_parameters(fmt: str, variant: str, keys) -> set[str]:
@@ -75,8 +105,13 @@ def engine_parameters(fmt: str, variant: str, keys) -> set[str]:
             continue
         if fmt == "vllm":
             key = key.replace("midlayer.", "layers.0.")
-        for shard, fused in ((".q_proj", ".qkv_proj"), (".k_proj", ".qkv_proj"), (".v_proj", ".qkv_proj"),
-                             (".gate_proj", ".gate_up_proj"), (".up_proj", ".gate_up_proj")):  # fmt: skip
+        for shard, fused in (
+            (".q_proj", ".qkv_proj"),
+            (".k_proj", ".qkv_proj"),
+            (".v_proj", ".qkv_proj"),
+            (".gate_proj", ".gate_up_proj"),
+            (".up_proj", ".gate_up_proj"),
+        ):
             key = key.replace(shard, fused)
         names.add(key if key.startswith("lm_head") else f"model.{key}")
     return names
@@ -97,7 +132,9 @@ def _trained_like(drafter, seed=0):
 
 def _drafter(model, variant, **kwargs):
     eagle3 = variant == "eagle3"
-    drafter = EagleDrafter.from_base_model(model, variant=variant, draft_vocab_size=DRAFT_VOCAB if eagle3 else None, **kwargs)
+    drafter = EagleDrafter.from_base_model(
+        model, variant=variant, draft_vocab_size=DRAFT_VOCAB if eagle3 else None, **kwargs
+    )
     if eagle3:
         g = torch.Generator().manual_seed(1)
         drafter.set_draft_vocab(torch.randperm(model.config.vocab_size, generator=g)[:DRAFT_VOCAB])
@@ -133,18 +170,37 @@ def test_export_round_trip(fmt, variant, tmp_path):
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["architectures"] == [ARCHITECTURES[fmt, variant]]
     assert config["model_type"] == "llama" and config["num_hidden_layers"] == 1
-    assert (config["hidden_size"], config["vocab_size"], config["intermediate_size"]) == (c.hidden_size, c.vocab_size, c.intermediate_size)
-    assert (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]) == (4, 2, c.hidden_size // 4)
-    assert config["rope_theta"] == ROPE_THETA and config["rope_scaling"] is None and config["rms_norm_eps"] == c.rms_norm_eps
-    assert config["tie_word_embeddings"] is False and config["attention_bias"] is False and config["hidden_act"] == "silu"
-    assert "eagle_aux_hidden_state_layer_ids" not in config and "eagle_config" not in config  # the engines' default layers
+    assert (config["hidden_size"], config["vocab_size"], config["intermediate_size"]) == (
+        c.hidden_size,
+        c.vocab_size,
+        c.intermediate_size,
+    )
+    assert (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]) == (
+        4,
+        2,
+        c.hidden_size // 4,
+    )
+    assert (
+        config["rope_theta"] == ROPE_THETA
+        and config["rope_scaling"] is None
+        and config["rms_norm_eps"] == c.rms_norm_eps
+    )
+    assert (
+        config["tie_word_embeddings"] is False and config["attention_bias"] is False and config["hidden_act"] == "silu"
+    )
+    assert (
+        "eagle_aux_hidden_state_layer_ids" not in config and "eagle_config" not in config
+    )  # the engines' default layers
     weights = load_file(str(tmp_path / "out" / "model.safetensors"))
     assert set(weights) == EXPECTED_KEYS[fmt, variant]
     assert engine_parameters(fmt, variant, weights) == ENGINE_PARAMETERS[fmt, variant]
     H = c.hidden_size
     if variant == "eagle3":
         assert config["draft_vocab_size"] == DRAFT_VOCAB and config["target_hidden_size"] == H
-        assert weights["fc.weight"].shape == (H, 3 * H) and weights["midlayer.self_attn.q_proj.weight"].shape == (H, 2 * H)
+        assert weights["fc.weight"].shape == (H, 3 * H) and weights["midlayer.self_attn.q_proj.weight"].shape == (
+            H,
+            2 * H,
+        )
         assert weights["lm_head.weight"].shape == (DRAFT_VOCAB, H)
         assert weights["d2t"].dtype == torch.int64 and weights["t2d"].dtype == torch.bool
         assert torch.equal(torch.arange(DRAFT_VOCAB) + weights["d2t"], drafter.draft_target_ids)
@@ -161,8 +217,10 @@ def test_export_round_trip(fmt, variant, tmp_path):
     _assert_same_drafter(drafter, loaded, model)
     for prompt in (torch.tensor([[1, 5, 7, 9, 11]]), torch.tensor([[3]])):
         ref = model.generate(prompt, max_new_tokens=20, do_sample=False)
-        outs = [model.generate(prompt, assistant_model=d, max_new_tokens=20, do_sample=False, return_dict_in_generate=True)
-                for d in (drafter, loaded)]  # fmt: skip
+        outs = [
+            model.generate(prompt, assistant_model=d, max_new_tokens=20, do_sample=False, return_dict_in_generate=True)
+            for d in (drafter, loaded)
+        ]
         assert torch.equal(outs[0].sequences, ref) and torch.equal(outs[1].sequences, ref)
         assert outs[0].speculative_stats.accepted_lengths == outs[1].speculative_stats.accepted_lengths
 

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import FP32_LAYERS, noisy_copy, tiny_model
 from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
@@ -13,8 +14,6 @@ from transformers.generation.streamers import BaseStreamer
 
 import hf_speculative as hfs
 from hf_speculative._compat import cache_arg, get_cache
-
-from conftest import FP32_LAYERS, noisy_copy, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +67,12 @@ def test_custom_logits_processor_and_stopping_criteria(pair):
             return torch.full((input_ids.shape[0],), input_ids.shape[1] >= PROMPT.shape[1] + 11, dtype=torch.bool)
 
     out = _same(
-        target, draft, max_new_tokens=30,
-        logits_processor=LogitsProcessorList([Ban()]), stopping_criteria=StoppingCriteriaList([StopAtLength()]),
-    )  # fmt: skip
+        target,
+        draft,
+        max_new_tokens=30,
+        logits_processor=LogitsProcessorList([Ban()]),
+        stopping_criteria=StoppingCriteriaList([StopAtLength()]),
+    )
     assert out.shape[1] == PROMPT.shape[1] + 11
 
 
@@ -96,11 +98,18 @@ def test_streamer_receives_tokens_in_order(pair):
 
 def test_return_dict_scores_logits_and_cache(pair):
     target, draft = pair
-    plain = target.generate(PROMPT, max_new_tokens=10, do_sample=False, return_dict_in_generate=True, output_scores=True, output_logits=True)
+    plain = target.generate(
+        PROMPT, max_new_tokens=10, do_sample=False, return_dict_in_generate=True, output_scores=True, output_logits=True
+    )
     out = target.generate(
-        PROMPT, assistant_model=draft, max_new_tokens=10, do_sample=False,
-        return_dict_in_generate=True, output_scores=True, output_logits=True,
-    )  # fmt: skip
+        PROMPT,
+        assistant_model=draft,
+        max_new_tokens=10,
+        do_sample=False,
+        return_dict_in_generate=True,
+        output_scores=True,
+        output_logits=True,
+    )
     assert torch.equal(out.sequences, plain.sequences)
     assert len(out.scores) == len(plain.scores) == 10
     for mine, ref in zip(out.scores, plain.scores):
@@ -120,7 +129,9 @@ def test_left_padded_prompt_with_attention_mask(pair):
     ids = torch.cat([torch.full((1, 3), pad), PROMPT], dim=-1)
     mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones_like(PROMPT)], dim=-1)
     expected = target.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=pad)
-    out = target.generate(ids, attention_mask=mask, assistant_model=draft, max_new_tokens=12, do_sample=False, pad_token_id=pad)
+    out = target.generate(
+        ids, attention_mask=mask, assistant_model=draft, max_new_tokens=12, do_sample=False, pad_token_id=pad
+    )
     assert torch.equal(out, expected)
 
 
@@ -179,7 +190,9 @@ def test_tree_deeper_than_drafter_and_wrong_types(pair):
         max_depth = 2
 
     with pytest.raises(ValueError, match="at most 2 levels"):
-        target.generate(PROMPT, assistant_model=Shallow(draft), speculative_tree=hfs.TreeSpec.chain(3), max_new_tokens=4)
+        target.generate(
+            PROMPT, assistant_model=Shallow(draft), speculative_tree=hfs.TreeSpec.chain(3), max_new_tokens=4
+        )
     with pytest.raises(TypeError, match="TreeSpec"):
         target.generate(PROMPT, assistant_model=draft, speculative_tree=[[0], [0, 0]], max_new_tokens=4)
     with pytest.raises(TypeError, match="assistant_model must be"):

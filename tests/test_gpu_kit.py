@@ -32,7 +32,10 @@ def test_smoke_run_trains_benchmarks_and_writes_back(smoke):
     b1 = results["bench"]["bench-heldout-b1"]["methods"]
     assert {"plain", "hf-prompt-lookup", "hf-assisted", "tree-prompt-lookup", "token-recycling", "eagle3"} <= set(b1)
     assert "2" in results["bench"]["bench-heldout-b2"]["batches"]  # batch 8 on the GPU, 2 in the smoke run
-    assert set(results["downstream"]) == {"medusa2-smollm2-135m-e2e-nlg-gpu", "speculative-streaming-smollm2-135m-e2e-nlg-gpu"}
+    assert set(results["downstream"]) == {
+        "medusa2-smollm2-135m-e2e-nlg-gpu",
+        "speculative-streaming-smollm2-135m-e2e-nlg-gpu",
+    }
     assert "# GPU kit run:" in (root / "out" / "results.md").read_text()
 
 
@@ -90,8 +93,18 @@ def test_packed_parts_reassemble_on_the_machine(tmp_path):
 
 
 def test_bench_methods_and_prompts_fit_the_slot():
-    methods = ["plain", "eagle3", "hybrid:pl+tr+eagle3", "engine", "tree-prompt-lookup", "parallel", "token-recycling",
-               "hybrid:pl+tr", "hf-prompt-lookup", "hf-assisted"]  # fmt: skip
+    methods = [
+        "plain",
+        "eagle3",
+        "hybrid:pl+tr+eagle3",
+        "engine",
+        "tree-prompt-lookup",
+        "parallel",
+        "token-recycling",
+        "hybrid:pl+tr",
+        "hf-prompt-lookup",
+        "hf-assisted",
+    ]
     for seconds in (10, 25, 40, 60, 90, 300):
         for batch in (None, 8):
             chosen, prompts = kit.plan_bench(seconds, methods, batch)
@@ -127,20 +140,33 @@ def test_eval_skips_arms_whose_training_failed_or_wrote_no_folder(tmp_path, monk
     monkeypatch.setattr(kit, "study", lambda *argv: pytest.fail(f"evaluated {argv}"))
     record = kit.evaluate_arms(run, 60.0)
     assert record["arms"] == [] and set(record["skipped"]) == set(kit.ARMS.values())
-    assert "failed" in record["skipped"][kit.ARMS["streaming"]] and "downstream.json" in record["skipped"][kit.ARMS["medusa2"]]
+    assert (
+        "failed" in record["skipped"][kit.ARMS["streaming"]]
+        and "downstream.json" in record["skipped"][kit.ARMS["medusa2"]]
+    )
 
 
 def test_a_stopped_bench_keeps_what_it_wrote(tmp_path):
     run = kit.Run(smoke=True, minutes=5, work=tmp_path, out=tmp_path)
-    (tmp_path / "bench-heldout-b1.json").write_text(json.dumps({"setting": {"partial": True, "n_prompts": 1}, "methods": {}}))
+    (tmp_path / "bench-heldout-b1.json").write_text(
+        json.dumps({"setting": {"partial": True, "n_prompts": 1}, "methods": {}})
+    )
     (tmp_path / "bench-mt_bench-b1.json").write_text('{"setting": {"par')  # stopped while writing
     kit._keep_bench(run, tmp_path / "bench-heldout-b1.json")
     kit._keep_bench(run, tmp_path / "bench-mt_bench-b1.json")
     assert list(run.results["bench"]) == ["bench-heldout-b1"]
     from report import markdown
 
-    text = markdown({"machine": {"device": "d", "date": "t", "torch": "x", "transformers": "y"}, "minutes": 5,
-                     "smoke": True, "dtype": "bfloat16", "steps": [], **run.results})  # fmt: skip
+    text = markdown(
+        {
+            "machine": {"device": "d", "date": "t", "torch": "x", "transformers": "y"},
+            "minutes": 5,
+            "smoke": True,
+            "dtype": "bfloat16",
+            "steps": [],
+            **run.results,
+        }
+    )
     assert "partial: the first 1 prompts" in text
 
 
@@ -171,8 +197,12 @@ def test_gpu_steps_size_their_commands_to_the_slot(tmp_path, monkeypatch):
     assert value("--time-budget") <= 60 - kit.DISTILL_LOAD_S and value("--max-new-tokens") == kit.DISTILL_NEW_TOKENS
     kit.label(run, 16.0)
     assert value("--max-tokens") <= kit.LABEL_TOKENS_PER_S * 16
-    for step, fn in [("eagle3", kit.train_eagle3), ("streaming", lambda r, s: kit.train_downstream(r, s, "streaming")),
-                     ("medusa2", lambda r, s: kit.train_downstream(r, s, "medusa2")), ("parallel", kit.train_parallel)]:  # fmt: skip
+    for step, fn in [
+        ("eagle3", kit.train_eagle3),
+        ("streaming", lambda r, s: kit.train_downstream(r, s, "streaming")),
+        ("medusa2", lambda r, s: kit.train_downstream(r, s, "medusa2")),
+        ("parallel", kit.train_parallel),
+    ]:
         fn(run, 40.0)
         assert value("--time-budget") + kit.OVERHEAD_S[step] <= 40
         if step in kit.ARMS:

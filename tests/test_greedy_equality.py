@@ -10,10 +10,9 @@ import random
 
 import pytest
 import torch
+from conftest import noisy_copy, random_tree, tiny_model
 
 import hf_speculative as hfs
-
-from conftest import noisy_copy, random_tree, tiny_model
 
 CASES_PER_ARCH = 60
 
@@ -78,7 +77,14 @@ def test_self_draft_accepts_full_paths():
     target = hfs.enable(tiny_model("llama", seed=7))
     prompt = torch.randint(0, 96, (1, 5))
     tree = hfs.TreeSpec.cartesian([2, 2, 1, 1])
-    out = target.generate(prompt, assistant_model=target, speculative_tree=tree, max_new_tokens=31, do_sample=False, return_dict_in_generate=True)
+    out = target.generate(
+        prompt,
+        assistant_model=target,
+        speculative_tree=tree,
+        max_new_tokens=31,
+        do_sample=False,
+        return_dict_in_generate=True,
+    )
     lengths = out.speculative_stats.accepted_lengths
     assert lengths == [1] + [5] * 6  # prefill token, then depth 4 + bonus every step
     assert out.speculative_stats.mean_accepted_length == pytest.approx(31 / 7)

@@ -7,11 +7,10 @@ import shutil
 
 import pytest
 import torch
+from conftest import tiny_model
 from huggingface_hub import HfApi, ModelCard
 
 import hf_speculative as hfs
-
-from conftest import tiny_model
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -43,7 +42,9 @@ def _drafters(model):
     return {"medusa": heads, "parallel": parallel, "streaming": streams}
 
 
-@pytest.mark.parametrize("kind,tag", [("medusa", "medusa"), ("parallel", "parallelspec"), ("streaming", "speculative-streaming")])
+@pytest.mark.parametrize(
+    "kind,tag", [("medusa", "medusa"), ("parallel", "parallelspec"), ("streaming", "speculative-streaming")]
+)
 def test_push_to_hub_uploads_checkpoint_and_card(hub, kind, tag):
     model = tiny_model()
     drafter = _drafters(model)[kind]

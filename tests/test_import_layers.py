@@ -21,12 +21,18 @@ ROOT = "hf_speculative"
 LAYERS = [
     ("hf_speculative._compat", 0),  # what differs between the supported transformers releases
     ("hf_speculative.registry", 0),  # the drafter registry: each drafter registers itself in its own package
-    ("hf_speculative.engine", 0),  # the engine: decoding loop, trees, acceptance, verification forward, kernels, protocol
+    (
+        "hf_speculative.engine",
+        0,
+    ),  # the engine: decoding loop, trees, acceptance, verification forward, kernels, protocol
     ("hf_speculative.hub", 0),  # resolve a folder or Hub name (used by every from_pretrained)
     ("hf_speculative.paths", 0),  # the cache root, model key and machine description
     ("hf_speculative.plotting", 0),  # save_figure: the bench plots (and the studies in benchmarks/)
     ("hf_speculative.perf_model", 1),  # the cost model (cost_curve, shapes, speedup): the engine's step, no training
-    ("hf_speculative.model_card", 1),  # every model card: huggingface_hub.ModelCard, the shared sections, each family's card.yaml
+    (
+        "hf_speculative.model_card",
+        1,
+    ),  # every model card: huggingface_hub.ModelCard, the shared sections, each family's card.yaml
     ("hf_speculative.drafters.base", 1),  # what drafters share to read their target
     ("hf_speculative.drafters.sparse_cache", 1),  # StreamingLLM's sparse cache (SPIRe, MagicDec)
     ("hf_speculative.drafters.chain", 1),  # chains drafted one token per forward (SPIRe, MagicDec)
@@ -40,7 +46,10 @@ LAYERS = [
     ("hf_speculative.drafters.modeling_drafter", 2),  # the method drafters' PreTrainedModel base (target plumbing)
     ("hf_speculative.drafters.configuration_drafter", 2),  # the config fields the method drafters share
     ("hf_speculative.training", 2),
-    ("hf_speculative.auto", 2),  # the registered drafters' configs and lazy model stand-ins in transformers' Auto classes
+    (
+        "hf_speculative.auto",
+        2,
+    ),  # the registered drafters' configs and lazy model stand-ins in transformers' Auto classes
     ("hf_speculative.bench", 3),
     ("hf_speculative.commands", 4),
     ("hf_speculative.cli", 5),
@@ -152,7 +161,9 @@ def _without_root(graph):
 def test_resolver_sees_relative_and_nested_imports():
     graph = import_graph()
     assert "hf_speculative.engine.protocol" in graph["hf_speculative.engine.decoding"]  # from .protocol import ...
-    assert "hf_speculative.engine.protocol" in graph["hf_speculative.drafters.chain"]  # from ..engine.protocol import ...
+    assert (
+        "hf_speculative.engine.protocol" in graph["hf_speculative.drafters.chain"]
+    )  # from ..engine.protocol import ...
     assert "hf_speculative.bench.harness" in graph["hf_speculative.commands.bench"]  # inside run()
     assert "hf_speculative.commands.common" in graph["hf_speculative.commands.train_medusa"]
     assert "hf_speculative.commands.bench" not in import_graph(top_level_only=True)["hf_speculative.cli"]
@@ -177,7 +188,8 @@ def test_drafters_do_not_import_bench_commands_or_cli():
         for mod, targets in import_graph().items()
         if mod.startswith("hf_speculative.drafters")
         for t in targets
-        if t.startswith(("hf_speculative.bench", "hf_speculative.commands", "hf_speculative.cli")) and (mod, t) not in ALLOWED
+        if t.startswith(("hf_speculative.bench", "hf_speculative.commands", "hf_speculative.cli"))
+        and (mod, t) not in ALLOWED
     ]
     assert bad == []
 
@@ -187,23 +199,35 @@ def test_inference_path_does_not_load_the_trainer_stack():
     training module and no ``transformers.Trainer``."""
     graph = import_graph(top_level_only=True)
     graph[f"{ROOT}.__init__"] = import_graph()[f"{ROOT}.__init__"]  # import hf_speculative registers the drafters
-    inference = [m for m in graph if m == f"{ROOT}.__init__" or _layer(m) <= 1 or (
-        m.startswith("hf_speculative.drafters.") and m.rsplit(".", 1)[-1].startswith(("configuration_", "modeling_", "pruning", "__init__"))
-    )]  # fmt: skip
+    inference = [
+        m
+        for m in graph
+        if m == f"{ROOT}.__init__"
+        or _layer(m) <= 1
+        or (
+            m.startswith("hf_speculative.drafters.")
+            and m.rsplit(".", 1)[-1].startswith(("configuration_", "modeling_", "pruning", "__init__"))
+        )
+    ]
     seen, todo = set(), list(inference)
     while todo:
         m = todo.pop()
         if m not in seen:
             seen.add(m)
             todo.extend(graph[m])
-    training = sorted(m for m in seen if m.startswith("hf_speculative.training") or m.rsplit(".", 1)[-1].startswith("training_"))
+    training = sorted(
+        m for m in seen if m.startswith("hf_speculative.training") or m.rsplit(".", 1)[-1].startswith("training_")
+    )
     assert training == []
     trainer_users = []
     for m in seen:
         tree = ast.parse(_modules()[m].read_text())
         for node in tree.body:
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("transformers"):
-                if any(a.name in ("Trainer", "TrainingArguments", "TrainerCallback") for a in node.names) or "trainer" in node.module:
+                if (
+                    any(a.name in ("Trainer", "TrainingArguments", "TrainerCallback") for a in node.names)
+                    or "trainer" in node.module
+                ):
                     trainer_users.append(m)
     assert trainer_users == []
 
@@ -214,8 +238,16 @@ def test_cli_modules_import_no_torch_at_module_level():
     heavy = []
     for m in cli_side:
         for node in ast.parse(_modules()[m].read_text()).body:
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            heavy += [(m, n) for n in names if n.split(".")[0] in ("torch", "transformers", "peft", "accelerate", "datasets")]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            heavy += [
+                (m, n) for n in names if n.split(".")[0] in ("torch", "transformers", "peft", "accelerate", "datasets")
+            ]
         assert all(t.startswith("hf_speculative.commands") for t in graph[m]), (m, graph[m])
     assert heavy == []
 
@@ -245,13 +277,26 @@ def _fresh_python(code: str) -> str:
 def test_import_loads_no_drafter():
     """``import hf_speculative`` loads the drafters' configurations (for ``AutoConfig``) and nothing of a drafter:
     no modeling, training or engine module."""
-    loaded = ast.literal_eval(_fresh_python(
-        "import sys, hf_speculative; print(sorted(m for m in sys.modules if m.startswith('hf_speculative')))"
-    ).strip())  # fmt: skip
-    light = {"hf_speculative", "hf_speculative.auto", "hf_speculative.hub", "hf_speculative.registry", "hf_speculative.engine",
-             "hf_speculative.engine.trees", "hf_speculative.drafters",
-             "hf_speculative.drafters.lazy", "hf_speculative.drafters.configuration_drafter"}  # fmt: skip
-    drafter_packages = {f"hf_speculative.drafters.{d}" for d in ("medusa", "streaming", "parallel", "eagle", "spire", "suffix", "token_recycling")}
+    loaded = ast.literal_eval(
+        _fresh_python(
+            "import sys, hf_speculative; print(sorted(m for m in sys.modules if m.startswith('hf_speculative')))"
+        ).strip()
+    )
+    light = {
+        "hf_speculative",
+        "hf_speculative.auto",
+        "hf_speculative.hub",
+        "hf_speculative.registry",
+        "hf_speculative.engine",
+        "hf_speculative.engine.trees",
+        "hf_speculative.drafters",
+        "hf_speculative.drafters.lazy",
+        "hf_speculative.drafters.configuration_drafter",
+    }
+    drafter_packages = {
+        f"hf_speculative.drafters.{d}"
+        for d in ("medusa", "streaming", "parallel", "eagle", "spire", "suffix", "token_recycling")
+    }
     heavy = [m for m in loaded if m not in light | drafter_packages and ".configuration_" not in m]
     assert heavy == []
     assert drafter_packages <= set(loaded)  # their configs are registered
@@ -273,8 +318,13 @@ def test_auto_model_imports_a_drafter_on_first_load(tmp_path):
         "after = sorted(m for m in sys.modules if m.startswith('hf_speculative') and '.modeling_' in m)\n"
         "print(before, type(model).__module__, type(model).__name__, after)\n"
     )
-    assert out.split() == ["[]", "hf_speculative.drafters.medusa.modeling_medusa", "MedusaHeadsModel",
-                           "['hf_speculative.drafters.medusa.modeling_medusa',", "'hf_speculative.drafters.modeling_drafter']"]  # fmt: skip
+    assert out.split() == [
+        "[]",
+        "hf_speculative.drafters.medusa.modeling_medusa",
+        "MedusaHeadsModel",
+        "['hf_speculative.drafters.medusa.modeling_medusa',",
+        "'hf_speculative.drafters.modeling_drafter']",
+    ]
 
 
 def test_the_studies_live_beside_the_package():
@@ -285,8 +335,16 @@ def test_the_studies_live_beside_the_package():
     importing = []
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
-            importing += [f"{path.relative_to(PACKAGE.parent)}: {n}" for n in names if n.split(".")[0] in studies | {"benchmarks"}]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            importing += [
+                f"{path.relative_to(PACKAGE.parent)}: {n}" for n in names if n.split(".")[0] in studies | {"benchmarks"}
+            ]
     assert importing == []
     assert not any((PACKAGE / name).exists() for name in studies)
     assert "include = hf_speculative*" in (PACKAGE.parent / "setup.cfg").read_text()

@@ -9,13 +9,12 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_chat_model, tiny_model
 from safetensors.torch import load_file
+from test_interop_medusa import write_reference_heads
 
 import hf_speculative as hfs
 from hf_speculative.cli import main
-
-from conftest import tiny_chat_model, tiny_model
-from test_interop_medusa import write_reference_heads
 
 
 def vllm_load_medusa(folder):
@@ -46,7 +45,9 @@ def vllm_load_medusa(folder):
         for h in range(K):
             x = hidden
             for l in range(L):
-                x = x + F.silu(F.linear(x, weights[f"blocks.{h}.layers.{l}.weight"], weights.get(f"blocks.{h}.layers.{l}.bias")))
+                x = x + F.silu(
+                    F.linear(x, weights[f"blocks.{h}.layers.{l}.weight"], weights.get(f"blocks.{h}.layers.{l}.bias"))
+                )
             out.append(F.linear(x, weights[f"lm_heads.{h}.weight"]))
         return torch.stack(out, dim=-2)
 
@@ -66,7 +67,9 @@ def test_medusa_to_vllm_round_trip(tmp_path, share_lm_head, num_layers):
     model, tokenizer = tiny_chat_model(4)
     model.save_pretrained(tmp_path / "target")
     tokenizer.save_pretrained(tmp_path / "target")
-    heads = _trained_like(hfs.MedusaHeadsModel.from_base_model(model, num_heads=3, num_layers=num_layers, share_lm_head=share_lm_head))
+    heads = _trained_like(
+        hfs.MedusaHeadsModel.from_base_model(model, num_heads=3, num_layers=num_layers, share_lm_head=share_lm_head)
+    )
     heads.save_pretrained(tmp_path / "heads")
     argv = ["export", str(tmp_path / "heads"), "--format", "vllm", "--output", str(tmp_path / "vllm")]
     assert main(argv + ["--model", str(tmp_path / "target")]) == 0

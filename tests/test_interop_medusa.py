@@ -8,10 +8,9 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_model
 
 import hf_speculative as hfs
-
-from conftest import tiny_model
 
 
 def write_reference_heads(folder, model, num_heads=3, num_layers=1, fmt="safetensors", shared_blocks=False, seed=0):
@@ -27,8 +26,12 @@ def write_reference_heads(folder, model, num_heads=3, num_layers=1, fmt="safeten
             state[f"{h}.{l}.linear.weight"], state[f"{h}.{l}.linear.bias"] = block[0].clone(), block[1].clone()
         state[f"{h}.{num_layers}.weight"] = model.lm_head.weight.detach().clone() + 0.3 * torch.randn(V, H, generator=g)
     folder.mkdir(parents=True, exist_ok=True)
-    config = {"medusa_num_heads": num_heads, "medusa_num_layers": num_layers, "base_model_name_or_path": "tiny/llama",
-              "transformers_version": "4.34.0"}  # fmt: skip
+    config = {
+        "medusa_num_heads": num_heads,
+        "medusa_num_layers": num_layers,
+        "base_model_name_or_path": "tiny/llama",
+        "transformers_version": "4.34.0",
+    }
     (folder / "config.json").write_text(json.dumps(config))
     if fmt == "safetensors":
         from safetensors.torch import save_file
@@ -54,12 +57,16 @@ def reference_head_logits(state, hidden, num_heads, num_layers):
 @pytest.mark.parametrize("num_layers,shared_blocks", [(1, False), (2, True), (2, False)])
 def test_reference_layout_logits_by_hand(tmp_path, fmt, num_layers, shared_blocks):
     model = tiny_model()
-    state = write_reference_heads(tmp_path / "heads", model, num_layers=num_layers, fmt=fmt, shared_blocks=shared_blocks)
+    state = write_reference_heads(
+        tmp_path / "heads", model, num_layers=num_layers, fmt=fmt, shared_blocks=shared_blocks
+    )
     heads = hfs.MedusaHeadsModel.from_pretrained(tmp_path / "heads")
     assert heads.config.share_lm_head is False and heads.config.num_heads == 3 and heads.config.num_layers == num_layers
     assert heads.config.base_model_name_or_path == "tiny/llama" and heads.config.vocab_size == model.config.vocab_size
     hidden = torch.randn(2, 5, model.config.hidden_size)
-    torch.testing.assert_close(heads(hidden).logits, reference_head_logits(state, hidden, 3, num_layers), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        heads(hidden).logits, reference_head_logits(state, hidden, 3, num_layers), rtol=1e-4, atol=1e-4
+    )
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "pt"])
@@ -105,11 +112,15 @@ def test_medusa2_full_model_folder(tmp_path, safe):
     heads = hfs.MedusaHeadsModel.from_pretrained(tmp_path / "m2")
     assert heads.config.base_model_name_or_path == str(tmp_path / "m2") and not heads.config.share_lm_head
     hidden = torch.randn(3, model.config.hidden_size)
-    torch.testing.assert_close(heads(hidden).logits, reference_head_logits(heads_state, hidden, 2, 1), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        heads(hidden).logits, reference_head_logits(heads_state, hidden, 2, 1), rtol=1e-4, atol=1e-4
+    )
     target = hfs.enable(AutoModelForCausalLM.from_pretrained(tmp_path / "m2").eval())
     ids = torch.tensor([[4, 9, 16, 25]])
-    assert torch.equal(target.generate(ids, assistant_model=heads, max_new_tokens=16, do_sample=False),
-                       target.generate(ids, max_new_tokens=16, do_sample=False))  # fmt: skip
+    assert torch.equal(
+        target.generate(ids, assistant_model=heads, max_new_tokens=16, do_sample=False),
+        target.generate(ids, max_new_tokens=16, do_sample=False),
+    )
 
 
 def test_folder_without_heads_gets_a_clear_error(tmp_path):

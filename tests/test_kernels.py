@@ -13,15 +13,14 @@ import stat
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import FP32_LAYERS, tiny_model
+from test_batch import left_padded
 
 import hf_speculative as hfs
 from hf_speculative.engine import kernels
 from hf_speculative.engine.kernels import build
 from hf_speculative.engine.kernels.linear import DirectKernel
 from hf_speculative.engine.policy import KERNELS_ENV, SpeedPolicy, speed_policy
-
-from conftest import FP32_LAYERS, tiny_model
-from test_batch import left_padded
 
 ARCHS = ["llama", "mistral", "qwen2"]  # qwen2: q/k/v projections with a bias
 IDS = torch.tensor([[5, 17, 33, 2, 9, 41, 7] * 2])
@@ -80,7 +79,7 @@ def test_direct_bfloat16_rounds_like_linear(direct_available, rows):
         exact = F.linear(x.float(), module.weight.float(), module.bias.float())
     assert got.dtype == torch.bfloat16
     # float32 accumulation, one rounding to bfloat16: within one bfloat16 step of the exact product
-    torch.testing.assert_close(got.float(), exact, rtol=2 ** -7, atol=2 ** -7 * float(exact.abs().max()))
+    torch.testing.assert_close(got.float(), exact, rtol=2**-7, atol=2**-7 * float(exact.abs().max()))
 
 
 def test_onednn_bfloat16_close_to_linear():
@@ -115,7 +114,9 @@ def test_greedy_equal_with_the_direct_kernel_on_ragged_batches(direct_available,
     plain = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
     calls = _spy(monkeypatch)
     drafter = hfs.PromptLookupDrafter(min_ngram_size=1)
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0, assistant_model=drafter)
+    out = model.generate(
+        ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0, assistant_model=drafter
+    )
     assert calls, "the engine's forwards did not run the direct kernel"
     assert torch.equal(out, plain)
     single = model.generate(ids[:1], max_new_tokens=12, do_sample=False, assistant_model=drafter)
@@ -178,7 +179,9 @@ def test_kernel_table_is_measured_cached_and_read(direct_available, tmp_path, mo
     assert speed_policy(model).table.meta.get("source") == "default"  # a tiny model: too small to time
     table = kernels.measure_kernel_table(model, buckets=(1, 4), repeats=1)
     assert set(table.choice) == {1, 4} and set(table.milliseconds) >= {"torch", "direct"}
-    assert all(table.milliseconds[table.choice[b]][b] == min(ms[b] for ms in table.milliseconds.values()) for b in (1, 4))
+    assert all(
+        table.milliseconds[table.choice[b]][b] == min(ms[b] for ms in table.milliseconds.values()) for b in (1, 4)
+    )
     # a cached table (here: torch's kernels at every row count) is what a fresh model reads
     path = kernels.kernel_table_path(model)
     path.parent.mkdir(parents=True)
@@ -186,7 +189,9 @@ def test_kernel_table_is_measured_cached_and_read(direct_available, tmp_path, mo
     fresh = hfs.enable(tiny_model("llama"))
     assert speed_policy(fresh).table.choice == {1: "torch", 64: "torch"}
     calls = _spy(monkeypatch)
-    fresh.generate(torch.tensor([[5, 17, 33, 2] * 3]), max_new_tokens=6, do_sample=False, assistant_model=hfs.PromptLookupDrafter())
+    fresh.generate(
+        torch.tensor([[5, 17, 33, 2] * 3]), max_new_tokens=6, do_sample=False, assistant_model=hfs.PromptLookupDrafter()
+    )
     assert not calls
     assert speed_policy(fresh).table.kernel_for(65) == "torch"
     # a truncated or foreign table is not read: the default applies
@@ -212,8 +217,10 @@ def test_calibrate_writes_the_table_and_the_curve(direct_available, tmp_path, mo
     monkeypatch.setenv("HF_SPECULATIVE_CACHE", str(tmp_path))
     model = tiny_model("llama")
     monkeypatch.setattr("hf_speculative.bench.reference.resolve_model", lambda name, **kw: (model, None))
-    monkeypatch.setattr("hf_speculative.perf_model.measure_cost_curve",
-                        lambda m, **kw: measure_cost_curve(m, nodes=(1, 2, 4), prefix=8, repeats=1, projection_rows=(1,)))  # fmt: skip
+    monkeypatch.setattr(
+        "hf_speculative.perf_model.measure_cost_curve",
+        lambda m, **kw: measure_cost_curve(m, nodes=(1, 2, 4), prefix=8, repeats=1, projection_rows=(1,)),
+    )
     args = Namespace(model="tiny", dtype="float32", device="cpu", threads=None, seed=0, force=False, kernels="auto")
     assert calibrate_cost.run(args) == 0
     assert kernels.kernel_table_path(model).exists()
@@ -317,8 +324,16 @@ def test_a_model_off_the_cpu_gets_no_kernel_work(monkeypatch):
     monkeypatch.setattr(build, "build_direct_gemm", no_build)
     monkeypatch.setattr("hf_speculative.engine.policy.measure_kernel_table", no_build)
     with torch.device("meta"):
-        model = LlamaForCausalLM(LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                                             num_attention_heads=32, num_key_value_heads=8, vocab_size=128256))  # fmt: skip
+        model = LlamaForCausalLM(
+            LlamaConfig(
+                hidden_size=4096,
+                intermediate_size=14336,
+                num_hidden_layers=32,
+                num_attention_heads=32,
+                num_key_value_heads=8,
+                vocab_size=128256,
+            )
+        )
     hfs.enable(model)
     policy = speed_policy(model)
     assert policy.table is None and policy.kernel_for_rows(1) is None

@@ -4,6 +4,8 @@ teacher rows each stream reads, and ``train parallel-drafter|streaming --labelle
 import json
 
 import torch
+from conftest import tiny_chat_model
+from test_labelling import _records
 
 from hf_speculative.cli import main
 from hf_speculative.drafters.parallel import ParallelDrafter
@@ -17,14 +19,19 @@ from hf_speculative.drafters.streaming.training_speculative_streaming import (
 from hf_speculative.training.labelling import LabelledShards, label_conversations
 from hf_speculative.training.trainer import HiddenStates
 
-from conftest import tiny_chat_model
-from test_labelling import _records
-
 
 def test_stream_teacher_rows_by_hand():
     # one conversation of 5 tokens, answer tokens 2..4; stream j at row t reads the teacher row t + j
     topk = torch.arange(5)[:, None] * 10 + torch.arange(2)  # row r holds ids (10r, 10r + 1)
-    states = HiddenStates(torch.zeros(5, 3), torch.arange(5), torch.tensor([-100, -100, 2, 3, 4]), torch.tensor([0, 5]), ["a"], topk, torch.zeros(5, 2))
+    states = HiddenStates(
+        torch.zeros(5, 3),
+        torch.arange(5),
+        torch.tensor([-100, -100, 2, 3, 4]),
+        torch.tensor([0, 5]),
+        ["a"],
+        topk,
+        torch.zeros(5, 2),
+    )
     ds = StreamSegmentDataset(states, num_streams=2, segment_length=8)
     item = ds[0]
     # targets[t, j-1] = labels[t + 1 + j]: stream 1 at t=0 targets token 2, its teacher is row 1 (predicts token 2)
@@ -62,22 +69,77 @@ def _labelled(tmp_path, num_layers=3):
 
 def test_cli_train_parallel_drafter_labelled(tmp_path):
     _labelled(tmp_path)
-    argv = ["train", "parallel-drafter", "--model", str(tmp_path / "m"), "--labelled", str(tmp_path / "shards"), "--labelled-holdout", "3",
-            "--out", str(tmp_path / "pd"), "--num-mask-tokens", "2", "--target-hidden-states", "--distill-weight", "1.0",
-            "--max-steps", "3", "--batch-size", "2", "--calibrate-nodes", "4", "--draft-vocab-size", "16", "--threads", "1", "--device", "cpu"]  # fmt: skip
+    argv = [
+        "train",
+        "parallel-drafter",
+        "--model",
+        str(tmp_path / "m"),
+        "--labelled",
+        str(tmp_path / "shards"),
+        "--labelled-holdout",
+        "3",
+        "--out",
+        str(tmp_path / "pd"),
+        "--num-mask-tokens",
+        "2",
+        "--target-hidden-states",
+        "--distill-weight",
+        "1.0",
+        "--max-steps",
+        "3",
+        "--batch-size",
+        "2",
+        "--calibrate-nodes",
+        "4",
+        "--draft-vocab-size",
+        "16",
+        "--threads",
+        "1",
+        "--device",
+        "cpu",
+    ]
     assert main(argv) == 0
     drafter = ParallelDrafter.from_pretrained(tmp_path / "pd")
     training = drafter.config.training
-    assert training["conversations"] == 7 and training["held_out_conversations"] == 3 and "labelled" in training["method"]
+    assert (
+        training["conversations"] == 7 and training["held_out_conversations"] == 3 and "labelled" in training["method"]
+    )
     assert drafter.config.draft_vocab_size == 16
     json.dumps(training)
 
 
 def test_cli_train_streaming_labelled(tmp_path):
     model = _labelled(tmp_path)
-    argv = ["train", "streaming", "--model", str(tmp_path / "m"), "--labelled", str(tmp_path / "shards"), "--labelled-holdout", "3",
-            "--out", str(tmp_path / "ss"), "--num-streams", "2", "--num-msa-layers", "1", "--max-steps", "4", "--batch-size", "2",
-            "--segment-length", "16", "--calibrate-nodes", "4", "--draft-vocab-size", "16", "--threads", "1", "--device", "cpu"]  # fmt: skip
+    argv = [
+        "train",
+        "streaming",
+        "--model",
+        str(tmp_path / "m"),
+        "--labelled",
+        str(tmp_path / "shards"),
+        "--labelled-holdout",
+        "3",
+        "--out",
+        str(tmp_path / "ss"),
+        "--num-streams",
+        "2",
+        "--num-msa-layers",
+        "1",
+        "--max-steps",
+        "4",
+        "--batch-size",
+        "2",
+        "--segment-length",
+        "16",
+        "--calibrate-nodes",
+        "4",
+        "--draft-vocab-size",
+        "16",
+        "--threads",
+        "1",
+        "--device",
+        "cpu",
+    ]
     assert main(argv) == 0
     ss = LlamaForSpeculativeStreaming.from_pretrained(tmp_path / "ss", base_model=model)
     training = ss.config.training

@@ -7,36 +7,64 @@ import math
 
 import pytest
 import torch
+from conftest import tiny_chat_model
 
 from hf_speculative.cli import build_parser, main
 from hf_speculative.training.data import Record, load_records, load_sharegpt, load_sharegpt_package
 from hf_speculative.training.labelling import LabelledShards, label_conversations, label_records
 from hf_speculative.training.losses import kd_loss
 
-from conftest import tiny_chat_model
-
 # ----------------------------------------------------------------------------- ShareGPT reader
 
 SHAREGPT_ROWS = [
-    {"id": "a", "conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "hello"},
-                                  {"from": "gpt", "value": "hello world"}, {"from": "human", "value": "tell me a story"},
-                                  {"from": "chatgpt", "value": "the cat sat on the mat ."}]},
-    {"id": "b", "conversations": [{"from": "gpt", "value": "orphan answer"}, {"from": "human", "value": "what is one ?"},
-                                  {"from": "gpt", "value": "one is a number"}, {"from": "gpt", "value": "a repeated turn"},
-                                  {"from": "human", "value": "after the break"}, {"from": "gpt", "value": "never kept"}]},
+    {
+        "id": "a",
+        "conversations": [
+            {"from": "system", "value": "Be brief."},
+            {"from": "human", "value": "hello"},
+            {"from": "gpt", "value": "hello world"},
+            {"from": "human", "value": "tell me a story"},
+            {"from": "chatgpt", "value": "the cat sat on the mat ."},
+        ],
+    },
+    {
+        "id": "b",
+        "conversations": [
+            {"from": "gpt", "value": "orphan answer"},
+            {"from": "human", "value": "what is one ?"},
+            {"from": "gpt", "value": "one is a number"},
+            {"from": "gpt", "value": "a repeated turn"},
+            {"from": "human", "value": "after the break"},
+            {"from": "gpt", "value": "never kept"},
+        ],
+    },
     {"id": "c", "conversations": [{"from": "system", "value": "Be brief."}, {"from": "gpt", "value": "no question"}]},
-    {"id": "d", "conversations": [{"from": "human", "value": "write code"}, {"from": "gpt", "value": "print ( 1 )"},
-                                  {"from": "human", "value": "no answer to this one"}]},
-    {"id": "e", "conversations": [{"from": "human", "value": " "}, {"from": "human", "value": "the last complete one"},
-                                  {"from": "gpt", "value": "yes"}]},
-]  # fmt: skip
+    {
+        "id": "d",
+        "conversations": [
+            {"from": "human", "value": "write code"},
+            {"from": "gpt", "value": "print ( 1 )"},
+            {"from": "human", "value": "no answer to this one"},
+        ],
+    },
+    {
+        "id": "e",
+        "conversations": [
+            {"from": "human", "value": " "},
+            {"from": "human", "value": "the last complete one"},
+            {"from": "gpt", "value": "yes"},
+        ],
+    },
+]
 
 
 @pytest.fixture
 def truncated_sharegpt(tmp_path):
     """The rows above as a pretty-printed json array, then a sixth record cut off mid-string (like the
     ShareGPT V3 dump)."""
-    text = json.dumps(SHAREGPT_ROWS + [{"id": "f", "conversations": [{"from": "human", "value": "cut here"}]}], indent=2)
+    text = json.dumps(
+        SHAREGPT_ROWS + [{"id": "f", "conversations": [{"from": "human", "value": "cut here"}]}], indent=2
+    )
     cut = text.index("cut here") + 3
     path = tmp_path / "sharegpt.json"
     path.write_text(text[:cut])
@@ -100,7 +128,9 @@ def tiny():
 def test_shards_round_trip(tiny, tmp_path):
     model, tok = tiny
     recs = _records(6)
-    manifest = label_conversations(model, tok, recs, tmp_path, layers=(0, 2, -1), top_k=4, shard_tokens=60, progress=False)
+    manifest = label_conversations(
+        model, tok, recs, tmp_path, layers=(0, 2, -1), top_k=4, shard_tokens=60, progress=False
+    )
     assert manifest["layers"] == [0, 2, 3] and len(manifest["shards"]) > 1
     data = LabelledShards(tmp_path)
     assert data.num_conversations == 6 and data.num_tokens == manifest["total_tokens"]
@@ -129,7 +159,7 @@ def test_shards_round_trip(tiny, tmp_path):
     train, held = data.split(2)
     assert held == [4, 5] and train == [0, 1, 2, 3]
     sub = data.to_hidden_states(layer=2, conversations=held)
-    assert sub.ids == ["r4", "r5"] and torch.equal(sub.hidden, hs.layers[2][int(hs.offsets[4]):])
+    assert sub.ids == ["r4", "r5"] and torch.equal(sub.hidden, hs.layers[2][int(hs.offsets[4]) :])
     first = int(hs.offsets[2])
     assert data.to_hidden_states(max_tokens=first + 1).ids == ["r0", "r1"]
     with pytest.raises(KeyError):
@@ -157,11 +187,15 @@ def test_shards_resume(tiny, tmp_path):
     recs = _records(8)
     whole = label_conversations(model, tok, recs, tmp_path / "whole", top_k=3, shard_tokens=50, progress=False)
     # a run stopped by its token budget right after its first shard ...
-    first = label_conversations(model, tok, recs, tmp_path / "run", top_k=3, shard_tokens=50, max_tokens=50, progress=False)
+    first = label_conversations(
+        model, tok, recs, tmp_path / "run", top_k=3, shard_tokens=50, max_tokens=50, progress=False
+    )
     assert len(first["shards"]) == 1 and first["next_record"] < len(recs)
     # ... and a killed run's half-written shard (never in the manifest) are both picked up by a rerun
     (tmp_path / "run" / "shard-00001.safetensors.tmp").write_bytes(b"torn")
-    again = label_conversations(model, tok, recs, tmp_path / "run", top_k=3, shard_tokens=50, max_tokens=10_000, progress=False)
+    again = label_conversations(
+        model, tok, recs, tmp_path / "run", top_k=3, shard_tokens=50, max_tokens=10_000, progress=False
+    )
     assert again["total_tokens"] == whole["total_tokens"] and again["num_conversations"] == len(recs)
     a, b = LabelledShards(tmp_path / "whole").to_hidden_states(), LabelledShards(tmp_path / "run").to_hidden_states()
     assert b.ids == a.ids == [r.id for r in recs]  # no duplicates, none lost
@@ -211,9 +245,13 @@ def test_kd_loss_truncated_vocab():
     logits = torch.tensor([[0.0, 1.0, 2.0]])
     logp = torch.tensor([[math.log(0.6), math.log(0.2)]])
     # target ids [4, 3] -> draft ids [2, 1]: the example above, 0.65761
-    assert kd_loss(logits, torch.tensor([[4, 3]]), logp, vocab_index=vocab_index).item() == pytest.approx(0.65761, abs=1e-4)
+    assert kd_loss(logits, torch.tensor([[4, 3]]), logp, vocab_index=vocab_index).item() == pytest.approx(
+        0.65761, abs=1e-4
+    )
     # target ids [4, 0]: id 0 is not in the draft vocabulary, so all teacher mass goes to draft id 2: -log q(2) = 0.40761
-    assert kd_loss(logits, torch.tensor([[4, 0]]), logp, vocab_index=vocab_index).item() == pytest.approx(0.40761, abs=1e-4)
+    assert kd_loss(logits, torch.tensor([[4, 0]]), logp, vocab_index=vocab_index).item() == pytest.approx(
+        0.40761, abs=1e-4
+    )
 
 
 # ----------------------------------------------------------------------------- the command
@@ -223,7 +261,9 @@ def test_label_parser_defaults():
     args = build_parser().parse_args(["label"])
     assert args.data == "sharegpt" and args.top_k == 20 and args.max_length == 1024 and args.output is None
     assert args.layers == [2, 15, 26, 27, -1] and args.autocast is None
-    args = build_parser().parse_args(["label", "--layers", "1", "-1", "--top-k", "5", "--max-tokens", "100", "--autocast", "bf16"])
+    args = build_parser().parse_args(
+        ["label", "--layers", "1", "-1", "--top-k", "5", "--max-tokens", "100", "--autocast", "bf16"]
+    )
     assert args.layers == [1, -1] and args.top_k == 5 and args.max_tokens == 100 and args.autocast == "bf16"
 
 
@@ -231,8 +271,24 @@ def test_cli_label(tiny, tmp_path, truncated_sharegpt, capsys):
     model, tok = tiny
     model.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
-    argv = ["label", "--model", str(tmp_path / "m"), "--data", str(truncated_sharegpt), "--output", str(tmp_path / "out"),
-            "--layers", "1", "-1", "--top-k", "3", "--threads", "1", "--device", "cpu"]  # fmt: skip
+    argv = [
+        "label",
+        "--model",
+        str(tmp_path / "m"),
+        "--data",
+        str(truncated_sharegpt),
+        "--output",
+        str(tmp_path / "out"),
+        "--layers",
+        "1",
+        "-1",
+        "--top-k",
+        "3",
+        "--threads",
+        "1",
+        "--device",
+        "cpu",
+    ]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     data = LabelledShards(tmp_path / "out")

@@ -9,17 +9,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import FP32_LAYERS, tiny_model
 from transformers import DynamicCache
 
 import hf_speculative as hfs
 from hf_speculative._compat import cache_arg, get_cache
-from hf_speculative.engine.trees import DraftingOptions
-from hf_speculative.drafters.sparse_cache import streaming_slots
-from hf_speculative.engine.rows import TargetRows, cache_columns
 from hf_speculative.drafters.magicdec import rerotate_keys
+from hf_speculative.drafters.sparse_cache import streaming_slots
 from hf_speculative.drafters.spire import chain_with_alternatives
-
-from conftest import FP32_LAYERS, tiny_model
+from hf_speculative.engine.rows import TargetRows, cache_columns
+from hf_speculative.engine.trees import DraftingOptions
 
 WINDOW = 8  # small enough that 12 prompt + 30 new tokens go well past it
 
@@ -43,8 +42,14 @@ def test_greedy_equality_past_the_window(arch):
         # the default chain, and a small tree (the chain with its next candidates as leaves)
         for ids, tree in zip(_prompts(), (None, chain_with_alternatives(3, 2))):
             plain = model.generate(ids, max_new_tokens=30, do_sample=False)
-            out = model.generate(ids, assistant_model=drafter, speculative_tree=tree, max_new_tokens=30, do_sample=False,
-                                 return_dict_in_generate=True)  # fmt: skip
+            out = model.generate(
+                ids,
+                assistant_model=drafter,
+                speculative_tree=tree,
+                max_new_tokens=30,
+                do_sample=False,
+                return_dict_in_generate=True,
+            )
             assert torch.equal(out.sequences, plain), (positions, tree)
             accepted += out.speculative_stats.accepted_lengths[1:]
     assert min(accepted) == 1 and max(accepted) > 1  # the sparse draft is accepted sometimes, rejected sometimes
@@ -90,7 +95,7 @@ def test_sink_and_window_columns_by_hand():
     out = SimpleNamespace(logits=torch.zeros(2, 1, 5), **cache_arg(batched))
     row = TargetRows(out, columns=real).row(1)
     assert get_cache(row).get_seq_length() == 7
-    (k, _), = cache_columns(get_cache(row), torch.tensor([0, 4, 5, 6]))
+    ((k, _),) = cache_columns(get_cache(row), torch.tensor([0, 4, 5, 6]))
     assert k[0, 0, :, 0].tolist() == [12, 17, 18, 19]
 
     # the drafter copies exactly those columns out of the target's cache
@@ -122,15 +127,21 @@ def test_sink_rerotation_equals_keys_recomputed_at_new_positions(arch):
     # per row: row b moves by delta[b]
     both = rerotate_keys(torch.cat([at_zero.layers[0].keys] * 2), torch.tensor([0, 7]), inv_freq)
     torch.testing.assert_close(both[0], at_zero.layers[0].keys[0])
-    torch.testing.assert_close(rerotate_keys(both[1:], torch.tensor([-7]), inv_freq), at_zero.layers[0].keys, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        rerotate_keys(both[1:], torch.tensor([-7]), inv_freq), at_zero.layers[0].keys, rtol=1e-5, atol=1e-5
+    )
 
 
-def _literal_chain_probs(model, cache, tokens, root: int, window: int, sinks: int, cache_positions: bool) -> list[torch.Tensor]:
+def _literal_chain_probs(
+    model, cache, tokens, root: int, window: int, sinks: int, cache_positions: bool
+) -> list[torch.Tensor]:
     """A literal StreamingLLM draft: per depth, the visible entries (sinks, then the last W - 1 positions) in a fresh
     cache, every key rotated at its index within that cache (``cache_positions``) or its text position, the query at
     its cache index (or text position). Returns each depth's next-token distribution."""
     inv_freq = model.model.rotary_emb.inv_freq
-    entries = {p: [(layer.keys[:, :, p : p + 1], layer.values[:, :, p : p + 1]) for layer in cache.layers] for p in range(root)}
+    entries = {
+        p: [(layer.keys[:, :, p : p + 1], layer.values[:, :, p : p + 1]) for layer in cache.layers] for p in range(root)
+    }
     probs = []
     for d, token in enumerate(tokens):
         query = root + d
@@ -143,7 +154,12 @@ def _literal_chain_probs(model, cache, tokens, root: int, window: int, sinks: in
                 keys.append(rerotate_keys(k, torch.tensor([idx - p]), inv_freq) if cache_positions else k)
             fresh.update(torch.cat(keys, 2), torch.cat([entries[p][i][1] for p in visible], 2), i)
         position = len(visible) if cache_positions else query
-        out = model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[position]]), **cache_arg(fresh), use_cache=True)
+        out = model(
+            input_ids=torch.tensor([[token]]),
+            position_ids=torch.tensor([[position]]),
+            **cache_arg(fresh),
+            use_cache=True,
+        )
         probs.append(torch.softmax(out.logits[0, -1].float(), -1))
         # the drafted token's key, stored at its text position
         new = [(layer.keys[:, :, -1:], layer.values[:, :, -1:]) for layer in fresh.layers]
@@ -187,8 +203,15 @@ def test_batched_ragged_greedy_equality(positions):
     mask[2, :2] = 0
     ids[mask == 0] = 0
     ref = model.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
-    out = model.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=24, do_sample=False,
-                         pad_token_id=0, speculative_tree=chain_with_alternatives(3, 2))  # fmt: skip
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        assistant_model=drafter,
+        max_new_tokens=24,
+        do_sample=False,
+        pad_token_id=0,
+        speculative_tree=chain_with_alternatives(3, 2),
+    )
     assert torch.equal(out, ref)
 
 

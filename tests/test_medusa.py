@@ -8,17 +8,16 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import FP32_LAYERS, random_tree, tiny_model
 from transformers import AutoConfig, AutoModel
 
 import hf_speculative as hfs
-from hf_speculative.engine.acceptance import AcceptanceSettings
 from hf_speculative.drafters.medusa import MedusaDrafter
 from hf_speculative.drafters.medusa.modeling_medusa import final_hidden_state
 from hf_speculative.drafters.medusa.training_medusa import medusa_head_losses, medusa_labels, medusa_loss
 from hf_speculative.drafters.medusa.tree_calibration import calibrate_tree, expected_acceptance_length, head_accuracies
+from hf_speculative.engine.acceptance import AcceptanceSettings
 from hf_speculative.training.trainer import HiddenStates
-
-from conftest import FP32_LAYERS, random_tree, tiny_model
 
 
 def _perturb(heads, scale: float = 0.3, seed: int = 0):
@@ -68,7 +67,12 @@ def test_heads_are_independent_blocks_not_one_shared_module():
 def test_drafter_settings_come_from_the_config():
     model = tiny_model()
     heads = hfs.MedusaHeadsModel.from_base_model(
-        model, num_heads=3, medusa_choices=[[0], [1], [0, 0]], acceptance="typical", posterior_threshold=0.2, posterior_alpha=0.5
+        model,
+        num_heads=3,
+        medusa_choices=[[0], [1], [0, 0]],
+        acceptance="typical",
+        posterior_threshold=0.2,
+        posterior_alpha=0.5,
     )
     drafter = heads.get_tree_drafter(model)
     assert isinstance(drafter, MedusaDrafter) and drafter.needs_target_hidden_states
@@ -154,19 +158,25 @@ def trained_tiny():
         hidden = [final_hidden_state(model(s[None], output_hidden_states=True))[0] for s in seqs]
     labels = [torch.cat([torch.full((4,), -100), s[4:]]) for s in seqs]
     offsets = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0)
-    states = HiddenStates(torch.cat(hidden).half(), torch.cat(seqs), torch.cat(labels), offsets, [str(i) for i in range(24)])
+    states = HiddenStates(
+        torch.cat(hidden).half(), torch.cat(seqs), torch.cat(labels), offsets, [str(i) for i in range(24)]
+    )
     heads = hfs.MedusaHeadsModel.from_base_model(model, num_heads=3, share_lm_head=False)
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        train_medusa(heads, states, tmp, num_epochs=6, learning_rate=3e-3, batch_size=32, progress=False, logging_steps=1000)
+        train_medusa(
+            heads, states, tmp, num_epochs=6, learning_rate=3e-3, batch_size=32, progress=False, logging_steps=1000
+        )
     return model, heads, states
 
 
 def test_trained_heads_accept_more_than_untrained(trained_tiny):
     model, heads, _ = trained_tiny
     prompt = torch.tensor([[7, 1, 30, 2]])
-    out = model.generate(prompt, assistant_model=heads, max_new_tokens=40, do_sample=False, return_dict_in_generate=True)
+    out = model.generate(
+        prompt, assistant_model=heads, max_new_tokens=40, do_sample=False, return_dict_in_generate=True
+    )
     assert out.speculative_stats.mean_accepted_length > 1.5
 
 
@@ -241,7 +251,9 @@ def test_trainer_compute_loss_is_the_medusa_loss(trained_tiny, tmp_path):
     trainer = MedusaTrainer(model=heads, args=args, data_collator=MedusaCollator())
     with torch.no_grad():
         loss = trainer.compute_loss(heads, batch)
-        torch.testing.assert_close(loss, medusa_loss(heads(batch["hidden_states"]).logits, batch["labels"]), **FP32_LAYERS)
+        torch.testing.assert_close(
+            loss, medusa_loss(heads(batch["hidden_states"]).logits, batch["labels"]), **FP32_LAYERS
+        )
         torch.testing.assert_close(heads(**batch).loss, loss, **FP32_LAYERS)
 
 
@@ -284,7 +296,9 @@ def test_head_accuracies_and_calibrated_tree(trained_tiny):
 def test_save_load_round_trip_and_auto_model(tmp_path, share_lm_head):
     model = hfs.enable(tiny_model(seed=4))
     heads = _perturb(
-        hfs.MedusaHeadsModel.from_base_model(model, num_heads=3, num_layers=2, share_lm_head=share_lm_head, acceptance="typical"),
+        hfs.MedusaHeadsModel.from_base_model(
+            model, num_heads=3, num_layers=2, share_lm_head=share_lm_head, acceptance="typical"
+        ),
         0.1,
     )
     heads.config.medusa_choices = [[0], [1], [0, 0], [0, 0, 0]]
@@ -321,7 +335,9 @@ def test_typical_acceptance_only_when_enabled_in_the_config(monkeypatch):
     exact = hfs.MedusaHeadsModel.from_base_model(model, num_heads=2)
     model.generate(prompt, assistant_model=exact, do_sample=True, max_new_tokens=8)
     assert calls == []
-    typical = hfs.MedusaHeadsModel.from_base_model(model, num_heads=2, acceptance="typical", posterior_threshold=0.2, posterior_alpha=0.4)
+    typical = hfs.MedusaHeadsModel.from_base_model(
+        model, num_heads=2, acceptance="typical", posterior_threshold=0.2, posterior_alpha=0.4
+    )
     model.generate(prompt, assistant_model=typical, do_sample=False, max_new_tokens=8)
     assert calls == []  # greedy decoding stays exact
     model.generate(prompt, assistant_model=typical, do_sample=True, max_new_tokens=8)
@@ -344,8 +360,12 @@ def test_sampling_with_heads_matches_the_target_distribution():
     tree = hfs.TreeSpec.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0]])
     torch.manual_seed(2024)
     n = 3000
-    gen = dict(do_sample=True, max_new_tokens=NEW, top_k=kw["top_k"], temperature=kw["temperature"], speculative_tree=tree)
-    counts = _batched_sample_counts(lambda ids, mask: target.generate(ids, attention_mask=mask, assistant_model=heads, **gen), prompt, n)
+    gen = dict(
+        do_sample=True, max_new_tokens=NEW, top_k=kw["top_k"], temperature=kw["temperature"], speculative_tree=tree
+    )
+    counts = _batched_sample_counts(
+        lambda ids, mask: target.generate(ids, attention_mask=mask, assistant_model=heads, **gen), prompt, n
+    )
     assert chi_square_pvalue(counts, exact, n) > ALPHA
     # the heads' proposal really differs from the target's next-token distribution after the root
     with torch.no_grad():
@@ -374,7 +394,9 @@ def test_curve_callback_and_model_card(trained_tiny, tmp_path):
 
     model, trained, states = trained_tiny
     heads = hfs.MedusaHeadsModel.from_base_model(model, num_heads=3)
-    curve = MedusaCurveCallback(heads, states, num_nodes=8, num_points=2, save_dir=str(tmp_path / "curve"), batch_size=64)
+    curve = MedusaCurveCallback(
+        heads, states, num_nodes=8, num_points=2, save_dir=str(tmp_path / "curve"), batch_size=64
+    )
     train_medusa(heads, states, str(tmp_path / "run"), num_epochs=1, batch_size=64, progress=False, callbacks=[curve])
     assert [p["step"] for p in curve.curve][0] == 0 and len(curve.curve) == 3
     assert all((tmp_path / "curve" / f"step{p['step']}" / "config.json").exists() for p in curve.curve)

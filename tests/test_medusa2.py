@@ -168,8 +168,18 @@ def test_param_groups_give_the_heads_four_times_the_lora_learning_rate(tmp_path)
 
     model, _ = _joint(randomize=False)
     ids, labels, _ = _batch()
-    args = TrainingArguments(output_dir=str(tmp_path), learning_rate=1e-3, max_steps=3, warmup_steps=1, lr_scheduler_type="cosine",
-                             report_to="none", use_cpu=True, save_strategy="no", remove_unused_columns=False, disable_tqdm=True)  # fmt: skip
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        learning_rate=1e-3,
+        max_steps=3,
+        warmup_steps=1,
+        lr_scheduler_type="cosine",
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        remove_unused_columns=False,
+        disable_tqdm=True,
+    )
     trainer = Medusa2Trainer(model=model, args=args, train_dataset=_Repeat(ids, labels), heads_lr_ratio=4.0)
     opt = trainer.create_optimizer()
     groups = {g["name"]: g for g in opt.param_groups}
@@ -202,8 +212,19 @@ def test_a_few_training_steps_reduce_the_loss(tmp_path):
     with torch.no_grad():
         before = medusa2_loss(model, ids, labels, mask, lambda0=0.2, lm_loss="ce+kl")
     lora_before = {n: p.detach().clone() for n, p in model.backbone.named_parameters() if "lora_B" in n}
-    trainer = train_medusa2(model, _Repeat(ids, labels, n=24), str(tmp_path), max_steps=12, learning_rate=5e-3, batch_size=2,
-                            lambda0=0.2, lambda0_warmup=4, lambda0_kind="sine", lm_loss="ce+kl", progress=False)  # fmt: skip
+    trainer = train_medusa2(
+        model,
+        _Repeat(ids, labels, n=24),
+        str(tmp_path),
+        max_steps=12,
+        learning_rate=5e-3,
+        batch_size=2,
+        lambda0=0.2,
+        lambda0_warmup=4,
+        lambda0_kind="sine",
+        lm_loss="ce+kl",
+        progress=False,
+    )
     with torch.no_grad():
         after = medusa2_loss(model, ids, labels, mask, lambda0=0.2, lm_loss="ce+kl")
     assert float(after.loss) < float(before.loss) - 0.1
@@ -231,7 +252,9 @@ def test_greedy_generate_with_heads_equals_the_adapted_models_own_greedy(tmp_pat
 
     save_medusa2(model, tmp_path / "m2")
     assert (tmp_path / "m2" / "adapter" / "adapter_config.json").is_file()
-    merged, loaded = load_medusa2(tmp_path / "m2", hfs.enable(tiny_model("llama", seed=3, vocab_size=VOCAB, num_layers=2)))
+    merged, loaded = load_medusa2(
+        tmp_path / "m2", hfs.enable(tiny_model("llama", seed=3, vocab_size=VOCAB, num_layers=2))
+    )
     assert loaded.config.base_adapter == "adapter"
     for a, b in zip(loaded.parameters(), heads.parameters()):
         assert torch.equal(a, b)
@@ -239,7 +262,9 @@ def test_greedy_generate_with_heads_equals_the_adapted_models_own_greedy(tmp_pat
     for prompt in prompts:
         plain = merged.generate(prompt, max_new_tokens=24, do_sample=False)
         assert torch.equal(plain, peft_model.generate(input_ids=prompt, max_new_tokens=24, do_sample=False))
-        out = merged.generate(prompt, assistant_model=loaded, max_new_tokens=24, do_sample=False, return_dict_in_generate=True)
+        out = merged.generate(
+            prompt, assistant_model=loaded, max_new_tokens=24, do_sample=False, return_dict_in_generate=True
+        )
         assert torch.equal(out.sequences, plain)
 
 
@@ -274,13 +299,37 @@ def test_medusa2_command_trains_calibrates_and_decodes_exactly(tmp_path):
 
     model, _, _, _ = saved_chat_model_and_data(tmp_path, num_layers=2)
     out = tmp_path / "out"
-    argv = ["train", "medusa", "--medusa2", "--model", str(tmp_path / "base"), "--data", str(tmp_path / "data.jsonl"),
-            "--out", str(out), "--num-heads", "2", "--max-steps", "2", "--holdout", "0.25", "--calibrate-nodes", "4",
-            "--lm-loss", "ce", "--lr", "1e-2", "--threads", "1"]  # fmt: skip
+    argv = [
+        "train",
+        "medusa",
+        "--medusa2",
+        "--model",
+        str(tmp_path / "base"),
+        "--data",
+        str(tmp_path / "data.jsonl"),
+        "--out",
+        str(out),
+        "--num-heads",
+        "2",
+        "--max-steps",
+        "2",
+        "--holdout",
+        "0.25",
+        "--calibrate-nodes",
+        "4",
+        "--lm-loss",
+        "ce",
+        "--lr",
+        "1e-2",
+        "--threads",
+        "1",
+    ]
     assert main(argv) == 0
     config = json.loads((out / "config.json").read_text())
     training = config["training"]
-    assert training["optimizer_steps"] == 2 and training["conversations"] == 6 and training["held_out_conversations"] == 2
+    assert (
+        training["optimizer_steps"] == 2 and training["conversations"] == 6 and training["held_out_conversations"] == 2
+    )
     assert training["held_out_lm_loss_adapted"] > 0 and config["calibration"]["num_nodes"] == 4
     assert (out / "adapter" / "adapter_config.json").is_file() and not (out / "trainer_state").exists()
     tuned, heads = load_medusa2(out, type(model).from_pretrained(tmp_path / "base"))

@@ -4,15 +4,19 @@ the KD loss lowering on a tiny random Llama, the draft vocabulary, and ``train m
 import json
 
 import torch
+from conftest import tiny_chat_model
+from test_labelling import _records
 
 from hf_speculative.cli import main
 from hf_speculative.drafters.medusa import MedusaHeadsModel
-from hf_speculative.drafters.medusa.training_medusa import MedusaCollator, MedusaPositionDataset, medusa_kd_head_losses, teacher_rows
+from hf_speculative.drafters.medusa.training_medusa import (
+    MedusaCollator,
+    MedusaPositionDataset,
+    medusa_kd_head_losses,
+    teacher_rows,
+)
 from hf_speculative.training.labelling import LabelledShards, label_conversations
 from hf_speculative.training.trainer import HiddenStates
-
-from conftest import tiny_chat_model
-from test_labelling import _records
 
 
 def test_teacher_rows_by_hand():
@@ -37,11 +41,15 @@ def test_kd_training_lowers_the_loss(tmp_path):
     label_conversations(model, tok, _records(12), tmp_path, top_k=5, progress=False)
     states = LabelledShards(tmp_path).to_hidden_states()
     heads = MedusaHeadsModel.from_base_model(model, num_heads=2)
-    batch = MedusaCollator()([MedusaPositionDataset(states, 2)[i] for i in range(len(MedusaPositionDataset(states, 2)))])
+    batch = MedusaCollator()(
+        [MedusaPositionDataset(states, 2)[i] for i in range(len(MedusaPositionDataset(states, 2)))]
+    )
     assert batch["teacher_ids"].shape[1:] == (2, 5) and batch["teacher_valid"].dtype == torch.bool
 
     def loss():
-        return medusa_kd_head_losses(heads, batch["hidden_states"], batch["teacher_ids"], batch["teacher_logprobs"], batch["teacher_valid"])
+        return medusa_kd_head_losses(
+            heads, batch["hidden_states"], batch["teacher_ids"], batch["teacher_logprobs"], batch["teacher_valid"]
+        )
 
     # by hand for head 0: cross-entropy of softmax(head logits) to the renormalized teacher top-k at row t + 1
     with torch.no_grad():
@@ -70,7 +78,9 @@ def test_kd_in_draft_vocabulary_drops_missing_teacher_mass(tmp_path):
     batch = MedusaCollator()([ds[i] for i in range(len(ds))])
     keep = torch.unique(batch["teacher_ids"][:, :, 0])[:8]  # a draft vocabulary holding some teacher top-1 tokens
     heads.set_draft_vocab(keep)
-    losses = medusa_kd_head_losses(heads, batch["hidden_states"], batch["teacher_ids"], batch["teacher_logprobs"], batch["teacher_valid"])
+    losses = medusa_kd_head_losses(
+        heads, batch["hidden_states"], batch["teacher_ids"], batch["teacher_logprobs"], batch["teacher_valid"]
+    )
     assert torch.isfinite(losses).all()  # teacher tokens outside the draft vocabulary are dropped, not -inf
 
 
@@ -79,10 +89,37 @@ def test_cli_train_medusa_labelled(tmp_path, capsys):
     model.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
     label_conversations(model, tok, _records(10), tmp_path / "shards", top_k=4, progress=False)
-    label_conversations(model, tok, _records(5), tmp_path / "shards2", top_k=4, progress=False)  # a second folder mixed in
-    argv = ["train", "medusa", "--model", str(tmp_path / "m"), "--labelled", str(tmp_path / "shards"), "--labelled", str(tmp_path / "shards2"), "--labelled-holdout", "3",
-            "--out", str(tmp_path / "heads"), "--num-heads", "2", "--epochs", "1", "--batch-size", "8", "--calibrate-nodes", "4",
-            "--draft-vocab-size", "16", "--threads", "1", "--device", "cpu"]  # fmt: skip
+    label_conversations(
+        model, tok, _records(5), tmp_path / "shards2", top_k=4, progress=False
+    )  # a second folder mixed in
+    argv = [
+        "train",
+        "medusa",
+        "--model",
+        str(tmp_path / "m"),
+        "--labelled",
+        str(tmp_path / "shards"),
+        "--labelled",
+        str(tmp_path / "shards2"),
+        "--labelled-holdout",
+        "3",
+        "--out",
+        str(tmp_path / "heads"),
+        "--num-heads",
+        "2",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "8",
+        "--calibrate-nodes",
+        "4",
+        "--draft-vocab-size",
+        "16",
+        "--threads",
+        "1",
+        "--device",
+        "cpu",
+    ]
     assert main(argv) == 0
     heads = MedusaHeadsModel.from_pretrained(tmp_path / "heads")
     assert heads.config.draft_vocab_size == 16 and heads.config.training["conversations"] == 7 + 2
@@ -92,8 +129,26 @@ def test_cli_train_medusa_labelled(tmp_path, capsys):
 
 
 def test_concat_hidden_states():
-    a = HiddenStates(torch.ones(3, 2), torch.arange(3), torch.arange(3), torch.tensor([0, 1, 3]), ["a", "b"], torch.zeros(3, 1), torch.zeros(3, 1))
-    b = HiddenStates(torch.zeros(2, 2), torch.arange(2), torch.arange(2), torch.tensor([0, 2]), ["c"], torch.ones(2, 1), torch.ones(2, 1))
+    a = HiddenStates(
+        torch.ones(3, 2),
+        torch.arange(3),
+        torch.arange(3),
+        torch.tensor([0, 1, 3]),
+        ["a", "b"],
+        torch.zeros(3, 1),
+        torch.zeros(3, 1),
+    )
+    b = HiddenStates(
+        torch.zeros(2, 2),
+        torch.arange(2),
+        torch.arange(2),
+        torch.tensor([0, 2]),
+        ["c"],
+        torch.ones(2, 1),
+        torch.ones(2, 1),
+    )
     c = HiddenStates.concat([a, b])
-    assert c.offsets.tolist() == [0, 1, 3, 5] and c.ids == ["a", "b", "c"] and c.topk_ids[:, 0].tolist() == [0, 0, 0, 1, 1]
+    assert (
+        c.offsets.tolist() == [0, 1, 3, 5] and c.ids == ["a", "b", "c"] and c.topk_ids[:, 0].tolist() == [0, 0, 0, 1, 1]
+    )
     assert c.select([2]).hidden.tolist() == [[0, 0], [0, 0]]

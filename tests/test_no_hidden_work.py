@@ -8,11 +8,10 @@ import sys
 
 import pytest
 import torch
-
-import hf_speculative as hfs
-
 from conftest import tiny_model
 from test_batch import DRAFTERS, ROWS, left_padded
+
+import hf_speculative as hfs
 
 
 def test_calibrated_drafter_on_a_fresh_cache_writes_nothing_and_runs_one_forward_per_step(tmp_path, monkeypatch):
@@ -26,9 +25,15 @@ def test_calibrated_drafter_on_a_fresh_cache_writes_nothing_and_runs_one_forward
     handle = model.register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
         prompt = torch.tensor([[5, 17, 33, 2, 9, 41, 7] * 2])
-        for drafter in (heads, hfs.TokenRecyclingDrafter(), hfs.HybridDrafter([hfs.PromptLookupDrafter(), hfs.TokenRecyclingDrafter()])):
+        for drafter in (
+            heads,
+            hfs.TokenRecyclingDrafter(),
+            hfs.HybridDrafter([hfs.PromptLookupDrafter(), hfs.TokenRecyclingDrafter()]),
+        ):
             calls.clear()
-            out = model.generate(prompt, assistant_model=drafter, max_new_tokens=12, do_sample=False, return_dict_in_generate=True)
+            out = model.generate(
+                prompt, assistant_model=drafter, max_new_tokens=12, do_sample=False, return_dict_in_generate=True
+            )
             assert len(calls) == out.speculative_stats.num_target_forwards, type(drafter).__name__
     finally:
         handle.remove()
@@ -74,8 +79,15 @@ def test_only_the_engine_runs_the_target_once_per_step(name, batch):
     calls = []
     handle = model.register_forward_pre_hook(lambda module, args: calls.append(_caller()))
     try:
-        out = model.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=10, do_sample=False,
-                             pad_token_id=0, return_dict_in_generate=True)  # fmt: skip
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            assistant_model=drafter,
+            max_new_tokens=10,
+            do_sample=False,
+            pad_token_id=0,
+            return_dict_in_generate=True,
+        )
     finally:
         handle.remove()
     stats = out.speculative_stats

@@ -8,18 +8,25 @@ import random
 
 import pytest
 import torch
+from conftest import FP32_LAYERS, random_tree, tiny_model
 from safetensors import safe_open
+from test_sampling import ALPHA, NEW, VOCAB, _batched_sample_counts, _exact_generate, chi_square_pvalue
 from transformers import AutoConfig, AutoModel
 
 import hf_speculative as hfs
 from hf_speculative.drafters.medusa.modeling_medusa import final_hidden_state
 from hf_speculative.drafters.parallel import ParallelTreeDrafter
-from hf_speculative.drafters.parallel.training_parallel_drafter import IGNORE_INDEX, ParallelGroupCollator, ParallelGroupDataset, group_layout, parallel_depth_losses, parallel_loss, train_parallel_drafter
-from hf_speculative.training.trainer import HiddenStates
+from hf_speculative.drafters.parallel.training_parallel_drafter import (
+    IGNORE_INDEX,
+    ParallelGroupCollator,
+    ParallelGroupDataset,
+    group_layout,
+    parallel_depth_losses,
+    parallel_loss,
+    train_parallel_drafter,
+)
 from hf_speculative.engine.trees import additive_mask
-
-from conftest import FP32_LAYERS, random_tree, tiny_model
-from test_sampling import ALPHA, NEW, VOCAB, chi_square_pvalue, _batched_sample_counts, _exact_generate
+from hf_speculative.training.trainer import HiddenStates
 
 
 def _perturb(drafter, scale: float = 0.05, seed: int = 0):
@@ -31,7 +38,9 @@ def _perturb(drafter, scale: float = 0.05, seed: int = 0):
 
 
 def _drafter(model, k=3, hidden=False, **kw):
-    return _perturb(hfs.ParallelDrafter.from_base_model(model, num_mask_tokens=k, use_target_hidden_states=hidden, **kw))
+    return _perturb(
+        hfs.ParallelDrafter.from_base_model(model, num_mask_tokens=k, use_target_hidden_states=hidden, **kw)
+    )
 
 
 # --------------------------------------------------------------------------- training layout
@@ -52,13 +61,19 @@ def test_group_layout_reproduces_separate_inference_passes(arch, hidden):
     pi = lay["prev_index"]
     prev[pi >= 0] = h[pi[pi >= 0]]
     with torch.no_grad():
-        out = drafter(lay["input_ids"][None], position_ids=lay["position_ids"][None],
-                      attention_mask=additive_mask(lay["visible"], torch.float32),
-                      target_hidden_states=prev[None] if hidden else None, logits_rows=lay["rows"][None]).logits[0]  # fmt: skip
+        out = drafter(
+            lay["input_ids"][None],
+            position_ids=lay["position_ids"][None],
+            attention_mask=additive_mask(lay["visible"], torch.float32),
+            target_hidden_states=prev[None] if hidden else None,
+            logits_rows=lay["rows"][None],
+        ).logits[0]
         for g, t in enumerate(anchors.tolist()):
             x = torch.cat([ids[: t + 1], drafter.mask_token_ids()])
             p = torch.cat([torch.zeros(1, H), h[:t], torch.zeros(k, H)])[None] if hidden else None
-            ref = drafter(x[None], position_ids=torch.arange(t + k + 1)[None], target_hidden_states=p).logits[0, -(k + 1) :]
+            ref = drafter(x[None], position_ids=torch.arange(t + k + 1)[None], target_hidden_states=p).logits[
+                0, -(k + 1) :
+            ]
             torch.testing.assert_close(out[g * (k + 1) : (g + 1) * (k + 1)], ref, **FP32_LAYERS)
     # labels: depth d of group t is x_{t+d+1} (or ignored past the end)
     for g, t in enumerate(anchors.tolist()):
@@ -74,7 +89,9 @@ def test_group_layout_mask_structure():
     assert lay["input_ids"].tolist() == [0, 1, 2, 3, 4, 5, 10, 11, 10, 11]
     assert lay["position_ids"].tolist() == [0, 1, 2, 3, 4, 5, 2, 3, 5, 6]
     assert not vis[:N, N:].any()  # context never sees a mask
-    assert vis[N:N + 2, N + 2:].sum() == 0 and vis[N + 2:, N:N + 2].sum() == 0  # no token sees another group's masks
+    assert (
+        vis[N : N + 2, N + 2 :].sum() == 0 and vis[N + 2 :, N : N + 2].sum() == 0
+    )  # no token sees another group's masks
     assert vis[N].tolist() == [1, 1, 0, 0, 0, 0, 1, 0, 0, 0]  # MASK_1 of group 1: x_0, x_1 and itself
     assert vis[N + 3].tolist() == [1, 1, 1, 1, 1, 0, 0, 0, 1, 1]  # MASK_2 of group 4: x_0..x_4, MASK_1, itself
 
@@ -100,10 +117,14 @@ def test_a_drafter_that_predicts_well_commits_several_tokens_per_step(arch, hidd
     """A one-layer target and a drafter copied from it: the first distribution is the target's own, so every
     step accepts at least the depth-1 token (tau >= 2 up to the last step); outputs stay exact."""
     model = hfs.enable(tiny_model(arch, seed=5, num_layers=1))
-    drafter = hfs.ParallelDrafter.from_base_model(model, num_mask_tokens=2, init_layer=0, use_target_hidden_states=hidden)
+    drafter = hfs.ParallelDrafter.from_base_model(
+        model, num_mask_tokens=2, init_layer=0, use_target_hidden_states=hidden
+    )
     prompt = torch.tensor([[4, 8, 15, 16, 23]])
     ref = model.generate(prompt, max_new_tokens=30, do_sample=False)
-    out = model.generate(prompt, assistant_model=drafter, max_new_tokens=30, do_sample=False, return_dict_in_generate=True)
+    out = model.generate(
+        prompt, assistant_model=drafter, max_new_tokens=30, do_sample=False, return_dict_in_generate=True
+    )
     assert torch.equal(out.sequences, ref)
     assert all(n >= 2 for n in out.speculative_stats.accepted_lengths[1:-1])
 
@@ -154,9 +175,17 @@ def test_sampling_with_the_drafter_matches_the_target_distribution():
     torch.manual_seed(7)
     n = 2500
     counts = _batched_sample_counts(
-        lambda ids, mask: target.generate(ids, attention_mask=mask, assistant_model=drafter, speculative_tree=hfs.TreeSpec.cartesian([2, 2]),
-                                          do_sample=True, max_new_tokens=NEW, temperature=0.8),  # fmt: skip
-        prompt, n,
+        lambda ids, mask: target.generate(
+            ids,
+            attention_mask=mask,
+            assistant_model=drafter,
+            speculative_tree=hfs.TreeSpec.cartesian([2, 2]),
+            do_sample=True,
+            max_new_tokens=NEW,
+            temperature=0.8,
+        ),
+        prompt,
+        n,
     )
     assert chi_square_pvalue(counts, exact, n) > ALPHA
     # the drafter's q really differs from the target's p (otherwise the test proves little)
@@ -173,8 +202,9 @@ def test_sampling_with_the_drafter_matches_the_target_distribution():
 
 def test_loss_by_hand():
     V = 5
-    logits = torch.tensor([[2.0, 0.0, -1.0, 0.5, 0.0], [0.0, 1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 3.0, 0.0, -2.0],
-                           [0.0, 0.0, 0.0, 0.0, 4.0]])  # fmt: skip
+    logits = torch.tensor(
+        [[2.0, 0.0, -1.0, 0.5, 0.0], [0.0, 1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 3.0, 0.0, -2.0], [0.0, 0.0, 0.0, 0.0, 4.0]]
+    )
     labels = torch.tensor([0, 3, 2, IGNORE_INDEX])
     depth = torch.tensor([0, 1, 1, 2])
 
@@ -214,8 +244,13 @@ def test_collator_batches_reproduce_the_single_sequence_layout():
     data = ParallelGroupDataset(states)
     batch = ParallelGroupCollator(2, model.config.vocab_size, groups_per_sequence=5, seed=3)([data[0], data[1]])
     with torch.no_grad():
-        out = drafter(batch["input_ids"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"],
-                      target_hidden_states=batch["target_hidden_states"], logits_rows=batch["logits_rows"]).logits  # fmt: skip
+        out = drafter(
+            batch["input_ids"],
+            position_ids=batch["position_ids"],
+            attention_mask=batch["attention_mask"],
+            target_hidden_states=batch["target_hidden_states"],
+            logits_rows=batch["logits_rows"],
+        ).logits
         # the teacher rows are the target's own distributions of the labelled tokens
         teacher = drafter.project(batch["teacher_hidden"])
     valid = batch["row_labels"] != IGNORE_INDEX
@@ -231,9 +266,18 @@ def test_training_lowers_the_loss_and_only_trains_the_drafter():
     before_lm = model.lm_head.weight.clone()
     states = _states(model)
     drafter = hfs.ParallelDrafter.from_base_model(model, num_mask_tokens=2, use_target_hidden_states=True)
-    trainer = train_parallel_drafter(drafter, states, "/tmp/hfs_parallel_test", num_epochs=12, batch_size=3,
-                                     groups_per_sequence=12, learning_rate=3e-3, distill_weight=0.5, progress=False,
-                                     logging_steps=4)  # fmt: skip
+    trainer = train_parallel_drafter(
+        drafter,
+        states,
+        "/tmp/hfs_parallel_test",
+        num_epochs=12,
+        batch_size=3,
+        groups_per_sequence=12,
+        learning_rate=3e-3,
+        distill_weight=0.5,
+        progress=False,
+        logging_steps=4,
+    )
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert losses[-1] < 0.8 * losses[0]
     assert torch.equal(model.lm_head.weight, before_lm)
@@ -260,7 +304,9 @@ def test_save_load_round_trip(tmp_path, hidden):
     state, ref = loaded.state_dict(), drafter.state_dict()
     assert state.keys() == ref.keys() and all(torch.equal(state[k], ref[k]) for k in ref)
     prompt = torch.tensor([[3, 1, 4, 1, 5]])
-    a = model.generate(prompt, assistant_model=drafter, max_new_tokens=12, do_sample=False, return_dict_in_generate=True)
+    a = model.generate(
+        prompt, assistant_model=drafter, max_new_tokens=12, do_sample=False, return_dict_in_generate=True
+    )
     b = model.generate(prompt, assistant_model=loaded, max_new_tokens=12, do_sample=False, return_dict_in_generate=True)
     assert torch.equal(a.sequences, b.sequences)
     assert a.speculative_stats.accepted_lengths == b.speculative_stats.accepted_lengths
@@ -284,9 +330,12 @@ def test_bad_input_is_refused():
         hfs.ParallelDrafterConfig(acceptance="fast")
     drafter = hfs.ParallelDrafter.from_base_model(model, num_mask_tokens=1)
     with pytest.raises(ValueError, match="vocab_size"):
-        hfs.enable(tiny_model(vocab_size=64)).generate(torch.tensor([[1, 2]]), assistant_model=drafter, max_new_tokens=3)
+        hfs.enable(tiny_model(vocab_size=64)).generate(
+            torch.tensor([[1, 2]]), assistant_model=drafter, max_new_tokens=3
+        )
     with pytest.raises(ValueError, match="deep"):
-        hfs.enable(model).generate(torch.tensor([[1, 2]]), assistant_model=drafter, max_new_tokens=3,
-                                   speculative_tree=hfs.TreeSpec.chain(3))  # fmt: skip
+        hfs.enable(model).generate(
+            torch.tensor([[1, 2]]), assistant_model=drafter, max_new_tokens=3, speculative_tree=hfs.TreeSpec.chain(3)
+        )
     with pytest.raises(ValueError, match="not attached"):
         hfs.ParallelDrafter(drafter.config)(torch.tensor([[1, 2]]))

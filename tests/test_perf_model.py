@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_model
 
 from hf_speculative import perf_model
 from hf_speculative.perf_model import CostCurve, get_cost_curve, measure_cost_curve, set_cost_curve
 from hf_speculative.perf_model.cost_curve import _LOADED, _non_decreasing
-
-from conftest import tiny_model
 
 
 def test_interpolation_extrapolation_and_batching():

@@ -5,12 +5,11 @@ import random
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_model
+from test_sampling import ALPHA, NEW, SETTINGS, _exact_generate, _sample_counts, chi_square_pvalue
 
 import hf_speculative as hfs
 from hf_speculative.drafters.prompt_lookup import build_trie, ngram_continuations
-
-from conftest import tiny_model
-from test_sampling import ALPHA, NEW, SETTINGS, _exact_generate, _sample_counts, chi_square_pvalue
 
 
 def test_ngram_continuations_longest_first_most_recent_first_no_repeats():
@@ -72,7 +71,9 @@ def test_greedy_equals_plain_generate(arch):
     accepted = []
     for case in range(12):
         prompt = _repetitive_prompt(rng)
-        drafter = hfs.PromptLookupDrafter(max_ngram_size=rng.randint(1, 3), min_ngram_size=1, max_candidates=rng.randint(1, 6))
+        drafter = hfs.PromptLookupDrafter(
+            max_ngram_size=rng.randint(1, 3), min_ngram_size=1, max_candidates=rng.randint(1, 6)
+        )
         kwargs = {"do_sample": False, "max_new_tokens": rng.randint(1, 40)}
         if case % 4 == 3:  # an EOS the model really emits: plain generation stops there, and so must we
             free = target.generate(prompt, **kwargs)[0, prompt.shape[1] :].tolist()
@@ -80,7 +81,11 @@ def test_greedy_equals_plain_generate(arch):
                 kwargs["eos_token_id"] = free[len(free) // 2]
         expected = target.generate(prompt, **kwargs)
         out = target.generate(
-            prompt, assistant_model=drafter, speculative_tree=trees[case % len(trees)], return_dict_in_generate=True, **kwargs
+            prompt,
+            assistant_model=drafter,
+            speculative_tree=trees[case % len(trees)],
+            return_dict_in_generate=True,
+            **kwargs,
         )
         assert out.sequences.tolist() == expected.tolist(), f"case {case}"
         accepted += out.speculative_stats.accepted_lengths
@@ -99,6 +104,9 @@ def test_sampling_matches_target_distribution():
     torch.manual_seed(2024)
     n = 3000
     counts = _sample_counts(
-        lambda: target.generate(prompt, assistant_model=drafter, speculative_tree=spec, do_sample=True, max_new_tokens=NEW), n
+        lambda: target.generate(
+            prompt, assistant_model=drafter, speculative_tree=spec, do_sample=True, max_new_tokens=NEW
+        ),
+        n,
     )
     assert chi_square_pvalue(counts, exact, n) > ALPHA

@@ -30,7 +30,10 @@ def test_limit_spreads_over_the_categories_round_robin():
     ten = spread_over_categories(records, 10)
     assert [r.category for r in ten] == order + order[:2]
     assert ten[8] is [r for r in records if r.category == order[0]][1]  # then each category's second prompt
-    assert spread_over_categories(records, 1000) == spread_over_categories(records, 80) and len(spread_over_categories(records, 1000)) == 80
+    assert (
+        spread_over_categories(records, 1000) == spread_over_categories(records, 80)
+        and len(spread_over_categories(records, 1000)) == 80
+    )
     assert spread_over_categories(records, 0) == []
 
 
@@ -115,7 +118,9 @@ def test_dataset_rows_go_through_the_file_loaders():
     assert alpaca[0].prompt == "Add\n\n1 and 2" and alpaca[0].reference == "3"
     e2e = records_from_dataset([{"mr": "name[A]", "ref": "A."}, {"mr": "name[A]", "ref": "It is A."}])
     assert len(e2e) == 1 and e2e[0].reference == ["A.", "It is A."]
-    dialog = records_from_dataset([{"id": "d0", "dialogue": "#Person1#: Hi.", "summary": "They greet.", "topic": "greeting"}])
+    dialog = records_from_dataset(
+        [{"id": "d0", "dialogue": "#Person1#: Hi.", "summary": "They greet.", "topic": "greeting"}]
+    )
     assert dialog[0].category == "greeting" and dialog[0].reference == "They greet."
     with pytest.raises(ValueError, match="no prompt column"):
         records_from_dataset([{"foo": 1}])

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_model
 from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
 
 import hf_speculative as hfs
 from hf_speculative import registry
 from hf_speculative.auto import register_auto_classes
 from hf_speculative.cli import build_parser
-
-from conftest import tiny_model
 
 
 class ToyRepeatConfig(PretrainedConfig):
@@ -65,11 +64,13 @@ def run(args) -> int:
 def toy_registered(monkeypatch):
     monkeypatch.setattr(registry, "_ENTRIES", dict(registry._ENTRIES))  # the registration ends with the test
     entry = registry.register_drafter(
-        "toy-repeat", __name__,
-        config="ToyRepeatConfig", model="ToyRepeatDrafter",
+        "toy-repeat",
+        __name__,
+        config="ToyRepeatConfig",
+        model="ToyRepeatDrafter",
         public={"ToyRepeatDrafter": __name__},
         train_commands=(__name__,),
-    )  # fmt: skip
+    )
     register_auto_classes()
     return entry
 
@@ -80,7 +81,9 @@ def test_a_toy_drafter_registered_in_its_own_module_works_everywhere(toy_registe
     prompt = torch.tensor([[4, 9, 9, 9, 2, 7]])
     plain = model.generate(prompt, max_new_tokens=20, do_sample=False)
     drafter = ToyRepeatDrafter(ToyRepeatConfig(depth=2))
-    out = model.generate(prompt, assistant_model=drafter, max_new_tokens=20, do_sample=False, return_dict_in_generate=True)
+    out = model.generate(
+        prompt, assistant_model=drafter, max_new_tokens=20, do_sample=False, return_dict_in_generate=True
+    )
     assert torch.equal(out.sequences, plain)
     assert max(out.speculative_stats.tree_sizes) > 1  # the engine verified the toy's chains
     # AutoConfig / AutoModel: a saved folder loads as the toy

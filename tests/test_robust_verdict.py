@@ -11,12 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import tiny_model
 
 import hf_speculative as hfs
 from hf_speculative.bench.report import Measurement, speedup_lines, summarize
 from hf_speculative.bench.verdict import SpeedupSpread, disturbed_runs
-
-from conftest import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,9 +62,17 @@ def test_demo_under_a_slow_plain_run_reports_the_median_and_says_so(monkeypatch,
 
     monkeypatch.setattr(demo, "plain_generate", slow_third_plain_run)
     torch.manual_seed(0)
-    prompts = [SimpleNamespace(input_ids=torch.randint(0, 60, (1, 12)).repeat(1, 2), category="chat",
-                               record=SimpleNamespace(prompt=f"prompt {i}")) for i in range(5)]  # fmt: skip
-    runs = demo.run_demo(model, None, prompts, {"prompt-lookup": (hfs.PromptLookupDrafter(), "")}, max_new_tokens=12, show=0)
+    prompts = [
+        SimpleNamespace(
+            input_ids=torch.randint(0, 60, (1, 12)).repeat(1, 2),
+            category="chat",
+            record=SimpleNamespace(prompt=f"prompt {i}"),
+        )
+        for i in range(5)
+    ]
+    runs = demo.run_demo(
+        model, None, prompts, {"prompt-lookup": (hfs.PromptLookupDrafter(), "")}, max_new_tokens=12, show=0
+    )
     out = capsys.readouterr().out
     assert "timings look disturbed" in out and "plain on prompt 3 took" in out and "re-measured" in out
     assert "verdict: prompt-lookup:" in out and "(median of 5 prompts; per prompt" in out

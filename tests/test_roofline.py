@@ -7,14 +7,16 @@ import json
 
 import pytest
 import torch
+from roofline import HARDWARE, Hardware, expected_tau, forward_time, speedup_grid, step_times, throughput_multiplier
+from roofline.cli import main
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from hf_speculative.perf_model import SHAPES, ModelShape, projected_speedup
-from roofline import HARDWARE, Hardware, expected_tau, forward_time, speedup_grid, step_times, throughput_multiplier
-from roofline.cli import main
 
 #: hidden 4, 1 layer, 2 heads of 2, 1 kv head, vocab 10: small enough to count by hand
-TOY = ModelShape("toy", hidden=4, intermediate=8, layers=1, heads=2, kv_heads=1, head_dim=2, vocab=10, tied=True, dtype_bytes=1)
+TOY = ModelShape(
+    "toy", hidden=4, intermediate=8, layers=1, heads=2, kv_heads=1, head_dim=2, vocab=10, tied=True, dtype_bytes=1
+)
 UNIT = Hardware("unit", flops=1.0, bandwidth=1.0)  # time = max(FLOPs, bytes)
 
 
@@ -72,13 +74,23 @@ def test_expected_tau():
 
 @pytest.mark.parametrize("arch", ["llama-tied", "llama-untied", "llama-head-dim-bias", "qwen2"])
 def test_parameter_count_matches_a_real_model(arch):
-    kwargs = dict(hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, vocab_size=120)
+    kwargs = dict(
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        vocab_size=120,
+    )
     if arch == "qwen2":
         config = Qwen2Config(**kwargs, tie_word_embeddings=False, use_sliding_window=False)
         model = Qwen2ForCausalLM(config)
     else:
-        extra = {"llama-tied": dict(tie_word_embeddings=True), "llama-untied": dict(tie_word_embeddings=False),
-                 "llama-head-dim-bias": dict(head_dim=16, attention_bias=True, mlp_bias=True)}[arch]  # fmt: skip
+        extra = {
+            "llama-tied": dict(tie_word_embeddings=True),
+            "llama-untied": dict(tie_word_embeddings=False),
+            "llama-head-dim-bias": dict(head_dim=16, attention_bias=True, mlp_bias=True),
+        }[arch]
         config = LlamaConfig(**kwargs, **extra)
         model = LlamaForCausalLM(config)
     shape = ModelShape.from_config(config)
@@ -133,9 +145,28 @@ def test_measure_cpu_caches(tmp_path, monkeypatch):
 
 def test_cli_writes_heatmap_and_json(tmp_path, capsys):
     png, out = tmp_path / "heat.png", tmp_path / "grid.json"
-    rc = main(["--target", "llama-3-8b", "--draft", "spire:2", "--hardware", "h100", "--k", "4",
-               "--alpha", "0.8", "--batch-sizes", "1,16,256", "--contexts", "256,4096,32768",
-               "--output", str(png), "--json", str(out)])  # fmt: skip
+    rc = main(
+        [
+            "--target",
+            "llama-3-8b",
+            "--draft",
+            "spire:2",
+            "--hardware",
+            "h100",
+            "--k",
+            "4",
+            "--alpha",
+            "0.8",
+            "--batch-sizes",
+            "1,16,256",
+            "--contexts",
+            "256,4096,32768",
+            "--output",
+            str(png),
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rec = json.loads(out.read_text())
@@ -151,9 +182,28 @@ def test_cli_all_methods_and_config_paths(tmp_path, capsys):
     (tmp_path / "draft").mkdir()
     (tmp_path / "draft" / "config.json").write_text(json.dumps({**SHAPES["tiny"], "model_type": "llama"}))
     out = tmp_path / "all.json"
-    rc = main(["--target", "reference", "--draft", str(tmp_path / "draft"), "--method", "all",
-               "--hardware", "a100", "--tau", "2.5", "--batch-sizes", "1,8", "--contexts", "512",
-               "--output", str(tmp_path / "h.png"), "--json", str(out)])  # fmt: skip
+    rc = main(
+        [
+            "--target",
+            "reference",
+            "--draft",
+            str(tmp_path / "draft"),
+            "--method",
+            "all",
+            "--hardware",
+            "a100",
+            "--tau",
+            "2.5",
+            "--batch-sizes",
+            "1,8",
+            "--contexts",
+            "512",
+            "--output",
+            str(tmp_path / "h.png"),
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     assert set(json.loads(out.read_text())["methods"]) == {"vanilla", "magicdec", "spire"}
     assert all((tmp_path / f"h_{m}.png").stat().st_size > 0 for m in ("vanilla", "magicdec", "spire"))

@@ -13,14 +13,13 @@ import itertools
 
 import pytest
 import torch
+from conftest import tiny_model
 from scipy.stats import chisquare
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import hf_speculative as hfs
-from hf_speculative.engine.trees import DraftingOptions, fill_children
 from hf_speculative.engine.acceptance import accept_sampling
-
-from conftest import tiny_model
+from hf_speculative.engine.trees import DraftingOptions, fill_children
 
 ALPHA = 1e-3
 
@@ -191,8 +190,12 @@ def test_generate_sampling_matches_target_distribution(sampling_models, setting,
     spec = hfs.TreeSpec.cartesian(tree)
     torch.manual_seed(1234)
     n = 3000
-    gen_kwargs = dict(do_sample=True, max_new_tokens=NEW, top_k=kw["top_k"] or None, temperature=kw["temperature"], top_p=kw["top_p"])
-    counts = _sample_counts(lambda: target.generate(prompt, assistant_model=drafter, speculative_tree=spec, **gen_kwargs), n)
+    gen_kwargs = dict(
+        do_sample=True, max_new_tokens=NEW, top_k=kw["top_k"] or None, temperature=kw["temperature"], top_p=kw["top_p"]
+    )
+    counts = _sample_counts(
+        lambda: target.generate(prompt, assistant_model=drafter, speculative_tree=spec, **gen_kwargs), n
+    )
     assert chi_square_pvalue(counts, exact, n) > ALPHA
     # the draft really differs from the target (otherwise the test would prove little)
     with torch.no_grad():
@@ -216,7 +219,9 @@ def test_magicdec_sampling_matches_target_distribution(sampling_models):
     torch.manual_seed(1234)
     n = 3000
     gen_kwargs = dict(do_sample=True, max_new_tokens=NEW, top_k=kw["top_k"], temperature=kw["temperature"])
-    counts = _sample_counts(lambda: target.generate(prompt, assistant_model=drafter, speculative_tree=tree, **gen_kwargs), n)
+    counts = _sample_counts(
+        lambda: target.generate(prompt, assistant_model=drafter, speculative_tree=tree, **gen_kwargs), n
+    )
     assert chi_square_pvalue(counts, exact, n) > ALPHA
     # the sparse draft really differs from the target
     seq = torch.cat([prompt, torch.tensor([[3]])], 1)
@@ -236,7 +241,12 @@ def test_reference_distribution_matches_plain_sampling(sampling_models):
     exact = _exact_generate(target, prompt, **kw)
     torch.manual_seed(4321)
     n = 3000
-    counts = _sample_counts(lambda: target.generate(prompt, do_sample=True, max_new_tokens=NEW, top_k=kw["top_k"], temperature=kw["temperature"]), n)
+    counts = _sample_counts(
+        lambda: target.generate(
+            prompt, do_sample=True, max_new_tokens=NEW, top_k=kw["top_k"], temperature=kw["temperature"]
+        ),
+        n,
+    )
     assert chi_square_pvalue(counts, exact, n) > ALPHA
 
 

@@ -9,16 +9,27 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import FP32_LAYERS, tiny_model
 from transformers import AutoConfig, AutoModel, DynamicCache
 
 import hf_speculative as hfs
 from hf_speculative._compat import cache_arg, get_cache
 from hf_speculative.drafters.streaming import LlamaForSpeculativeStreaming, SpeculativeStreamingConfig
-from hf_speculative.drafters.streaming.modeling_speculative_streaming import causal_key_mask, main_stream_layer, msa_stream_layer
-from hf_speculative.drafters.streaming.training_speculative_streaming import IGNORE_INDEX, StreamCollator, StreamSegmentDataset, stream_labels, stream_losses, streaming_loss, train_speculative_streaming
+from hf_speculative.drafters.streaming.modeling_speculative_streaming import (
+    causal_key_mask,
+    main_stream_layer,
+    msa_stream_layer,
+)
+from hf_speculative.drafters.streaming.training_speculative_streaming import (
+    IGNORE_INDEX,
+    StreamCollator,
+    StreamSegmentDataset,
+    stream_labels,
+    stream_losses,
+    streaming_loss,
+    train_speculative_streaming,
+)
 from hf_speculative.training.trainer import HiddenStates
-
-from conftest import FP32_LAYERS, tiny_model
 
 
 def _randomize(ss, scale: float = 0.3, seed: int = 0):
@@ -32,7 +43,9 @@ def _randomize(ss, scale: float = 0.3, seed: int = 0):
 
 def _ss(arch="llama", seed=0, num_streams=3, num_msa_layers=2, **kw):
     base = tiny_model(arch, seed=seed, **kw)
-    return base, _randomize(LlamaForSpeculativeStreaming.from_base_model(base, num_streams=num_streams, num_msa_layers=num_msa_layers))
+    return base, _randomize(
+        LlamaForSpeculativeStreaming.from_base_model(base, num_streams=num_streams, num_msa_layers=num_msa_layers)
+    )
 
 
 # --------------------------------------------------------------------------- construction
@@ -87,7 +100,9 @@ def test_training_path_main_stream_matches_the_base_layers(arch):
         torch.testing.assert_close(ss.model.norm(h), hs[-1], **FP32_LAYERS)
         # the streams of the training path equal those of the model's forward
         out = ss(ids, output_streams=True)
-        torch.testing.assert_close(ss.lm_head(ss.streams_from_hidden(out.stream_inputs)), out.stream_logits, **FP32_LAYERS)
+        torch.testing.assert_close(
+            ss.lm_head(ss.streams_from_hidden(out.stream_inputs)), out.stream_logits, **FP32_LAYERS
+        )
 
 
 # --------------------------------------------------------------------------- attention pattern (Eqs. 1-2)
@@ -106,12 +121,16 @@ def _naive_msa(layer, adapters, streams, keys, values, cos, sin):
     q = proj("q_proj", attn.q_proj, x).view(B, T, G, -1, d)
     k = proj("k_proj", attn.k_proj, x).view(B, T, G, -1, d)
     v = proj("v_proj", attn.v_proj, x).view(B, T, G, -1, d)
-    rot = lambda y, t: y * cos[:, t, None, :] + torch.cat([-y[..., d // 2 :], y[..., : d // 2]], -1) * sin[:, t, None, :]
+    rot = lambda y, t: (
+        y * cos[:, t, None, :] + torch.cat([-y[..., d // 2 :], y[..., : d // 2]], -1) * sin[:, t, None, :]
+    )
     out = torch.zeros(B, T, G, q.shape[3], d)
     for t in range(T):
         for j in range(G):
             qj = rot(q[:, t, j], t)  # (B, heads, d)
-            kk = torch.cat([keys[:, :, : t + 1], rot(k[:, t, : j + 1], t).transpose(1, 2)], dim=2)  # (B, kv, t+1+j+1, d)
+            kk = torch.cat(
+                [keys[:, :, : t + 1], rot(k[:, t, : j + 1], t).transpose(1, 2)], dim=2
+            )  # (B, kv, t+1+j+1, d)
             vv = torch.cat([values[:, :, : t + 1], v[:, t, : j + 1].transpose(1, 2)], dim=2)
             kk, vv = kk.repeat_interleave(rep, 1), vv.repeat_interleave(rep, 1)
             w = torch.softmax((qj[:, :, None, :] * kk).sum(-1) * attn.scaling, dim=-1)  # (B, heads, keys)
@@ -133,7 +152,9 @@ def test_msa_layer_matches_eq2_written_out_per_stream_and_position():
         streams = ss.streams.init_streams(out.stream_inputs)
         cos, sin = ss.model.rotary_emb(streams, torch.arange(T)[None])
         kc = cache.layers[layer.self_attn.layer_idx]
-        fast = msa_stream_layer(layer, adapters, streams, kc.keys, kc.values, causal_key_mask(1, T, streams.dtype, "cpu"), cos, sin)
+        fast = msa_stream_layer(
+            layer, adapters, streams, kc.keys, kc.values, causal_key_mask(1, T, streams.dtype, "cpu"), cos, sin
+        )
         slow = _naive_msa(layer, adapters, streams, kc.keys, kc.values, cos, sin)
     torch.testing.assert_close(fast, slow, **FP32_LAYERS)
 
@@ -254,8 +275,12 @@ def test_trained_streams_are_accepted():
     labels = text.clone()
     labels[:4] = IGNORE_INDEX
     states = HiddenStates(h, text, labels, torch.tensor([0, len(text)]), ["a"])
-    train_speculative_streaming(ss, states, output_dir="/tmp/ss_test_trainer", max_steps=60, learning_rate=2e-2, batch_size=1, progress=False)
-    out = ss.generate(ids, max_new_tokens=60, do_sample=False, return_dict_in_generate=True, speculative_tree=hfs.TreeSpec.chain(2))
+    train_speculative_streaming(
+        ss, states, output_dir="/tmp/ss_test_trainer", max_steps=60, learning_rate=2e-2, batch_size=1, progress=False
+    )
+    out = ss.generate(
+        ids, max_new_tokens=60, do_sample=False, return_dict_in_generate=True, speculative_tree=hfs.TreeSpec.chain(2)
+    )
     assert torch.equal(out.sequences[0], text)
     assert out.speculative_stats.mean_accepted_length > 1.3
 
@@ -288,7 +313,9 @@ def test_training_loss_on_a_hand_computed_case():
     per = stream_losses(head, states, targets)
     torch.testing.assert_close(per, torch.tensor([s1, s2]))
     torch.testing.assert_close(streaming_loss(per, [1.0, 0.5]), torch.tensor(s1 + 0.5 * s2))
-    torch.testing.assert_close(streaming_loss(per, [1.0, 0.5], main_loss=torch.tensor(2.0), alpha_0=0.1), torch.tensor(s1 + 0.5 * s2 + 0.2))
+    torch.testing.assert_close(
+        streaming_loss(per, [1.0, 0.5], main_loss=torch.tensor(2.0), alpha_0=0.1), torch.tensor(s1 + 0.5 * s2 + 0.2)
+    )
 
 
 def test_trainer_loss_equals_the_stream_loss_of_the_model():
@@ -304,7 +331,9 @@ def test_trainer_loss_equals_the_stream_loss_of_the_model():
     batch = StreamCollator()([data[0], data[1], data[2]])
     from hf_speculative.drafters.streaming.training_speculative_streaming import SpeculativeStreamingTrainer
 
-    loss = SpeculativeStreamingTrainer.compute_loss(type("T", (), {"stream_weights": None, "record_parts": lambda *a: None})(), ss, batch)
+    loss = SpeculativeStreamingTrainer.compute_loss(
+        type("T", (), {"stream_weights": None, "record_parts": lambda *a: None})(), ss, batch
+    )
     # the same from the full-sequence forward (segments keep true positions but only see their own segment,
     # so compare on the first segment, which sees the whole prefix)
     tg = stream_labels(labels, 2)
@@ -313,7 +342,10 @@ def test_trainer_loss_equals_the_stream_loss_of_the_model():
         logits = ss.lm_head(ss.streams_from_hidden(batch["hidden"], batch["position_ids"]))  # (3, 8, 2, V)
     torch.testing.assert_close(logits[0], out.stream_logits[0, :8], **FP32_LAYERS)
     want = sum(
-        F.cross_entropy(logits[..., j, :][batch["targets"][..., j] != IGNORE_INDEX], batch["targets"][..., j][batch["targets"][..., j] != IGNORE_INDEX])
+        F.cross_entropy(
+            logits[..., j, :][batch["targets"][..., j] != IGNORE_INDEX],
+            batch["targets"][..., j][batch["targets"][..., j] != IGNORE_INDEX],
+        )
         for j in range(2)
     )
     torch.testing.assert_close(loss, want, **FP32_LAYERS)
@@ -336,7 +368,9 @@ def test_save_load_round_trip(tmp_path):
         AutoModel.from_pretrained(tmp_path, base_model=base),
     ):
         assert type(loaded).__name__ == "LlamaForSpeculativeStreaming" and loaded.model is base.model
-        assert loaded.config.base_model_name_or_path == "some/base" and loaded.config.stream_tree == ss.config.stream_tree
+        assert (
+            loaded.config.base_model_name_or_path == "some/base" and loaded.config.stream_tree == ss.config.stream_tree
+        )
         for (n1, p1), (n2, p2) in zip(ss.named_parameters(), loaded.named_parameters()):
             assert n1 == n2 and torch.equal(p1, p2)
         ids = torch.tensor([[3, 1, 4, 1, 5]])
@@ -392,7 +426,9 @@ def test_sampling_is_exact_in_lossless_mode():
     tree = hfs.TreeSpec.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0]])
     torch.manual_seed(2025)
     n = 2000
-    gen = dict(do_sample=True, max_new_tokens=NEW, top_k=kw["top_k"], temperature=kw["temperature"], speculative_tree=tree)
+    gen = dict(
+        do_sample=True, max_new_tokens=NEW, top_k=kw["top_k"], temperature=kw["temperature"], speculative_tree=tree
+    )
     counts = _sample_counts(lambda: ss.generate(prompt, **gen), n)
     assert chi_square_pvalue(counts, exact, n) > ALPHA
     # the streams' proposal really differs from the target's distribution two tokens ahead
@@ -431,7 +467,9 @@ def test_streams_as_an_assistant_of_the_base_model():
 def _shared(arch="llama", seed=0, num_streams=3, num_msa_layers=2, scale=0.3, **kw):
     """A shared-mode model on a tiny base with random NON-ZERO streams and LoRA weights (PEFT inits B = 0)."""
     base = tiny_model(arch, seed=seed, **kw)
-    ss = LlamaForSpeculativeStreaming.from_base_model(base, num_streams=num_streams, num_msa_layers=num_msa_layers, mode="shared", lora_rank=4)
+    ss = LlamaForSpeculativeStreaming.from_base_model(
+        base, num_streams=num_streams, num_msa_layers=num_msa_layers, mode="shared", lora_rank=4
+    )
     g = torch.Generator().manual_seed(seed + 100)
     with torch.no_grad():
         for p in ss.trainable_parameters():
@@ -472,10 +510,14 @@ def test_shared_main_row_matches_eq1_written_out():
     pos = torch.arange(T)[None]
     cos, sin = ss.model.rotary_emb(main, pos)
     d, rep = attn.head_dim, attn.num_key_value_groups
-    rot = lambda y, t: y * cos[:, t, None, :] + torch.cat([-y[..., d // 2 :], y[..., : d // 2]], -1) * sin[:, t, None, :]
+    rot = lambda y, t: (
+        y * cos[:, t, None, :] + torch.cat([-y[..., d // 2 :], y[..., : d // 2]], -1) * sin[:, t, None, :]
+    )
     with torch.no_grad():
         rows = torch.cat([main[:, :, None], streams], dim=2)
-        fast = msa_layer(layer, adapters, rows, lambda k, v: (k, v), causal_key_mask(1, T, main.dtype, "cpu"), cos, sin, num_main=1)
+        fast = msa_layer(
+            layer, adapters, rows, lambda k, v: (k, v), causal_key_mask(1, T, main.dtype, "cpu"), cos, sin, num_main=1
+        )
         x = layer.input_layernorm(main)
         keys = torch.stack([rot(attn.k_proj(x).view(1, T, -1, d)[:, t], t) for t in range(T)], 2)  # (1, kv, T, d)
         values = attn.v_proj(x).view(1, T, -1, d).transpose(1, 2)
@@ -638,14 +680,24 @@ def test_shared_training_lowers_the_loss_and_keeps_greedy_equality():
     with torch.no_grad():
         before = float(SpeculativeStreamingTrainer.compute_loss(fake, ss, batch))
     lora_before = [p.clone() for p in ss.base.parameters() if p.requires_grad]
-    trainer = train_speculative_streaming(ss, states, output_dir="/tmp/ss_shared_test_trainer", max_steps=30, learning_rate=1e-2, batch_size=1, progress=False)
+    trainer = train_speculative_streaming(
+        ss,
+        states,
+        output_dir="/tmp/ss_shared_test_trainer",
+        max_steps=30,
+        learning_rate=1e-2,
+        batch_size=1,
+        progress=False,
+    )
     assert trainer.state.global_step == 30
     with torch.no_grad():
         after = float(SpeculativeStreamingTrainer.compute_loss(fake, ss, batch))
     assert after < 0.7 * before
     assert any(not torch.equal(a, b) for a, b in zip(lora_before, [p for p in ss.base.parameters() if p.requires_grad]))
     ref = ss.generate_autoregressive(ids, max_new_tokens=40, do_sample=False)
-    out = ss.generate(ids, max_new_tokens=40, do_sample=False, return_dict_in_generate=True, speculative_tree=hfs.TreeSpec.chain(2))
+    out = ss.generate(
+        ids, max_new_tokens=40, do_sample=False, return_dict_in_generate=True, speculative_tree=hfs.TreeSpec.chain(2)
+    )
     assert torch.equal(out.sequences, ref)
     assert max(out.speculative_stats.accepted_lengths) > 1  # drafted tokens were accepted (cache compaction ran)
 
@@ -680,25 +732,71 @@ def test_cli_trains_shared_mode(tmp_path):
     import json
 
     from conftest import saved_chat_model_and_data
+
     from hf_speculative.cli import main
 
     _, _, _, data = saved_chat_model_and_data(tmp_path, num_layers=4)
     out = tmp_path / "out"
-    argv = ["train", "streaming", "--mode", "shared", "--model", str(tmp_path / "base"), "--data", str(data), "--out", str(out)]
-    assert main(argv + ["--max-steps", "3", "--num-msa-layers", "2", "--lora-rank", "4", "--holdout", "0.25", "--threads", "1"]) == 0
+    argv = [
+        "train",
+        "streaming",
+        "--mode",
+        "shared",
+        "--model",
+        str(tmp_path / "base"),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+    ]
+    assert (
+        main(
+            argv
+            + ["--max-steps", "3", "--num-msa-layers", "2", "--lora-rank", "4", "--holdout", "0.25", "--threads", "1"]
+        )
+        == 0
+    )
     config = json.loads((out / "config.json").read_text())
-    assert config["mode"] == "shared" and config["training"]["steps_done"] == 3 and config["training"]["lora_parameters"] > 0
+    assert (
+        config["mode"] == "shared"
+        and config["training"]["steps_done"] == 3
+        and config["training"]["lora_parameters"] > 0
+    )
     assert (out / "lora" / "adapter_model.safetensors").is_file()
     ss = LlamaForSpeculativeStreaming.from_pretrained(out)  # loads the recorded base and the adapter
     ids = torch.tensor([[1, 2, 3]])
-    assert torch.equal(ss.generate(ids, max_new_tokens=6, do_sample=False), ss.generate_autoregressive(ids, max_new_tokens=6, do_sample=False))
+    assert torch.equal(
+        ss.generate(ids, max_new_tokens=6, do_sample=False),
+        ss.generate_autoregressive(ids, max_new_tokens=6, do_sample=False),
+    )
     # parallel tree pruning on the trained folder (the method's `fit_pruning_head`, as the task arms call it)
     pruned = tmp_path / "pruned"
-    argv = ["train", "streaming-pruning", "--model", str(tmp_path / "base"), "--streams", str(out), "--data", str(data),
-            "--out", str(pruned), "--pruning-layer", "1", "--max-steps", "2", "--holdout", "0.25", "--threads", "1"]  # fmt: skip
+    argv = [
+        "train",
+        "streaming-pruning",
+        "--model",
+        str(tmp_path / "base"),
+        "--streams",
+        str(out),
+        "--data",
+        str(data),
+        "--out",
+        str(pruned),
+        "--pruning-layer",
+        "1",
+        "--max-steps",
+        "2",
+        "--holdout",
+        "0.25",
+        "--threads",
+        "1",
+    ]
     assert main(argv) == 0
     pruning = json.loads((pruned / "config.json").read_text())["pruning"]
     assert pruning["steps"] == 2 and pruning["layer"] == 1 and pruning["held_out_top1_after"] is not None
     assert "streaming-pruning" in pruning["command"] and pruning["adapter_parameters"] > 0
     ss = LlamaForSpeculativeStreaming.from_pretrained(pruned)
-    assert torch.equal(ss.generate(ids, max_new_tokens=6, do_sample=False), ss.generate_autoregressive(ids, max_new_tokens=6, do_sample=False))
+    assert torch.equal(
+        ss.generate(ids, max_new_tokens=6, do_sample=False),
+        ss.generate_autoregressive(ids, max_new_tokens=6, do_sample=False),
+    )

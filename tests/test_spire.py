@@ -8,17 +8,22 @@ import math
 
 import pytest
 import torch
+from conftest import FP32_LAYERS, tiny_model
+from test_sampling import ALPHA, NEW, VOCAB, _batched_sample_counts, _exact_generate, chi_square_pvalue
 from transformers import AutoModel
 
 import hf_speculative as hfs
-from hf_speculative.engine.trees import DraftingOptions
 from hf_speculative.drafters.eagle.training_eagle import hidden_states_from_model
 from hf_speculative.drafters.sparse_cache import sparse_visibility
 from hf_speculative.drafters.spire import SpireTreeDrafter, chain_with_alternatives
-from hf_speculative.drafters.spire.training_spire import SpireCollator, SpireDataset, mixed_loss, spire_loss, train_spire
-
-from conftest import FP32_LAYERS, tiny_model
-from test_sampling import ALPHA, NEW, VOCAB, _batched_sample_counts, _exact_generate, chi_square_pvalue
+from hf_speculative.drafters.spire.training_spire import (
+    SpireCollator,
+    SpireDataset,
+    mixed_loss,
+    spire_loss,
+    train_spire,
+)
+from hf_speculative.engine.trees import DraftingOptions
 
 WINDOW = 8  # small enough that 12 prompt + 40 new tokens go well past it
 
@@ -48,7 +53,9 @@ def _prompts(n: int = 3, length: int = 12, seed: int = 0):
 def _check_greedy(model, drafter, max_new_tokens: int = 40):
     for ids in _prompts():
         plain = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
-        out = model.generate(ids, assistant_model=drafter, max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True)
+        out = model.generate(
+            ids, assistant_model=drafter, max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True
+        )
         assert torch.equal(out.sequences, plain)
         assert out.speculative_stats.mean_accepted_length >= 1.0
 
@@ -63,7 +70,10 @@ def test_greedy_equality_past_the_window(arch):
     for tree in (hfs.TreeSpec.cartesian([2, 2]), hfs.TreeSpec.chain(4)):
         ids = _prompts(1)[0]
         plain = model.generate(ids, max_new_tokens=30, do_sample=False)
-        assert torch.equal(model.generate(ids, assistant_model=drafter, speculative_tree=tree, max_new_tokens=30, do_sample=False), plain)
+        assert torch.equal(
+            model.generate(ids, assistant_model=drafter, speculative_tree=tree, max_new_tokens=30, do_sample=False),
+            plain,
+        )
 
 
 def test_batched_ragged_greedy_equality():
@@ -75,7 +85,9 @@ def test_batched_ragged_greedy_equality():
     mask[2, :2] = 0
     ids[mask == 0] = 0
     ref = model.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False, pad_token_id=0)
-    out = model.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=30, do_sample=False, pad_token_id=0)
+    out = model.generate(
+        ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=30, do_sample=False, pad_token_id=0
+    )
     assert torch.equal(out, ref)
 
 
@@ -87,9 +99,13 @@ def test_sink_plus_window_mask_by_hand():
         [1, 1, 1, 0, 0, 0, 0, 0],
     ]
     # 2 sinks, window 1: only the sinks and the query itself
-    assert sparse_visibility(torch.tensor([5]), torch.arange(6), window=1, sinks=2).int().tolist() == [[1, 1, 0, 0, 0, 1]]
+    assert sparse_visibility(torch.tensor([5]), torch.arange(6), window=1, sinks=2).int().tolist() == [
+        [1, 1, 0, 0, 0, 1]
+    ]
     # positions from the original text, not cache slots: keys given out of order keep their meaning
-    assert sparse_visibility(torch.tensor([9]), torch.tensor([7, 0, 9, 8, 3]), window=3, sinks=1).int().tolist() == [[1, 1, 1, 1, 0]]
+    assert sparse_visibility(torch.tensor([9]), torch.tensor([7, 0, 9, 8, 3]), window=3, sinks=1).int().tolist() == [
+        [1, 1, 1, 1, 0]
+    ]
 
 
 def test_feedback_memory_weights_softmax_over_layers():
@@ -151,7 +167,9 @@ def test_training_forward_matches_drafting(arch):
     model = _target(arch)
     drafter = _spire(model)
     with torch.no_grad():
-        drafter.memory_logits.copy_(torch.randn(drafter.memory_logits.shape, generator=torch.Generator().manual_seed(0)))
+        drafter.memory_logits.copy_(
+            torch.randn(drafter.memory_logits.shape, generator=torch.Generator().manual_seed(0))
+        )
     ids = torch.randint(0, 96, (1, 31), generator=torch.Generator().manual_seed(1))
     hs = model(ids, output_hidden_states=True).hidden_states
     memory = [hs[i] for i in drafter.config.target_layers]
@@ -205,7 +223,9 @@ def test_mixed_loss_by_hand():
 
 def _labelled(model, layers, n=12, length=60, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return hidden_states_from_model(model, [torch.randint(0, 96, (length,), generator=g) for _ in range(n)], layers=layers, top_k=8)
+    return hidden_states_from_model(
+        model, [torch.randint(0, 96, (length,), generator=g) for _ in range(n)], layers=layers, top_k=8
+    )
 
 
 def test_dataset_prepends_the_sinks_to_chunks():
@@ -229,13 +249,25 @@ def test_training_lowers_the_loss_saves_and_reloads(tmp_path):
     ds = SpireDataset(states, drafter.config.target_layers, sinks=1, max_length=24)
     batch = SpireCollator()([ds[i] for i in range(len(ds))])
     before = spire_loss(drafter, batch)[0].item()
-    train_spire(drafter, states, str(tmp_path / "run"), num_epochs=4, batch_size=4, max_length=24, learning_rate=3e-3, progress=False)
+    train_spire(
+        drafter,
+        states,
+        str(tmp_path / "run"),
+        num_epochs=4,
+        batch_size=4,
+        max_length=24,
+        learning_rate=3e-3,
+        progress=False,
+    )
     with torch.no_grad():
         after = spire_loss(drafter, batch)[0].item()
     assert after < before - 0.05
     _check_greedy(model, drafter)
     drafter.save_pretrained(tmp_path / "spire")
-    for loaded in (hfs.SpireDrafter.from_pretrained(tmp_path / "spire", base_model=model), AutoModel.from_pretrained(tmp_path / "spire")):
+    for loaded in (
+        hfs.SpireDrafter.from_pretrained(tmp_path / "spire", base_model=model),
+        AutoModel.from_pretrained(tmp_path / "spire"),
+    ):
         assert type(loaded).__name__ == "SpireDrafter"
         for (name, p), q in zip(drafter.state_dict().items(), loaded.state_dict().values()):
             torch.testing.assert_close(p, q, msg=name)
@@ -253,7 +285,9 @@ def test_draft_vocabulary_and_clear_errors():
     with pytest.raises(ValueError, match="layers"):
         hfs.SpireDrafter.from_base_model(model, layers=[7])
     with pytest.raises(ValueError, match="at most 4 levels"):
-        model.generate(_prompts(1)[0], assistant_model=drafter, speculative_tree=hfs.TreeSpec.chain(6), max_new_tokens=4)
+        model.generate(
+            _prompts(1)[0], assistant_model=drafter, speculative_tree=hfs.TreeSpec.chain(6), max_new_tokens=4
+        )
     other_small = hfs.enable(tiny_model("llama", seed=3, vocab_size=64))
     with pytest.raises(ValueError, match="vocab_size"):
         other_small.generate(_prompts(1)[0].clamp_max(63), assistant_model=drafter, max_new_tokens=4)
@@ -262,11 +296,15 @@ def test_draft_vocabulary_and_clear_errors():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(  # one case a tree: the two pytest-xdist workers share them
-    "tree", [chain_with_alternatives(3, 2), hfs.TreeSpec.cartesian([2, 2])], ids=["chain-with-alternatives", "cartesian"]
+    "tree",
+    [chain_with_alternatives(3, 2), hfs.TreeSpec.cartesian([2, 2])],
+    ids=["chain-with-alternatives", "cartesian"],
 )
 def test_sampling_matches_target_distribution(tree):
     target = hfs.enable(tiny_model("llama", seed=21, vocab_size=VOCAB, num_layers=2))
-    drafter = hfs.SpireDrafter.from_base_model(target, num_layers=1, sliding_window=2, num_sink_tokens=1, num_draft_tokens=3)
+    drafter = hfs.SpireDrafter.from_base_model(
+        target, num_layers=1, sliding_window=2, num_sink_tokens=1, num_draft_tokens=3
+    )
     with torch.no_grad():  # a drafter far from the target but not degenerate
         for p in drafter.layers.parameters():
             p.copy_(0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
@@ -276,7 +314,13 @@ def test_sampling_matches_target_distribution(tree):
     n = 3000
     torch.manual_seed(1234)
     gen = dict(do_sample=True, max_new_tokens=NEW, top_k=4, temperature=0.7)
-    counts = _batched_sample_counts(lambda ids, mask: target.generate(ids, attention_mask=mask, assistant_model=drafter, speculative_tree=tree, **gen), prompt, n)
+    counts = _batched_sample_counts(
+        lambda ids, mask: target.generate(
+            ids, attention_mask=mask, assistant_model=drafter, speculative_tree=tree, **gen
+        ),
+        prompt,
+        n,
+    )
     assert chi_square_pvalue(counts, exact, n) > ALPHA, tree
 
 

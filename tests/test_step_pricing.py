@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_model
+from test_batch import DRAFTERS, PAD, left_padded
 
 import hf_speculative as hfs
 from hf_speculative.engine.protocol import OneRowDrafter
 from hf_speculative.engine.step_pricing import StepPricer
 from hf_speculative.engine.trees import DraftTree, TreeSpec
-
-from conftest import tiny_model
-from test_batch import DRAFTERS, PAD, left_padded
 
 
 def _steps(pricer: StepPricer, n: int, tokens: float, seconds: float, plain_seconds: float) -> list[bool]:
@@ -54,7 +53,10 @@ class WrongTokens(OneRowDrafter):
     def propose(self, sequence, tree, options):
         self.proposals += 1
         position = sequence.shape[1]
-        wrong = [(int(self.reference[min(position + i, self.reference.numel() - 1)]) + 1) % self.vocab for i in range(self.depth)]
+        wrong = [
+            (int(self.reference[min(position + i, self.reference.numel() - 1)]) + 1) % self.vocab
+            for i in range(self.depth)
+        ]
         return DraftTree(tokens=torch.tensor([int(sequence[0, -1])] + wrong), parents=tuple(range(-1, self.depth)))
 
 
@@ -63,8 +65,14 @@ def test_a_drafter_that_never_pays_decodes_one_token_per_forward_without_draftin
     prompt = torch.tensor([[5, 17, 33, 2, 9, 41, 7]])
     plain = model.generate(prompt, max_new_tokens=80, do_sample=False)
     drafter = WrongTokens(plain[0], model.config.vocab_size)
-    out = model.generate(prompt, assistant_model=drafter, max_new_tokens=80, do_sample=False,
-                         return_dict_in_generate=True, speculative_pricing=True)  # fmt: skip
+    out = model.generate(
+        prompt,
+        assistant_model=drafter,
+        max_new_tokens=80,
+        do_sample=False,
+        return_dict_in_generate=True,
+        speculative_pricing=True,
+    )
     assert torch.equal(out.sequences, plain)
     stats = out.speculative_stats
     assert stats.num_target_forwards == 80  # one forward per token (the prefill's included)
@@ -93,8 +101,17 @@ def test_one_token_steps_between_tree_steps_keep_every_drafter_exact(monkeypatch
     ids, mask = left_padded()
     plain = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=PAD)
     drafter = DRAFTERS[name](model)
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=PAD,
-                         assistant_model=drafter, speculative_pricing=True)  # fmt: skip
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=10,
+        do_sample=False,
+        pad_token_id=PAD,
+        assistant_model=drafter,
+        speculative_pricing=True,
+    )
     assert torch.equal(out, plain), name
-    single = model.generate(ids[:1], max_new_tokens=10, do_sample=False, assistant_model=DRAFTERS[name](model), speculative_pricing=True)
+    single = model.generate(
+        ids[:1], max_new_tokens=10, do_sample=False, assistant_model=DRAFTERS[name](model), speculative_pricing=True
+    )
     assert torch.equal(single, model.generate(ids[:1], max_new_tokens=10, do_sample=False)), name

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import FP32_LAYERS, tiny_chat_model, tiny_model
 from transformers import DynamicCache
 
 import hf_speculative as hfs
@@ -13,11 +14,9 @@ from hf_speculative.drafters.streaming import LlamaForSpeculativeStreaming
 from hf_speculative.drafters.streaming.pruning import prune_tree, transition_probabilities
 from hf_speculative.drafters.streaming.training_pruning import early_exit_accuracy, train_pruning_head
 from hf_speculative.drafters.streaming.training_speculative_streaming import IGNORE_INDEX
-from hf_speculative.engine.trees import DraftTree, tree_attention_mask
 from hf_speculative.engine.tree_forward import verification_forward
+from hf_speculative.engine.trees import DraftTree, tree_attention_mask
 from hf_speculative.training.trainer import HiddenStates
-
-from conftest import FP32_LAYERS, tiny_chat_model, tiny_model
 
 
 def _pruned_ss(arch="llama", seed=0, layer=2, threshold=0.0, num_streams=3):
@@ -94,7 +93,14 @@ def test_pruned_forward_removes_exactly_the_subtrees_below_the_threshold(arch):
         return cache
 
     with torch.no_grad():  # the unpruned forward: transition probabilities from the state after layer 2
-        full = base(tokens[None], attention_mask=mask, position_ids=positions, **cache_arg(prefilled()), use_cache=True, output_hidden_states=True)
+        full = base(
+            tokens[None],
+            attention_mask=mask,
+            position_ids=positions,
+            **cache_arg(prefilled()),
+            use_cache=True,
+            output_hidden_states=True,
+        )
         layer_state = full.hidden_states[2][0]
         inner_logits = base.lm_head(ss.model.norm(layer_state + ss.streams.pruning(layer_state)))
         probs = torch.ones(len(draft))
@@ -115,21 +121,36 @@ def test_pruned_forward_removes_exactly_the_subtrees_below_the_threshold(arch):
     mask_for = lambda drafts, positions: tree_attention_mask(drafts[0].ancestors, past, base.dtype, "cpu")  # noqa: E731
     with torch.no_grad():  # the engine's one forward of the target, the drafter's hook pruning inside it
         out, (kept,) = verification_forward(
-            base, drafter, [draft], mask_for, input_ids=tokens[None], attention_mask=mask, position_ids=positions,
-            **cache_arg(cache), use_cache=True, output_hidden_states=True,
-        )  # fmt: skip
+            base,
+            drafter,
+            [draft],
+            mask_for,
+            input_ids=tokens[None],
+            attention_mask=mask,
+            position_ids=positions,
+            **cache_arg(cache),
+            use_cache=True,
+            output_hidden_states=True,
+        )
     assert kept.tokens.tolist() == tokens[expected].tolist()
     assert kept.parents == draft.select(expected).parents
     index = torch.tensor(expected)
     torch.testing.assert_close(out.logits[0], full.logits[0, index], **FP32_LAYERS)
-    torch.testing.assert_close(out.hidden_states[ss.config.first_msa_layer][0], full.hidden_states[ss.config.first_msa_layer][0, index], **FP32_LAYERS)
+    torch.testing.assert_close(
+        out.hidden_states[ss.config.first_msa_layer][0],
+        full.hidden_states[ss.config.first_msa_layer][0, index],
+        **FP32_LAYERS,
+    )
     # every layer caches the prefix plus exactly the kept nodes, as an unpruned forward over the kept tree would
     reference = prefilled()
     with torch.no_grad():
         base(
-            kept.tokens[None], attention_mask=tree_attention_mask(kept.ancestors, past, base.dtype, "cpu"),
-            position_ids=(past + kept.depths)[None], **cache_arg(reference), use_cache=True,
-        )  # fmt: skip
+            kept.tokens[None],
+            attention_mask=tree_attention_mask(kept.ancestors, past, base.dtype, "cpu"),
+            position_ids=(past + kept.depths)[None],
+            **cache_arg(reference),
+            use_cache=True,
+        )
     _assert_caches_equal(cache, reference, past + len(expected))
 
 
@@ -156,8 +177,14 @@ def test_pruning_is_active_and_exact_in_a_batch(arch):
     calls = []
     handle = base.register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
-        out = hfs.enable(base).generate(ids, attention_mask=attention_mask, assistant_model=ss, max_new_tokens=16,
-                                        do_sample=False, return_dict_in_generate=True)  # fmt: skip
+        out = hfs.enable(base).generate(
+            ids,
+            attention_mask=attention_mask,
+            assistant_model=ss,
+            max_new_tokens=16,
+            do_sample=False,
+            return_dict_in_generate=True,
+        )
     finally:
         handle.remove()
     stats = out.speculative_stats
@@ -194,7 +221,9 @@ def test_pruning_config_is_checked_and_saved(tmp_path):
     for (name, a), (_, b) in zip(ss.streams.state_dict().items(), loaded.streams.state_dict().items()):
         assert torch.equal(a, b), name
     ids = torch.randint(0, 96, (1, 5), generator=torch.Generator().manual_seed(2))
-    assert torch.equal(loaded.generate(ids, max_new_tokens=10, do_sample=False), ss.generate(ids, max_new_tokens=10, do_sample=False))
+    assert torch.equal(
+        loaded.generate(ids, max_new_tokens=10, do_sample=False), ss.generate(ids, max_new_tokens=10, do_sample=False)
+    )
 
 
 def test_training_the_early_exit_raises_its_accuracy():
@@ -210,7 +239,9 @@ def test_training_the_early_exit_raises_its_accuracy():
     states = HiddenStates(h, text, labels, torch.tensor([0, len(text)]), ["a"])
     streams_before = [p.clone() for n, p in ss.streams.named_parameters() if not n.startswith("pruning.")]
     before = early_exit_accuracy(ss, states)
-    train_pruning_head(ss, states, output_dir="/tmp/ss_pruning_test", max_steps=40, learning_rate=3e-2, batch_size=1, progress=False)
+    train_pruning_head(
+        ss, states, output_dir="/tmp/ss_pruning_test", max_steps=40, learning_rate=3e-2, batch_size=1, progress=False
+    )
     assert early_exit_accuracy(ss, states) > max(before, 0.5)
     streams_after = [p for n, p in ss.streams.named_parameters() if not n.startswith("pruning.")]
     assert all(torch.equal(a, b) for a, b in zip(streams_before, streams_after))  # only the early exit trained
@@ -250,8 +281,13 @@ def test_shared_pruned_forward_equals_the_joint_forward_over_the_kept_tree(arch)
         return cache
 
     def tree_inputs(d):
-        return dict(input_ids=d.tokens[None], attention_mask=tree_attention_mask(d.ancestors, past, dtype, "cpu"),
-                    position_ids=(past + d.depths)[None], use_cache=True, output_hidden_states=True)  # fmt: skip
+        return dict(
+            input_ids=d.tokens[None],
+            attention_mask=tree_attention_mask(d.ancestors, past, dtype, "cpu"),
+            position_ids=(past + d.depths)[None],
+            use_cache=True,
+            output_hidden_states=True,
+        )
 
     with torch.no_grad():
         full = ss(**tree_inputs(draft), cache=prefilled())
@@ -264,7 +300,9 @@ def test_shared_pruned_forward_equals_the_joint_forward_over_the_kept_tree(arch)
     cache = prefilled()
     mask_for = lambda drafts, positions: tree_attention_mask(drafts[0].ancestors, past, dtype, "cpu")  # noqa: E731
     with torch.no_grad():
-        out, (kept,) = verification_forward(ss, ss.get_self_drafter(), [draft], mask_for, **tree_inputs(draft), cache=cache)
+        out, (kept,) = verification_forward(
+            ss, ss.get_self_drafter(), [draft], mask_for, **tree_inputs(draft), cache=cache
+        )
     assert kept.tokens.tolist() == tokens[expected].tolist() and kept.parents == draft.select(expected).parents
     reference = prefilled()
     with torch.no_grad():
@@ -290,7 +328,9 @@ def test_shared_greedy_equality_with_pruning(arch, layer):
 def test_shared_pruning_is_active_and_exact_in_a_ragged_batch():
     _, ss = _pruned_shared("llama", seed=7, layer=2, threshold=0.012)
     prompts, ids, attention_mask = _ragged_batch()
-    out = ss.generate(ids, attention_mask=attention_mask, max_new_tokens=16, do_sample=False, return_dict_in_generate=True)
+    out = ss.generate(
+        ids, attention_mask=attention_mask, max_new_tokens=16, do_sample=False, return_dict_in_generate=True
+    )
     full = len(ss.config.tree.parents)
     assert all(min(r.tree_sizes[1:]) < full for r in out.speculative_stats.rows)  # both rows' trees were pruned
     for b, p in enumerate(prompts):
@@ -312,7 +352,9 @@ def test_shared_pruning_layer_is_a_plain_layer_and_reads_the_adapted_states():
         for name, p in base.named_parameters():
             if "lora_B" in name:
                 p.normal_(0.0, 0.3)
-    states = pruning_states(ss, tok, [Record("a", ["hello there"], answers=["general kenobi"])], max_length=64, progress=False)
+    states = pruning_states(
+        ss, tok, [Record("a", ["hello there"], answers=["general kenobi"])], max_length=64, progress=False
+    )
     with torch.no_grad():
         expected = ss(states.input_ids[None], output_hidden_states=True).hidden_states[2][0]
         for name, p in base.named_parameters():

@@ -8,15 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-import hf_speculative as hfs
-from hf_speculative.drafters.suffix.speculation_tree import expand_speculation_tree
-from hf_speculative.drafters.suffix.suffix_index import SuffixIndex, match_in_sequence, suffix_array
-
 from conftest import tiny_model
 from test_batch import PAD, _eos_mid_batch, left_padded
 from test_sampling import ALPHA, NEW, SETTINGS, _exact_generate, _sample_counts, chi_square_pvalue
 from test_token_recycling import _repetitive_prompt
+
+import hf_speculative as hfs
+from hf_speculative.drafters.suffix.speculation_tree import expand_speculation_tree
+from hf_speculative.drafters.suffix.suffix_index import SuffixIndex, match_in_sequence, suffix_array
 
 TOY_CORPUS = [[1, 2, 3, 4, 7], [1, 2, 3, 5], [2, 3, 4, 6]]
 
@@ -55,7 +54,9 @@ def test_speculation_tree_by_hand():
     short = _suffix(min_probability=0.0, alpha=1.0).warm(TOY_CORPUS).draft(torch.tensor([9, 3]), hfs.TreeSpec.chain(8))
     assert short.tokens.tolist() == [3, 4] and short.parents == (-1, 0)  # "3 -> 4" twice, "3 -> 5" once
     # min_probability drops the unlikely: 5 after "3" has 1/3
-    tokens, parents, scores = expand_speculation_tree(np.array([4, 5, 0, 4, 5, 0, 4, 6, 0]), np.array([1, 4, 7]), 3, 8, 4, 0.5)
+    tokens, parents, scores = expand_speculation_tree(
+        np.array([4, 5, 0, 4, 5, 0, 4, 6, 0]), np.array([1, 4, 7]), 3, 8, 4, 0.5
+    )
     assert tokens == [3, 4] and parents == [-1, 0] and scores == pytest.approx([1.0, 2 / 3])
 
 
@@ -126,15 +127,26 @@ def test_save_and_load_round_trip_and_automodel(tmp_path):
     drafter.warm(TOY_CORPUS)
     drafter.save_pretrained(tmp_path)
     assert AutoConfig.from_pretrained(tmp_path).model_type == "suffix_decoding"
-    for loaded in (hfs.SuffixDrafter.from_pretrained(tmp_path, cost_curve=lambda n: 1.0), AutoModel.from_pretrained(tmp_path)):
+    for loaded in (
+        hfs.SuffixDrafter.from_pretrained(tmp_path, cost_curve=lambda n: 1.0),
+        AutoModel.from_pretrained(tmp_path),
+    ):
         assert isinstance(loaded, hfs.SuffixDrafter) and loaded.config.alpha == 3.0
         assert np.array_equal(loaded.index.codes, drafter.index.codes)
-        assert np.array_equal(loaded.index.suffixes, drafter.index.suffixes) and loaded.index.lengths == drafter.index.lengths
+        assert (
+            np.array_equal(loaded.index.suffixes, drafter.index.suffixes)
+            and loaded.index.lengths == drafter.index.lengths
+        )
         for context in ([9, 1, 2, 3], prompt[0].tolist()):
-            a, b = drafter.draft(torch.tensor(context), drafter.default_tree), loaded.draft(torch.tensor(context), drafter.default_tree)
+            a, b = (
+                drafter.draft(torch.tensor(context), drafter.default_tree),
+                loaded.draft(torch.tensor(context), drafter.default_tree),
+            )
             assert a.tokens.tolist() == b.tokens.tolist() and a.parents == b.parents
     loaded = hfs.SuffixDrafter.from_pretrained(tmp_path, cost_curve=lambda n: 1.0)
-    a = model.generate(prompt, assistant_model=drafter, max_new_tokens=16, do_sample=False, return_dict_in_generate=True)
+    a = model.generate(
+        prompt, assistant_model=drafter, max_new_tokens=16, do_sample=False, return_dict_in_generate=True
+    )
     b = model.generate(prompt, assistant_model=loaded, max_new_tokens=16, do_sample=False, return_dict_in_generate=True)
     assert torch.equal(a.sequences, b.sequences)
     assert a.speculative_stats.accepted_lengths == b.speculative_stats.accepted_lengths
@@ -150,7 +162,9 @@ def test_a_second_pass_over_the_same_prompts_drafts_and_accepts_more():
     for _ in range(2):
         drafted, accepted, forwards = 0, 0, 0
         for prompt in prompts:
-            out = model.generate(prompt, assistant_model=drafter, max_new_tokens=32, do_sample=False, return_dict_in_generate=True)
+            out = model.generate(
+                prompt, assistant_model=drafter, max_new_tokens=32, do_sample=False, return_dict_in_generate=True
+            )
             stats = out.speculative_stats
             drafted += sum(stats.tree_sizes[1:]) - len(stats.tree_sizes[1:])  # drafted nodes, roots excluded
             accepted, forwards = accepted + sum(stats.accepted_lengths), forwards + len(stats.accepted_lengths)
@@ -177,7 +191,9 @@ def test_greedy_equals_plain_generate(arch, make):
     plain = model.generate(prompt, max_new_tokens=40, do_sample=False)
     for tree in (None, hfs.TreeSpec.cartesian([3, 2, 1]), hfs.TreeSpec.chain(4), None):  # the last call is warm
         kwargs = {} if tree is None else {"speculative_tree": tree}
-        out = model.generate(prompt, assistant_model=drafter, max_new_tokens=40, do_sample=False, return_dict_in_generate=True, **kwargs)
+        out = model.generate(
+            prompt, assistant_model=drafter, max_new_tokens=40, do_sample=False, return_dict_in_generate=True, **kwargs
+        )
         assert torch.equal(out.sequences, plain), (arch, make, tree)
     assert out.speculative_stats.mean_accepted_length > 2.0
 
@@ -191,9 +207,19 @@ def test_ragged_batch_with_eos_mid_batch(arch, make):
     eos = _eos_mid_batch(model, ids, mask, new)
     drafter = _suffix() if make == "suffix" else _hybrid()
     for kwargs in ({}, {"eos_token_id": eos}, {}):
-        plain = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=PAD, **kwargs)
-        out = model.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=new, do_sample=False,
-                             pad_token_id=PAD, return_dict_in_generate=True, **kwargs)  # fmt: skip
+        plain = model.generate(
+            ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=PAD, **kwargs
+        )
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            assistant_model=drafter,
+            max_new_tokens=new,
+            do_sample=False,
+            pad_token_id=PAD,
+            return_dict_in_generate=True,
+            **kwargs,
+        )
         assert torch.equal(out.sequences, plain), (arch, make, kwargs)
     suffix = drafter if make == "suffix" else drafter.parts[1]
     assert len(suffix.index) == 3 * ids.shape[0]  # the rows share one global structure
@@ -243,14 +269,48 @@ def test_warm_suffix_and_bench_methods(tmp_path, capsys):
     texts.write_text("one and two\nwhat is one and two ?\n")
     common = ["--model", str(model_dir), "--threads", "1", "--device", "cpu"]
     out = tmp_path / "sfx"
-    assert main(["warm-suffix", *common, "--texts", str(texts), "--prompts", str(prompts), "--max-new-tokens", "8", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "warm-suffix",
+                *common,
+                "--texts",
+                str(texts),
+                "--prompts",
+                str(prompts),
+                "--max-new-tokens",
+                "8",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["outputs"] == 3 and report["tokens"] > 0 and report["bytes"] <= report["max_cache_bytes"]
     warmed = hfs.SuffixDrafter.from_pretrained(out)
     assert len(warmed.index) == 3 and warmed.index.num_tokens == report["tokens"]
     result = tmp_path / "b.json"
-    assert main(["bench", *common, "--prompts", str(prompts), "--methods", "plain,suffix,hybrid:pl+sx", "--suffix", str(out),
-                 "--max-new-tokens", "6", "--no-numerics-floor", "--output", str(result)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "bench",
+                *common,
+                "--prompts",
+                str(prompts),
+                "--methods",
+                "plain,suffix,hybrid:pl+sx",
+                "--suffix",
+                str(out),
+                "--max-new-tokens",
+                "6",
+                "--no-numerics-floor",
+                "--output",
+                str(result),
+            ]
+        )
+        == 0
+    )
     data = json.loads(result.read_text())
     assert data["setting"]["methods"]["suffix"]["warm_outputs"] >= 3  # the warmed outputs, and the run's own
     assert data["setting"]["methods"]["hybrid:pl+sx"]["parts"] == ["pl", "sx"]

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_model
+from test_batch import PAD, _eos_mid_batch, left_padded
+from test_sampling import ALPHA, NEW, SETTINGS, _exact_generate, _sample_counts, chi_square_pvalue
 
 import hf_speculative as hfs
 from hf_speculative.drafters.hybrid import _best_nodes, budget_tree, merge_drafts
 from hf_speculative.drafters.online_accuracy import OnlineAccuracy
 
-from conftest import tiny_model
-from test_batch import PAD, _eos_mid_batch, left_padded
-from test_sampling import ALPHA, NEW, SETTINGS, _exact_generate, _sample_counts, chi_square_pvalue
 
 def _recycling(**kwargs):
     return hfs.TokenRecyclingDrafter(cost_curve=lambda n: 1.0, **kwargs)
@@ -74,7 +74,9 @@ def test_verification_updates_every_node_accepted_or_not():
 
     def spy(sequences, rows, drafts, results, target_outputs):
         if not seen and len(drafts[0]) > len(results[0].path) + 1:  # the first step with a rejected node
-            seen.update(draft=drafts[0], top=target_outputs.top_k[0], sequence=sequences[0][0].tolist(), result=results[0])
+            seen.update(
+                draft=drafts[0], top=target_outputs.top_k[0], sequence=sequences[0][0].tolist(), result=results[0]
+            )
         original(sequences, rows, drafts, results, target_outputs)
 
     tr.advance_batch = spy
@@ -126,7 +128,9 @@ def test_save_and_load_round_trip(tmp_path):
     tr.save_pretrained(tmp_path)
     loaded = hfs.TokenRecyclingDrafter.from_pretrained(tmp_path, cost_curve=lambda n: 1.0)
     assert torch.equal(loaded.adjacency, tr.adjacency)
-    assert torch.equal(loaded.hit_rates.hits, tr.hit_rates.hits) and torch.equal(loaded.hit_rates.trials, tr.hit_rates.trials)
+    assert torch.equal(loaded.hit_rates.hits, tr.hit_rates.hits) and torch.equal(
+        loaded.hit_rates.trials, tr.hit_rates.trials
+    )
     a = model.generate(prompt, assistant_model=tr, max_new_tokens=16, do_sample=False, return_dict_in_generate=True)
     b = model.generate(prompt, assistant_model=loaded, max_new_tokens=16, do_sample=False, return_dict_in_generate=True)
     assert torch.equal(a.sequences, b.sequences)
@@ -150,7 +154,9 @@ def test_a_second_call_drafts_at_least_as_well(make):
     prompt = _repetitive_prompt()
     taus = []
     for _ in range(2):
-        out = model.generate(prompt, assistant_model=drafter, max_new_tokens=32, do_sample=False, return_dict_in_generate=True)
+        out = model.generate(
+            prompt, assistant_model=drafter, max_new_tokens=32, do_sample=False, return_dict_in_generate=True
+        )
         taus.append(out.speculative_stats.mean_accepted_length)
     assert taus[1] >= taus[0] and taus[1] > 1.0
 
@@ -180,9 +186,19 @@ def test_ragged_batch_with_eos_mid_batch(arch, make):
     eos = _eos_mid_batch(model, ids, mask, new)
     drafter = _recycling() if make == "recycling" else _hybrid(model)
     for kwargs in ({}, {"eos_token_id": eos}):
-        plain = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=PAD, **kwargs)
-        out = model.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=new, do_sample=False,
-                             pad_token_id=PAD, return_dict_in_generate=True, **kwargs)  # fmt: skip
+        plain = model.generate(
+            ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=PAD, **kwargs
+        )
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            assistant_model=drafter,
+            max_new_tokens=new,
+            do_sample=False,
+            pad_token_id=PAD,
+            return_dict_in_generate=True,
+            **kwargs,
+        )
         assert torch.equal(out.sequences, plain), (arch, make, kwargs)
         assert out.speculative_stats.mean_accepted_length >= 1.0
 
@@ -194,8 +210,13 @@ def test_sampling_matches_target_distribution(make):
     with the matrix learning between samples."""
     vocab = 8
     target = hfs.enable(tiny_model("llama", seed=21, vocab_size=vocab, num_layers=2))
-    drafter = _recycling(num_successors=3) if make == "recycling" else hfs.HybridDrafter(
-        [hfs.PromptLookupDrafter(min_ngram_size=1), _recycling(num_successors=3)], cost_curve=lambda n: 1.0)  # fmt: skip
+    drafter = (
+        _recycling(num_successors=3)
+        if make == "recycling"
+        else hfs.HybridDrafter(
+            [hfs.PromptLookupDrafter(min_ngram_size=1), _recycling(num_successors=3)], cost_curve=lambda n: 1.0
+        )
+    )
     kw = SETTINGS["temperature-0.7-top-k-4"]
     prompt = torch.tensor([[1, 5, 2, 1, 5]])
     exact = _exact_generate(target, prompt, **kw)
@@ -228,18 +249,51 @@ def test_warm_recycling_and_bench_methods(tmp_path, capsys):
     tok = tiny_chat_tokenizer()
     tiny_llama(tokenizer=tok, num_layers=2).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
-    rows = [{"question_id": i, "category": c, "turns": [t]} for i, (c, t) in
-            enumerate([("writing", "write a poem"), ("math", "what is one and two ?")])]  # fmt: skip
+    rows = [
+        {"question_id": i, "category": c, "turns": [t]}
+        for i, (c, t) in enumerate([("writing", "write a poem"), ("math", "what is one and two ?")])
+    ]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     common = ["--model", str(model_dir), "--threads", "1", "--device", "cpu"]
-    assert main(["warm-recycling", *common, "--prompts", str(prompts), "--max-new-tokens", "8", "--out", str(tmp_path / "tr")]) == 0
+    assert (
+        main(
+            [
+                "warm-recycling",
+                *common,
+                "--prompts",
+                str(prompts),
+                "--max-new-tokens",
+                "8",
+                "--out",
+                str(tmp_path / "tr"),
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["filled_rows"] > 0 and report["prompts"] == 2
     warmed = hfs.TokenRecyclingDrafter.from_pretrained(tmp_path / "tr")
     assert warmed.filled_rows == report["filled_rows"]
     out = tmp_path / "b.json"
-    assert main(["bench", *common, "--prompts", str(prompts), "--methods", "plain,token-recycling,hybrid,hybrid:pl+tr",
-                 "--recycling", str(tmp_path / "tr"), "--max-new-tokens", "6", "--output", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "bench",
+                *common,
+                "--prompts",
+                str(prompts),
+                "--methods",
+                "plain,token-recycling,hybrid,hybrid:pl+tr",
+                "--recycling",
+                str(tmp_path / "tr"),
+                "--max-new-tokens",
+                "6",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     data = json.loads(out.read_text())
     assert data["setting"]["methods"]["hybrid:pl+tr"]["parts"] == ["pl", "tr"]
     for name in ("token-recycling", "hybrid", "hybrid:pl+tr"):

@@ -4,14 +4,13 @@ import random
 
 import pytest
 import torch
+from conftest import FP32_LAYERS, random_tree, tiny_model
 from transformers import DynamicCache
 
 import hf_speculative as hfs
 from hf_speculative._compat import cache_arg
 from hf_speculative.engine.cache import keep_path
 from hf_speculative.engine.trees import tree_attention_mask
-
-from conftest import FP32_LAYERS, random_tree, tiny_model
 
 
 def _tree_forward(model, prompt, tree_tokens, spec):
@@ -71,8 +70,9 @@ def test_cache_after_compaction_equals_rerun(arch):
 
 def test_lazy_logits_only_when_logits_are_the_plain_lm_head():
     """Models whose logits are not lm_head(h) (logit scaling, soft-capping) fall back to full logits, exactly."""
-    from hf_speculative.engine.logits import NodeLogits
     from transformers import LlamaForCausalLM
+
+    from hf_speculative.engine.logits import NodeLogits
 
     class ScaledLogits(LlamaForCausalLM):  # stands for Cohere's logit_scale / Gemma's soft-capping
         def forward(self, *args, **kwargs):

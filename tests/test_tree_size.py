@@ -74,9 +74,9 @@ def test_drafter_folders_load_in_either_stored_dtype(saved_dtype, tmp_path):
     """A folder stored in bfloat16 (as the repository keeps them) or float32 (as training writes them) loads beside a
     float32 target, runs in the target's dtype, and greedy output stays the target's."""
     import torch
+    from conftest import tiny_model
 
     import hf_speculative as hfs
-    from conftest import tiny_model
 
     target = hfs.enable(tiny_model(seed=3))
     hfs.MedusaHeadsModel.from_base_model(target, num_heads=3).to(getattr(torch, saved_dtype)).save_pretrained(tmp_path)

@@ -44,6 +44,7 @@ def test_optimize_on_toy_accuracy_table():
     assert hfs.TreeSpec.optimize(acc, 3).paths == ((0,), (1,), (0, 0))
     assert hfs.TreeSpec.optimize(acc, 4).paths == ((0,), (1,), (0, 0), (1, 0))
     assert hfs.TreeSpec.optimize(acc, 5).paths == ((0,), (1,), (0, 0), (0, 1), (1, 0))
+
     # the greedy tree maximises the expected acceptance length among all 4-node trees here
     def expected(spec):
         total = 0.0
@@ -53,6 +54,7 @@ def test_optimize_on_toy_accuracy_table():
                 v *= acc[d][r]
             total += v
         return total
+
     best = hfs.TreeSpec.optimize(acc, 4)
     for other in [hfs.TreeSpec.from_choices(c) for c in ([[0], [1], [0, 0], [0, 1]], [[0], [0, 0], [0, 1], [1]])]:
         assert expected(best) >= expected(other) - 1e-12
@@ -102,5 +104,7 @@ def test_tree_mask_buffer_equals_fresh_masks_every_step():
         visible = torch.cat([pad, torch.ones(past - pad.numel(), dtype=torch.bool)])
         expected = tree_attention_mask(spec.ancestors, past, torch.float32, "cpu", visible)
         draft = hfs.DraftTree.from_spec(spec, torch.zeros(spec.num_nodes + 1, dtype=torch.long))
-        assert torch.equal(buffer(visible[None], batch_tree_block([draft], torch.float32, "cpu", blocks)), expected), step
+        assert torch.equal(buffer(visible[None], batch_tree_block([draft], torch.float32, "cpu", blocks)), expected), (
+            step
+        )
         past += 1 + step % 3  # an accepted path of 1-3 tokens

@@ -28,8 +28,11 @@ METHODS = ("lora", "medusa2", "streaming", "eagle")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROGRAM, description="task fine-tuning arms (LoRA, Medusa-2, Speculative Streaming, "
-                                "EAGLE-3) of Speculative Streaming's Table 1: train, prune, eval, table")  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog=PROGRAM,
+        description="task fine-tuning arms (LoRA, Medusa-2, Speculative Streaming, "
+        "EAGLE-3) of Speculative Streaming's Table 1: train, prune, eval, table",
+    )
     sub = p.add_subparsers(dest="downstream_command", required=True)
     _add_train_parser(sub)
     _add_prune_parser(sub)
@@ -65,8 +68,15 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--data", required=True, help="the task's data folder (e.g. ../shared/data/e2e_nlg)")
     t.add_argument("--out", required=True, help="output folder (adapter / streams / heads / drafter + downstream.json)")
     t.add_argument("--model", default="reference", help="base model: 'reference' (default), a local folder or a Hub id")
-    t.add_argument("--adapter", default=None, help="--method eagle: the folder of a 'lora' run whose model EAGLE drafts for")
-    t.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds (all resumed runs together)")
+    t.add_argument(
+        "--adapter", default=None, help="--method eagle: the folder of a 'lora' run whose model EAGLE drafts for"
+    )
+    t.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        help="stop training after this many seconds (all resumed runs together)",
+    )
     t.add_argument("--max-steps", type=int, default=-1, help="stop after N optimizer steps (default: --epochs)")
     t.add_argument("--epochs", type=float, default=1.0)
     t.add_argument("--batch-size", type=int, default=16, help="examples per optimizer step")
@@ -75,18 +85,35 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--lora-alpha", type=float, default=16.0)
     t.add_argument("--max-length", type=int, default=None, help="tokens per training example (default: the task's)")
     t.add_argument("--limit", type=int, default=None, help="train on the first N pairs only (smoke runs)")
-    t.add_argument("--calibration-prompts", type=int, default=48, help="training prompts set aside to calibrate the tree")
+    t.add_argument(
+        "--calibration-prompts", type=int, default=48, help="training prompts set aside to calibrate the tree"
+    )
     t.add_argument("--tree-nodes", type=int, default=16, help="node budget of the calibrated tree (streaming, medusa2)")
     t.add_argument("--num-streams", type=int, default=3, help="streaming: gamma")
     t.add_argument("--num-msa-layers", type=int, default=4, help="streaming: N_s")
     t.add_argument("--num-heads", type=int, default=4, help="medusa2: heads")
     t.add_argument("--eagle-max-tokens", type=int, default=400_000, help="eagle: labelled training tokens")
-    t.add_argument("--curve-points", type=int, default=0,
-                   help="streaming: record held-out stream accuracy and expected tau at N points of training (of the time budget)")
-    t.add_argument("--pruning-layer", type=int, default=None,
-                   help="streaming: parallel tree pruning (Sec. 3.1.3) with an early exit after this many layers (default: none)")
-    t.add_argument("--pruning-threshold", type=float, default=0.01, help="streaming: prune tree nodes below this estimated transition probability")
-    t.add_argument("--pruning-budget", type=float, default=120.0, help="streaming: seconds of training for the pruning early exit")
+    t.add_argument(
+        "--curve-points",
+        type=int,
+        default=0,
+        help="streaming: record held-out stream accuracy and expected tau at N points of training (of the time budget)",
+    )
+    t.add_argument(
+        "--pruning-layer",
+        type=int,
+        default=None,
+        help="streaming: parallel tree pruning (Sec. 3.1.3) with an early exit after this many layers (default: none)",
+    )
+    t.add_argument(
+        "--pruning-threshold",
+        type=float,
+        default=0.01,
+        help="streaming: prune tree nodes below this estimated transition probability",
+    )
+    t.add_argument(
+        "--pruning-budget", type=float, default=120.0, help="streaming: seconds of training for the pruning early exit"
+    )
     t.add_argument("--save-steps", type=int, default=200, help="a resumable checkpoint every N steps (0: none)")
     t.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     t.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
@@ -98,11 +125,20 @@ def _add_train_parser(sub) -> None:
 
 def _add_prune_parser(sub) -> None:
     """Register ``downstream prune``."""
-    r = sub.add_parser("prune", help="add parallel tree pruning (a trained early exit, Sec. 3.1.3) to a trained streaming folder")
+    r = sub.add_parser(
+        "prune", help="add parallel tree pruning (a trained early exit, Sec. 3.1.3) to a trained streaming folder"
+    )
     r.add_argument("folder", help="a 'downstream train --method streaming' folder (rewritten in place)")
     r.add_argument("--data", required=True, help="the folder's task data (its training split trains the early exit)")
-    r.add_argument("--pruning-layer", type=int, required=True, help="the early exit reads the state after this many layers")
-    r.add_argument("--pruning-threshold", type=float, default=0.01, help="prune tree nodes below this estimated transition probability")
+    r.add_argument(
+        "--pruning-layer", type=int, required=True, help="the early exit reads the state after this many layers"
+    )
+    r.add_argument(
+        "--pruning-threshold",
+        type=float,
+        default=0.01,
+        help="prune tree nodes below this estimated transition probability",
+    )
     r.add_argument("--pruning-budget", type=float, default=120.0, help="seconds of training for the early exit")
     r.add_argument("--pruning-examples", type=int, default=1024, help="training pairs whose states it trains on")
     r.add_argument("--device", default=None)
@@ -114,19 +150,31 @@ def _add_prune_parser(sub) -> None:
 
 def _add_eval_parser(sub) -> None:
     """Register ``downstream eval``."""
-    e = sub.add_parser("eval", help="plain vs speculative greedy decoding of a trained folder on the task's test prompts")
+    e = sub.add_parser(
+        "eval", help="plain vs speculative greedy decoding of a trained folder on the task's test prompts"
+    )
     e.add_argument("folder", help="a 'downstream train' folder")
     e.add_argument("--task", required=True, choices=TASKS)
     e.add_argument("--data", required=True, help="the task's data folder")
     e.add_argument("--limit", type=int, default=None, help="the first N test prompts")
     e.add_argument("--max-new-tokens", type=int, default=None, help="default: the task's")
     e.add_argument("--output", default=None, help="write the JSON here (default: print it)")
-    e.add_argument("--write-card", action="store_true", help="also write the folder's model card (README.md) with these results")
-    e.add_argument("--drafter", default="prompt-lookup", choices=("prompt-lookup", "token-recycling", "hybrid", "suffix", "hybrid-suffix", "hf-prompt-lookup"),
-                   help="a lora folder's training-free drafting (arm e; suffix and hybrid-suffix are warmed with the task's "
-                   "training targets); other folders draft with what they trained")
-    e.add_argument("--pruning-threshold", type=float, default=None,
-                   help="a streaming folder with a pruning early exit: decode with this threshold instead of its own (0: no pruning)")
+    e.add_argument(
+        "--write-card", action="store_true", help="also write the folder's model card (README.md) with these results"
+    )
+    e.add_argument(
+        "--drafter",
+        default="prompt-lookup",
+        choices=("prompt-lookup", "token-recycling", "hybrid", "suffix", "hybrid-suffix", "hf-prompt-lookup"),
+        help="a lora folder's training-free drafting (arm e; suffix and hybrid-suffix are warmed with the task's "
+        "training targets); other folders draft with what they trained",
+    )
+    e.add_argument(
+        "--pruning-threshold",
+        type=float,
+        default=None,
+        help="a streaming folder with a pruning early exit: decode with this threshold instead of its own (0: no pruning)",
+    )
     e.add_argument("--device", default=None)
     e.add_argument("--threads", type=int, default=None)
     e.add_argument("--seed", type=int, default=0)
@@ -149,16 +197,41 @@ def run_train(args) -> int:
     from .training import DownstreamTrainingConfig, train_arm
 
     cfg = DownstreamTrainingConfig(
-        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, learning_rate=args.lr, batch_size=args.batch_size,
-        epochs=args.epochs, max_steps=args.max_steps, time_budget=args.time_budget, save_steps=args.save_steps or None,
-        resume=args.resume, max_length=args.max_length or get_task(args.task).max_length,
-        calibration_prompts=args.calibration_prompts, tree_nodes=args.tree_nodes, num_streams=args.num_streams,
-        num_msa_layers=args.num_msa_layers, num_heads=args.num_heads, eagle_max_tokens=args.eagle_max_tokens,
-        curve_points=args.curve_points, pruning_layer=args.pruning_layer, pruning_threshold=args.pruning_threshold,
-        pruning_budget=args.pruning_budget, seed=args.seed, progress=not args.no_progress,
-    )  # fmt: skip
-    info = train_arm(args.method, args.task, args.data, args.out, cfg, base_model=args.model, device=args.device,
-                     adapter_folder=args.adapter, limit=args.limit, command=command_line(args))  # fmt: skip
+        lora_rank=args.lora_rank,
+        lora_alpha=args.lora_alpha,
+        learning_rate=args.lr,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        max_steps=args.max_steps,
+        time_budget=args.time_budget,
+        save_steps=args.save_steps or None,
+        resume=args.resume,
+        max_length=args.max_length or get_task(args.task).max_length,
+        calibration_prompts=args.calibration_prompts,
+        tree_nodes=args.tree_nodes,
+        num_streams=args.num_streams,
+        num_msa_layers=args.num_msa_layers,
+        num_heads=args.num_heads,
+        eagle_max_tokens=args.eagle_max_tokens,
+        curve_points=args.curve_points,
+        pruning_layer=args.pruning_layer,
+        pruning_threshold=args.pruning_threshold,
+        pruning_budget=args.pruning_budget,
+        seed=args.seed,
+        progress=not args.no_progress,
+    )
+    info = train_arm(
+        args.method,
+        args.task,
+        args.data,
+        args.out,
+        cfg,
+        base_model=args.model,
+        device=args.device,
+        adapter_folder=args.adapter,
+        limit=args.limit,
+        command=command_line(args),
+    )
     from hf_speculative.training.distributed import is_main_process
 
     if is_main_process():  # under accelerate launch the other processes trained the same weights
@@ -171,8 +244,17 @@ def run_prune(args) -> int:
     setup_torch(args)
     from .training import prune_folder
 
-    record = prune_folder(args.folder, args.data, args.pruning_layer, threshold=args.pruning_threshold, budget=args.pruning_budget,
-                          examples=args.pruning_examples, device=args.device, progress=not args.no_progress, command=command_line(args))  # fmt: skip
+    record = prune_folder(
+        args.folder,
+        args.data,
+        args.pruning_layer,
+        threshold=args.pruning_threshold,
+        budget=args.pruning_budget,
+        examples=args.pruning_examples,
+        device=args.device,
+        progress=not args.no_progress,
+        command=command_line(args),
+    )
     print(json.dumps({"folder": args.folder, "pruning": record}, indent=1))
     return 0
 
@@ -182,10 +264,20 @@ def run_eval(args) -> int:
     from .evaluation import evaluate_folder
 
     if args.write_card and (args.drafter != "prompt-lookup" or args.pruning_threshold is not None):
-        raise SystemExit(f"{PROGRAM} eval: --write-card records a folder's own decoding; drop it with --drafter / --pruning-threshold")
-    result = evaluate_folder(args.folder, args.task, args.data, limit=args.limit, max_new_tokens=args.max_new_tokens,
-                             device=args.device, progress=not args.no_progress, drafter=args.drafter,
-                             pruning_threshold=args.pruning_threshold)  # fmt: skip
+        raise SystemExit(
+            f"{PROGRAM} eval: --write-card records a folder's own decoding; drop it with --drafter / --pruning-threshold"
+        )
+    result = evaluate_folder(
+        args.folder,
+        args.task,
+        args.data,
+        limit=args.limit,
+        max_new_tokens=args.max_new_tokens,
+        device=args.device,
+        progress=not args.no_progress,
+        drafter=args.drafter,
+        pruning_threshold=args.pruning_threshold,
+    )
     result["threads"] = args.threads
     result["command"] = command_line(args)
     text = json.dumps(result, indent=1)
@@ -197,8 +289,11 @@ def run_eval(args) -> int:
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(text + "\n", encoding="utf-8")
-        print(f"written {args.output}: tau {result['tau']}, speedup {result['speedup']}x, lossless {result['lossless_rate']}, "
-              f"metric {result['metric']}", file=sys.stderr)  # fmt: skip
+        print(
+            f"written {args.output}: tau {result['tau']}, speedup {result['speedup']}x, lossless {result['lossless_rate']}, "
+            f"metric {result['metric']}",
+            file=sys.stderr,
+        )
     else:
         print(text)
     return 0

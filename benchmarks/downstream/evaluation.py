@@ -84,8 +84,10 @@ def _suffix_drafter(texts: list[str] | None, tokenizer):
 
 def _suffix_stats(drafter) -> dict:
     index = drafter.index
-    return {"suffix_structure": {"outputs": len(index), "tokens": index.num_tokens, "bytes": index.nbytes},
-            "suffix_match_lengths": {str(k): v for k, v in sorted(drafter.match_lengths.items())}}  # fmt: skip
+    return {
+        "suffix_structure": {"outputs": len(index), "tokens": index.num_tokens, "bytes": index.nbytes},
+        "suffix_match_lengths": {str(k): v for k, v in sorted(drafter.match_lengths.items())},
+    }
 
 
 def _training_free_drafter(name: str, warm_texts: list[str] | None = None, tokenizer=None):
@@ -106,11 +108,15 @@ def _training_free_drafter(name: str, warm_texts: list[str] | None = None, token
     if name == "token-recycling":
         return hfs.TokenRecyclingDrafter(), "token recycling"
     if name == "hybrid":
-        return hfs.HybridDrafter([hfs.PromptLookupDrafter(), hfs.TokenRecyclingDrafter()]), "hybrid (prompt lookup + token recycling)"
+        return hfs.HybridDrafter(
+            [hfs.PromptLookupDrafter(), hfs.TokenRecyclingDrafter()]
+        ), "hybrid (prompt lookup + token recycling)"
     raise ValueError(f"drafter must be one of {TRAINING_FREE}, got {name!r}")
 
 
-def _load_streaming(folder: Path, info: dict, tokenizer, base, pruning_threshold: float | None, gen: dict) -> DownstreamModel:
+def _load_streaming(
+    folder: Path, info: dict, tokenizer, base, pruning_threshold: float | None, gen: dict
+) -> DownstreamModel:
     """A ``streaming`` folder: plain is the joint forward one token at a time, speculative the streams' own drafting."""
     from hf_speculative.drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
 
@@ -122,31 +128,44 @@ def _load_streaming(folder: Path, info: dict, tokenizer, base, pruning_threshold
     if ss.config.pruning_layer is not None and ss.config.pruning_threshold > 0:
         name = f"speculative streaming (shared mode, self-drafting, tree pruning after layer {ss.config.pruning_layer} at {ss.config.pruning_threshold:g})"
     return DownstreamModel(
-        info, tokenizer,
-        plain=lambda ids, n: ss.generate_autoregressive(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, **gen),
+        info,
+        tokenizer,
+        plain=lambda ids, n: ss.generate_autoregressive(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, **gen
+        ),
         speculative=lambda ids, n: ss.generate(ids, max_new_tokens=n, **gen),
-        drafter=name, extra_parameters=ss.num_stream_parameters(), device=base.device,
-    )  # fmt: skip
+        drafter=name,
+        extra_parameters=ss.num_stream_parameters(),
+        device=base.device,
+    )
 
 
-def load_downstream(folder: str | Path, device: str | None = None, dtype: torch.dtype = torch.float32,
-                    drafter: str = "prompt-lookup", pruning_threshold: float | None = None,
-                    warm_texts: list[str] | None = None) -> DownstreamModel:  # fmt: skip
+def load_downstream(
+    folder: str | Path,
+    device: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    drafter: str = "prompt-lookup",
+    pruning_threshold: float | None = None,
+    warm_texts: list[str] | None = None,
+) -> DownstreamModel:
     """Load a ``downstream train`` folder: its base (``"reference"``: the reference package) and what the folder adds.
     ``drafter``: the training-free drafting of a ``lora`` folder (`TRAINING_FREE`; a suffix drafter is warmed with
     ``warm_texts``); other folders draft with what they trained. ``pruning_threshold``: a streaming folder with a pruning early exit decodes with this
     threshold instead of its own (0: no pruning)."""
     import hf_speculative as hfs
-
     from hf_speculative.bench.reference import resolve_model
 
     folder = Path(folder)
     info = read_downstream_info(folder)
     method = info["method"]
     if drafter != "prompt-lookup" and method != "lora":
-        raise ValueError(f"--drafter {drafter} applies to a 'lora' folder; {folder} drafts with its own {method} drafter")
+        raise ValueError(
+            f"--drafter {drafter} applies to a 'lora' folder; {folder} drafts with its own {method} drafter"
+        )
     if pruning_threshold is not None and (method != "streaming" or not (info.get("training") or {}).get("pruning")):
-        raise ValueError(f"--pruning-threshold applies to a streaming folder trained with --pruning-layer; {folder} has no pruning early exit")
+        raise ValueError(
+            f"--pruning-threshold applies to a streaming folder trained with --pruning-layer; {folder} has no pruning early exit"
+        )
     base, tokenizer = resolve_model(info["base_model"], dtype=dtype, device=device)
     gen = dict(do_sample=False, return_dict_in_generate=True)
 
@@ -160,7 +179,9 @@ def load_downstream(folder: str | Path, device: str | None = None, dtype: torch.
     elif method == "eagle":
         from hf_speculative.drafters.eagle.modeling_eagle import EagleDrafter
 
-        model = _merged(base, folder, getattr(EagleDrafter.config_class.from_pretrained(folder), "base_adapter", ADAPTER_SUBFOLDER))
+        model = _merged(
+            base, folder, getattr(EagleDrafter.config_class.from_pretrained(folder), "base_adapter", ADAPTER_SUBFOLDER)
+        )
         eagle = EagleDrafter.from_pretrained(folder, base_model=model).to(device=model.device, dtype=model.dtype).eval()
         drafter, name, extra = eagle, "eagle-3", sum(p.numel() for p in eagle.parameters())
     else:  # lora: training-free drafting on the fine-tuned model
@@ -168,20 +189,28 @@ def load_downstream(folder: str | Path, device: str | None = None, dtype: torch.
         (drafter, name), extra = _training_free_drafter(drafter, warm_texts, tokenizer), 0
     hfs.enable(model)
     suffix = next((d for d in getattr(drafter, "parts", [drafter]) if isinstance(d, hfs.SuffixDrafter)), None)
-    drafting = {"assistant_model": drafter} if drafter is not None else {"prompt_lookup_num_tokens": HF_PROMPT_LOOKUP_TOKENS}
+    drafting = (
+        {"assistant_model": drafter} if drafter is not None else {"prompt_lookup_num_tokens": HF_PROMPT_LOOKUP_TOKENS}
+    )
     return DownstreamModel(
-        info, tokenizer,
+        info,
+        tokenizer,
         plain=lambda ids, n: model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, **gen),
-        speculative=lambda ids, n: model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, **drafting, **gen),
-        drafter=name, extra_parameters=extra, device=model.device,
+        speculative=lambda ids, n: model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, **drafting, **gen
+        ),
+        drafter=name,
+        extra_parameters=extra,
+        device=model.device,
         drafter_stats=(lambda: _suffix_stats(suffix)) if suffix is not None else None,
-    )  # fmt: skip
+    )
 
 
 def compute_metric(task: str, predictions: list[str], references: list[list[str]]) -> dict:
     """The task's metric through `evaluate` (the local modules of `hf_speculative.bench.metrics`): ``rougeL`` and
     ``rouge1`` (best reference per prediction) for E2E NLG and DialogSum, ``exact_match`` for WikiSQL."""
     from hf_speculative.bench.metrics import load_metric
+
     from .tasks import get_task
 
     spec = get_task(task)
@@ -233,20 +262,31 @@ def _decoding_train_seconds(training: dict, drafter: str) -> float | None:
 
 
 @torch.inference_mode()
-def evaluate_folder(folder: str | Path, task: str, data_dir, limit: int | None = None, max_new_tokens: int | None = None,
-                    device: str | None = None, progress: bool = True, drafter: str = "prompt-lookup",
-                    pruning_threshold: float | None = None) -> dict:  # fmt: skip
+def evaluate_folder(
+    folder: str | Path,
+    task: str,
+    data_dir,
+    limit: int | None = None,
+    max_new_tokens: int | None = None,
+    device: str | None = None,
+    progress: bool = True,
+    drafter: str = "prompt-lookup",
+    pruning_threshold: float | None = None,
+) -> dict:
     """Decode the test prompts of ``task`` with the folder's plain and speculative greedy decoding, interleaved per
     prompt (the order alternates from prompt to prompt; one warm-up prompt first, not counted); returns the eval
     record (`hf_speculative.commands.downstream` writes it as JSON). The training time is the folder's, a pruning
     early exit's extraction and training included."""
     from hf_speculative.bench.harness import machine_info
     from hf_speculative.training.data import encode_chat
+
     from .tasks import get_task
 
     spec = get_task(task)
     warm_texts = training_targets(task, data_dir) if drafter in SUFFIX_DRAFTERS else None
-    loaded = load_downstream(folder, device=device, drafter=drafter, pruning_threshold=pruning_threshold, warm_texts=warm_texts)
+    loaded = load_downstream(
+        folder, device=device, drafter=drafter, pruning_threshold=pruning_threshold, warm_texts=warm_texts
+    )
     if loaded.info["task"] != task:
         print(f"note: {folder} was trained on {loaded.info['task']!r}, evaluated on {task!r}")
     records = spec.load(data_dir, "test")[: limit or None]
@@ -286,5 +326,8 @@ def evaluate_folder(folder: str | Path, task: str, data_dir, limit: int | None =
         "max_new_tokens": n_new,
         "machine": machine_info(loaded.device),
         **(loaded.drafter_stats() if loaded.drafter_stats is not None else {}),
-        "samples": [{"prompt": r.prompt[-200:], "output": t, "reference": list(r.reference)[0]} for r, t in zip(records[:3], texts[:3])],
+        "samples": [
+            {"prompt": r.prompt[-200:], "output": t, "reference": list(r.reference)[0]}
+            for r, t in zip(records[:3], texts[:3])
+        ],
     }

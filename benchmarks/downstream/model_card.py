@@ -8,6 +8,7 @@ from pathlib import Path
 from huggingface_hub import ModelCard, ModelCardData
 
 from hf_speculative.model_card import public_data_source, render_card, user_data_path
+
 from .table import ARM_NAMES, TASK_NAMES
 from .tasks import get_task
 
@@ -72,7 +73,11 @@ def current_command(command: str | None) -> str | None:
     """A recorded command as it runs now: rows made while the study was a package command (``hf-speculative
     downstream ...``) name its script."""
     legacy = "hf-speculative downstream "
-    return "python benchmarks/run_downstream.py " + command[len(legacy) :] if command and command.startswith(legacy) else command
+    return (
+        "python benchmarks/run_downstream.py " + command[len(legacy) :]
+        if command and command.startswith(legacy)
+        else command
+    )
 
 
 def _command_for(command: str | None, folder: str | None) -> str | None:
@@ -106,7 +111,9 @@ def render_model_card(info: dict, result: dict | None = None, folder: str | Path
     )
     curve = training.get("learning_curve")
     if curve:
-        points = "; ".join(f"{p.get('train_seconds', 0) / 60:.0f} min: {p['expected_tau_calibrated']:.2f}" for p in curve)
+        points = "; ".join(
+            f"{p.get('train_seconds', 0) / 60:.0f} min: {p['expected_tau_calibrated']:.2f}" for p in curve
+        )
         intro += f"\n- learning curve (held-out expected tau of the calibrated tree against training time): {points}"
     pruning = training.get("pruning")
     if pruning:
@@ -120,9 +127,11 @@ def render_model_card(info: dict, result: dict | None = None, folder: str | Path
         )
     loading = _loading(f"model_cards/{Path(folder).name}" if folder is not None else "<this folder>", task, method)
     data = ModelCardData(
-        base_model=info.get("base_model_hub_id", info.get("base_model")), library_name="hf_speculative",
-        pipeline_tag="text-generation", tags=["speculative-decoding", "hf_speculative", method],
-    )  # fmt: skip
+        base_model=info.get("base_model_hub_id", info.get("base_model")),
+        library_name="hf_speculative",
+        pipeline_tag="text-generation",
+        tags=["speculative-decoding", "hf_speculative", method],
+    )
     title = f"{ARM_NAMES.get(method, method)}: SmolLM2-135M-Instruct fine-tuned for {TASK_NAMES.get(task, task)}"
     sections = {"Measured (`downstream eval`)": _measured(result) if result is not None else "", "Loading": loading}
     sections = {name: user_data_path(text) for name, text in sections.items()}

@@ -31,7 +31,13 @@ def read_results(folder: str | Path) -> list[dict]:
         if isinstance(data, dict) and all(k in data for k in REQUIRED):
             rows.append(data)
     order = {m: i for i, m in enumerate(ARM_NAMES)}
-    rows.sort(key=lambda r: (TASK_ORDER.index(r["task"]) if r["task"] in TASK_ORDER else 99, order.get(r["method"], 99), r.get("drafter", "")))
+    rows.sort(
+        key=lambda r: (
+            TASK_ORDER.index(r["task"]) if r["task"] in TASK_ORDER else 99,
+            order.get(r["method"], 99),
+            r.get("drafter", ""),
+        )
+    )
     return rows
 
 
@@ -77,9 +83,17 @@ def plot_results(rows: list[dict], path: str | Path) -> Path:
     arms = sorted({(r["method"], r.get("drafter", "")) for r in rows}, key=lambda a: (order.get(a[0], 99), a[1]))
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     width = 0.8 / max(len(arms), 1)
-    for ax, key, label in ((axes[0], "speedup", "speedup over own plain decoding"), (axes[1], "tau", "tokens per step (tau)")):
+    for ax, key, label in (
+        (axes[0], "speedup", "speedup over own plain decoding"),
+        (axes[1], "tau", "tokens per step (tau)"),
+    ):
         for j, arm in enumerate(arms):
-            values = [next((r[key] or 0.0 for r in rows if r["task"] == t and (r["method"], r.get("drafter", "")) == arm), 0.0) for t in tasks]
+            values = [
+                next(
+                    (r[key] or 0.0 for r in rows if r["task"] == t and (r["method"], r.get("drafter", "")) == arm), 0.0
+                )
+                for t in tasks
+            ]
             label_ = ARM_NAMES.get(arm[0], arm[0]) if arm[0] != "lora" else f"LoRA + {arm[1]}"
             ax.bar([i + j * width for i in range(len(tasks))], values, width, label=label_)
         ax.set_xticks([i + width * (len(arms) - 1) / 2 for i in range(len(tasks))])

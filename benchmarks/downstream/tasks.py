@@ -33,7 +33,9 @@ from hf_speculative.training.data import DIALOGSUM_INSTRUCTION, Record, load_dia
 
 __all__ = ["TASKS", "DownstreamTask", "get_task", "load_task", "wikisql_records", "wikisql_schema", "calibration_split"]
 
-WIKISQL_INSTRUCTION = "Write the SQL query that answers the question over this table.\n\n{schema}\n\nQuestion: {question}"
+WIKISQL_INSTRUCTION = (
+    "Write the SQL query that answers the question over this table.\n\n{schema}\n\nQuestion: {question}"
+)
 WIKISQL_TEST_SHARE = 0.1  # share of the tables (and their questions) held out as the test part
 SPLIT_SEED = 0
 
@@ -75,7 +77,11 @@ def _pairs(records: list[Record]) -> list[Record]:
     out = []
     for r in records:
         refs = r.reference if isinstance(r.reference, list) else [r.reference]
-        out += [Record(id=f"{r.id}-{k}", turns=r.turns, category=r.category, answers=[ref]) for k, ref in enumerate(refs) if ref]
+        out += [
+            Record(id=f"{r.id}-{k}", turns=r.turns, category=r.category, answers=[ref])
+            for k, ref in enumerate(refs)
+            if ref
+        ]
     return out
 
 
@@ -112,7 +118,9 @@ def wikisql_schema(table_id: str, questions: list[dict]) -> str:
 def wikisql_records(data_dir: Path) -> tuple[list[Record], list[Record]]:
     """``(train, test)``: every question with its schema line and reference SQL, split by ``table_id`` (a fixed
     seeded shuffle of the sorted table ids; the last `WIKISQL_TEST_SHARE` of them are the test tables)."""
-    rows = [json.loads(line) for line in (data_dir / "dev.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [
+        json.loads(line) for line in (data_dir / "dev.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
     sql = {}
     for line in (data_dir / "dev_results.jsonl").read_text(encoding="utf-8").splitlines():
         if line.strip():
@@ -147,9 +155,15 @@ def _wikisql(data_dir: Path, split: str) -> list[Record]:
 
 
 TASKS: dict[str, DownstreamTask] = {
-    "e2e_nlg": DownstreamTask("e2e_nlg", ("devset.csv", "testset_w_refs.csv"), "rouge", ("rougeL", "rouge1"), 80, 256, _e2e),
-    "wikisql": DownstreamTask("wikisql", ("dev.jsonl", "dev_results.jsonl"), "sql_exact_match", ("exact_match",), 64, 384, _wikisql),
-    "dialogsum": DownstreamTask("dialogsum", ("DialogSum_Data.zip",), "rouge", ("rougeL", "rouge1"), 96, 1024, _dialogsum),
+    "e2e_nlg": DownstreamTask(
+        "e2e_nlg", ("devset.csv", "testset_w_refs.csv"), "rouge", ("rougeL", "rouge1"), 80, 256, _e2e
+    ),
+    "wikisql": DownstreamTask(
+        "wikisql", ("dev.jsonl", "dev_results.jsonl"), "sql_exact_match", ("exact_match",), 64, 384, _wikisql
+    ),
+    "dialogsum": DownstreamTask(
+        "dialogsum", ("DialogSum_Data.zip",), "rouge", ("rougeL", "rouge1"), 96, 1024, _dialogsum
+    ),
 }
 
 

@@ -145,7 +145,13 @@ def lora_config(cfg: DownstreamTrainingConfig):
     """The one PEFT `LoraConfig` of every arm (the shared-mode streaming default targets)."""
     from peft import LoraConfig
 
-    return LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, target_modules=list(LORA_TARGET_MODULES), task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=0.0,
+        target_modules=list(LORA_TARGET_MODULES),
+        task_type="CAUSAL_LM",
+    )
 
 
 def _last_loss(trainer) -> dict:
@@ -162,7 +168,9 @@ def adapter_path(folder: str | Path, adapter_folder: str | Path) -> str:
     return os.path.relpath(Path(adapter_folder) / ADAPTER_SUBFOLDER, Path(folder))
 
 
-def _training_record(cfg: DownstreamTrainingConfig, trainer, seconds: float, train: list[Record], calib: list[Record]) -> dict:
+def _training_record(
+    cfg: DownstreamTrainingConfig, trainer, seconds: float, train: list[Record], calib: list[Record]
+) -> dict:
     from hf_speculative.training.trainer import DrafterTrainer
 
     return {
@@ -188,26 +196,49 @@ def _trainer_dir(out: Path) -> str:
     return str(out / "trainer_state")
 
 
-def _train_streams(model, tokenizer, train: list[Record], out: Path, cfg: DownstreamTrainingConfig, callbacks=None, states=None):
+def _train_streams(
+    model, tokenizer, train: list[Record], out: Path, cfg: DownstreamTrainingConfig, callbacks=None, states=None
+):
     """The Speculative Streaming trainer over ``train`` (the LoRA arm is the same loss with no streams; ``states``: the
     records already tokenized); returns the trainer and the training seconds."""
-    from hf_speculative.drafters.streaming.training_speculative_streaming import tokenize_records, train_speculative_streaming
+    from hf_speculative.drafters.streaming.training_speculative_streaming import (
+        tokenize_records,
+        train_speculative_streaming,
+    )
 
     states = states if states is not None else tokenize_records(tokenizer, train, max_length=cfg.max_length)
     t0 = time.perf_counter()
     trainer = train_speculative_streaming(
-        model, states, output_dir=_trainer_dir(out), num_epochs=cfg.epochs, learning_rate=cfg.learning_rate,
-        batch_size=cfg.batch_size, segment_length=cfg.max_length, max_steps=cfg.max_steps, seed=cfg.seed,
-        progress=cfg.progress, time_budget=cfg.time_budget, save_steps=cfg.save_steps, resume=cfg.resume,
+        model,
+        states,
+        output_dir=_trainer_dir(out),
+        num_epochs=cfg.epochs,
+        learning_rate=cfg.learning_rate,
+        batch_size=cfg.batch_size,
+        segment_length=cfg.max_length,
+        max_steps=cfg.max_steps,
+        seed=cfg.seed,
+        progress=cfg.progress,
+        time_budget=cfg.time_budget,
+        save_steps=cfg.save_steps,
+        resume=cfg.resume,
         callbacks=callbacks,
-    )  # fmt: skip
+    )
     return trainer, time.perf_counter() - t0
 
 
 # ---------------------------------------------------------------------------------------------- the arms
 
 
-def train_lora(model, tokenizer, train: list[Record], calib: list[Record], out: str | Path, cfg: DownstreamTrainingConfig, base_model: str) -> dict:
+def train_lora(
+    model,
+    tokenizer,
+    train: list[Record],
+    calib: list[Record],
+    out: str | Path,
+    cfg: DownstreamTrainingConfig,
+    base_model: str,
+) -> dict:
     """(a) LoRA next-token fine-tuning; saves the PEFT adapter in ``out/adapter``."""
     from peft import get_peft_model
 
@@ -219,20 +250,36 @@ def train_lora(model, tokenizer, train: list[Record], calib: list[Record], out: 
     if is_main_process():
         peft_model.save_pretrained(out / ADAPTER_SUBFOLDER)
     lora_params = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
-    record = {**_training_record(cfg, trainer, seconds, train, calib), "lora_parameters": lora_params, "extra_parameters": 0}
+    record = {
+        **_training_record(cfg, trainer, seconds, train, calib),
+        "lora_parameters": lora_params,
+        "extra_parameters": 0,
+    }
     return record
 
 
-def train_streaming(model, tokenizer, train: list[Record], calib: list[Record], out: str | Path, cfg: DownstreamTrainingConfig, base_model: str) -> dict:
+def train_streaming(
+    model,
+    tokenizer,
+    train: list[Record],
+    calib: list[Record],
+    out: str | Path,
+    cfg: DownstreamTrainingConfig,
+    base_model: str,
+) -> dict:
     """(c) shared-mode Speculative Streaming; saves config + streams + ``lora/`` (``ss.save_pretrained``)."""
     from hf_speculative.drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
     from hf_speculative.drafters.streaming.training_speculative_streaming import calibrate_stream_tree, tokenize_records
 
     out = Path(out)
     ss = LlamaForSpeculativeStreaming.from_base_model(
-        model, num_streams=cfg.num_streams, num_msa_layers=cfg.num_msa_layers, mode="shared",
-        lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
-    )  # fmt: skip
+        model,
+        num_streams=cfg.num_streams,
+        num_msa_layers=cfg.num_msa_layers,
+        mode="shared",
+        lora_rank=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+    )
     ss.config.base_model_name_or_path = _hub_base_name(base_model)
     curve = None
     states = tokenize_records(tokenizer, train, max_length=cfg.max_length)
@@ -241,16 +288,25 @@ def train_streaming(model, tokenizer, train: list[Record], calib: list[Record], 
 
         held_out = tokenize_records(tokenizer, calib[: cfg.curve_examples], max_length=cfg.max_length)
         per_step = cfg.batch_size * num_processes() * states.input_ids.numel() / len(states)  # tokens, on average
-        curve = StreamCurveCallback(ss, held_out, num_nodes=cfg.tree_nodes, num_points=cfg.curve_points, tokens_per_step=per_step)
-    trainer, seconds = _train_streams(ss, tokenizer, train, out, cfg, callbacks=[curve] if curve else None, states=states)
+        curve = StreamCurveCallback(
+            ss, held_out, num_nodes=cfg.tree_nodes, num_points=cfg.curve_points, tokens_per_step=per_step
+        )
+    trainer, seconds = _train_streams(
+        ss, tokenizer, train, out, cfg, callbacks=[curve] if curve else None, states=states
+    )
     curve_seconds = None
-    if curve and curve.curve and "train_seconds" in curve.curve[-1]:  # the budget's clock: measuring the curve is not training
+    if (
+        curve and curve.curve and "train_seconds" in curve.curve[-1]
+    ):  # the budget's clock: measuring the curve is not training
         curve_seconds, seconds = round(seconds - curve.curve[-1]["train_seconds"], 1), curve.curve[-1]["train_seconds"]
     calibration = {}
     if calib:
         held_out = tokenize_records(tokenizer, calib, max_length=cfg.max_length)
         calibration = calibrate_stream_tree(ss, held_out, cfg.tree_nodes, segment_length=cfg.max_length)
-        print(f"calibrated stream tree: {cfg.tree_nodes} nodes, expected tau {calibration['expected_acceptance_length']}", file=sys.stderr)
+        print(
+            f"calibrated stream tree: {cfg.tree_nodes} nodes, expected tau {calibration['expected_acceptance_length']}",
+            file=sys.stderr,
+        )
     pruning = _train_pruning(ss, tokenizer, train, calib, out, cfg) if cfg.pruning_layer is not None else None
     if is_main_process():
         ss.save_pretrained(out)
@@ -265,7 +321,9 @@ def train_streaming(model, tokenizer, train: list[Record], calib: list[Record], 
     }
 
 
-def _train_pruning(ss, tokenizer, train: list[Record], calib: list[Record], out: Path, cfg: DownstreamTrainingConfig) -> dict:
+def _train_pruning(
+    ss, tokenizer, train: list[Record], calib: list[Record], out: Path, cfg: DownstreamTrainingConfig
+) -> dict:
     """Parallel tree pruning for trained shared-mode streams (Sec. 3.1.3, the method's `fit_pruning_head`): the early
     exit after ``pruning_layer`` layers of the fine-tuned model, trained on its states over the first
     ``pruning_examples`` training pairs for ``pruning_budget`` seconds; held-out top-1 on the calibration pairs."""
@@ -273,17 +331,38 @@ def _train_pruning(ss, tokenizer, train: list[Record], calib: list[Record], out:
 
     ss.add_pruning_head(cfg.pruning_layer, threshold=cfg.pruning_threshold)
     record = fit_pruning_head(
-        ss, tokenizer, train[: cfg.pruning_examples], calib, str(out / "trainer_state" / "pruning"), max_length=cfg.max_length,
-        progress=cfg.progress, learning_rate=cfg.learning_rate, batch_size=cfg.batch_size, segment_length=cfg.max_length,
-        num_epochs=100, time_budget=cfg.pruning_budget, seed=cfg.seed,
-    )  # fmt: skip
+        ss,
+        tokenizer,
+        train[: cfg.pruning_examples],
+        calib,
+        str(out / "trainer_state" / "pruning"),
+        max_length=cfg.max_length,
+        progress=cfg.progress,
+        learning_rate=cfg.learning_rate,
+        batch_size=cfg.batch_size,
+        segment_length=cfg.max_length,
+        num_epochs=100,
+        time_budget=cfg.pruning_budget,
+        seed=cfg.seed,
+    )
     ss.config.pruning = record
-    print(f"pruning early exit after layer {cfg.pruning_layer}: held-out top-1 {record['held_out_top1_before']} -> "
-          f"{record['held_out_top1_after']}", file=sys.stderr)  # fmt: skip
+    print(
+        f"pruning early exit after layer {cfg.pruning_layer}: held-out top-1 {record['held_out_top1_before']} -> "
+        f"{record['held_out_top1_after']}",
+        file=sys.stderr,
+    )
     return record
 
 
-def train_medusa2(model, tokenizer, train: list[Record], calib: list[Record], out: str | Path, cfg: DownstreamTrainingConfig, base_model: str) -> dict:
+def train_medusa2(
+    model,
+    tokenizer,
+    train: list[Record],
+    calib: list[Record],
+    out: str | Path,
+    cfg: DownstreamTrainingConfig,
+    base_model: str,
+) -> dict:
     """(b) Medusa-2 (the method's `fit_medusa2`, next-token CE on the task's references); the tree calibrated on the
     adapted model's states; saves heads + ``adapter/`` (`save_medusa2`)."""
     from hf_speculative.drafters.medusa.modeling_medusa import MedusaHeadsModel
@@ -293,15 +372,34 @@ def train_medusa2(model, tokenizer, train: list[Record], calib: list[Record], ou
     heads = MedusaHeadsModel.from_base_model(model, num_heads=cfg.num_heads)
     heads.config.base_model_name_or_path = _hub_base_name(base_model)
     run = fit_medusa2(
-        model, heads, tokenizer, train, _trainer_dir(out), lora_r=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
-        lora_targets=LORA_TARGET_MODULES, max_length=cfg.max_length, num_epochs=cfg.epochs, max_steps=cfg.max_steps,
-        learning_rate=cfg.learning_rate, batch_size=cfg.batch_size, lambda0=cfg.lambda0,
-        lambda0_warmup=LAMBDA0_WARMUP_STEPS if cfg.time_budget else 0.3, lm_loss="ce", seed=cfg.seed,
-        progress=cfg.progress, time_budget=cfg.time_budget, save_steps=cfg.save_steps, resume=cfg.resume,
-    )  # fmt: skip
+        model,
+        heads,
+        tokenizer,
+        train,
+        _trainer_dir(out),
+        lora_r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+        lora_targets=LORA_TARGET_MODULES,
+        max_length=cfg.max_length,
+        num_epochs=cfg.epochs,
+        max_steps=cfg.max_steps,
+        learning_rate=cfg.learning_rate,
+        batch_size=cfg.batch_size,
+        lambda0=cfg.lambda0,
+        lambda0_warmup=LAMBDA0_WARMUP_STEPS if cfg.time_budget else 0.3,
+        lm_loss="ce",
+        seed=cfg.seed,
+        progress=cfg.progress,
+        time_budget=cfg.time_budget,
+        save_steps=cfg.save_steps,
+        resume=cfg.resume,
+    )
     if calib:
         tree = calibrate_adapted_tree(run, tokenizer, calib, max_length=cfg.max_length, num_nodes=cfg.tree_nodes)
-        print(f"calibrated Medusa tree: {tree.num_nodes} nodes, expected tau {heads.config.calibration['expected_acceptance_length']}", file=sys.stderr)
+        print(
+            f"calibrated Medusa tree: {tree.num_nodes} nodes, expected tau {heads.config.calibration['expected_acceptance_length']}",
+            file=sys.stderr,
+        )
     if is_main_process():
         save_medusa2(run.joint, out)
     return {
@@ -313,9 +411,15 @@ def train_medusa2(model, tokenizer, train: list[Record], calib: list[Record], ou
 
 
 def train_eagle(
-    model, tokenizer, train: list[Record], calib: list[Record], out: str | Path, cfg: DownstreamTrainingConfig, base_model: str,
+    model,
+    tokenizer,
+    train: list[Record],
+    calib: list[Record],
+    out: str | Path,
+    cfg: DownstreamTrainingConfig,
+    base_model: str,
     adapter_folder: str | Path,
-) -> dict:  # fmt: skip
+) -> dict:
     """(d) EAGLE-3 on the frozen model of the ``lora`` folder ``adapter_folder`` (base + adapter, merged); saves the
     drafter (bf16) and, in its config, the path of that adapter relative to ``out`` (no copy: the folders stay small)."""
     from peft import PeftModel
@@ -328,23 +432,42 @@ def train_eagle(
     out = Path(out)
     info = read_downstream_info(adapter_folder)
     if info["method"] != "lora":
-        raise ValueError(f"--adapter {adapter_folder}: EAGLE trains on the model of a 'lora' folder, this one is {info['method']!r}")
+        raise ValueError(
+            f"--adapter {adapter_folder}: EAGLE trains on the model of a 'lora' folder, this one is {info['method']!r}"
+        )
     tuned = PeftModel.from_pretrained(model, str(Path(adapter_folder) / ADAPTER_SUBFOLDER)).merge_and_unload().eval()
     for p in tuned.parameters():
         p.requires_grad_(False)
-    drafter = EagleDrafter.from_base_model(tuned, variant="eagle3", draft_vocab_size=min(cfg.eagle_draft_vocab, tuned.config.vocab_size))
+    drafter = EagleDrafter.from_base_model(
+        tuned, variant="eagle3", draft_vocab_size=min(cfg.eagle_draft_vocab, tuned.config.vocab_size)
+    )
     drafter.config.base_model_name_or_path = _hub_base_name(base_model)
     L = tuned.config.num_hidden_layers
     layers = [i for i in drafter.config.feature_layers(L) if i != L]
-    states = label_records(tuned, tokenizer, train, layers, top_k=EAGLE_TOP_K, max_tokens=cfg.eagle_max_tokens, max_length=cfg.max_length)
+    states = label_records(
+        tuned, tokenizer, train, layers, top_k=EAGLE_TOP_K, max_tokens=cfg.eagle_max_tokens, max_length=cfg.max_length
+    )
     print(f"EAGLE labelling: {len(states)} sequences, {int(states.input_ids.numel())} tokens", file=sys.stderr)
-    drafter.set_draft_vocab(frequent_tokens(states.topk_ids[:, 0].long(), drafter.config.draft_vocab_size, tuned.config.vocab_size))
+    drafter.set_draft_vocab(
+        frequent_tokens(states.topk_ids[:, 0].long(), drafter.config.draft_vocab_size, tuned.config.vocab_size)
+    )
     t0 = time.perf_counter()
     trainer = fit(
-        drafter, states, output_dir=_trainer_dir(out), num_epochs=cfg.epochs, max_steps=cfg.max_steps,
-        batch_size=cfg.batch_size, max_length=cfg.max_length, learning_rate=cfg.learning_rate, time_budget=cfg.time_budget,
-        final_layer=L, seed=cfg.seed, progress=cfg.progress, save_steps=cfg.save_steps, resume=cfg.resume,
-    )  # fmt: skip
+        drafter,
+        states,
+        output_dir=_trainer_dir(out),
+        num_epochs=cfg.epochs,
+        max_steps=cfg.max_steps,
+        batch_size=cfg.batch_size,
+        max_length=cfg.max_length,
+        learning_rate=cfg.learning_rate,
+        time_budget=cfg.time_budget,
+        final_layer=L,
+        seed=cfg.seed,
+        progress=cfg.progress,
+        save_steps=cfg.save_steps,
+        resume=cfg.resume,
+    )
     seconds = time.perf_counter() - t0
     drafter.config.base_adapter = adapter_path(out, adapter_folder)
     extra = sum(p.numel() for p in drafter.parameters())
@@ -360,24 +483,44 @@ def train_eagle(
     }
 
 
-def prune_folder(folder, data_dir, layer: int, threshold: float = 0.01, budget: float = 120.0, examples: int = 1024,
-                 device=None, progress: bool = True, command: str | None = None) -> dict:  # fmt: skip
+def prune_folder(
+    folder,
+    data_dir,
+    layer: int,
+    threshold: float = 0.01,
+    budget: float = 120.0,
+    examples: int = 1024,
+    device=None,
+    progress: bool = True,
+    command: str | None = None,
+) -> dict:
     """Add parallel tree pruning (Sec. 3.1.3) to a trained ``streaming`` folder: its early exit after ``layer`` layers,
     trained as ``downstream train --pruning-layer`` would (`_train_pruning`) on the folder's own task and training
     split; rewrites the folder's config and weights and records the run in its ``downstream.json``."""
     from hf_speculative.bench.reference import resolve_model
     from hf_speculative.drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
+
     from .tasks import calibration_split, get_task
 
     folder = Path(folder)
     info = read_downstream_info(folder)
     if info["method"] != "streaming":
-        raise ValueError(f"{folder}: tree pruning is Speculative Streaming's (a 'streaming' folder), this one is {info['method']!r}")
+        raise ValueError(
+            f"{folder}: tree pruning is Speculative Streaming's (a 'streaming' folder), this one is {info['method']!r}"
+        )
     known = DownstreamTrainingConfig.__dataclass_fields__
     settings = {k: v for k, v in (info.get("training") or {}).get("settings", {}).items() if k in known}
-    cfg = replace(DownstreamTrainingConfig(**settings), pruning_layer=layer, pruning_threshold=threshold,
-                  pruning_budget=budget, pruning_examples=examples, progress=progress)  # fmt: skip
-    train, calib = calibration_split(get_task(info["task"]).load(data_dir, "train"), cfg.calibration_prompts, seed=cfg.seed)
+    cfg = replace(
+        DownstreamTrainingConfig(**settings),
+        pruning_layer=layer,
+        pruning_threshold=threshold,
+        pruning_budget=budget,
+        pruning_examples=examples,
+        progress=progress,
+    )
+    train, calib = calibration_split(
+        get_task(info["task"]).load(data_dir, "train"), cfg.calibration_prompts, seed=cfg.seed
+    )
     base, tokenizer = resolve_model(info["base_model"], device=device)
     ss = LlamaForSpeculativeStreaming.from_pretrained(folder, base_model=base)
     record = _train_pruning(ss, tokenizer, train, calib, folder, cfg)
@@ -389,10 +532,21 @@ def prune_folder(folder, data_dir, layer: int, threshold: float = 0.01, budget: 
     return record
 
 
-def train_arm(method: str, task: str, data_dir, out, cfg: DownstreamTrainingConfig, base_model: str = "reference", device=None,
-              adapter_folder=None, limit: int | None = None, command: str | None = None) -> dict:  # fmt: skip
+def train_arm(
+    method: str,
+    task: str,
+    data_dir,
+    out,
+    cfg: DownstreamTrainingConfig,
+    base_model: str = "reference",
+    device=None,
+    adapter_folder=None,
+    limit: int | None = None,
+    command: str | None = None,
+) -> dict:
     """Train one arm on one task and write its folder ``out`` (weights + ``downstream.json``); returns the record."""
     from hf_speculative.bench.reference import resolve_model
+
     from .tasks import calibration_split, get_task
 
     if method not in METHODS:
@@ -411,7 +565,9 @@ def train_arm(method: str, task: str, data_dir, out, cfg: DownstreamTrainingConf
     # under several processes (accelerate launch) each takes its share of every optimizer step's examples
     processes = num_processes()
     if cfg.batch_size % processes:
-        raise ValueError(f"--batch-size {cfg.batch_size} (examples per optimizer step) must divide among the {processes} processes")
+        raise ValueError(
+            f"--batch-size {cfg.batch_size} (examples per optimizer step) must divide among the {processes} processes"
+        )
     run_cfg = replace(cfg, batch_size=cfg.batch_size // processes)
     if method == "eagle":
         record = train_eagle(model, tokenizer, train, calib, out, run_cfg, base_model, adapter_folder)

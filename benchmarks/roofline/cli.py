@@ -33,18 +33,38 @@ def build_parser() -> argparse.ArgumentParser:
         description="SPIRe's throughput model: multiplier = tau / Delta t, Delta t = (k draft forwards + verification over "
         "k+1 tokens) / one plain decoding step, each forward max(FLOPs / FLOP/s, bytes / B/s). Numbers are projected.",
     )
-    p.add_argument("--target", default="llama-3-8b", help="target: a shape name (llama-3-8b, llama-2-7b, ...), a config.json "
-                   "(or its folder), or 'reference' (SmolLM2-135M); default llama-3-8b")  # fmt: skip
-    p.add_argument("--draft", default=None, help="draft: a shape name or config.json (a dense draft LM for vanilla; a drafter "
-                   "for spire), 'spire:N' (N layers of the target's shape, sparse KV) or 'magicdec' (the target itself, "
-                   "sparse KV); also picks --method when that is not given (default spire:2)")  # fmt: skip
-    p.add_argument("--method", choices=METHOD_CHOICES, default=None,
-                   help="vanilla | magicdec | spire | all (default: from --draft)")  # fmt: skip
-    p.add_argument("--hardware", choices=HARDWARE_CHOICES, default="h100",
-                   help="h100 | h200 | a100 (data-sheet peaks) or cpu (measured here once, cached); default h100")  # fmt: skip
+    p.add_argument(
+        "--target",
+        default="llama-3-8b",
+        help="target: a shape name (llama-3-8b, llama-2-7b, ...), a config.json "
+        "(or its folder), or 'reference' (SmolLM2-135M); default llama-3-8b",
+    )
+    p.add_argument(
+        "--draft",
+        default=None,
+        help="draft: a shape name or config.json (a dense draft LM for vanilla; a drafter "
+        "for spire), 'spire:N' (N layers of the target's shape, sparse KV) or 'magicdec' (the target itself, "
+        "sparse KV); also picks --method when that is not given (default spire:2)",
+    )
+    p.add_argument(
+        "--method",
+        choices=METHOD_CHOICES,
+        default=None,
+        help="vanilla | magicdec | spire | all (default: from --draft)",
+    )
+    p.add_argument(
+        "--hardware",
+        choices=HARDWARE_CHOICES,
+        default="h100",
+        help="h100 | h200 | a100 (data-sheet peaks) or cpu (measured here once, cached); default h100",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads for --hardware cpu")
-    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
-                   help="weight and KV-cache dtype (default bfloat16 on GPU presets, float32 on cpu)")  # fmt: skip
+    p.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16", "float32"),
+        default=None,
+        help="weight and KV-cache dtype (default bfloat16 on GPU presets, float32 on cpu)",
+    )
     p.add_argument("--k", type=int, default=4, help="draft tokens per step (chain depth); default 4")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--tau", type=float, help="tokens committed per step (bonus included), e.g. measured by bench")
@@ -52,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sliding-window", type=int, default=64, help="W of the sparse draft KV cache (default 64)")
     p.add_argument("--sink-tokens", type=int, default=1, help="S of the sparse draft KV cache (default 1)")
     p.add_argument("--batch-sizes", default="1,2,4,8,16,32,64,128,256", help="comma list of batch sizes B (rows)")
-    p.add_argument("--contexts", default="256,512,1024,2048,4096,8192,16384,32768", help="comma list of context lengths L")
+    p.add_argument(
+        "--contexts", default="256,512,1024,2048,4096,8192,16384,32768", help="comma list of context lengths L"
+    )
     p.add_argument("--output", default=None, help="heatmap PNG (with --method all: one per method, NAME_<method>.png)")
     p.add_argument("--title", default=None, help="heatmap title (always marked projected)")
     p.add_argument("--json", default=None, help="write the grids as JSON")
@@ -75,7 +97,9 @@ def _shape(spec: str, dtype_bytes: int):
         return ModelShape.from_name(spec, dtype_bytes=dtype_bytes)
     if Path(spec).exists():
         return ModelShape.from_json(spec, dtype_bytes=dtype_bytes)
-    raise ValueError(f"{spec!r} is neither a known shape ({', '.join(sorted(SHAPES))}, reference) nor a config.json path")
+    raise ValueError(
+        f"{spec!r} is neither a known shape ({', '.join(sorted(SHAPES))}, reference) nor a config.json path"
+    )
 
 
 def _spire_layers(draft: str | None) -> int | None:
@@ -92,7 +116,9 @@ def _plan(args, target, dtype_bytes: int) -> list[tuple[str, object]]:
     draft, method = args.draft, args.method
     layers = _spire_layers(draft)
     dense = None if draft in (None, "magicdec") or layers is not None else _shape(draft, dtype_bytes)
-    spire = target.truncated(layers or 2, name=f"spire:{layers or 2}")  # N of the target's layers, its embedding and head
+    spire = target.truncated(
+        layers or 2, name=f"spire:{layers or 2}"
+    )  # N of the target's layers, its embedding and head
     if method is None:
         method = "magicdec" if draft == "magicdec" else "vanilla" if dense is not None else "spire"
     if method == "all":
@@ -129,22 +155,38 @@ def run(args) -> int:
         raise ValueError(f"--tau must be > 0, got {tau}")
     batch_sizes, contexts = _ints(args.batch_sizes), _ints(args.contexts)
     tau_text = f"tau={tau:.2f}" + (f" (alpha={args.alpha:g})" if args.alpha is not None else "")
-    print(f"{hw.name}: {hw.flops / 1e12:.3g} TFLOP/s, {hw.bandwidth / 1e9:.4g} GB/s, HOI {hw.hoi:.1f} FLOP/B; "
-          f"target {target.name} ({target.num_parameters / 1e9:.3g} B params, {dtype}); k={args.k}, {tau_text}")  # fmt: skip
+    print(
+        f"{hw.name}: {hw.flops / 1e12:.3g} TFLOP/s, {hw.bandwidth / 1e9:.4g} GB/s, HOI {hw.hoi:.1f} FLOP/B; "
+        f"target {target.name} ({target.num_parameters / 1e9:.3g} B params, {dtype}); k={args.k}, {tau_text}"
+    )
     record = {
         "kind": "projected",
         "model": "SPIRe throughput model: multiplier = tau / Delta t; forward time = max(FLOPs / FLOP/s, bytes / B/s)",
         "hardware": hw.to_dict(),
         "target": target.to_dict(),
-        "k": args.k, "tau": tau, "alpha": args.alpha, "dtype": dtype,
-        "sliding_window": args.sliding_window, "sink_tokens": args.sink_tokens,
+        "k": args.k,
+        "tau": tau,
+        "alpha": args.alpha,
+        "dtype": dtype,
+        "sliding_window": args.sliding_window,
+        "sink_tokens": args.sink_tokens,
         "command": f"{PROGRAM} " + " ".join(shlex.quote(a) for a in args.argv),
         "methods": {},
-    }  # fmt: skip
+    }
     plan = _plan(args, target, dtype_bytes)
     for method, draft in plan:
-        grid = speedup_grid(method, target, draft, hw, args.k, tau, batch_sizes, contexts,
-                            sliding_window=args.sliding_window, sink_tokens=args.sink_tokens)  # fmt: skip
+        grid = speedup_grid(
+            method,
+            target,
+            draft,
+            hw,
+            args.k,
+            tau,
+            batch_sizes,
+            contexts,
+            sliding_window=args.sliding_window,
+            sink_tokens=args.sink_tokens,
+        )
         window = f", sparse KV S={args.sink_tokens} W={args.sliding_window}" if method != "vanilla" else ""
         print(f"\nprojected throughput multiplier, {method} (draft {grid.draft}{window}), rows B, columns L:")
         print(grid.table())

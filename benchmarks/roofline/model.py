@@ -80,7 +80,9 @@ class Hardware:
         return HARDWARE[key]
 
     @classmethod
-    def measure_cpu(cls, threads: int | None = None, seconds: float = 1.0, refresh: bool = False, cache: bool = True) -> "Hardware":
+    def measure_cpu(
+        cls, threads: int | None = None, seconds: float = 1.0, refresh: bool = False, cache: bool = True
+    ) -> "Hardware":
         """This CPU's float32 matmul FLOP/s and memory bandwidth with ``threads`` torch threads (default: torch's
         current count), each the best of repeats over about ``seconds / 2``: FLOP/s from 1024 x 1024 matmuls,
         bandwidth from copying a 128 MiB tensor (read + write, as STREAM's copy counts it). Cached as JSON under
@@ -103,18 +105,30 @@ class Hardware:
                     return cls(data["name"], float(data["flops"]), float(data["bandwidth"]), data.get("meta", {}))
                 except (ValueError, KeyError, TypeError):
                     pass  # a damaged file is measured again
-            flops = _best_rate(lambda a, b, c: torch.mm(a, b, out=c), 2 * 1024**3, seconds / 2,
-                               lambda: [torch.randn(1024, 1024) for _ in range(3)])  # fmt: skip
+            flops = _best_rate(
+                lambda a, b, c: torch.mm(a, b, out=c),
+                2 * 1024**3,
+                seconds / 2,
+                lambda: [torch.randn(1024, 1024) for _ in range(3)],
+            )
             n = 32 * 1024**2  # 128 MiB of float32 per tensor: far beyond the caches
-            bandwidth = _best_rate(lambda a, b: b.copy_(a), 2 * 4 * n, seconds / 2, lambda: [torch.ones(n), torch.empty(n)])
-            meta = {"machine": machine, "threads": threads, "dtype": "float32",
-                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "how": "best of repeats: 1024^3 float32 matmul (2 n^3 FLOPs); 128 MiB tensor copy (read + write bytes)"}  # fmt: skip
+            bandwidth = _best_rate(
+                lambda a, b: b.copy_(a), 2 * 4 * n, seconds / 2, lambda: [torch.ones(n), torch.empty(n)]
+            )
+            meta = {
+                "machine": machine,
+                "threads": threads,
+                "dtype": "float32",
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "how": "best of repeats: 1024^3 float32 matmul (2 n^3 FLOPs); 128 MiB tensor copy (read + write bytes)",
+            }
             hw = cls(f"cpu ({threads} thread{'s' if threads > 1 else ''})", flops, bandwidth, meta)
             if cache:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"name": hw.name, "flops": flops, "bandwidth": bandwidth, "meta": meta}, indent=1) + "\n")
+                tmp.write_text(
+                    json.dumps({"name": hw.name, "flops": flops, "bandwidth": bandwidth, "meta": meta}, indent=1) + "\n"
+                )
                 tmp.replace(path)
             return hw
         finally:
@@ -145,7 +159,9 @@ HARDWARE: dict[str, Hardware] = {
 # ----------------------------------------------------------------------------- forwards and steps
 
 
-def forward_time(shape: ModelShape, hw: Hardware, batch: int, new_tokens: int, context: int, kv_window: int | None = None) -> float:
+def forward_time(
+    shape: ModelShape, hw: Hardware, batch: int, new_tokens: int, context: int, kv_window: int | None = None
+) -> float:
     """Seconds of one forward by the roofline: ``max(FLOPs / hw.flops, bytes / hw.bandwidth)`` for ``batch`` rows
     of ``new_tokens`` new tokens after ``context`` cached positions (``kv_window``: a sparse S + W cache)."""
     compute = shape.forward_flops(batch, new_tokens, context, kv_window) / hw.flops
@@ -293,13 +309,27 @@ def speedup_grid(
         times = [step_times(method, target, draft, hw, int(b), int(L), k, **kwargs) for L in contexts]
         speedup.append([projected_speedup(tau, t.verify, t.plain, t.draft + t.memory) for t in times])
         delta.append([t.delta_t for t in times])
-    draft_name = target.name if method == "magicdec" else (draft.name if draft is not None and method != "verify-only" else None)
+    draft_name = (
+        target.name if method == "magicdec" else (draft.name if draft is not None and method != "verify-only" else None)
+    )
     return SpeedupGrid(
-        method=method, target=target.name, draft=draft_name, hardware=hw.name, k=int(k), tau=float(tau),
-        batch_sizes=[int(b) for b in batch_sizes], contexts=[int(c) for c in contexts], speedup=speedup, delta_t=delta,
-        settings={"sliding_window": kwargs.get("sliding_window", 64), "sink_tokens": kwargs.get("sink_tokens", 1),
-                  "verify_tokens": kwargs.get("verify_tokens") or k + 1, "dtype_bytes": target.dtype_bytes},
-    )  # fmt: skip
+        method=method,
+        target=target.name,
+        draft=draft_name,
+        hardware=hw.name,
+        k=int(k),
+        tau=float(tau),
+        batch_sizes=[int(b) for b in batch_sizes],
+        contexts=[int(c) for c in contexts],
+        speedup=speedup,
+        delta_t=delta,
+        settings={
+            "sliding_window": kwargs.get("sliding_window", 64),
+            "sink_tokens": kwargs.get("sink_tokens", 1),
+            "verify_tokens": kwargs.get("verify_tokens") or k + 1,
+            "dtype_bytes": target.dtype_bytes,
+        },
+    )
 
 
 def plot_heatmap(grid: SpeedupGrid, path: str | Path, title: str | None = None) -> Path:
@@ -320,7 +350,9 @@ def plot_heatmap(grid: SpeedupGrid, path: str | Path, title: str | None = None) 
     )
     if "projected" not in title.lower():
         title = f"Projected: {title}"
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 + 0.8 * len(grid.contexts)), max(3.5, 1.6 + 0.45 * len(grid.batch_sizes))))
+    fig, ax = plt.subplots(
+        figsize=(max(6.0, 1.6 + 0.8 * len(grid.contexts)), max(3.5, 1.6 + 0.45 * len(grid.batch_sizes)))
+    )
     im = ax.imshow(values, origin="lower", aspect="auto", cmap="RdYlGn", norm=norm)
     for i in range(len(grid.batch_sizes)):
         for j in range(len(grid.contexts)):

@@ -155,7 +155,10 @@ def run_batch_benchmark(
     total = sum((len(prompts) + b - 1) // b for b in batch_sizes) * len(bench_methods)
     bar = tqdm(total=total, desc="batch bench", unit="batch", disable=not progress)
     for b in batch_sizes:
-        per_method = {m.name: {"seconds": 0.0, "tokens": 0, "taus": [], "rows": 0, "exact_rows": 0, "verified": []} for m in bench_methods}
+        per_method = {
+            m.name: {"seconds": 0.0, "tokens": 0, "taus": [], "rows": 0, "exact_rows": 0, "verified": []}
+            for m in bench_methods
+        }
         for start in range(0, len(prompts), b):
             group = prompts[start : start + b]
             ids, mask = pad_batch(group, pad)
@@ -180,16 +183,20 @@ def run_batch_benchmark(
 def batch_table(result: dict[str, Any]) -> str:
     """Markdown: total new tokens/s, speedup, speculation's own share (over the engine with nothing drafted), tau and
     lossless rate per method and batch size."""
-    lines = ["| B | method | tree nodes | new tokens/s | speedup | speculation's share | tau (mean per row) | lossless rows |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| B | method | tree nodes | new tokens/s | speedup | speculation's share | tau (mean per row) | lossless rows |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for b, methods in result["batches"].items():
         for name, s in methods.items():
             tau = f"{s['tau']:.2f}" if s["tau"] is not None else "-"
             lossless = f"{100 * s['lossless_rate']:.0f}%" if s["lossless_rate"] is not None else "-"
             nodes = s.get("tree_nodes") if s.get("tree_nodes") is not None else "-"
             share = f"{s['speculation_share']:.2f}x" if s.get("speculation_share") is not None else "-"
-            lines.append(f"| {b} | {s.get('label') or name} | {nodes} | {s['tokens_per_s']:.2f} | {s['speedup']:.2f}x | {share} | "
-                         f"{tau} | {lossless} |")  # fmt: skip
+            lines.append(
+                f"| {b} | {s.get('label') or name} | {nodes} | {s['tokens_per_s']:.2f} | {s['speedup']:.2f}x | {share} | "
+                f"{tau} | {lossless} |"
+            )
     return "\n".join(lines)
 
 

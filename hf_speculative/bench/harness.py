@@ -122,7 +122,9 @@ def parse_tree(spec: str | None):
     if path.is_file():
         data = json.loads(path.read_text())
         return hfs.TreeSpec.from_choices(data["choices"] if isinstance(data, dict) else data)
-    raise ValueError(f"--tree {spec!r}: want 'cartesian:4,2,2,1', 'chain:5', 'dynamic:16,4,4', a JSON list of choices or a JSON file")
+    raise ValueError(
+        f"--tree {spec!r}: want 'cartesian:4,2,2,1', 'chain:5', 'dynamic:16,4,4', a JSON list of choices or a JSON file"
+    )
 
 
 # ----------------------------------------------------------------------------- methods
@@ -230,7 +232,9 @@ class HFAssistedMethod(_LayerCutMixin, BenchMethod):
         }
 
     def generate(self, input_ids, attention_mask, **common):
-        return _transformers_generate(self.model, input_ids, attention_mask=attention_mask, assistant_model=self.draft, **common)
+        return _transformers_generate(
+            self.model, input_ids, attention_mask=attention_mask, assistant_model=self.draft, **common
+        )
 
 
 @register_method
@@ -240,14 +244,20 @@ class HFPromptLookupMethod(BenchMethod):
     count_forwards_with_hook = True
 
     def settings(self):
-        return {"prompt_lookup_num_tokens": self.options.prompt_lookup_tokens, "max_matching_ngram_size": self.options.max_matching_ngram}
+        return {
+            "prompt_lookup_num_tokens": self.options.prompt_lookup_tokens,
+            "max_matching_ngram_size": self.options.max_matching_ngram,
+        }
 
     def generate(self, input_ids, attention_mask, **common):
         return _transformers_generate(
-            self.model, input_ids, attention_mask=attention_mask,
+            self.model,
+            input_ids,
+            attention_mask=attention_mask,
             prompt_lookup_num_tokens=self.options.prompt_lookup_tokens,
-            max_matching_ngram_size=self.options.max_matching_ngram, **common,
-        )  # fmt: skip
+            max_matching_ngram_size=self.options.max_matching_ngram,
+            **common,
+        )
 
 
 class _EngineMethod(BenchMethod):
@@ -274,7 +284,9 @@ class _EngineMethod(BenchMethod):
     def generate(self, input_ids, attention_mask, **common):
         tree = self.tree if self.call_tree is None and not isinstance(self, DrafterMethod) else self.call_tree
         kwargs = {} if tree is None else {"speculative_tree": tree}
-        return self.model.generate(input_ids, attention_mask=attention_mask, assistant_model=self.draft, **kwargs, **common)
+        return self.model.generate(
+            input_ids, attention_mask=attention_mask, assistant_model=self.draft, **kwargs, **common
+        )
 
     def tree_for_batch(self, batch_size: int):
         """The tree a call over ``batch_size`` rows verifies (for the report)."""
@@ -340,8 +352,12 @@ class TreePromptLookupMethod(_EngineMethod):
         self.tree = parse_tree(self.options.tree) or self.draft.default_tree
 
     def settings(self):
-        return {"max_ngram_size": self.draft.max_ngram_size, "max_candidates": self.draft.max_candidates,
-                "budget": "at most tree_nodes nodes, tree depth levels", **self._tree_settings()}  # fmt: skip
+        return {
+            "max_ngram_size": self.draft.max_ngram_size,
+            "max_candidates": self.draft.max_candidates,
+            "budget": "at most tree_nodes nodes, tree depth levels",
+            **self._tree_settings(),
+        }
 
 
 @register_method
@@ -351,7 +367,9 @@ class EngineOnlyMethod(_EngineMethod):
 
     name = "engine"
     label = ENGINE_LABEL
-    description = "hf_speculative tree loop with nothing drafted: every step a one-token step through the engine's kernels"
+    description = (
+        "hf_speculative tree loop with nothing drafted: every step a one-token step through the engine's kernels"
+    )
 
     def setup(self):
         super().setup()
@@ -361,7 +379,9 @@ class EngineOnlyMethod(_EngineMethod):
         return {"drafter": "RootOnlyDrafter (every draft is the root alone)", **ENGINE_CALL}
 
     def generate(self, input_ids, attention_mask, **common):
-        return self.model.generate(input_ids, attention_mask=attention_mask, assistant_model=self.draft, **ENGINE_CALL, **common)
+        return self.model.generate(
+            input_ids, attention_mask=attention_mask, assistant_model=self.draft, **ENGINE_CALL, **common
+        )
 
     def tree_for_batch(self, batch_size: int):
         return None  # nothing is drafted
@@ -377,14 +397,24 @@ class MagicDecMethod(_EngineMethod):
 
         super().setup()
         o = self.options
-        self.draft = hfs.MagicDecDrafter(self.model, sliding_window=o.magicdec_window, num_sink_tokens=o.magicdec_sinks,
-                                         num_draft_tokens=o.chain_length, positions=o.magicdec_positions)  # fmt: skip
+        self.draft = hfs.MagicDecDrafter(
+            self.model,
+            sliding_window=o.magicdec_window,
+            num_sink_tokens=o.magicdec_sinks,
+            num_draft_tokens=o.chain_length,
+            positions=o.magicdec_positions,
+        )
         self.call_tree = self.tree = parse_tree(o.tree) or self.draft.default_tree
 
     def settings(self):
         d = self.draft
-        return {"sliding_window": d.window, "num_sink_tokens": d.sinks, "num_draft_tokens": d.num_draft_tokens,
-                "positions": d.positions, **self._tree_settings()}  # fmt: skip
+        return {
+            "sliding_window": d.window,
+            "num_sink_tokens": d.sinks,
+            "num_draft_tokens": d.num_draft_tokens,
+            "positions": d.positions,
+            **self._tree_settings(),
+        }
 
 
 def _model_free_drafter(kind: str, options: BenchOptions):
@@ -417,7 +447,9 @@ class _ModelFreeMethod(_EngineMethod):
 @register_method
 class TokenRecyclingMethod(_ModelFreeMethod):
     name = "token-recycling"
-    description = "hf_speculative tree loop, Token Recycling (adjacency matrix of the target's verified top-k; no model)"
+    description = (
+        "hf_speculative tree loop, Token Recycling (adjacency matrix of the target's verified top-k; no model)"
+    )
     kind, own_tree = "recycling", "cost-aware, re-chosen online"
 
     def _drafter_settings(self):
@@ -427,13 +459,20 @@ class TokenRecyclingMethod(_ModelFreeMethod):
 @register_method
 class SuffixMethod(_ModelFreeMethod):
     name = "suffix"
-    description = "hf_speculative tree loop, SuffixDecoding (longest suffix match over outputs seen and the context; no model)"
+    description = (
+        "hf_speculative tree loop, SuffixDecoding (longest suffix match over outputs seen and the context; no model)"
+    )
     kind, own_tree = "suffix", "budget, sized per step by the match"
 
     def _drafter_settings(self):
         c = self.draft.config
-        return {"alpha": c.alpha, "max_match_length": c.max_match_length, "min_probability": c.min_probability,
-                "max_nodes": c.max_nodes, "warm_outputs": len(self.draft.index)}  # fmt: skip
+        return {
+            "alpha": c.alpha,
+            "max_match_length": c.max_match_length,
+            "min_probability": c.min_probability,
+            "max_nodes": c.max_nodes,
+            "warm_outputs": len(self.draft.index),
+        }
 
 
 @register_method
@@ -443,7 +482,9 @@ class HybridMethod(_EngineMethod):
     ``--drafter`` method name)."""
 
     name = "hybrid"
-    description = "hf_speculative tree loop, one merged tree from tree prompt lookup, Token Recycling and every --drafter"
+    description = (
+        "hf_speculative tree loop, one merged tree from tree prompt lookup, Token Recycling and every --drafter"
+    )
     parts: ClassVar[tuple[str, ...] | None] = None
 
     def setup(self):
@@ -453,12 +494,18 @@ class HybridMethod(_EngineMethod):
         names = self.parts or ("pl", "tr", *self.options.drafters)
         unknown = [n for n in names if n not in ("pl", "tr", "sx", *self.options.drafters)]
         if unknown:
-            raise ValueError(f"unknown hybrid part(s) {unknown}: use pl, tr, sx or a --drafter name {sorted(self.options.drafters)}")
-        build = {"pl": lambda: hfs.PromptLookupDrafter(max_ngram_size=self.options.max_matching_ngram),
-                 "tr": lambda: _model_free_drafter("recycling", self.options),
-                 "sx": lambda: _model_free_drafter("suffix", self.options)}  # fmt: skip
+            raise ValueError(
+                f"unknown hybrid part(s) {unknown}: use pl, tr, sx or a --drafter name {sorted(self.options.drafters)}"
+            )
+        build = {
+            "pl": lambda: hfs.PromptLookupDrafter(max_ngram_size=self.options.max_matching_ngram),
+            "tr": lambda: _model_free_drafter("recycling", self.options),
+            "sx": lambda: _model_free_drafter("suffix", self.options),
+        }
         self.part_names = list(names)
-        self.draft = hfs.HybridDrafter([build[n]() if n in build else load_drafter(self.options.drafters[n], self.model) for n in names])
+        self.draft = hfs.HybridDrafter(
+            [build[n]() if n in build else load_drafter(self.options.drafters[n], self.model) for n in names]
+        )
         self.call_tree = self.tree = parse_tree(self.options.tree)
 
     def settings(self):
@@ -468,7 +515,11 @@ class HybridMethod(_EngineMethod):
 def make_hybrid_method(name: str) -> type[BenchMethod]:
     """Register the ``hybrid:A+B`` method ``name``."""
     parts = tuple(p for p in name.partition(":")[2].split("+") if p)
-    cls = type(f"HybridMethod_{'_'.join(parts)}", (HybridMethod,), {"name": name, "parts": parts, "description": f"hybrid of {parts}"})
+    cls = type(
+        f"HybridMethod_{'_'.join(parts)}",
+        (HybridMethod,),
+        {"name": name, "parts": parts, "description": f"hybrid of {parts}"},
+    )
     return register_method(cls)
 
 
@@ -505,7 +556,9 @@ def load_drafter(path: str, target=None):
     config = AutoConfig.from_pretrained(path)
     archs = getattr(config, "architectures", None) or []
     if any(a.endswith("ForCausalLM") for a in archs):
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=target.dtype if target is not None else None, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=target.dtype if target is not None else None, attn_implementation="sdpa"
+        )
     else:
         model = AutoModel.from_pretrained(path)
     if target is not None:
@@ -525,7 +578,9 @@ def drafter_method_name(path: str) -> str:
 
 def make_drafter_method(name: str, path: str) -> type[BenchMethod]:
     """Register a :class:`DrafterMethod` subclass named ``name`` for the drafter at ``path``."""
-    cls = type(f"DrafterMethod_{name}", (DrafterMethod,), {"name": name, "path": path, "description": f"drafter {path}"})
+    cls = type(
+        f"DrafterMethod_{name}", (DrafterMethod,), {"name": name, "path": path, "description": f"drafter {path}"}
+    )
     return register_method(cls)
 
 
@@ -619,7 +674,6 @@ def _version_or_none(name: str) -> str | None:
 
 
 def machine_info(device) -> dict:
-    from importlib.metadata import version
 
     import transformers
 
@@ -683,15 +737,30 @@ def run_benchmark(
     floor: dict[str, dict[str, int | None]] | None = {} if greedy and numerics_floor else None
 
     def _result(ms, n_done, partial):
-        return _assemble(ms, n_done, partial, model=model, greedy=greedy, max_new_tokens=max_new_tokens,
-                         temperature=temperature, repeats=repeats, seed=seed, device=device,
-                         bench_methods=bench_methods, options=options, save_text=save_text,
-                         extra_setting=extra_setting, floor=floor)  # fmt: skip
+        return _assemble(
+            ms,
+            n_done,
+            partial,
+            model=model,
+            greedy=greedy,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            repeats=repeats,
+            seed=seed,
+            device=device,
+            bench_methods=bench_methods,
+            options=options,
+            save_text=save_text,
+            extra_setting=extra_setting,
+            floor=floor,
+        )
 
     bar = tqdm(total=len(prompts) * len(bench_methods), desc="bench", unit="gen", disable=not progress)
     for i, prompt in enumerate(prompts):
         run_seed = seed + i if not greedy else None
-        measurements += _measure_prompt(bench_methods, prompt, common, device, run_seed, repeats, tokenizer if save_text else None, bar)
+        measurements += _measure_prompt(
+            bench_methods, prompt, common, device, run_seed, repeats, tokenizer if save_text else None, bar
+        )
         if floor is not None:
             floor[prompt.id] = _floor_of_prompt(model, prompt, common, measurements, device)
         if checkpoint is not None and i + 1 < len(prompts):
@@ -712,7 +781,9 @@ def _measure_prompt(
     return measured
 
 
-def _measure(m, prompt: BenchPrompt, common: dict, device, seed: int | None, repeats: int, tokenizer=None) -> Measurement:
+def _measure(
+    m, prompt: BenchPrompt, common: dict, device, seed: int | None, repeats: int, tokenizer=None
+) -> Measurement:
     """``repeats`` timed calls of one method on one prompt; the first call's output is the one measured (its text
     decoded when a ``tokenizer`` is given)."""
     prompt_len = prompt.input_ids.shape[1]
@@ -746,14 +817,34 @@ def _floor_of_prompt(model, prompt: BenchPrompt, common: dict, measurements: lis
     ids = prompt.input_ids
     with torch.inference_mode():
         if plain is None:
-            plain = _transformers_generate(model, ids, attention_mask=torch.ones_like(ids), **common).sequences[0, ids.shape[1] :].tolist()
+            plain = (
+                _transformers_generate(model, ids, attention_mask=torch.ones_like(ids), **common)
+                .sequences[0, ids.shape[1] :]
+                .tolist()
+            )
         outputs = floor_outputs(model, ids, common)
     _sync(device)
     return {variant: first_divergence(outputs[variant], plain) for variant in FLOOR_VARIANTS}
 
 
-def _assemble(measurements, n_done, partial, *, model, greedy, max_new_tokens, temperature, repeats, seed, device,
-              bench_methods, options, save_text, extra_setting, floor=None):  # fmt: skip
+def _assemble(
+    measurements,
+    n_done,
+    partial,
+    *,
+    model,
+    greedy,
+    max_new_tokens,
+    temperature,
+    repeats,
+    seed,
+    device,
+    bench_methods,
+    options,
+    save_text,
+    extra_setting,
+    floor=None,
+):
     summary = summarize(measurements, greedy=greedy)
     for m in bench_methods:
         if m.name in summary:

@@ -123,9 +123,14 @@ def measure_step_latency(
             if i >= warmup:
                 results[key].append(dt)
     return StepTiming(
-        shape=shape, n_tokens=n, prefix_len=prefix_len, dtype=str(dtype).replace("torch.", ""), device=str(device),
-        t_one=statistics.median(results["one"]), t_tree=statistics.median(results["tree"]),
-    )  # fmt: skip
+        shape=shape,
+        n_tokens=n,
+        prefix_len=prefix_len,
+        dtype=str(dtype).replace("torch.", ""),
+        device=str(device),
+        t_one=statistics.median(results["one"]),
+        t_tree=statistics.median(results["tree"]),
+    )
 
 
 def project(tau: float, timing: StepTiming, draft_time: float = 0.0) -> dict:

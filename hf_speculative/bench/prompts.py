@@ -95,7 +95,11 @@ def load_prompts(name_or_path: str | os.PathLike | None = None, limit: int | Non
     name = DEFAULT_PROMPTS if name_or_path is None else os.fspath(name_or_path)
     key = _set_name(name)
     if key == "heldout":
-        records = [replace(r, id=f"{s}/{r.id}", category=s) for s in HELDOUT_SETS for r in load_records(BUILTIN_DIR / PROMPT_SETS[s])]
+        records = [
+            replace(r, id=f"{s}/{r.id}", category=s)
+            for s in HELDOUT_SETS
+            for r in load_records(BUILTIN_DIR / PROMPT_SETS[s])
+        ]
         return records if limit is None else records[:limit]
     if key is not None:
         return load_records(BUILTIN_DIR / PROMPT_SETS[key], limit=limit, **kwargs)

@@ -188,7 +188,9 @@ def _repeat_spread(ms: Sequence[Measurement]) -> dict | None:
 
 
 def summarize_method(
-    ms: Sequence[Measurement], baseline: Sequence[Measurement] | None, greedy: bool = True,
+    ms: Sequence[Measurement],
+    baseline: Sequence[Measurement] | None,
+    greedy: bool = True,
     engine: Sequence[Measurement] | None = None,
 ) -> dict:
     """The JSON summary of one method (see the module docstring for the definitions); ``engine``: the runs of the
@@ -249,7 +251,9 @@ def summarize(measurements: Iterable[Measurement], greedy: bool = True, baseline
         by_method.setdefault(m.method, []).append(m)
     base, engine = by_method.get(baseline), by_method.get(ENGINE)
     # plain drafts nothing: no speculation's share (its tokens/s over the engine's is the kernels' share, inverted)
-    return {name: summarize_method(ms, base, greedy, engine if name != baseline else None) for name, ms in by_method.items()}
+    return {
+        name: summarize_method(ms, base, greedy, engine if name != baseline else None) for name, ms in by_method.items()
+    }
 
 
 def prompts_json(measurements: Iterable[Measurement], save_text: bool = False) -> list[dict]:
@@ -261,7 +265,9 @@ def prompts_json(measurements: Iterable[Measurement], save_text: bool = False) -
         if m.method == BASELINE:
             base_ids[m.prompt_id] = m.output_ids
     for m in ms:
-        row = rows.setdefault(m.prompt_id, {"id": m.prompt_id, "category": m.category, "prompt_tokens": m.prompt_tokens, "results": {}})
+        row = rows.setdefault(
+            m.prompt_id, {"id": m.prompt_id, "category": m.category, "prompt_tokens": m.prompt_tokens, "results": {}}
+        )
         res = {
             "new_tokens": m.new_tokens,
             "wall_s": m.wall,
@@ -319,15 +325,22 @@ def markdown_table(methods: dict[str, dict]) -> str:
 
 def speedup_lines(methods: dict[str, dict], repeats: int = 1) -> str:
     """Each method's median speedup with its per-prompt spread, and a line naming disturbed runs, if any."""
-    lines = ["speedup: median over prompts of tokens/s against plain on the same prompt (the verdict), per-prompt range"]
+    lines = [
+        "speedup: median over prompts of tokens/s against plain on the same prompt (the verdict), per-prompt range"
+    ]
     for name, s in methods.items():
         spread = s.get("speedup_spread")
         if spread and name != BASELINE:
             wide = "; the spread is wide: measure again with more --repeats" if spread["wide"] and repeats < 3 else ""
-            share = "" if s.get("speculation_share") is None or name == ENGINE else (
-                f"; speculation's own share {s['speculation_share']:.2f}x over the engine with nothing drafted")
-            lines.append(f"  {name}: {spread['median']:.2f}x (median of {len(spread['per_prompt'])} prompts; per prompt "
-                         f"{spread['min']:.2f}-{spread['max']:.2f}x, middle half {spread['q1']:.2f}-{spread['q3']:.2f}x){share}{wide}")  # fmt: skip
+            share = (
+                ""
+                if s.get("speculation_share") is None or name == ENGINE
+                else (f"; speculation's own share {s['speculation_share']:.2f}x over the engine with nothing drafted")
+            )
+            lines.append(
+                f"  {name}: {spread['median']:.2f}x (median of {len(spread['per_prompt'])} prompts; per prompt "
+                f"{spread['min']:.2f}-{spread['max']:.2f}x, middle half {spread['q1']:.2f}-{spread['q3']:.2f}x){share}{wide}"
+            )
     line = disturbed_line({name: s["disturbed"] for name, s in methods.items() if s.get("disturbed")})
     return "\n".join(lines + ([line] if line else []))
 
@@ -344,9 +357,14 @@ def floor_lines(floor: dict) -> str:
     lines = ["numerics floor: plain greedy generate() on the same prompt in another batch shape"]
     for variant in (*FLOOR_VARIANTS, "any"):
         s = floor[variant]
-        where = "" if s["first_divergence_min"] is None else (
-            f"; first divergence mean {s['first_divergence_mean']:.0f}, min {s['first_divergence_min']}")
-        lines.append(f"  {FLOOR_LABELS[variant]}: identical to batch-of-one on {s['identical']}/{s['n']} prompts{where}")
+        where = (
+            ""
+            if s["first_divergence_min"] is None
+            else (f"; first divergence mean {s['first_divergence_mean']:.0f}, min {s['first_divergence_min']}")
+        )
+        lines.append(
+            f"  {FLOOR_LABELS[variant]}: identical to batch-of-one on {s['identical']}/{s['n']} prompts{where}"
+        )
     return "\n".join(lines)
 
 
@@ -382,7 +400,10 @@ def plot_results(methods: dict[str, dict], path: str | Path, title: str | None =
     x = np.arange(len(groups))
     width = 0.8 / max(len(names), 1)
     fig, axes = plt.subplots(2, 1, figsize=(max(9, 1.1 * len(groups) + 4), 7.5), sharex=True)
-    for ax, key, label in ((axes[0], "speedup", "speedup vs plain (x)"), (axes[1], "tau", "tau (tokens / target forward)")):
+    for ax, key, label in (
+        (axes[0], "speedup", "speedup vs plain (x)"),
+        (axes[1], "tau", "tau (tokens / target forward)"),
+    ):
         for i, name in enumerate(names):
             s = methods[name]
             vals = [s.get("per_category", {}).get(c, {}).get(key) for c in cats] + [s.get(key)]

@@ -34,8 +34,18 @@ from ..plotting import save_figure
 from .root_only import ENGINE_CALL, RootOnlyDrafter
 from .shapes import build_shape_model, check_shape, measure_memory, random_prompt
 
-__all__ = ["TREE_NODES", "PROJECTED_TAUS", "PROJECTED_TREES", "CPU_FLAGS", "cpu_info", "measure_shape",
-           "run_shape_bench", "shapes_markdown", "plot_shapes", "write_shape_outputs"]  # fmt: skip
+__all__ = [
+    "TREE_NODES",
+    "PROJECTED_TAUS",
+    "PROJECTED_TREES",
+    "CPU_FLAGS",
+    "cpu_info",
+    "measure_shape",
+    "run_shape_bench",
+    "shapes_markdown",
+    "plot_shapes",
+    "write_shape_outputs",
+]
 
 #: tree sizes (nodes besides the root) whose verification forward is priced
 TREE_NODES = (4, 8, 16, 32, 64)
@@ -59,10 +69,15 @@ def cpu_info() -> dict:
     except OSError:
         pass
     flags = set(found.get("flags", "").split())
-    return {"cpu": found.get("model name") or platform.processor() or platform.machine(),
-            "flags": {f: f in flags for f in CPU_FLAGS}, "cores": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "platform": platform.platform()}  # fmt: skip
+    return {
+        "cpu": found.get("model name") or platform.processor() or platform.machine(),
+        "flags": {f: f in flags for f in CPU_FLAGS},
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "platform": platform.platform(),
+    }
 
 
 def _flags_text(machine: dict) -> str:
@@ -123,10 +138,14 @@ def _projection(plain_step_ms: float, engine_step_ms: float, curve) -> dict:
 def _memory(name: str, dtype: str, tokens: int, prompt_tokens: int, seed: int) -> dict:
     plain = measure_memory("plain", name, dtype, tokens, prompt_tokens, seed)
     spec = measure_memory("speculative", name, dtype, tokens, prompt_tokens, seed)
-    return {"plain_peak_bytes": plain["peak_bytes"], "speculative_peak_bytes": spec["peak_bytes"],
-            "speculative_over_plain": spec["peak_bytes"] / plain["peak_bytes"] if plain["peak_bytes"] else None,
-            "first_call_overhead_s": spec["first_call_overhead_s"], "first_call_s": spec["first_call_s"],
-            "enable_s": spec["enable_s"]}  # fmt: skip
+    return {
+        "plain_peak_bytes": plain["peak_bytes"],
+        "speculative_peak_bytes": spec["peak_bytes"],
+        "speculative_over_plain": spec["peak_bytes"] / plain["peak_bytes"] if plain["peak_bytes"] else None,
+        "first_call_overhead_s": spec["first_call_overhead_s"],
+        "first_call_s": spec["first_call_s"],
+        "enable_s": spec["enable_s"],
+    }
 
 
 def _check_tokens(tokens: int) -> None:
@@ -134,32 +153,57 @@ def _check_tokens(tokens: int) -> None:
         raise ValueError(f"--shape-tokens must be at least 2 (a step is timed beyond the first token), got {tokens}")
 
 
-def measure_shape(name: str, dtype: str, tokens: int = 16, prompt_tokens: int = 32, repeats: int = 2, seed: int = 0,
-                  memory: bool = True) -> dict:  # fmt: skip
+def measure_shape(
+    name: str,
+    dtype: str,
+    tokens: int = 16,
+    prompt_tokens: int = 32,
+    repeats: int = 2,
+    seed: int = 0,
+    memory: bool = True,
+) -> dict:
     """One shape in one dtype (see the module docstring): the memory processes first, then the model in this process."""
     from ..perf_model import measure_cost_curve
 
     _check_tokens(tokens)
     shape = check_shape(name, dtype)
-    record = {"shape": name, "dtype": dtype, "num_parameters": shape.num_parameters,
-              "weights_bytes": shape.num_parameters * shape.dtype_bytes, "new_tokens": tokens, "prompt_tokens": prompt_tokens}  # fmt: skip
+    record = {
+        "shape": name,
+        "dtype": dtype,
+        "num_parameters": shape.num_parameters,
+        "weights_bytes": shape.num_parameters * shape.dtype_bytes,
+        "new_tokens": tokens,
+        "prompt_tokens": prompt_tokens,
+    }
     record["memory"] = _memory(name, dtype, tokens, prompt_tokens, seed) if memory else None
     start = time.perf_counter()
     model = build_shape_model(name, dtype, seed)
-    record.update(config_class=type(model.config).__name__, model_class=type(model).__name__,
-                  build_s=time.perf_counter() - start)  # fmt: skip
+    record.update(
+        config_class=type(model.config).__name__, model_class=type(model).__name__, build_s=time.perf_counter() - start
+    )
     record.update(_step_timings(model, random_prompt(model.config.vocab_size, prompt_tokens, seed), tokens, repeats))
     curve = measure_cost_curve(model, nodes=[n + 1 for n in TREE_NODES], repeats=repeats, projection_rows=(), seed=seed)
-    record["tree_cost"] = {"one_token_forward_ms": 1000 * curve.meta["step_seconds"], "prefix": curve.meta["prefix"],
-                           "c": {str(n): curve(n + 1) for n in TREE_NODES}}  # fmt: skip
+    record["tree_cost"] = {
+        "one_token_forward_ms": 1000 * curve.meta["step_seconds"],
+        "prefix": curve.meta["prefix"],
+        "c": {str(n): curve(n + 1) for n in TREE_NODES},
+    }
     record["projected_speedup"] = _projection(record["plain"]["step_ms"], record["engine"]["step_ms"], curve)
     del model
     gc.collect()
     return record
 
 
-def run_shape_bench(names: list[str], dtypes: list[str], tokens: int = 16, prompt_tokens: int = 32, repeats: int = 2,
-                    seed: int = 0, memory: bool = True, say=print) -> dict:  # fmt: skip
+def run_shape_bench(
+    names: list[str],
+    dtypes: list[str],
+    tokens: int = 16,
+    prompt_tokens: int = 32,
+    repeats: int = 2,
+    seed: int = 0,
+    memory: bool = True,
+    say=print,
+) -> dict:
     """Every shape in every dtype, one after the other; every pair is checked before the first is built (a refusal
     allocates nothing)."""
     _check_tokens(tokens)
@@ -170,10 +214,16 @@ def run_shape_bench(names: list[str], dtypes: list[str], tokens: int = 16, promp
     for name, dtype in pairs:
         say(f"measuring {name} in {dtype} ...")
         records.append(measure_shape(name, dtype, tokens, prompt_tokens, repeats, seed, memory))
-    setting = {"machine": cpu_info(), "new_tokens": tokens, "prompt_tokens": prompt_tokens, "repeats": repeats, "seed": seed,
-               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "projection": "tau x plain step / (engine one-token step + (c(N+1) - 1) x one-token forward); drafting "
-                             "left out: projected, an upper bound"}  # fmt: skip
+    setting = {
+        "machine": cpu_info(),
+        "new_tokens": tokens,
+        "prompt_tokens": prompt_tokens,
+        "repeats": repeats,
+        "seed": seed,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "projection": "tau x plain step / (engine one-token step + (c(N+1) - 1) x one-token forward); drafting "
+        "left out: projected, an upper bound",
+    }
     return {"setting": setting, "shapes": records}
 
 
@@ -190,28 +240,41 @@ def _cost_row(r: dict) -> str:
     ratio = mem.get("speculative_over_plain")
     overhead = mem.get("first_call_overhead_s")
     costs = " | ".join(f"{r['tree_cost']['c'][str(n)]:.2f}" for n in TREE_NODES)
-    return (f"| {r['shape']} | {r['dtype']} | {_count(r['num_parameters'])} | {r['plain']['tokens_per_s']:.2f} | "
-            f"{r['plain']['step_ms']:.1f} | {r['engine']['step_ms']:.1f} ({r['engine']['step_over_plain']:.2f}x) | {costs} | "
-            f"{_gib(mem.get('plain_peak_bytes'))} | {_gib(mem.get('speculative_peak_bytes'))}"
-            f"{'' if ratio is None else f' ({ratio:.2f}x)'} | {'n/a' if overhead is None else f'{overhead:.2f}'} |")  # fmt: skip
+    return (
+        f"| {r['shape']} | {r['dtype']} | {_count(r['num_parameters'])} | {r['plain']['tokens_per_s']:.2f} | "
+        f"{r['plain']['step_ms']:.1f} | {r['engine']['step_ms']:.1f} ({r['engine']['step_over_plain']:.2f}x) | {costs} | "
+        f"{_gib(mem.get('plain_peak_bytes'))} | {_gib(mem.get('speculative_peak_bytes'))}"
+        f"{'' if ratio is None else f' ({ratio:.2f}x)'} | {'n/a' if overhead is None else f'{overhead:.2f}'} |"
+    )
 
 
 def shapes_markdown(result: dict) -> str:
     """The cost table (one row per shape and dtype) and the projected speedups, under a line naming the machine."""
     s, m = result["setting"], result["setting"]["machine"]
-    lines = [f"CPU: {m['cpu']} ({_flags_text(m)}), {m['torch_threads']} torch threads, torch {m['torch']}, "
-             f"transformers {m['transformers']}; random weights, greedy, a {s['prompt_tokens']}-token prompt of random "
-             f"ids, {s['new_tokens']} new tokens; {s['date']}", "",
-             "| shape | dtype | parameters | plain tok/s | plain step ms | engine step ms (x plain) | "
-             + " | ".join(f"c({n}+1)" for n in TREE_NODES) + " | peak RSS plain GiB | peak RSS speculative GiB (x plain) | "
-             "first-call overhead s |", "|---|---|---:|---:|---:|---:|" + "---:|" * len(TREE_NODES) + "---:|---:|---:|"]  # fmt: skip
+    lines = [
+        f"CPU: {m['cpu']} ({_flags_text(m)}), {m['torch_threads']} torch threads, torch {m['torch']}, "
+        f"transformers {m['transformers']}; random weights, greedy, a {s['prompt_tokens']}-token prompt of random "
+        f"ids, {s['new_tokens']} new tokens; {s['date']}",
+        "",
+        "| shape | dtype | parameters | plain tok/s | plain step ms | engine step ms (x plain) | "
+        + " | ".join(f"c({n}+1)" for n in TREE_NODES)
+        + " | peak RSS plain GiB | peak RSS speculative GiB (x plain) | "
+        "first-call overhead s |",
+        "|---|---|---:|---:|---:|---:|" + "---:|" * len(TREE_NODES) + "---:|---:|---:|",
+    ]
     lines += [_cost_row(r) for r in result["shapes"]]
-    lines += ["", "Projected speedup (tau x plain step / tree step; drafting left out, an upper bound):", "",
-              "| shape | dtype | tree nodes | " + " | ".join(f"tau {t:g}" for t in PROJECTED_TAUS) + " |",
-              "|---|---|---:|" + "---:|" * len(PROJECTED_TAUS)]  # fmt: skip
+    lines += [
+        "",
+        "Projected speedup (tau x plain step / tree step; drafting left out, an upper bound):",
+        "",
+        "| shape | dtype | tree nodes | " + " | ".join(f"tau {t:g}" for t in PROJECTED_TAUS) + " |",
+        "|---|---|---:|" + "---:|" * len(PROJECTED_TAUS),
+    ]
     for r in result["shapes"]:
         for nodes, by_tau in r["projected_speedup"].items():
-            lines.append(f"| {r['shape']} | {r['dtype']} | {nodes} | " + " | ".join(f"{v:.2f}x" for v in by_tau.values()) + " |")
+            lines.append(
+                f"| {r['shape']} | {r['dtype']} | {nodes} | " + " | ".join(f"{v:.2f}x" for v in by_tau.values()) + " |"
+            )
     return "\n".join(lines)
 
 

@@ -93,8 +93,10 @@ def check_shape(name: str, dtype: str) -> ModelShape:
         raise ValueError(f"--dtype {dtype!r} for a shape: use one of {', '.join(SHAPE_DTYPES)}")
     shape = ModelShape.from_name(name, dtype_bytes=torch.finfo(SHAPE_DTYPES[dtype]).bits // 8)
     if dtype == "float32" and shape.num_parameters > FLOAT32_MAX_PARAMETERS:
-        raise ValueError(f"{name} has {shape.num_parameters / 1e9:.2f}B parameters: float32 is built up to "
-                         f"{FLOAT32_MAX_PARAMETERS / 1e9:.0f}B parameters; measure it in bfloat16 (--dtype bfloat16)")  # fmt: skip
+        raise ValueError(
+            f"{name} has {shape.num_parameters / 1e9:.2f}B parameters: float32 is built up to "
+            f"{FLOAT32_MAX_PARAMETERS / 1e9:.0f}B parameters; measure it in bfloat16 (--dtype bfloat16)"
+        )
     need, free = required_memory(shape), available_memory()
     if free is not None and need["total"] > free:
         raise ValueError(
@@ -184,7 +186,17 @@ def measure_memory(mode: str, name: str, dtype: str, tokens: int, prompt_tokens:
     ``speculative`` the first call's overhead (`memory_main`)."""
     import subprocess
 
-    argv = [sys.executable, "-m", "hf_speculative.bench.shapes", mode, name, dtype, str(tokens), str(prompt_tokens), str(seed)]
+    argv = [
+        sys.executable,
+        "-m",
+        "hf_speculative.bench.shapes",
+        mode,
+        name,
+        dtype,
+        str(tokens),
+        str(prompt_tokens),
+        str(seed),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     done = subprocess.run(argv, capture_output=True, text=True, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -214,8 +226,14 @@ def memory_main(argv: list[str]) -> dict:
         start = time.perf_counter()
         model.generate(ids, assistant_model=hfs.PromptLookupDrafter(), **kwargs)
         seconds.append(time.perf_counter() - start)
-    return {"mode": mode, "peak_bytes": peak_resident_memory(), "enable_s": seconds[0], "first_call_s": seconds[1],
-            "later_call_s": seconds[2], "first_call_overhead_s": seconds[1] - seconds[2]}  # fmt: skip
+    return {
+        "mode": mode,
+        "peak_bytes": peak_resident_memory(),
+        "enable_s": seconds[0],
+        "first_call_s": seconds[1],
+        "later_call_s": seconds[2],
+        "first_call_overhead_s": seconds[1] - seconds[2],
+    }
 
 
 if __name__ == "__main__":

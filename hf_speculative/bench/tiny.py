@@ -40,7 +40,9 @@ def tiny_chat_tokenizer():
     return fast
 
 
-def tiny_llama(vocab_size: int | None = None, num_layers: int = 4, hidden_size: int = 32, seed: int = 0, tokenizer=None):
+def tiny_llama(
+    vocab_size: int | None = None, num_layers: int = 4, hidden_size: int = 32, seed: int = 0, tokenizer=None
+):
     """A random ``LlamaForCausalLM`` (float32, sdpa) whose generation stops at ``<|im_end|>``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 

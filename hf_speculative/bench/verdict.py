@@ -63,14 +63,23 @@ class SpeedupSpread:
 
     def as_dict(self) -> dict:
         q1, q3 = self.quartiles
-        return {"median": self.median, "min": self.low, "max": self.high, "q1": q1, "q3": q3,
-                "per_prompt": list(self.speedups), "wide": self.wide}  # fmt: skip
+        return {
+            "median": self.median,
+            "min": self.low,
+            "max": self.high,
+            "q1": q1,
+            "q3": q3,
+            "per_prompt": list(self.speedups),
+            "wide": self.wide,
+        }
 
     def describe(self) -> str:
         """``1.05x (median of 6 prompts; per prompt 0.90-1.13x, middle half 1.00-1.08x)``."""
         q1, q3 = self.quartiles
-        return (f"{self.median:.2f}x (median of {len(self.speedups)} prompts; per prompt {self.low:.2f}-{self.high:.2f}x, "
-                f"middle half {q1:.2f}-{q3:.2f}x)")  # fmt: skip
+        return (
+            f"{self.median:.2f}x (median of {len(self.speedups)} prompts; per prompt {self.low:.2f}-{self.high:.2f}x, "
+            f"middle half {q1:.2f}-{q3:.2f}x)"
+        )
 
 
 def disturbed_runs(seconds_per_token: Mapping[str, float], factor: float = DISTURBED_FACTOR) -> dict[str, float]:
@@ -86,11 +95,18 @@ def disturbed_runs(seconds_per_token: Mapping[str, float], factor: float = DISTU
 
 def disturbed_line(disturbed: Mapping[str, Mapping[str, float]], remeasured: bool = False) -> str | None:
     """One line naming the disturbed runs (``{method: {run: ratio}}``), or None when none was."""
-    parts = [f"{method} on {run} took {ratio:.1f}x the other prompts' time per token"
-             for method, runs in disturbed.items() for run, ratio in runs.items()]  # fmt: skip
+    parts = [
+        f"{method} on {run} took {ratio:.1f}x the other prompts' time per token"
+        for method, runs in disturbed.items()
+        for run, ratio in runs.items()
+    ]
     if not parts:
         return None
-    after = " (re-measured; the verdict uses the re-measured times)" if remeasured else " (the verdict is the median, which one run cannot move far)"
+    after = (
+        " (re-measured; the verdict uses the re-measured times)"
+        if remeasured
+        else " (the verdict is the median, which one run cannot move far)"
+    )
     return "timings look disturbed (other work on these cores?): " + "; ".join(parts) + after
 
 

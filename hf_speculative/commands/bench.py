@@ -13,53 +13,108 @@ BUILTIN_METHODS = "plain, engine (nothing drafted), hf-assisted, hf-prompt-looku
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("bench", help="time speculative methods against plain generate() on a prompt set")
     add_model_args(p)
-    p.add_argument("--methods", default="plain,engine,hf-assisted,hf-prompt-lookup,tree-layercut",
-                   help=f"comma list; built in: {BUILTIN_METHODS}; plus one per --drafter. 'engine' (the engine's loop "
-                   "with nothing drafted) runs right after plain: a method's tokens/s over its own is speculation's "
-                   "own share of the speedup")  # fmt: skip
-    p.add_argument("--drafter", action="append", help="[NAME=]PATH of a trained drafter (repeatable); method NAME "
-                   "(default: its config's model_type)")  # fmt: skip
+    p.add_argument(
+        "--methods",
+        default="plain,engine,hf-assisted,hf-prompt-lookup,tree-layercut",
+        help=f"comma list; built in: {BUILTIN_METHODS}; plus one per --drafter. 'engine' (the engine's loop "
+        "with nothing drafted) runs right after plain: a method's tokens/s over its own is speculation's "
+        "own share of the speedup",
+    )
+    p.add_argument(
+        "--drafter",
+        action="append",
+        help="[NAME=]PATH of a trained drafter (repeatable); method NAME (default: its config's model_type)",
+    )
     p.add_argument("--draft-layers", type=int, default=8, help="layers kept by the layer-cut draft (default 8)")
-    p.add_argument("--tree", default=None, help="'cartesian:4,2,2,1', 'chain:5', a JSON list of choices or a JSON file "
-                   "(default: the drafter's own tree)")  # fmt: skip
-    p.add_argument("--chain-length", type=int, default=4, help="drafted tokens per step for chain-layercut and magicdec")
-    p.add_argument("--magicdec-window", type=int, default=64, help="magicdec: sliding window W of the draft's sparse KV cache")
-    p.add_argument("--magicdec-sinks", type=int, default=1, help="magicdec: attention sink tokens S kept in the draft's cache")
-    p.add_argument("--magicdec-positions", default="cache", choices=["cache", "original"],
-                   help="magicdec: rotary positions within the sparse cache (default, as StreamingLLM) or of the text")  # fmt: skip
-    p.add_argument("--assistant-tokens", type=int, default=5, help="hf-assisted num_assistant_tokens (-1: transformers default)")
-    p.add_argument("--assistant-schedule", default="heuristic", choices=["default", "constant", "heuristic", "heuristic_transient"])
-    p.add_argument("--assistant-confidence", type=float, default=0.0,
-                   help="hf-assisted assistant_confidence_threshold (-1: transformers default 0.4)")  # fmt: skip
-    p.add_argument("--recycling", default=None, help="token-recycling / hybrid: start from this saved TokenRecyclingDrafter "
-                   "folder (hf-speculative warm-recycling); default: an empty matrix that learns over the run")
-    p.add_argument("--suffix", default=None, help="suffix / hybrid part sx: start from this saved SuffixDrafter folder "
-                   "(hf-speculative warm-suffix); default: an empty structure that learns the run's outputs")
+    p.add_argument(
+        "--tree",
+        default=None,
+        help="'cartesian:4,2,2,1', 'chain:5', a JSON list of choices or a JSON file (default: the drafter's own tree)",
+    )
+    p.add_argument(
+        "--chain-length", type=int, default=4, help="drafted tokens per step for chain-layercut and magicdec"
+    )
+    p.add_argument(
+        "--magicdec-window", type=int, default=64, help="magicdec: sliding window W of the draft's sparse KV cache"
+    )
+    p.add_argument(
+        "--magicdec-sinks", type=int, default=1, help="magicdec: attention sink tokens S kept in the draft's cache"
+    )
+    p.add_argument(
+        "--magicdec-positions",
+        default="cache",
+        choices=["cache", "original"],
+        help="magicdec: rotary positions within the sparse cache (default, as StreamingLLM) or of the text",
+    )
+    p.add_argument(
+        "--assistant-tokens", type=int, default=5, help="hf-assisted num_assistant_tokens (-1: transformers default)"
+    )
+    p.add_argument(
+        "--assistant-schedule", default="heuristic", choices=["default", "constant", "heuristic", "heuristic_transient"]
+    )
+    p.add_argument(
+        "--assistant-confidence",
+        type=float,
+        default=0.0,
+        help="hf-assisted assistant_confidence_threshold (-1: transformers default 0.4)",
+    )
+    p.add_argument(
+        "--recycling",
+        default=None,
+        help="token-recycling / hybrid: start from this saved TokenRecyclingDrafter "
+        "folder (hf-speculative warm-recycling); default: an empty matrix that learns over the run",
+    )
+    p.add_argument(
+        "--suffix",
+        default=None,
+        help="suffix / hybrid part sx: start from this saved SuffixDrafter folder "
+        "(hf-speculative warm-suffix); default: an empty structure that learns the run's outputs",
+    )
     p.add_argument("--prompt-lookup-tokens", type=int, default=3)
     p.add_argument("--max-matching-ngram", type=int, default=2)
-    p.add_argument("--prompts", default="mt_bench", help="a built-in set (mt_bench, the default; alpaca, dialogsum, "
-                   "e2e_nlg, wikisql, heldout = those four; gsm8k, humaneval), a prompt file, or a datasets id NAME[:SPLIT]")  # fmt: skip
-    p.add_argument("--limit", type=int, default=None, help="N prompts, taken round robin over the prompt set's categories")
+    p.add_argument(
+        "--prompts",
+        default="mt_bench",
+        help="a built-in set (mt_bench, the default; alpaca, dialogsum, "
+        "e2e_nlg, wikisql, heldout = those four; gsm8k, humaneval), a prompt file, or a datasets id NAME[:SPLIT]",
+    )
+    p.add_argument(
+        "--limit", type=int, default=None, help="N prompts, taken round robin over the prompt set's categories"
+    )
     p.add_argument("--per-category", type=int, default=None, help="first N prompts of each category")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--repeats", type=int, default=1, help="timed runs per prompt and method (median is used; spread reported)")
+    p.add_argument(
+        "--repeats", type=int, default=1, help="timed runs per prompt and method (median is used; spread reported)"
+    )
     p.add_argument("--output", default=None, help="result JSON")
     p.add_argument("--plot", default=None, help="PNG of speedup and tau per category")
     p.add_argument("--save-text", action="store_true", help="store decoded outputs in the JSON")
-    p.add_argument("--no-numerics-floor", dest="numerics_floor", action="store_false",
-                   help="skip the numerics floor (greedy runs measure, untimed, how often plain generate() changes "
-                   "its output as one row of a batch of 2 and with its prefill split in two: the rounding noise "
-                   "that bfloat16/float16 outputs are read against)")  # fmt: skip
-    p.add_argument("--shapes", default=None, help="the cost side at published shapes instead, random weights, no download: "
-                   "comma list of NAME (qwen2.5-0.5b, llama-3.2-1b, llama-3.2-3b, mistral-7b, llama-3.1-8b, ... tiny) "
-                   "in --dtype float32 and/or bfloat16 (a comma list; float32 up to 3B parameters): plain tok/s, the "
-                   "engine's one-token step, tree costs, peak memory, first-call overhead and projected speedups; "
-                   "--output J.json also writes J.md and J.png")  # fmt: skip
+    p.add_argument(
+        "--no-numerics-floor",
+        dest="numerics_floor",
+        action="store_false",
+        help="skip the numerics floor (greedy runs measure, untimed, how often plain generate() changes "
+        "its output as one row of a batch of 2 and with its prefill split in two: the rounding noise "
+        "that bfloat16/float16 outputs are read against)",
+    )
+    p.add_argument(
+        "--shapes",
+        default=None,
+        help="the cost side at published shapes instead, random weights, no download: "
+        "comma list of NAME (qwen2.5-0.5b, llama-3.2-1b, llama-3.2-3b, mistral-7b, llama-3.1-8b, ... tiny) "
+        "in --dtype float32 and/or bfloat16 (a comma list; float32 up to 3B parameters): plain tok/s, the "
+        "engine's one-token step, tree costs, peak memory, first-call overhead and projected speedups; "
+        "--output J.json also writes J.md and J.png",
+    )
     p.add_argument("--shape-tokens", type=int, default=16, help="--shapes: new tokens per timed generate (default 16)")
-    p.add_argument("--batch-size", default=None, help="batched throughput instead: comma list of batch sizes B (e.g. "
-                   "1,4,8,16); prompts left padded in batches of B, total new tokens/s against plain batched generate, "
-                   "tau per row; --plot draws speedup against B")  # fmt: skip
+    p.add_argument(
+        "--batch-size",
+        default=None,
+        help="batched throughput instead: comma list of batch sizes B (e.g. "
+        "1,4,8,16); prompts left padded in batches of B, total new tokens/s against plain batched generate, "
+        "tau per row; --plot draws speedup against B",
+    )
     p.set_defaults(func=run)
 
 
@@ -121,17 +176,30 @@ def run(args) -> int:
     if args.batch_size:
         return _run_batched(args, model, tokenizer, records, methods, options)
     result = run_benchmark(
-        model, tokenizer, records, methods, options,
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, repeats=args.repeats,
-        seed=args.seed, device=args.device, save_text=args.save_text,
-        extra_setting={"model": str(args.model), "prompts": describe_prompts(args.prompts),
-                       "command": "hf-speculative " + " ".join(getattr(args, "argv", None) or sys.argv[1:])},
+        model,
+        tokenizer,
+        records,
+        methods,
+        options,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        repeats=args.repeats,
+        seed=args.seed,
+        device=args.device,
+        save_text=args.save_text,
+        extra_setting={
+            "model": str(args.model),
+            "prompts": describe_prompts(args.prompts),
+            "command": "hf-speculative " + " ".join(getattr(args, "argv", None) or sys.argv[1:]),
+        },
         checkpoint=(lambda partial: write_json(partial, args.output)) if args.output else None,
         numerics_floor=args.numerics_floor,
-    )  # fmt: skip
+    )
     print()
-    print(f"{result['setting']['dtype']}; identical to plain: share of prompts whose greedy output equals plain "
-          "generate()'s in the same dtype; first divergence: index of the first differing new token")  # fmt: skip
+    print(
+        f"{result['setting']['dtype']}; identical to plain: share of prompts whose greedy output equals plain "
+        "generate()'s in the same dtype; first divergence: index of the first differing new token"
+    )
     print(markdown_table(result["methods"]))
     print(speedup_lines(result["methods"], args.repeats))
     if "numerics_floor" in result:
@@ -143,9 +211,13 @@ def run(args) -> int:
     for name, s in result["methods"].items():
         if s.get("repeats"):
             r = s["repeats"]
-            print(f"{name}: median tokens/s per repeat {[round(x, 2) for x in r['median_tokens_per_s_per_repeat']]}, "
-                  f"spread {100 * r['relative_spread']:.1f}%")  # fmt: skip
-    return _write_outputs(args, result, len(records), lambda path, title: plot_results(result["methods"], path, title=title))
+            print(
+                f"{name}: median tokens/s per repeat {[round(x, 2) for x in r['median_tokens_per_s_per_repeat']]}, "
+                f"spread {100 * r['relative_spread']:.1f}%"
+            )
+    return _write_outputs(
+        args, result, len(records), lambda path, title: plot_results(result["methods"], path, title=title)
+    )
 
 
 def _run_shapes(args) -> int:
@@ -155,7 +227,9 @@ def _run_shapes(args) -> int:
     from ..bench.shape_bench import run_shape_bench, shapes_markdown, write_shape_outputs
 
     names = [n.strip() for n in args.shapes.split(",") if n.strip()]
-    dtypes = [{"fp32": "float32", "bf16": "bfloat16"}.get(d.strip(), d.strip()) for d in args.dtype.split(",") if d.strip()]
+    dtypes = [
+        {"fp32": "float32", "bf16": "bfloat16"}.get(d.strip(), d.strip()) for d in args.dtype.split(",") if d.strip()
+    ]
     try:
         result = run_shape_bench(names, dtypes, tokens=args.shape_tokens, seed=args.seed, repeats=max(args.repeats, 2))
     except ValueError as err:
@@ -165,8 +239,10 @@ def _run_shapes(args) -> int:
     print()
     print(shapes_markdown(result))
     if not args.output:
-        print("results not written to a file (no --output given; --output shapes.json writes the JSON, a markdown table "
-              "and a plot next to it)")  # fmt: skip
+        print(
+            "results not written to a file (no --output given; --output shapes.json writes the JSON, a markdown table "
+            "and a plot next to it)"
+        )
         return 0
     for path in write_shape_outputs(result, args.output):
         print(f"wrote {path}")
@@ -184,11 +260,24 @@ def _run_batched(args, model, tokenizer, records, methods, options) -> int:
     if skipped:
         print(f"skipping {', '.join(skipped)}: transformers runs them on one sequence only")
     result = run_batch_benchmark(
-        model, tokenizer, records, methods, sizes, options,
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, device=args.device,
-    )  # fmt: skip
-    result["setting"].update({"model": str(args.model), "prompts": describe_prompts(args.prompts),
-                              "command": "hf-speculative " + " ".join(getattr(args, "argv", None) or sys.argv[1:])})  # fmt: skip
+        model,
+        tokenizer,
+        records,
+        methods,
+        sizes,
+        options,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        device=args.device,
+    )
+    result["setting"].update(
+        {
+            "model": str(args.model),
+            "prompts": describe_prompts(args.prompts),
+            "command": "hf-speculative " + " ".join(getattr(args, "argv", None) or sys.argv[1:]),
+        }
+    )
     print()
     print(batch_table(result))
     return _write_outputs(args, result, len(records), lambda path, title: plot_batch_speedup(result, path, title=title))
@@ -204,6 +293,8 @@ def _write_outputs(args, result: dict, num_prompts: int, plot) -> int:
     else:
         print("results not written to a file (no --output given; --output results.json keeps them as JSON)")
     if args.plot:
-        title = f"{args.model} on {describe_prompts(args.prompts)}, {num_prompts} prompts, {args.max_new_tokens} new tokens"
+        title = (
+            f"{args.model} on {describe_prompts(args.prompts)}, {num_prompts} prompts, {args.max_new_tokens} new tokens"
+        )
         print(f"wrote {plot(args.plot, title)}")
     return 0

@@ -1,6 +1,6 @@
 """``hf-speculative calibrate-tree``: Medusa 2.3.3, a tree from the heads' measured top-i accuracies.
 
-    hf-speculative calibrate-tree --heads DIR --model reference --data held_out.jsonl --num-nodes 32
+hf-speculative calibrate-tree --heads DIR --model reference --data held_out.jsonl --num-nodes 32
 """
 
 from __future__ import annotations
@@ -15,9 +15,13 @@ def add_parser(subparsers) -> None:
     c = subparsers.add_parser("calibrate-tree", help="Medusa 2.3.3: a tree from the heads' measured top-i accuracies")
     add_model_args(c)
     c.add_argument("--heads", required=True, help="Medusa heads folder")
-    c.add_argument("--data", default="sharegpt-heldout", help="calibration conversations (default: the held-out tail of ShareGPT)")
+    c.add_argument(
+        "--data", default="sharegpt-heldout", help="calibration conversations (default: the held-out tail of ShareGPT)"
+    )
     c.add_argument("--num-nodes", type=int, default=32)
-    c.add_argument("--holdout", type=float, default=1.0, help="use only this held-out share of --data (same split as training)")
+    c.add_argument(
+        "--holdout", type=float, default=1.0, help="use only this held-out share of --data (same split as training)"
+    )
     c.add_argument("--max-length", type=int, default=1024)
     c.add_argument("--limit", type=int, default=None)
     c.add_argument("--out", default=None, help="output folder (default: update --heads in place)")
@@ -28,10 +32,10 @@ def run(args) -> int:
     from ..training.distributed import is_main_process, main_process_first
 
     setup_torch(args)
-    from ..training.trainer import extract_hidden_states
-    from ..model_card import write_drafter_card
     from ..drafters.medusa.modeling_medusa import MedusaHeadsModel
     from ..drafters.medusa.tree_calibration import calibrate_tree
+    from ..model_card import write_drafter_card
+    from ..training.trainer import extract_hidden_states
 
     model, tokenizer, records = load_model_and_records(args)
     heads = MedusaHeadsModel.from_pretrained(args.heads, base_model=model).to(model.device)

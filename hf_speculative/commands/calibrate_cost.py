@@ -16,11 +16,17 @@ from .common import add_model_args, parse_dtype, setup_torch
 
 
 def add_parser(subparsers) -> None:
-    c = subparsers.add_parser("calibrate", help="measure and cache the kernel table and the cost curve c(n) (what a tree step costs here)")
+    c = subparsers.add_parser(
+        "calibrate", help="measure and cache the kernel table and the cost curve c(n) (what a tree step costs here)"
+    )
     add_model_args(c)
     c.add_argument("--force", action="store_true", help="measure again even if a table and curve are cached")
-    c.add_argument("--kernels", choices=["auto", "torch"], default="auto",
-                   help="auto: measure and use the fastest kernels (default); torch: price torch's own kernels")
+    c.add_argument(
+        "--kernels",
+        choices=["auto", "torch"],
+        default="auto",
+        help="auto: measure and use the fastest kernels (default); torch: price torch's own kernels",
+    )
     c.set_defaults(func=run)
 
 

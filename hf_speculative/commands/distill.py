@@ -8,7 +8,9 @@ from .common import DEFAULT_SHAREGPT, add_model_args, parse_dtype, setup_torch
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("distill", help="self-distillation: the model answers prompts, written as chat jsonl")
     add_model_args(p)
-    p.add_argument("--prompts", default=DEFAULT_SHAREGPT, help="prompt file (any format of hf_speculative.training.data)")
+    p.add_argument(
+        "--prompts", default=DEFAULT_SHAREGPT, help="prompt file (any format of hf_speculative.training.data)"
+    )
     p.add_argument("--out", required=True, help="output jsonl (appended to; ids already there are skipped)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=None)
@@ -16,7 +18,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--limit", type=int, default=None, help="stop when the output holds this many records")
     p.add_argument("--batch-size", type=int, default=1, help="prompts per generate() call (left padding)")
     p.add_argument("--all-turns", action="store_true", help="answer every user turn, not only the first")
-    p.add_argument("--time-budget", type=float, default=None, help="seconds after which no new batch starts (nor one that, as long as the one before, would end after them)")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        help="seconds after which no new batch starts (nor one that, as long as the one before, would end after them)",
+    )
     p.set_defaults(func=run)
 
 
@@ -29,9 +36,18 @@ def run(args) -> int:
     records = load_records(args.prompts)
     model, tokenizer = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)
     stats = self_distill(
-        model, tokenizer, records, args.out, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        top_p=args.top_p, batch_size=args.batch_size, all_turns=args.all_turns, limit=args.limit,
-        time_budget_s=args.time_budget, seed=args.seed,
-    )  # fmt: skip
+        model,
+        tokenizer,
+        records,
+        args.out,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        batch_size=args.batch_size,
+        all_turns=args.all_turns,
+        limit=args.limit,
+        time_budget_s=args.time_budget,
+        seed=args.seed,
+    )
     print(stats)
     return 0

@@ -38,12 +38,21 @@ SGLANG_NO_MEDUSA = (
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("export", help="write a drafter in a serving engine's layout (EAGLE for vLLM/SGLang, Medusa for vLLM)")
-    p.add_argument("folder", help="drafter folder (hf_speculative's EAGLE or Medusa, a public EAGLE checkpoint, FasterDecoding/Medusa heads)")
+    p = subparsers.add_parser(
+        "export", help="write a drafter in a serving engine's layout (EAGLE for vLLM/SGLang, Medusa for vLLM)"
+    )
+    p.add_argument(
+        "folder",
+        help="drafter folder (hf_speculative's EAGLE or Medusa, a public EAGLE checkpoint, FasterDecoding/Medusa heads)",
+    )
     p.add_argument("--format", required=True, choices=FORMATS, help="the serving engine whose loader reads the output")
     p.add_argument("--output", required=True, help="output folder")
-    p.add_argument("--model", default=None, help="target model, for heads that share its lm_head (default: the base the "
-                   "drafter's config names; 'reference' for SmolLM2-135M-Instruct)")  # fmt: skip
+    p.add_argument(
+        "--model",
+        default=None,
+        help="target model, for heads that share its lm_head (default: the base the "
+        "drafter's config names; 'reference' for SmolLM2-135M-Instruct)",
+    )
     p.set_defaults(func=run)
 
 
@@ -71,7 +80,10 @@ def run(args) -> int:
         model_type = config.get("model_type")
         if model_type == EagleConfig.model_type or is_public_checkpoint(folder):
             return _export_eagle(folder, args)
-        if any(a.endswith("ForCausalLM") for a in config.get("architectures") or []) and model_type not in NO_COUNTERPART:
+        if (
+            any(a.endswith("ForCausalLM") for a in config.get("architectures") or [])
+            and model_type not in NO_COUNTERPART
+        ):
             return _export_draft_model(folder, args)
     if model_type in NO_COUNTERPART:
         return _fail(NO_COUNTERPART[model_type])
@@ -96,7 +108,9 @@ def _export_eagle(folder, args) -> int:
         return _fail(str(err))
     eagle3 = drafter.config.is_eagle3
     vocab = f", draft vocabulary {drafter.lm_head.out_features}" if eagle3 else ""
-    print(f"wrote {out} ({args.format} {'EAGLE-3' if eagle3 else 'EAGLE-1/2'} drafter{vocab}); serve with:\n  {_serve_eagle(args.format, eagle3, out)}")
+    print(
+        f"wrote {out} ({args.format} {'EAGLE-3' if eagle3 else 'EAGLE-1/2'} drafter{vocab}); serve with:\n  {_serve_eagle(args.format, eagle3, out)}"
+    )
     return 0
 
 
@@ -121,8 +135,10 @@ def _export_medusa_vllm(folder, args) -> int:
 
         heads.attach_base_model(load_base_model(args.model or heads.config.base_model_name_or_path))
     out = save_for_vllm(heads, args.output)
-    print(f"wrote {out} (vLLM Medusa: {heads.config.num_heads} heads, {heads.config.num_layers} residual block(s) each"
-          f"{', the shared lm_head copied into every head' if heads.config.share_lm_head else ''})")  # fmt: skip
+    print(
+        f"wrote {out} (vLLM Medusa: {heads.config.num_heads} heads, {heads.config.num_layers} residual block(s) each"
+        f"{', the shared lm_head copied into every head' if heads.config.share_lm_head else ''})"
+    )
     return 0
 
 
@@ -135,6 +151,10 @@ def _export_draft_model(folder, args) -> int:
         AutoTokenizer.from_pretrained(folder).save_pretrained(args.output)
     except (OSError, ValueError):  # a drafter folder without its own tokenizer: the engine uses the target's
         pass
-    engine = "--speculative-algorithm STANDALONE --speculative-draft-model-path" if args.format == "sglang" else "draft model"
+    engine = (
+        "--speculative-algorithm STANDALONE --speculative-draft-model-path"
+        if args.format == "sglang"
+        else "draft model"
+    )
     print(f"wrote {args.output} (a plain causal LM drafter; {args.format}: {engine} {args.output})")
     return 0

@@ -12,22 +12,34 @@ from .common import add_data_arg, add_model_args, parse_dtype, setup_torch
 DEFAULT_LAYERS = (2, 15, 26, 27, -1)  # mirrors hf_speculative.training.labelling.DEFAULT_LAYERS (no torch import here)
 
 
-
 def add_parser(subparsers) -> None:
     """``hf-speculative label``: label conversations with the target into cached shards."""
-    p = subparsers.add_parser("label", help="run the target over training conversations; cache hidden states and top-k log-probs")
+    p = subparsers.add_parser(
+        "label", help="run the target over training conversations; cache hidden states and top-k log-probs"
+    )
     add_model_args(p)
     add_data_arg(p)
-    p.add_argument("--output", default=None, help="shard folder (default: $HF_SPECULATIVE_CACHE/labelled/<model key>-<data>)")
+    p.add_argument(
+        "--output", default=None, help="shard folder (default: $HF_SPECULATIVE_CACHE/labelled/<model key>-<data>)"
+    )
     p.add_argument("--max-tokens", type=int, default=2_000_000, help="stop once the shards hold this many tokens")
-    p.add_argument("--layers", type=int, nargs="+", default=list(DEFAULT_LAYERS),
-                   help="output_hidden_states indices to store (-1 = the final post-norm state)")  # fmt: skip
+    p.add_argument(
+        "--layers",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_LAYERS),
+        help="output_hidden_states indices to store (-1 = the final post-norm state)",
+    )
     p.add_argument("--top-k", type=int, default=20, help="teacher log-probs kept per token")
     p.add_argument("--max-length", type=int, default=1024, help="tokens per conversation (longer ones are cut)")
     p.add_argument("--shard-tokens", type=int, default=65536, help="tokens per shard (what a kill can lose)")
     p.add_argument("--limit", type=int, default=None, help="use only the first N conversations")
-    p.add_argument("--autocast", default=None, choices=["bf16", "bfloat16", "fp16", "float16"],
-                   help="run the decoder layers under torch.autocast in this dtype (lm_head stays float32)")  # fmt: skip
+    p.add_argument(
+        "--autocast",
+        default=None,
+        choices=["bf16", "bfloat16", "fp16", "float16"],
+        help="run the decoder layers under torch.autocast in this dtype (lm_head stays float32)",
+    )
     p.set_defaults(func=run)
 
 
@@ -54,6 +66,8 @@ def run(args) -> int:
         data=args.data,
         autocast=parse_dtype(args.autocast) if args.autocast else None,
     )
-    summary = {k: manifest[k] for k in ("num_conversations", "total_tokens", "bytes_per_million_tokens", "tokens_per_second")}
+    summary = {
+        k: manifest[k] for k in ("num_conversations", "total_tokens", "bytes_per_million_tokens", "tokens_per_second")
+    }
     print(json.dumps({"output": str(out), **summary}))
     return 0

@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-SHAPE_NAMES = ("llama-2-7b, vicuna-7b, llama-2-13b, llama-3-8b, llama-3.1-8b, llama-3.2-1b, llama-3.2-3b, qwen2.5-0.5b, "
-               "mistral-7b, smollm2-135m, tiny")
+SHAPE_NAMES = (
+    "llama-2-7b, vicuna-7b, llama-2-13b, llama-3-8b, llama-3.1-8b, llama-3.2-1b, llama-3.2-3b, qwen2.5-0.5b, "
+    "mistral-7b, smollm2-135m, tiny"
+)
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("project", help="projected GPU speedup: measured tau / step overhead at real shapes (CUDA)")
+    p = subparsers.add_parser(
+        "project", help="projected GPU speedup: measured tau / step overhead at real shapes (CUDA)"
+    )
     p.add_argument("--shape", default="llama-2-7b", help=f"target shape: {SHAPE_NAMES} (default llama-2-7b)")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--tau", type=float, help="measured tau (tokens per target forward)")
@@ -60,8 +64,15 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     tree = parse_tree(args.tree) if args.tree else None
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[args.dtype]
-    timing = measure_step_latency(args.shape, tree=tree, n_tokens=args.nodes, prefix_len=args.prefix_len,
-                                  dtype=dtype, device=args.device, iters=args.iters)  # fmt: skip
+    timing = measure_step_latency(
+        args.shape,
+        tree=tree,
+        n_tokens=args.nodes,
+        prefix_len=args.prefix_len,
+        dtype=dtype,
+        device=args.device,
+        iters=args.iters,
+    )
     rec = project(tau, timing, draft_time=args.draft_ms / 1000)
     rec["tree"] = args.tree
     print(

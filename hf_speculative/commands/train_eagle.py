@@ -9,7 +9,17 @@ from __future__ import annotations
 
 import time
 
-from .common import add_model_args, add_shard_args, add_train_args, finish_drafter, frozen_target, record_reference_base, setup_torch, shard_states, shard_training_report
+from .common import (
+    add_model_args,
+    add_shard_args,
+    add_train_args,
+    finish_drafter,
+    frozen_target,
+    record_reference_base,
+    setup_torch,
+    shard_states,
+    shard_training_report,
+)
 
 
 def add_parser(subparsers) -> None:
@@ -19,8 +29,15 @@ def add_parser(subparsers) -> None:
     p.add_argument("--variant", default="eagle3", choices=["eagle1", "eagle2", "eagle3"])
     add_shard_args(p, holdout_help="the last N conversations of each folder are not trained on")
     add_train_args(p, lr=1e-3, batch_size=4, batch_help="chunks per step")
-    p.add_argument("--draft-vocab-size", type=int, default=8192, help="EAGLE-3: the draft vocabulary (most frequent tokens)")
-    p.add_argument("--ttt-steps", type=int, default=None, help="unrolled training-time-test steps (default: 4 for EAGLE-3, 1 for EAGLE-1/2)")
+    p.add_argument(
+        "--draft-vocab-size", type=int, default=8192, help="EAGLE-3: the draft vocabulary (most frequent tokens)"
+    )
+    p.add_argument(
+        "--ttt-steps",
+        type=int,
+        default=None,
+        help="unrolled training-time-test steps (default: 4 for EAGLE-3, 1 for EAGLE-1/2)",
+    )
     p.add_argument("--max-length", type=int, default=512, help="tokens per training chunk")
     p.add_argument("--feature-noise", type=float, default=0.0, help="EAGLE Sec. 4.3 uniform feature noise half width")
     p.add_argument("--save-dtype", default="bfloat16", help="dtype of the saved weights (default bfloat16)")
@@ -33,28 +50,44 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     setup_torch(args)
     from ..drafters.draft_vocab import frequent_tokens
-    from ..model_card import write_drafter_card
     from ..drafters.eagle.modeling_eagle import EagleDrafter
     from ..drafters.eagle.training_eagle import train_eagle
+    from ..model_card import write_drafter_card
 
     model = frozen_target(args)
     drafter = EagleDrafter.from_base_model(
-        model, variant=args.variant, draft_vocab_size=args.draft_vocab_size if args.variant == "eagle3" else None,
-        total_tokens=args.total_tokens, tree_depth=args.tree_depth, tree_top_k=args.tree_top_k, feature_noise=args.feature_noise,
-    )  # fmt: skip
+        model,
+        variant=args.variant,
+        draft_vocab_size=args.draft_vocab_size if args.variant == "eagle3" else None,
+        total_tokens=args.total_tokens,
+        tree_depth=args.tree_depth,
+        tree_top_k=args.tree_top_k,
+        feature_noise=args.feature_noise,
+    )
     record_reference_base(drafter.config, args.model)
     L = model.config.num_hidden_layers
     layers = drafter.config.feature_layers(L)
     states, _ = shard_states(args, [i for i in layers if i != L])
     print(f"labelled: {len(states)} conversations, {int(states.input_ids.numel())} tokens; feature layers {layers}")
     if drafter.config.is_eagle3:  # EAGLE-3's draft vocabulary: the most frequent tokens the target produces
-        drafter.set_draft_vocab(frequent_tokens(states.topk_ids[:, 0].long(), args.draft_vocab_size, model.config.vocab_size))
+        drafter.set_draft_vocab(
+            frequent_tokens(states.topk_ids[:, 0].long(), args.draft_vocab_size, model.config.vocab_size)
+        )
     start = time.perf_counter()
     trainer = train_eagle(
-        drafter, states, output_dir=str(args.out) + "/trainer_state", steps=args.ttt_steps, num_epochs=args.epochs,
-        max_steps=args.max_steps, batch_size=args.batch_size, max_length=args.max_length, learning_rate=args.lr,
-        time_budget=args.time_budget, final_layer=L, seed=args.seed,
-    )  # fmt: skip
+        drafter,
+        states,
+        output_dir=str(args.out) + "/trainer_state",
+        steps=args.ttt_steps,
+        num_epochs=args.epochs,
+        max_steps=args.max_steps,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        learning_rate=args.lr,
+        time_budget=args.time_budget,
+        final_layer=L,
+        seed=args.seed,
+    )
     method = f"{args.variant} on target-labelled shards (KD on the target's top-k" + (
         ", training-time test)" if drafter.config.is_eagle3 else ", feature regression)"
     )

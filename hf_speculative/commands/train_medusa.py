@@ -11,7 +11,23 @@ import sys
 import time
 from pathlib import Path
 
-from .common import add_calibrated_training_args, add_data_arg, add_labelled_args, add_model_args, add_train_args, batch_report, labelled_training_states, command_line, draft_vocab_and_calibration, finish_folder, load_model_and_records, record_reference_base, setup_torch, split_hidden_states, split_records
+from .common import (
+    add_calibrated_training_args,
+    add_data_arg,
+    add_labelled_args,
+    add_model_args,
+    add_train_args,
+    batch_report,
+    command_line,
+    draft_vocab_and_calibration,
+    finish_folder,
+    labelled_training_states,
+    load_model_and_records,
+    record_reference_base,
+    setup_torch,
+    split_hidden_states,
+    split_records,
+)
 
 
 def add_parser(subparsers) -> None:
@@ -19,15 +35,24 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("medusa", help="Medusa-1 heads on a frozen backbone (hidden states cached once)")
     add_model_args(p)
     add_data_arg(p)
-    add_train_args(p, lr=1e-3, epochs=2.0, batch_size=None,
-                   batch_help="positions per step (default 64); with --medusa2 conversations per step (default 1)")  # fmt: skip
+    add_train_args(
+        p,
+        lr=1e-3,
+        epochs=2.0,
+        batch_size=None,
+        batch_help="positions per step (default 64); with --medusa2 conversations per step (default 1)",
+    )
     p.add_argument("--num-heads", type=int, default=4)
     p.add_argument("--num-layers", type=int, default=1, help="residual blocks per head")
-    p.add_argument("--own-lm-head", action="store_true", help="a trainable W2 per head (default: share the frozen base lm_head)")
+    p.add_argument(
+        "--own-lm-head", action="store_true", help="a trainable W2 per head (default: share the frozen base lm_head)"
+    )
     add_calibrated_training_args(p, calibrate_nodes=32, saved="heads")
     add_labelled_args(p)
     m2 = p.add_argument_group("Medusa-2 (--medusa2: LoRA on the backbone + heads, trained jointly; a CHANGED model)")
-    m2.add_argument("--medusa2", action="store_true", help="joint training (Medusa 2.2.2); --lr is then the LoRA learning rate")
+    m2.add_argument(
+        "--medusa2", action="store_true", help="joint training (Medusa 2.2.2); --lr is then the LoRA learning rate"
+    )
     m2.add_argument("--init-heads", default=None, help="start from these trained Medusa-1 heads (heads warm-up)")
     m2.add_argument("--lora-r", type=int, default=8)
     m2.add_argument("--lora-alpha", type=int, default=16)
@@ -36,10 +61,16 @@ def add_parser(subparsers) -> None:
     m2.add_argument("--heads-lr-ratio", type=float, default=4.0, help="heads learning rate / LoRA learning rate")
     m2.add_argument("--lambda0", type=float, default=0.2, help="final weight of L_Medusa")
     m2.add_argument("--lambda0-schedule", default="sine", choices=["constant", "linear", "sine"])
-    m2.add_argument("--lambda0-warmup", type=float, default=0.3, help="share (<1) or number of steps of the lambda0 rise")
-    m2.add_argument("--lm-loss", default="kl", choices=["ce", "kl", "ce+kl"], help="kl: self-distillation KL(p_original || p)")
+    m2.add_argument(
+        "--lambda0-warmup", type=float, default=0.3, help="share (<1) or number of steps of the lambda0 rise"
+    )
+    m2.add_argument(
+        "--lm-loss", default="kl", choices=["ce", "kl", "ce+kl"], help="kl: self-distillation KL(p_original || p)"
+    )
     m2.add_argument("--grad-accum", type=int, default=1)
-    m2.add_argument("--head-positions", type=int, default=None, help="L_Medusa on at most N random positions per batch (CPU cost)")
+    m2.add_argument(
+        "--head-positions", type=int, default=None, help="L_Medusa on at most N random positions per batch (CPU cost)"
+    )
     p.set_defaults(func=run)
 
 
@@ -49,14 +80,18 @@ def run(args) -> int:
         return run_medusa2(args)
     args.batch_size = args.batch_size or 64
     setup_torch(args)
-    from ..model_card import write_drafter_card
     from ..drafters.medusa.modeling_medusa import MedusaHeadsModel
     from ..drafters.medusa.training_medusa import train_medusa
     from ..drafters.medusa.tree_calibration import calibrate_tree, head_accuracies
+    from ..model_card import write_drafter_card
 
     model, tokenizer, train_states, hold_states, counts = _training_states(args)
     heads = MedusaHeadsModel.from_base_model(
-        model, num_heads=args.num_heads, num_layers=args.num_layers, share_lm_head=not args.own_lm_head, acceptance=args.acceptance
+        model,
+        num_heads=args.num_heads,
+        num_layers=args.num_layers,
+        share_lm_head=not args.own_lm_head,
+        acceptance=args.acceptance,
     )
     record_reference_base(heads.config, args.model)
     callbacks = []
@@ -64,25 +99,41 @@ def run(args) -> int:
         from ..drafters.medusa.tree_calibration import MedusaCurveCallback
 
         curve = MedusaCurveCallback(
-            heads, hold_states, num_nodes=args.calibrate_nodes or 32, num_points=args.curve_points,
-            save_dir=args.curve_checkpoints, batch_size=args.batch_size,
-        )  # fmt: skip
+            heads,
+            hold_states,
+            num_nodes=args.calibrate_nodes or 32,
+            num_points=args.curve_points,
+            save_dir=args.curve_checkpoints,
+            batch_size=args.batch_size,
+        )
         callbacks.append(curve)
     if args.draft_vocab_size and args.labelled:  # FR-Spec on the target's own greedy tokens; KD then trains in it
         from ..drafters.draft_vocab import frequent_tokens
 
         answer = train_states.labels != -100
-        heads.set_draft_vocab(frequent_tokens(train_states.topk_ids[answer, 0], args.draft_vocab_size, vocab_size=heads.config.vocab_size))
+        heads.set_draft_vocab(
+            frequent_tokens(train_states.topk_ids[answer, 0], args.draft_vocab_size, vocab_size=heads.config.vocab_size)
+        )
     t0 = time.perf_counter()
     trainer = train_medusa(
-        heads, train_states, output_dir=str(Path(args.out) / "trainer_state"), num_epochs=args.epochs,
-        max_steps=args.max_steps, time_budget=args.time_budget, learning_rate=args.lr, batch_size=args.batch_size,
-        max_positions=args.max_train_tokens, seed=args.seed, callbacks=callbacks,
-    )  # fmt: skip
+        heads,
+        train_states,
+        output_dir=str(Path(args.out) / "trainer_state"),
+        num_epochs=args.epochs,
+        max_steps=args.max_steps,
+        time_budget=args.time_budget,
+        learning_rate=args.lr,
+        batch_size=args.batch_size,
+        max_positions=args.max_train_tokens,
+        seed=args.seed,
+        callbacks=callbacks,
+    )
     train_s = time.perf_counter() - t0
     # FR-Spec on the most frequent answer tokens (with --labelled it was set before training, so KD ran in it)
     vocab_source = None if args.labelled else train_states.labels
-    draft_vocab_and_calibration(heads, vocab_source, hold_states, args, calibrate_tree, head_accuracies, "head_top_i_accuracy")
+    draft_vocab_and_calibration(
+        heads, vocab_source, hold_states, args, calibrate_tree, head_accuracies, "head_top_i_accuracy"
+    )
     heads.config.training = {
         "method": "medusa-1 (frozen backbone)" + (", KD on target-labelled shards" if args.labelled else ""),
         "data": ", ".join(args.labelled) if args.labelled else str(args.data),
@@ -118,7 +169,11 @@ def _medusa2_heads(model, args):
         heads = MedusaHeadsModel.from_pretrained(args.init_heads, base_model=model).to(model.device)
     else:
         heads = MedusaHeadsModel.from_base_model(
-            model, num_heads=args.num_heads, num_layers=args.num_layers, share_lm_head=not args.own_lm_head, acceptance=args.acceptance
+            model,
+            num_heads=args.num_heads,
+            num_layers=args.num_layers,
+            share_lm_head=not args.own_lm_head,
+            acceptance=args.acceptance,
         )
     record_reference_base(heads.config, args.model)
     return heads
@@ -135,9 +190,14 @@ def _medusa2_evaluation(args, run, tokenizer, hold_set, held_out) -> dict:
     }
     print(f"held-out LM loss: {evaluation}", file=sys.stderr)
     if args.calibrate_nodes:
-        tree = calibrate_adapted_tree(run, tokenizer, held_out, max_length=args.max_length, num_nodes=args.calibrate_nodes, progress=True)
-        print(f"calibrated tree (adapted model's hidden states): {tree.num_nodes} nodes, depth {tree.depth}; "
-              f"expected tau {run.joint.heads.config.calibration['expected_acceptance_length']}", file=sys.stderr)  # fmt: skip
+        tree = calibrate_adapted_tree(
+            run, tokenizer, held_out, max_length=args.max_length, num_nodes=args.calibrate_nodes, progress=True
+        )
+        print(
+            f"calibrated tree (adapted model's hidden states): {tree.num_nodes} nodes, depth {tree.depth}; "
+            f"expected tau {run.joint.heads.config.calibration['expected_acceptance_length']}",
+            file=sys.stderr,
+        )
     return evaluation
 
 
@@ -176,7 +236,11 @@ def _medusa2_training_report(args, heads, train_records, held_out, run, targets,
         "gradient_accumulation_steps": args.grad_accum,
         "train_seconds": round(run.seconds, 1),
         "final_loss": round(float(history[-1].get("train_loss", float("nan"))), 4),
-        "log": [{k: v for k, v in h.items() if k.startswith("loss") or k in ("step", "lambda0")} for h in history if "loss" in h],
+        "log": [
+            {k: v for k, v in h.items() if k.startswith("loss") or k in ("step", "lambda0")}
+            for h in history
+            if "loss" in h
+        ],
         **evaluation,
         "command": command_line(args),
     }
@@ -186,8 +250,8 @@ def run_medusa2(args) -> int:
     """Medusa-2 (Sec. 2.2.2): LoRA backbone + heads trained jointly (`fit_medusa2`); saves heads + ``adapter/`` + card."""
     args.batch_size = args.batch_size or 1
     setup_torch(args)
-    from ..model_card import write_drafter_card
     from ..drafters.medusa.training_medusa2 import Medusa2Dataset, fit_medusa2, save_medusa2
+    from ..model_card import write_drafter_card
 
     model, tokenizer, records = load_model_and_records(args)
     train_records, held_out = split_records(records, args.holdout, args.seed)
@@ -195,16 +259,37 @@ def run_medusa2(args) -> int:
     heads = _medusa2_heads(model, args)
     targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
     run = fit_medusa2(
-        model, heads, tokenizer, train_records, str(Path(args.out) / "trainer_state"), lora_r=args.lora_r,
-        lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, lora_targets=targets, max_length=args.max_length,
-        num_epochs=args.epochs, max_steps=args.max_steps, learning_rate=args.lr, heads_lr_ratio=args.heads_lr_ratio,
-        batch_size=args.batch_size, gradient_accumulation_steps=args.grad_accum, lambda0=args.lambda0,
-        lambda0_warmup=args.lambda0_warmup, lambda0_kind=args.lambda0_schedule, lm_loss=args.lm_loss,
-        max_head_positions=args.head_positions, time_budget=args.time_budget, seed=args.seed,
-    )  # fmt: skip
+        model,
+        heads,
+        tokenizer,
+        train_records,
+        str(Path(args.out) / "trainer_state"),
+        lora_r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        lora_targets=targets,
+        max_length=args.max_length,
+        num_epochs=args.epochs,
+        max_steps=args.max_steps,
+        learning_rate=args.lr,
+        heads_lr_ratio=args.heads_lr_ratio,
+        batch_size=args.batch_size,
+        gradient_accumulation_steps=args.grad_accum,
+        lambda0=args.lambda0,
+        lambda0_warmup=args.lambda0_warmup,
+        lambda0_kind=args.lambda0_schedule,
+        lm_loss=args.lm_loss,
+        max_head_positions=args.head_positions,
+        time_budget=args.time_budget,
+        seed=args.seed,
+    )
     print(f"train: {len(run.dataset)} conversations, {run.dataset.num_answer_tokens} answer tokens", file=sys.stderr)
     hold_set = Medusa2Dataset(tokenizer, held_out, max_length=args.max_length) if held_out else None
-    evaluation = _medusa2_evaluation(args, run, tokenizer, hold_set, held_out) if hold_set is not None and len(hold_set) else {}
+    evaluation = (
+        _medusa2_evaluation(args, run, tokenizer, hold_set, held_out) if hold_set is not None and len(hold_set) else {}
+    )
     heads.config.training = _medusa2_training_report(args, heads, train_records, held_out, run, targets, evaluation)
     report = {k: v for k, v in heads.config.training.items() if k != "log"}
-    return finish_folder(Path(args.out), lambda o: save_medusa2(run.joint, o), lambda o: write_drafter_card(heads, o), report)
+    return finish_folder(
+        Path(args.out), lambda o: save_medusa2(run.joint, o), lambda o: write_drafter_card(heads, o), report
+    )

@@ -11,7 +11,17 @@ from __future__ import annotations
 import sys
 import time
 
-from .common import add_model_args, add_shard_args, add_train_args, finish_drafter, frozen_target, record_reference_base, setup_torch, shard_states, shard_training_report
+from .common import (
+    add_model_args,
+    add_shard_args,
+    add_train_args,
+    finish_drafter,
+    frozen_target,
+    record_reference_base,
+    setup_torch,
+    shard_states,
+    shard_training_report,
+)
 
 
 def _int_list(text: str) -> list[int]:
@@ -22,18 +32,27 @@ def add_parser(subparsers) -> None:
     """Register ``train spire`` on ``subparsers`` (the ``train`` sub-parsers)."""
     p = subparsers.add_parser("spire", help="SPIRe drafter: pruned init, sparse KV, feedback memory (labelled shards)")
     add_model_args(p)
-    add_shard_args(p, holdout_help="the last N conversations of each folder are held out (the per-depth acceptance in "
-                   "the config's calibration)")  # fmt: skip
+    add_shard_args(
+        p,
+        holdout_help="the last N conversations of each folder are held out (the per-depth acceptance in "
+        "the config's calibration)",
+    )
     add_train_args(p, lr=3e-4, batch_size=4, batch_help="chunks per step")
     p.add_argument("--num-layers", type=int, default=2, help="drafter layers: the target's last N (SPIRe Sec. 3.2)")
-    p.add_argument("--layers", type=_int_list, default=None, help="instead: the target layers to prune from, e.g. 26,27 "
-                   "(their inputs must be in the labelled shards)")  # fmt: skip
+    p.add_argument(
+        "--layers",
+        type=_int_list,
+        default=None,
+        help="instead: the target layers to prune from, e.g. 26,27 (their inputs must be in the labelled shards)",
+    )
     p.add_argument("--sliding-window", type=int, default=64, help="W of the sparse KV cache (Sec. 3.1)")
     p.add_argument("--sinks", type=int, default=1, help="attention sink tokens (Sec. 3.1)")
     p.add_argument("--k", type=int, default=4, help="drafted tokens per step = training passes (Sec. 3.3)")
     p.add_argument("--top-i", type=int, default=2, help="candidates per depth in the default tree")
     p.add_argument("--omega", type=float, default=0.5, help="MixedLoss omega (Sec. 3.4): omega KD - (1 - omega) alpha")
-    p.add_argument("--draft-vocab-size", type=int, default=None, help="FR-Spec draft vocabulary (most frequent target tokens)")
+    p.add_argument(
+        "--draft-vocab-size", type=int, default=None, help="FR-Spec draft vocabulary (most frequent target tokens)"
+    )
     p.add_argument("--max-length", type=int, default=512, help="rows per training chunk")
     p.add_argument("--save-dtype", default="bfloat16", help="dtype of the saved weights (default bfloat16)")
     p.set_defaults(func=run)
@@ -42,36 +61,59 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     setup_torch(args)
     from ..drafters.draft_vocab import frequent_tokens
-    from ..model_card import write_drafter_card
     from ..drafters.spire.modeling_spire import SpireDrafter
     from ..drafters.spire.training_spire import SpireDataset, depth_accuracies, train_spire
+    from ..model_card import write_drafter_card
 
     model = frozen_target(args)
     drafter = SpireDrafter.from_base_model(
-        model, num_layers=args.num_layers, layers=args.layers, sliding_window=args.sliding_window, num_sink_tokens=args.sinks,
-        num_draft_tokens=args.k, tree_top_i=args.top_i, mixed_loss_omega=args.omega,
-    )  # fmt: skip
+        model,
+        num_layers=args.num_layers,
+        layers=args.layers,
+        sliding_window=args.sliding_window,
+        num_sink_tokens=args.sinks,
+        num_draft_tokens=args.k,
+        tree_top_i=args.top_i,
+        mixed_loss_omega=args.omega,
+    )
     record_reference_base(drafter.config, args.model)
     layers = drafter.config.target_layers
     states, held = shard_states(args, layers, held_per_folder=8)
-    print(f"labelled: {len(states)} conversations, {int(states.input_ids.numel())} tokens; drafter layers from target layers {layers}",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"labelled: {len(states)} conversations, {int(states.input_ids.numel())} tokens; drafter layers from target layers {layers}",
+        file=sys.stderr,
+    )
     if args.draft_vocab_size:
-        drafter.set_draft_vocab(frequent_tokens(states.topk_ids[:, 0].long(), args.draft_vocab_size, model.config.vocab_size))
+        drafter.set_draft_vocab(
+            frequent_tokens(states.topk_ids[:, 0].long(), args.draft_vocab_size, model.config.vocab_size)
+        )
     held_set = SpireDataset(held, layers, args.sinks, args.max_length) if held is not None else None
     before = depth_accuracies(drafter, held_set) if held_set is not None else None
     start = time.perf_counter()
     trainer = train_spire(
-        drafter, states, output_dir=str(args.out) + "/trainer_state", omega=args.omega, num_epochs=args.epochs,
-        max_steps=args.max_steps, batch_size=args.batch_size, max_length=args.max_length, learning_rate=args.lr,
-        time_budget=args.time_budget, seed=args.seed,
-    )  # fmt: skip
+        drafter,
+        states,
+        output_dir=str(args.out) + "/trainer_state",
+        omega=args.omega,
+        num_epochs=args.epochs,
+        max_steps=args.max_steps,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        learning_rate=args.lr,
+        time_budget=args.time_budget,
+        seed=args.seed,
+    )
     seconds = time.perf_counter() - start
     if held_set is not None:
         after = depth_accuracies(drafter, held_set)
-        drafter.config.calibration = {"depth_top_i_accuracy": [[round(a, 4) for a in row] for row in after],
-                                      "depth_top_i_accuracy_at_init": [[round(a, 4) for a in row] for row in before]}  # fmt: skip
-        print(f"held-out top-1 acceptance per depth: init {[r[0] for r in before]} -> trained {[r[0] for r in after]}", file=sys.stderr)
+        drafter.config.calibration = {
+            "depth_top_i_accuracy": [[round(a, 4) for a in row] for row in after],
+            "depth_top_i_accuracy_at_init": [[round(a, 4) for a in row] for row in before],
+        }
+        print(
+            f"held-out top-1 acceptance per depth: init {[r[0] for r in before]} -> trained {[r[0] for r in after]}",
+            file=sys.stderr,
+        )
     method = f"SPIRe MixedLoss (omega {args.omega}) on target-labelled shards, {args.k} passes per chunk"
     drafter.config.training = shard_training_report(args, method, states, trainer, seconds)
     return finish_drafter(args, drafter, write_drafter_card, drafter.config.training)

@@ -15,16 +15,36 @@ import sys
 import time
 from pathlib import Path
 
-from .common import add_data_arg, add_labelled_args, add_model_args, add_train_args, batch_report, draft_vocab_source, labelled_training_states, command_line, finish_folder, load_model_and_records, record_reference_base, setup_torch, split_records
+from .common import (
+    add_data_arg,
+    add_labelled_args,
+    add_model_args,
+    add_train_args,
+    batch_report,
+    command_line,
+    draft_vocab_source,
+    finish_folder,
+    labelled_training_states,
+    load_model_and_records,
+    record_reference_base,
+    setup_torch,
+    split_records,
+)
 
 
 def add_parser(subparsers) -> None:
     """Register ``train streaming`` on ``methods`` (the ``train`` sub-parsers)."""
     p = subparsers.add_parser(
-        "streaming", help="Speculative Streaming: lossless (frozen base, MSA-layer inputs cached) or shared (LoRA base + streams, joint forward)"
+        "streaming",
+        help="Speculative Streaming: lossless (frozen base, MSA-layer inputs cached) or shared (LoRA base + streams, joint forward)",
     )
     add_model_args(p)
-    p.add_argument("--mode", choices=("lossless", "shared"), default="lossless", help="lossless: streams only; shared: Eq. 1 + LoRA on the base")
+    p.add_argument(
+        "--mode",
+        choices=("lossless", "shared"),
+        default="lossless",
+        help="lossless: streams only; shared: Eq. 1 + LoRA on the base",
+    )
     p.add_argument("--lora-rank", type=int, default=8, help="shared mode: rank of the PEFT LoRA adapters on the base")
     p.add_argument("--lora-alpha", type=float, default=16.0, help="shared mode: LoRA alpha")
     add_data_arg(p)
@@ -34,12 +54,26 @@ def add_parser(subparsers) -> None:
     p.add_argument("--adapter-rank", type=int, default=8, help="rank of the stream-row adapters on the MSA layers")
     p.add_argument("--stream-init-rank", type=int, default=0, help="eta (0: identity stream init)")
     p.add_argument("--top-k", type=int, default=2, help="top-k per stream of the default (uncalibrated) tree")
-    p.add_argument("--calibrate-nodes", type=int, default=16, help="node budget of the calibrated tree (0: keep the default)")
-    p.add_argument("--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training")
-    p.add_argument("--curve-conversations", type=int, default=10, help="held-out conversations used for the curve points")
-    p.add_argument("--extract-only", action="store_true", help="only compute (and cache) the states entering the MSA layers (lossless)")
-    p.add_argument("--draft-vocab-size", type=int, default=None,
-                   help="FR-Spec: the streams draft on the K most frequent answer tokens of the training data (default: full vocabulary)")  # fmt: skip
+    p.add_argument(
+        "--calibrate-nodes", type=int, default=16, help="node budget of the calibrated tree (0: keep the default)"
+    )
+    p.add_argument(
+        "--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training"
+    )
+    p.add_argument(
+        "--curve-conversations", type=int, default=10, help="held-out conversations used for the curve points"
+    )
+    p.add_argument(
+        "--extract-only",
+        action="store_true",
+        help="only compute (and cache) the states entering the MSA layers (lossless)",
+    )
+    p.add_argument(
+        "--draft-vocab-size",
+        type=int,
+        default=None,
+        help="FR-Spec: the streams draft on the K most frequent answer tokens of the training data (default: full vocabulary)",
+    )
     add_labelled_args(p)
     p.set_defaults(func=run)
 
@@ -58,11 +92,14 @@ def _training_method(args, shared: bool) -> str:
     """The ``training.method`` line of the drafter's config."""
     return (
         f"speculative streaming, shared mode (LoRA rank {args.lora_rank} on the base, alpha_0 = 1, alpha_j = 0.1)"
-        if shared else "speculative streaming, lossless mode (frozen base, alpha_0 = 0)"
-    ) + (", KD on target-labelled shards" if args.labelled else "")  # fmt: skip
+        if shared
+        else "speculative streaming, lossless mode (frozen base, alpha_0 = 0)"
+    ) + (", KD on target-labelled shards" if args.labelled else "")
 
 
-def _training_report(args, ss, model, train_states, trainer, train_s: float, counts: dict, callbacks: list, shared: bool) -> dict:
+def _training_report(
+    args, ss, model, train_states, trainer, train_s: float, counts: dict, callbacks: list, shared: bool
+) -> dict:
     """``ss.config.training``: data, settings, steps, loss, parameter counts and the learning curve."""
     base_params = sum(p.numel() for p in model.parameters())
     return {
@@ -79,7 +116,9 @@ def _training_report(args, ss, model, train_states, trainer, train_s: float, cou
         "train_seconds": round(train_s, 1),
         "final_loss": round(float(trainer.state.log_history[-1].get("train_loss", float("nan"))), 4),
         "stream_parameters": ss.num_stream_parameters(),
-        "lora_parameters": sum(p.numel() for p in ss.trainable_parameters()) - ss.num_stream_parameters() if shared else 0,
+        "lora_parameters": sum(p.numel() for p in ss.trainable_parameters()) - ss.num_stream_parameters()
+        if shared
+        else 0,
         "base_parameters": base_params,
         "extra_parameter_share": round(ss.num_stream_parameters() / base_params, 6),
         "learning_curve": next((c.curve for c in callbacks if hasattr(c, "curve")), None),
@@ -92,24 +131,38 @@ def _build_streams(model, args):
     from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
 
     ss = LlamaForSpeculativeStreaming.from_base_model(
-        model, num_streams=args.num_streams, num_msa_layers=args.num_msa_layers, mode=args.mode,
-        adapter_rank=args.adapter_rank, stream_init_rank=args.stream_init_rank, tree_top_k=args.top_k,
-        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
-    )  # fmt: skip
+        model,
+        num_streams=args.num_streams,
+        num_msa_layers=args.num_msa_layers,
+        mode=args.mode,
+        adapter_rank=args.adapter_rank,
+        stream_init_rank=args.stream_init_rank,
+        tree_top_k=args.top_k,
+        lora_rank=args.lora_rank,
+        lora_alpha=args.lora_alpha,
+    )
     record_reference_base(ss.config, args.model)
     return ss
 
 
 def run(args) -> int:
     setup_torch(args)
-    from ..drafters.streaming.training_speculative_streaming import StreamCurveCallback, calibrate_stream_tree, extract_stream_inputs, tokenize_records, train_speculative_streaming
+    from ..drafters.streaming.training_speculative_streaming import (
+        StreamCurveCallback,
+        calibrate_stream_tree,
+        extract_stream_inputs,
+        tokenize_records,
+        train_speculative_streaming,
+    )
     from ..model_card import write_drafter_card
     from ..training.distributed import main_process_first
 
     shared = args.mode == "shared"
     if args.labelled:  # the shards hold the states entering the first MSA layer and the target's top-k
         if shared:
-            raise SystemExit("--labelled trains lossless mode (cached states entering the MSA layers); shared mode needs --data")
+            raise SystemExit(
+                "--labelled trains lossless mode (cached states entering the MSA layers); shared mode needs --data"
+            )
         from ..training.labelling import LabelledShards
 
         layer = LabelledShards(args.labelled[0]).manifest["num_hidden_layers"] - args.num_msa_layers
@@ -139,23 +192,41 @@ def run(args) -> int:
     callbacks = []
     if hold_states is not None and args.curve_points:
         curve_states = hold_states.select(range(min(len(hold_states), args.curve_conversations)))
-        callbacks.append(StreamCurveCallback(ss, curve_states, args.calibrate_nodes or 16, args.curve_points, args.batch_size * args.segment_length))
+        callbacks.append(
+            StreamCurveCallback(
+                ss, curve_states, args.calibrate_nodes or 16, args.curve_points, args.batch_size * args.segment_length
+            )
+        )
     t0 = time.perf_counter()
     trainer = train_speculative_streaming(
-        ss, train_states, output_dir=str(Path(args.out) / "trainer_state"), num_epochs=args.epochs, learning_rate=args.lr,
-        batch_size=args.batch_size, segment_length=args.segment_length, max_tokens=args.max_train_tokens,
-        max_steps=args.max_steps, seed=args.seed, callbacks=callbacks, time_budget=args.time_budget,
-    )  # fmt: skip
+        ss,
+        train_states,
+        output_dir=str(Path(args.out) / "trainer_state"),
+        num_epochs=args.epochs,
+        learning_rate=args.lr,
+        batch_size=args.batch_size,
+        segment_length=args.segment_length,
+        max_tokens=args.max_train_tokens,
+        max_steps=args.max_steps,
+        seed=args.seed,
+        callbacks=callbacks,
+        time_budget=args.time_budget,
+    )
     train_s = time.perf_counter() - t0
     if args.draft_vocab_size:
         from ..drafters.draft_vocab import frequent_tokens
 
-        ss.set_draft_vocab(frequent_tokens(draft_vocab_source(train_states), args.draft_vocab_size, vocab_size=ss.config.vocab_size))
+        ss.set_draft_vocab(
+            frequent_tokens(draft_vocab_source(train_states), args.draft_vocab_size, vocab_size=ss.config.vocab_size)
+        )
     if hold_states is not None:  # held-out accuracies; with --calibrate-nodes the calibrated tree replaces the default
         calibrate_stream_tree(ss, hold_states, args.calibrate_nodes)
     ss.config.training = _training_report(args, ss, model, train_states, trainer, train_s, counts, callbacks, shared)
     out = Path(args.out)
     if shared:
-        print("shared mode: config, streams and lora/ saved; the model card template describes lossless mode, none written", file=sys.stderr)
+        print(
+            "shared mode: config, streams and lora/ saved; the model card template describes lossless mode, none written",
+            file=sys.stderr,
+        )
     report = {"training": ss.config.training, "calibration": getattr(ss.config, "calibration", None)}
     return finish_folder(out, ss.save_pretrained, None if shared else (lambda o: write_drafter_card(ss, o)), report)

@@ -16,7 +16,9 @@ from .common import add_model_args, parse_dtype, setup_torch
 def add_parser(subparsers) -> None:
     c = subparsers.add_parser("warm-recycling", help="fill a Token Recycling matrix from a prompt set and save it")
     add_model_args(c)
-    c.add_argument("--prompts", required=True, help="a built-in prompt set, a prompt file or a datasets id (as bench takes)")
+    c.add_argument(
+        "--prompts", required=True, help="a built-in prompt set, a prompt file or a datasets id (as bench takes)"
+    )
     c.add_argument("--limit", type=int, default=None, help="first N prompts")
     c.add_argument("--max-new-tokens", type=int, default=128)
     c.add_argument("--num-successors", type=int, default=8, help="k, candidates per token")
@@ -40,19 +42,29 @@ def run(args) -> int:
     records = load_prompts(args.prompts, limit=args.limit)
     model, tokenizer = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)
     hfs.enable(model)
-    drafter = hfs.TokenRecyclingDrafter.from_pretrained(start) if start else hfs.TokenRecyclingDrafter(args.num_successors)
+    drafter = (
+        hfs.TokenRecyclingDrafter.from_pretrained(start) if start else hfs.TokenRecyclingDrafter(args.num_successors)
+    )
     tokens = forwards = 0
     with torch.no_grad():
         for prompt in tqdm(prepare_prompts(records, tokenizer, model.device), desc="warm-recycling", unit="prompt"):
-            out = model.generate(prompt.input_ids, assistant_model=drafter, max_new_tokens=args.max_new_tokens,
-                                 do_sample=False, return_dict_in_generate=True)  # fmt: skip
+            out = model.generate(
+                prompt.input_ids,
+                assistant_model=drafter,
+                max_new_tokens=args.max_new_tokens,
+                do_sample=False,
+                return_dict_in_generate=True,
+            )
             stats = out.speculative_stats
             tokens, forwards = tokens + stats.num_new_tokens, forwards + stats.num_target_forwards
     drafter.save_pretrained(args.out)
     tau = tokens / max(forwards, 1)
     _write_card(args, drafter, len(records), tau)
-    print(json.dumps({"out": str(args.out), "prompts": len(records), "filled_rows": drafter.filled_rows,
-                      "tau": round(tau, 3)}))  # fmt: skip
+    print(
+        json.dumps(
+            {"out": str(args.out), "prompts": len(records), "filled_rows": drafter.filled_rows, "tau": round(tau, 3)}
+        )
+    )
     return 0
 
 

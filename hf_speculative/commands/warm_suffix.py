@@ -19,14 +19,20 @@ from .common import add_model_args, parse_dtype, setup_torch
 
 
 def add_parser(subparsers) -> None:
-    c = subparsers.add_parser("warm-suffix", help="fill a SuffixDecoding drafter from texts or the target's outputs and save it")
+    c = subparsers.add_parser(
+        "warm-suffix", help="fill a SuffixDecoding drafter from texts or the target's outputs and save it"
+    )
     add_model_args(c)
     c.add_argument("--texts", action="append", default=[], help="a file of outputs to add as they are (repeatable)")
     c.add_argument("--text-field", default="text", help="the field of a JSON record that holds its text")
-    c.add_argument("--prompts", default=None, help="a prompt set whose outputs the target decodes and the drafter learns")
+    c.add_argument(
+        "--prompts", default=None, help="a prompt set whose outputs the target decodes and the drafter learns"
+    )
     c.add_argument("--limit", type=int, default=None, help="first N prompts / texts of each source")
     c.add_argument("--max-new-tokens", type=int, default=128)
-    c.add_argument("--max-cache-mb", type=float, default=None, help="memory cap of the global structure in MiB (default 64)")
+    c.add_argument(
+        "--max-cache-mb", type=float, default=None, help="memory cap of the global structure in MiB (default 64)"
+    )
     c.add_argument("--start", default=None, help="a saved SuffixDrafter folder to continue from")
     c.add_argument("--out", required=True, help="output folder")
     c.set_defaults(func=run)
@@ -69,9 +75,20 @@ def run(args) -> int:
     drafter.warm(texts, tokenizer)
     with torch.no_grad():
         for prompt in tqdm(prepare_prompts(records, tokenizer, model.device), desc="warm-suffix", unit="prompt"):
-            model.generate(prompt.input_ids, assistant_model=drafter, max_new_tokens=args.max_new_tokens, do_sample=False)
+            model.generate(
+                prompt.input_ids, assistant_model=drafter, max_new_tokens=args.max_new_tokens, do_sample=False
+            )
     drafter.save_pretrained(args.out)
     index = drafter.index
-    print(json.dumps({"out": str(args.out), "outputs": len(index), "tokens": index.num_tokens, "bytes": index.nbytes,
-                      "max_cache_bytes": index.max_bytes}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "out": str(args.out),
+                "outputs": len(index),
+                "tokens": index.num_tokens,
+                "bytes": index.nbytes,
+                "max_cache_bytes": index.max_bytes,
+            }
+        )
+    )
     return 0

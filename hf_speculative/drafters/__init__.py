@@ -22,9 +22,11 @@ PUBLIC = {
 __all__, __getattr__ = lazy_package(__name__, PUBLIC)
 
 register_drafter(
-    "causal-lm", __name__, public={"CausalLMDrafter": "draft_lm", "layer_cut_draft": "draft_lm"},
+    "causal-lm",
+    __name__,
+    public={"CausalLMDrafter": "draft_lm", "layer_cut_draft": "draft_lm"},
     assistant="draft_lm.causal_lm_assistant",
-)  # fmt: skip
+)
 register_drafter("prompt-lookup", __name__, public={"PromptLookupDrafter": "prompt_lookup"})
 register_drafter("magicdec", __name__, public={"MagicDecDrafter": "magicdec"})
 register_drafter("hybrid", __name__, public={"HybridDrafter": "hybrid"})

@@ -30,7 +30,9 @@ def output_embeddings(model, needed_by: str = "this drafter") -> torch.nn.Module
     """``model``'s ``lm_head``; a `TypeError` naming ``needed_by`` when it has none."""
     lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if lm_head is None or getattr(lm_head, "weight", None) is None:
-        raise TypeError(f"{type(model).__name__} has no output embeddings (lm_head): {needed_by} needs a causal LM target")
+        raise TypeError(
+            f"{type(model).__name__} has no output embeddings (lm_head): {needed_by} needs a causal LM target"
+        )
     return lm_head
 
 

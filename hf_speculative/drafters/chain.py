@@ -37,7 +37,9 @@ class ChainTreeFiller:
     ``(vocab,)``; then ``filler.draft_tree()``.
     """
 
-    def __init__(self, sequence: torch.LongTensor, tree: TreeSpec, scheme: str, options: DraftingOptions, vocab_size: int):
+    def __init__(
+        self, sequence: torch.LongTensor, tree: TreeSpec, scheme: str, options: DraftingOptions, vocab_size: int
+    ):
         self.sequence, self.tree, self.scheme, self.options = sequence, tree, scheme, options
         self.chain = chain_nodes(tree)
         self.rows: list[torch.Tensor] = []
@@ -47,7 +49,9 @@ class ChainTreeFiller:
         self.num_forwards = len(self.chain)
         self.tokens = torch.empty(tree.num_nodes + 1, dtype=torch.long, device=sequence.device)
         self.tokens[0] = sequence[0, -1]
-        self.probs = None if scheme == "deterministic" else torch.zeros(tree.num_nodes + 1, vocab_size, device=sequence.device)
+        self.probs = (
+            None if scheme == "deterministic" else torch.zeros(tree.num_nodes + 1, vocab_size, device=sequence.device)
+        )
 
     def __call__(self, d: int, logits: torch.Tensor) -> torch.Tensor:
         """Depth d's chain node's logits; returns the chain's token at depth d + 1."""

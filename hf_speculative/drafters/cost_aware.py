@@ -28,7 +28,14 @@ from transformers.utils import logging
 
 from ..engine.trees import TreeSpec
 
-__all__ = ["COST_AWARE_ENV", "DEFAULT_COST_CURVE_POINTS", "DEFAULT_COST_CURVE_POINTS_BF16", "cost_aware_enabled", "cost_aware_tree", "target_cost_curve"]
+__all__ = [
+    "COST_AWARE_ENV",
+    "DEFAULT_COST_CURVE_POINTS",
+    "DEFAULT_COST_CURVE_POINTS_BF16",
+    "cost_aware_enabled",
+    "cost_aware_tree",
+    "target_cost_curve",
+]
 
 logger = logging.get_logger(__name__)
 
@@ -109,7 +116,9 @@ def cost_aware_tree(
             "once with `hf-speculative calibrate --model M` or `hf_speculative.perf_model.get_cost_curve(model)`"
         )
         return saved
-    cost = _per_batch(draft_cost(curve) if callable(draft_cost) else draft_cost, batch_size * curve(1) / curve(batch_size))
+    cost = _per_batch(
+        draft_cost(curve) if callable(draft_cost) else draft_cost, batch_size * curve(1) / curve(batch_size)
+    )
     accuracies = accuracies[:max_depth] if max_depth is not None else accuracies
     max_nodes = max_nodes or max(curve.max_nodes // batch_size - 1, 1)
     if candidates is None:
@@ -120,8 +129,10 @@ def cost_aware_tree(
             return saved
         tree = max(trees, key=lambda t: t.expected_speedup(accuracies, curve, cost, batch_size=batch_size))
     speedup = tree.expected_speedup(accuracies, curve, cost, batch_size=batch_size)
-    message = (f"cost-aware default tree (batch {batch_size}): {tree.num_nodes} nodes, depth {tree.depth}, "
-               f"expected tau / step cost {speedup:.2f}")  # fmt: skip
+    message = (
+        f"cost-aware default tree (batch {batch_size}): {tree.num_nodes} nodes, depth {tree.depth}, "
+        f"expected tau / step cost {speedup:.2f}"
+    )
     if speedup < 1:  # once per message, not once per generate() call
         logger.warning_once(f"{message}: no tree pays for itself with these accuracies on this machine")
     else:

@@ -18,23 +18,40 @@ from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from .._compat import cache_arg
 from ..engine.cache import attention_window
-from ..engine.trees import DraftTree, TreeSpec, additive_mask, DraftingOptions, fill_children
-from ..engine.protocol import OneRowDrafter
-from .base import require_mask_attention
 from ..engine.placement import match_target
+from ..engine.protocol import OneRowDrafter
+from ..engine.trees import DraftingOptions, DraftTree, TreeSpec, additive_mask, fill_children
+from .base import require_mask_attention
 
 __all__ = ["CausalLMDrafter", "causal_lm_assistant", "layer_cut_draft", "windowed_mask"]
 
 DEFAULT_LM_TREE = TreeSpec.from_choices(
-    [[0], [1], [2], [3], [0, 0], [0, 1], [1, 0], [2, 0], [0, 0, 0], [0, 0, 1], [0, 1, 0], [1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 0, 0]]
+    [
+        [0],
+        [1],
+        [2],
+        [3],
+        [0, 0],
+        [0, 1],
+        [1, 0],
+        [2, 0],
+        [0, 0, 0],
+        [0, 0, 1],
+        [0, 1, 0],
+        [1, 0, 0],
+        [0, 0, 0, 0],
+        [0, 0, 0, 1],
+        [0, 0, 0, 0, 0],
+    ]
 )
 
 
 class CausalLMDrafter(OneRowDrafter):
     """Drafts a tree with a causal LM that shares the target's vocabulary."""
 
-
-    def __init__(self, model: PreTrainedModel, tree: TreeSpec | None = None, draft_sampling: str = "without_replacement"):
+    def __init__(
+        self, model: PreTrainedModel, tree: TreeSpec | None = None, draft_sampling: str = "without_replacement"
+    ):
         """``draft_sampling``: how siblings are drawn when sampling ("without_replacement", "with_replacement"
         or "deterministic" top-k); every choice is exact, they differ in acceptance rate."""
         require_mask_attention(model, "the draft model", "a tree attention mask", "draft")
@@ -100,10 +117,16 @@ class CausalLMDrafter(OneRowDrafter):
             # 2) one forward over the level's inner nodes: prefix + their ancestors + themselves visible
             idx = torch.tensor(next_level, device=device)
             visible = torch.cat(
-                [torch.ones(len(next_level), committed, dtype=torch.bool, device=device), anc[idx][:, in_cache + next_level]], dim=1
+                [
+                    torch.ones(len(next_level), committed, dtype=torch.bool, device=device),
+                    anc[idx][:, in_cache + next_level],
+                ],
+                dim=1,
             )
             positions = committed - 1 + tree.depths.to(device)[idx]
-            mask = self._level_mask(visible, positions, tree.depths.to(device)[in_cache + next_level] + committed - 1, committed)
+            mask = self._level_mask(
+                visible, positions, tree.depths.to(device)[in_cache + next_level] + committed - 1, committed
+            )
             out = self._forward(tokens[idx], positions, mask)
             logits.update(zip(next_level, out))
             in_cache.extend(next_level)
@@ -124,7 +147,12 @@ class CausalLMDrafter(OneRowDrafter):
 
 
 def windowed_mask(
-    visible: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, window: int | None, layout: str, dtype: torch.dtype
+    visible: torch.Tensor,
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    window: int | None,
+    layout: str,
+    dtype: torch.dtype,
 ):
     """The additive attention mask of a draft forward over a custom cache, honouring the model's own sliding window.
 
@@ -146,7 +174,9 @@ def windowed_mask(
     return sliding if layout == "all" else {"full_attention": full, "sliding_attention": sliding}
 
 
-def layer_cut_draft(model: PreTrainedModel, num_layers: int | None = None, layers: list[int] | None = None) -> PreTrainedModel:
+def layer_cut_draft(
+    model: PreTrainedModel, num_layers: int | None = None, layers: list[int] | None = None
+) -> PreTrainedModel:
     """A self-speculative draft: some of the target's decoder layers, its final norm and LM head.
 
     ``num_layers=k`` keeps the first k layers; ``layers=[...]`` keeps any ordered subset (skipping middle

@@ -39,6 +39,9 @@ class DrafterHubMixin:
             self.save_pretrained(folder, **save_kwargs)
             (Path(folder) / "README.md").write_text(self.model_card(), encoding="utf-8")
             return api.upload_folder(
-                repo_id=repo_id, folder_path=folder, commit_message=commit_message or f"Upload {type(self).__name__}",
-                revision=revision, create_pr=create_pr,
-            )  # fmt: skip
+                repo_id=repo_id,
+                folder_path=folder,
+                commit_message=commit_message or f"Upload {type(self).__name__}",
+                revision=revision,
+                create_pr=create_pr,
+            )

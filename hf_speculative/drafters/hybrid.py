@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.trees import DraftTree, TreeSpec, budget_tree, DraftingOptions
-from ..engine.rows import TargetRows
 from ..engine.protocol import TreeDrafter
+from ..engine.rows import TargetRows
+from ..engine.trees import DraftingOptions, DraftTree, TreeSpec, budget_tree
 from .cost_aware import target_cost_curve
 from .online_accuracy import OnlineAccuracy
 
@@ -35,7 +35,9 @@ __all__ = ["HybridDrafter", "merge_drafts", "budget_tree"]
 PART_PRIOR = [0.4, 0.15, 0.08, 0.05, 0.04, 0.03, 0.02, 0.02] + [0.01] * 56
 
 
-def merge_drafts(drafts: list[DraftTree], values: list[list[float]]) -> tuple[list[int], list[int], list[float], list[int]]:
+def merge_drafts(
+    drafts: list[DraftTree], values: list[list[float]]
+) -> tuple[list[int], list[int], list[float], list[int]]:
     """Merge trees with the same root into one trie.
 
     Returns ``(tokens, parents, scores, depths)`` in insertion order (root first, parents before children); a node
@@ -63,8 +65,10 @@ def merge_drafts(drafts: list[DraftTree], values: list[list[float]]) -> tuple[li
 
 def _best_nodes(scores: list[float], depths: list[int], num_nodes: int, max_depth: int, step_cost) -> list[int]:
     """The kept nodes (ascending ids, root included): best scores first, as many as maximize tau per step cost."""
-    order = sorted((i for i in range(1, len(scores)) if depths[i] <= max_depth and scores[i] > 0),
-                   key=lambda i: (-scores[i], depths[i], i))[:num_nodes]  # fmt: skip
+    order = sorted(
+        (i for i in range(1, len(scores)) if depths[i] <= max_depth and scores[i] > 0),
+        key=lambda i: (-scores[i], depths[i], i),
+    )[:num_nodes]
     best_n, best_ratio, tau = 0, 1.0 / step_cost(1), 1.0
     for n, node in enumerate(order, start=1):
         tau += scores[node]
@@ -123,8 +127,10 @@ class HybridDrafter(TreeDrafter):
     def tree_for_batch(self, batch_size: int) -> TreeSpec:
         # a part that can offer candidates beyond what pays for itself alone does so (Token Recycling): the hybrid
         # prices the merged tree; the others draft their own default tree
-        self._part_trees = [d.candidate_tree(self.max_nodes) if hasattr(d, "candidate_tree") else d.tree_for_batch(batch_size)
-                            for d in self.drafters]  # fmt: skip
+        self._part_trees = [
+            d.candidate_tree(self.max_nodes) if hasattr(d, "candidate_tree") else d.tree_for_batch(batch_size)
+            for d in self.drafters
+        ]
         self._batch_size = batch_size
         return self.default_tree
 
@@ -159,8 +165,10 @@ class HybridDrafter(TreeDrafter):
     @torch.no_grad()
     def propose_batch(self, sequences, rows, tree: TreeSpec, options: DraftingOptions) -> list[DraftTree]:
         fixed = DraftingOptions(False, options.temperature, options.generator)  # candidates, never samples (step 1)
-        per_part = [d.propose_batch(sequences, rows, t if t is not None else tree, fixed)
-                    for d, t in zip(self.drafters, self._part_trees)]  # fmt: skip
+        per_part = [
+            d.propose_batch(sequences, rows, t if t is not None else tree, fixed)
+            for d, t in zip(self.drafters, self._part_trees)
+        ]
         drafts = []
         for j, (seq, r) in enumerate(zip(sequences, rows)):
             own = [part[j] for part in per_part]
@@ -169,10 +177,12 @@ class HybridDrafter(TreeDrafter):
             tokens, parents, scores, depths = merge_drafts(own, values)
             keep = _best_nodes(scores, depths, tree.num_nodes, tree.depth, self._step_cost)
             new_id = {old: new for new, old in enumerate(keep)}
-            drafts.append(DraftTree(
-                tokens=torch.tensor([tokens[i] for i in keep], dtype=torch.long, device=seq.device),
-                parents=tuple([-1] + [new_id[parents[i]] for i in keep[1:]]),
-            ))  # fmt: skip
+            drafts.append(
+                DraftTree(
+                    tokens=torch.tensor([tokens[i] for i in keep], dtype=torch.long, device=seq.device),
+                    parents=tuple([-1] + [new_id[parents[i]] for i in keep[1:]]),
+                )
+            )
         return drafts
 
     def advance_batch(self, sequences, rows, drafts, results, target_outputs: TargetRows) -> None:

@@ -34,12 +34,12 @@ from transformers.models.llama.modeling_llama import rotate_half
 
 from .._compat import cache_arg, get_cache
 from ..engine.cache import attention_window
-from ..engine.trees import DraftTree, TreeSpec, DraftingOptions
 from ..engine.rows import cache_columns
-from .chain import ChainDrafting, ChainTreeFiller
+from ..engine.trees import DraftingOptions, DraftTree, TreeSpec
 from .base import output_embeddings, require_mask_attention
-from .sparse_cache import sparse_visibility, streaming_slots
+from .chain import ChainDrafting, ChainTreeFiller
 from .draft_lm import windowed_mask
+from .sparse_cache import sparse_visibility, streaming_slots
 
 __all__ = ["MagicDecDrafter", "rerotate_keys"]
 
@@ -113,10 +113,15 @@ class MagicDecDrafter(ChainDrafting):
         draft_sampling: str = "without_replacement",
     ):
         if not isinstance(model, PreTrainedModel):
-            raise TypeError(f"MagicDecDrafter drafts with the target model itself; got {type(model).__name__}, not a PreTrainedModel")
+            raise TypeError(
+                f"MagicDecDrafter drafts with the target model itself; got {type(model).__name__}, not a PreTrainedModel"
+            )
         self.lm_head = output_embeddings(model, "a MagicDecDrafter")
-        for name, value, least in (("sliding_window", sliding_window, 1), ("num_sink_tokens", num_sink_tokens, 0),
-                                   ("num_draft_tokens", num_draft_tokens, 1)):  # fmt: skip
+        for name, value, least in (
+            ("sliding_window", sliding_window, 1),
+            ("num_sink_tokens", num_sink_tokens, 0),
+            ("num_draft_tokens", num_draft_tokens, 1),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
         if positions not in POSITIONS:
@@ -151,8 +156,10 @@ class MagicDecDrafter(ChainDrafting):
         return self.lm_head.weight.shape[0]
 
     def __repr__(self) -> str:
-        return (f"MagicDecDrafter(sliding_window={self.window}, num_sink_tokens={self.sinks}, "
-                f"num_draft_tokens={self.num_draft_tokens}, positions={self.positions!r})")  # fmt: skip
+        return (
+            f"MagicDecDrafter(sliding_window={self.window}, num_sink_tokens={self.sinks}, "
+            f"num_draft_tokens={self.num_draft_tokens}, positions={self.positions!r})"
+        )
 
     # ------------------------------------------------------------------ the sparse cache
     def _read_cache(self, cache) -> None:
@@ -174,7 +181,9 @@ class MagicDecDrafter(ChainDrafting):
         self.kv = self.slot_positions = self.slot_valid = None
 
     # ------------------------------------------------------------------ drafting
-    def _propose(self, states: list["MagicDecDrafter"], sequences, tree: TreeSpec, options: DraftingOptions) -> list[DraftTree]:
+    def _propose(
+        self, states: list["MagicDecDrafter"], sequences, tree: TreeSpec, options: DraftingOptions
+    ) -> list[DraftTree]:
         scheme = options.scheme(self.draft_sampling)
         fillers = [ChainTreeFiller(seq, tree, scheme, options, self.vocab_size) for seq in sequences]
         self._draft_chains(states, sequences, fillers)
@@ -208,13 +217,29 @@ class MagicDecDrafter(ChainDrafting):
                     layer.keys[:, :, :S] = rerotate_keys(keys, delta, self.inv_freq)
                 eff_pos = key_pos.clone()
                 eff_pos[:, :S] += delta[:, None]
-            visible = torch.cat([key_ok & sparse_visibility(query[:, None], key_pos, W, S)[:, 0], key_ok.new_ones(B, 1)], 1)
-            mask = windowed_mask(visible[:, None], query[:, None], torch.cat([eff_pos, query[:, None]], 1),
-                                 self.model_window, self.model_window_layout, model.dtype)  # fmt: skip
-            logits = model(
-                input_ids=tokens[:, None], position_ids=query[:, None], attention_mask=mask, **cache_arg(cache),
-                use_cache=True, logits_to_keep=1,
-            ).logits[:, -1].float()  # fmt: skip
+            visible = torch.cat(
+                [key_ok & sparse_visibility(query[:, None], key_pos, W, S)[:, 0], key_ok.new_ones(B, 1)], 1
+            )
+            mask = windowed_mask(
+                visible[:, None],
+                query[:, None],
+                torch.cat([eff_pos, query[:, None]], 1),
+                self.model_window,
+                self.model_window_layout,
+                model.dtype,
+            )
+            logits = (
+                model(
+                    input_ids=tokens[:, None],
+                    position_ids=query[:, None],
+                    attention_mask=mask,
+                    **cache_arg(cache),
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+                .logits[:, -1]
+                .float()
+            )
             next_tokens = [fill(d, logits[j]) for j, fill in enumerate(fillers)]
             if d + 1 < num_forwards:  # the drafted token's key joins the sparse cache at its text position
                 tokens = torch.stack(next_tokens).reshape(B).to(device)

@@ -10,14 +10,14 @@ import functools
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
-from ..hub import resolve_name_or_path
-from ..engine.trees import TreeSpec
+from ..engine.placement import match_target, target_placement
 from ..engine.protocol import OneRowDrafter
+from ..engine.trees import TreeSpec
+from ..hub import resolve_name_or_path
 from .base import input_embeddings, output_embeddings
 from .configuration_drafter import TreeDrafterConfig
 from .cost_aware import cost_aware_tree
 from .hub import DrafterHubMixin
-from ..engine.placement import match_target, target_placement
 
 __all__ = ["DrafterModel", "DepthTreeDrafter", "text_config", "decoder_layer_fields"]
 
@@ -34,8 +34,15 @@ def decoder_layer_fields(model: PreTrainedModel) -> dict:
     """The fields of ``model``'s text config that shape a Llama-style decoder layer (heads, MLP, norm, RoPE), for
     the config of a drafter whose layers are the target's kind (EAGLE, SPIRe)."""
     tc = text_config(model)
-    names = ("num_attention_heads", "num_key_value_heads", "intermediate_size", "hidden_act", "rms_norm_eps",
-             "max_position_embeddings", "head_dim")  # fmt: skip
+    names = (
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+        "hidden_act",
+        "rms_norm_eps",
+        "max_position_embeddings",
+        "head_dim",
+    )
     fields = {k: getattr(tc, k) for k in names if getattr(tc, k, None) is not None}
     rope = getattr(tc, "rope_parameters", None)
     if rope:
@@ -68,8 +75,11 @@ class DrafterModel(DrafterHubMixin, PreTrainedModel):
         """The config fields a drafter takes from its target: ``base_model_name_or_path`` (`None` for a model built
         from a config) and the hidden and vocabulary sizes of its ``lm_head``."""
         vocab, hidden = output_embeddings(model, cls.__name__).weight.shape
-        return {"base_model_name_or_path": getattr(model.config, "_name_or_path", None) or None, "hidden_size": hidden,
-                "vocab_size": vocab}  # fmt: skip
+        return {
+            "base_model_name_or_path": getattr(model.config, "_name_or_path", None) or None,
+            "hidden_size": hidden,
+            "vocab_size": vocab,
+        }
 
     @classmethod
     def _from_base_config(cls, model: PreTrainedModel, config: PretrainedConfig, init_from_base: bool = True):
@@ -122,7 +132,9 @@ class DrafterModel(DrafterHubMixin, PreTrainedModel):
         if any(built != found for built, found in checks.values()):
             built = ", ".join(f"{name}={built}" for name, (built, _) in checks.items())
             found = ", ".join(f"{name}={found}" for name, (_, found) in checks.items())
-            raise ValueError(f"this {type(self).__name__} was built for a target with {built}, but the target has {found}")
+            raise ValueError(
+                f"this {type(self).__name__} was built for a target with {built}, but the target has {found}"
+            )
 
     def _require_base(self) -> None:
         """Raise when the target's shared modules are needed and not attached."""
@@ -155,14 +167,15 @@ class DepthTreeDrafter(OneRowDrafter):
     the cost-aware one (`hf_speculative.drafters.cost_aware`); the vocabulary is the config's (its acceptance settings
     are the call's default, `hf_speculative.engine.acceptance.AcceptanceSettings.resolve`). A subclass sets what its `draft_cost` reads before it calls ``__init__``."""
 
-
     #: the calibration's per-depth top-i accuracies
     accuracy_key = "depth_top_i_accuracy"
     fills_dynamic_tree = True  # `DynamicTree.fill` from the per-depth distributions
 
     def __init__(self, config: TreeDrafterConfig, max_depth: int, draft_sampling: str, target: PreTrainedModel | None):
         self.max_depth = max_depth
-        self.batch_tree = functools.partial(cost_aware_tree, config.tree, config, self.accuracy_key, target, self.draft_cost, max_depth)
+        self.batch_tree = functools.partial(
+            cost_aware_tree, config.tree, config, self.accuracy_key, target, self.draft_cost, max_depth
+        )
         self.default_tree = self.batch_tree(batch_size=1)
         self.vocab_size = config.vocab_size
         self.draft_sampling = draft_sampling

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..engine.trees import DraftTree, TreeSpec, DraftingOptions
 from ..engine.protocol import OneRowDrafter
+from ..engine.trees import DraftingOptions, DraftTree, TreeSpec
 
 __all__ = ["PromptLookupDrafter", "ngram_continuations", "build_trie"]
 
@@ -103,7 +103,6 @@ class PromptLookupDrafter(OneRowDrafter):
     MAX_NODES = 40
     NODE_COST_LIMIT = 1.3
 
-
     def __init__(
         self,
         max_ngram_size: int = 3,
@@ -126,8 +125,8 @@ class PromptLookupDrafter(OneRowDrafter):
         """The default budget from the target's cost curve (cached, else the documented default; never measured)."""
         if not self._cost_aware_budget:
             return
-        from .cost_aware import target_cost_curve
         from ..engine.trees import budget_tree
+        from .cost_aware import target_cost_curve
 
         curve = target_cost_curve(target)
         nodes = max([n for n in range(4, self.MAX_NODES + 1) if curve(n + 1) <= self.NODE_COST_LIMIT], default=4)

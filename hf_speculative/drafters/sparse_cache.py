@@ -15,7 +15,9 @@ def streaming_keep(positions: torch.Tensor, next_position: int | torch.Tensor, w
     return (positions < sinks) | (positions > next_position - window)
 
 
-def sparse_visibility(query_positions: torch.Tensor, key_positions: torch.Tensor, window: int, sinks: int) -> torch.Tensor:
+def sparse_visibility(
+    query_positions: torch.Tensor, key_positions: torch.Tensor, window: int, sinks: int
+) -> torch.Tensor:
     """The StreamingLLM mask: ``[..., q, s]`` is True where the key at text position ``key_positions[s]`` is visible to
     the query at ``query_positions[q]``: ``0 <= t - s < window`` or (``s < sinks`` and ``s <= t``)."""
     t = query_positions.unsqueeze(-1)

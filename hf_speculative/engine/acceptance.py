@@ -30,7 +30,14 @@ import torch
 
 from .trees import DraftTree
 
-__all__ = ["AcceptanceResult", "AcceptanceSettings", "accept_greedy", "accept_greedy_all", "accept_sampling", "accept_typical"]
+__all__ = [
+    "AcceptanceResult",
+    "AcceptanceSettings",
+    "accept_greedy",
+    "accept_greedy_all",
+    "accept_sampling",
+    "accept_typical",
+]
 
 NodeScores = Callable[[int], torch.Tensor]
 
@@ -66,15 +73,23 @@ class AcceptanceSettings:
         mode = acceptance if acceptance is not None else getattr(config, "acceptance", None) or "exact"
         if mode not in ("exact", "typical"):
             raise ValueError(f"speculative_acceptance must be 'exact' or 'typical', got {mode!r}")
-        return cls(mode, getattr(config, "posterior_threshold", cls.posterior_threshold), getattr(config, "posterior_alpha", cls.posterior_alpha))
+        return cls(
+            mode,
+            getattr(config, "posterior_threshold", cls.posterior_threshold),
+            getattr(config, "posterior_alpha", cls.posterior_alpha),
+        )
 
-    def acceptor(self, do_sample: bool, generator: torch.Generator | None = None) -> Callable[[DraftTree, NodeScores], AcceptanceResult]:
+    def acceptor(
+        self, do_sample: bool, generator: torch.Generator | None = None
+    ) -> Callable[[DraftTree, NodeScores], AcceptanceResult]:
         """The acceptance function of a call: greedy (typical acceptance at T = 0 is greedy, Medusa 2.3.1), exact
         rejection sampling, or typical acceptance."""
         if not do_sample:
             return accept_greedy
         if self.mode == "typical":
-            return lambda tree, scores: accept_typical(tree, scores, self.posterior_threshold, self.posterior_alpha, True, generator)
+            return lambda tree, scores: accept_typical(
+                tree, scores, self.posterior_threshold, self.posterior_alpha, True, generator
+            )
         return lambda tree, scores: accept_sampling(tree, scores, generator)
 
 
@@ -149,7 +164,9 @@ def _test_one_hot_children(p: torch.Tensor, xs: list[int], generator) -> tuple[i
     return None, residual / torch.where(total > 0, total, 1.0)
 
 
-def _test_sampled_children(tree: DraftTree, node: int, p: torch.Tensor, xs: list[int], generator) -> tuple[int | None, torch.Tensor]:
+def _test_sampled_children(
+    tree: DraftTree, node: int, p: torch.Tensor, xs: list[int], generator
+) -> tuple[int | None, torch.Tensor]:
     """Sampled candidates (proposal q_i per sibling, `_proposal`) of one node: x_i is accepted when
     ``u_i q_i(x_i) < p_i(x_i)``, else ``p_{i+1} = norm(max(p_i - q_i, 0))``. Every test runs on the device and the
     first accepted index is read once. Returns it (or None) and the residual after every candidate."""
@@ -187,7 +204,11 @@ def accept_sampling(
         scores.append(s)
         if children:
             xs = [tokens[c] for c in children]
-            index, p = _test_one_hot_children(p, xs, generator) if deterministic else _test_sampled_children(tree, node, p, xs, generator)
+            index, p = (
+                _test_one_hot_children(p, xs, generator)
+                if deterministic
+                else _test_sampled_children(tree, node, p, xs, generator)
+            )
         else:
             index = None
         if index is None:

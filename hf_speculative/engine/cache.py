@@ -20,8 +20,12 @@ import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
 __all__ = [
-    "attention_window", "prepare_tree_cache", "keep_path", "keep_paths", "keep_columns",
-]  # fmt: skip
+    "attention_window",
+    "prepare_tree_cache",
+    "keep_path",
+    "keep_paths",
+    "keep_columns",
+]
 
 
 def attention_window(config) -> tuple[int | None, str]:
@@ -34,7 +38,9 @@ def attention_window(config) -> tuple[int | None, str]:
     if layer_types:
         unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
         if unknown:
-            raise ValueError(f"tree speculative decoding supports full and sliding-window attention layers, not {unknown}")
+            raise ValueError(
+                f"tree speculative decoding supports full and sliding-window attention layers, not {unknown}"
+            )
         if "sliding_attention" not in layer_types or not window:
             return None, "full"
         return int(window), "mapping"  # models built with ``layer_types`` read a {layer type: mask} mapping

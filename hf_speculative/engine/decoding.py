@@ -38,19 +38,23 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .._compat import cache_arg, model_kwargs_cache
+from .acceptance import AcceptanceSettings, accept_greedy_all
 from .cache import attention_window, keep_paths, prepare_tree_cache
-from .policy import speed_policy
-from .trees import DraftingOptions, BatchTreeMaskBuffer, DraftTree, DynamicTree, TreeSpec, batch_tree_block
-from .protocol import TreeDrafter
 from .logits import NodeLogits
+from .policy import speed_policy
+from .protocol import TreeDrafter
 from .rows import TargetRows
 from .step_pricing import pricer_for, pricing_enabled
 from .tree_forward import verification_forward
-from .acceptance import AcceptanceSettings, accept_greedy_all
+from .trees import BatchTreeMaskBuffer, DraftingOptions, DraftTree, DynamicTree, TreeSpec, batch_tree_block
 
 __all__ = [
-    "SpeculativeStats", "SpeculativeGenerateOutput", "tree_speculative_decoding", "check_tree_attention", "attention_window",
-]  # fmt: skip
+    "SpeculativeStats",
+    "SpeculativeGenerateOutput",
+    "tree_speculative_decoding",
+    "check_tree_attention",
+    "attention_window",
+]
 
 TREE_ATTENTION = ("eager", "sdpa")
 
@@ -324,9 +328,13 @@ def _prefill(model, input_ids, cache, model_kwargs, all_logits: bool = False):
     if model_kwargs.get("position_ids") is not None:
         kwargs["position_ids"] = model_kwargs["position_ids"][:, past_length:]
     return model(
-        input_ids=input_ids[:, past_length:], **cache_arg(cache), use_cache=True,
-        output_hidden_states=True, logits_to_keep=0 if all_logits else 1, **kwargs,
-    )  # fmt: skip
+        input_ids=input_ids[:, past_length:],
+        **cache_arg(cache),
+        use_cache=True,
+        output_hidden_states=True,
+        logits_to_keep=0 if all_logits else 1,
+        **kwargs,
+    )
 
 
 def _top_k(logits: torch.Tensor, k: int, spans: list[tuple[int, int]]) -> list[torch.Tensor] | None:
@@ -337,7 +345,9 @@ def _top_k(logits: torch.Tensor, k: int, spans: list[tuple[int, int]]) -> list[t
     return [top[a, start:end] for a, (start, end) in enumerate(spans)]
 
 
-def _draft(drafter: TreeDrafter, batch: _Batch, tree: TreeSpec, options: DraftingOptions, drafting: bool) -> list[DraftTree]:
+def _draft(
+    drafter: TreeDrafter, batch: _Batch, tree: TreeSpec, options: DraftingOptions, drafting: bool
+) -> list[DraftTree]:
     """1. every row still generating drafts its tree (or, on a one-token step the pricer chose, its root alone)."""
     if not drafting:
         return [DraftTree(tokens=seq[0, -1:].clone(), parents=(-1,)) for seq in batch.sequences()]
@@ -350,14 +360,23 @@ def _verify(model, drafter: TreeDrafter, batch: _Batch, drafts, masks: _TreeMask
     device = batch.visible.device
     input_ids, position_ids = batch.tree_inputs(drafts, device)
     no_rows = torch.empty(0, dtype=torch.long, device=device)
-    with speed_policy(model).engine_kernels(model, rows=input_ids.numel()):  # the linear layers at this machine's cost for that many rows
+    with speed_policy(model).engine_kernels(
+        model, rows=input_ids.numel()
+    ):  # the linear layers at this machine's cost for that many rows
         return verification_forward(
-            model, drafter, drafts, lambda pruned, positions: masks(batch, pruned, positions),
-            input_ids=input_ids, attention_mask=masks(batch, drafts, position_ids), position_ids=position_ids,
-            **cache_arg(cache), use_cache=True, output_hidden_states=want_hidden or lazy_head is not None,
+            model,
+            drafter,
+            drafts,
+            lambda pruned, positions: masks(batch, pruned, positions),
+            input_ids=input_ids,
+            attention_mask=masks(batch, drafts, position_ids),
+            position_ids=position_ids,
+            **cache_arg(cache),
+            use_cache=True,
+            output_hidden_states=want_hidden or lazy_head is not None,
             # with the lazy head the forward computes no logits itself: `NodeLogits` computes the rows the walk reads
             logits_to_keep=no_rows if lazy_head is not None else 0,
-        )  # fmt: skip
+        )
 
 
 def _accept(accept, outputs, drafts, batch: _Batch, lazy_head, logits_processor, project=None):
@@ -484,7 +503,9 @@ def tree_speculative_decoding(
     stats = SpeculativeStats()
     masks = _TreeMasks(model, device)
 
-    batch, prefill = _prefill_and_begin(model, input_ids, cache, model_kwargs, drafter, stopping, masks, stats, logits_processor, do_sample)
+    batch, prefill = _prefill_and_begin(
+        model, input_ids, cache, model_kwargs, drafter, stopping, masks, stats, logits_processor, do_sample
+    )
     # a drafter that reads every node's logits gets them from the verification forward itself (no lazy head)
     lazy_head = None if drafter.verified_top_k else NodeLogits.lazy_head(model, prefill)
     project = speed_policy(model).head_projector(lazy_head) if lazy_head is not None else None
@@ -493,9 +514,23 @@ def tree_speculative_decoding(
     pricer = pricer_for(priced, model, len(batch.rows)) if pricing_enabled(pricing) else None
     while batch.active:
         _speculative_step(
-            model, drafter, batch, tree, options, cache, masks, stats, stopping, pricer,
-            accept, logits_processor, want_hidden, lazy_head, project, device,
-        )  # fmt: skip
+            model,
+            drafter,
+            batch,
+            tree,
+            options,
+            cache,
+            masks,
+            stats,
+            stopping,
+            pricer,
+            accept,
+            logits_processor,
+            want_hidden,
+            lazy_head,
+            project,
+            device,
+        )
 
     drafter.end_batch()
     if streamer is not None:
@@ -507,16 +542,32 @@ def _stopping_for(stopping_criteria, streamer, generation_config) -> _Stopping:
     """The stopping checks plain decoding makes, keeping the scores/logits `generate` was asked to return."""
     return_dict = generation_config.return_dict_in_generate
     return _Stopping(
-        stopping_criteria, streamer, generation_config._pad_token_tensor,
+        stopping_criteria,
+        streamer,
+        generation_config._pad_token_tensor,
         keep_scores=bool(return_dict and generation_config.output_scores),
         keep_logits=bool(return_dict and generation_config.output_logits),
-    )  # fmt: skip
+    )
 
 
 def _speculative_step(
-    model, drafter, batch, tree, options, cache, masks, stats, stopping, pricer,
-    accept, logits_processor, want_hidden: bool, lazy_head, project, device: torch.device,
-) -> None:  # fmt: skip
+    model,
+    drafter,
+    batch,
+    tree,
+    options,
+    cache,
+    masks,
+    stats,
+    stopping,
+    pricer,
+    accept,
+    logits_processor,
+    want_hidden: bool,
+    lazy_head,
+    project,
+    device: torch.device,
+) -> None:
     """One step over the active rows: draft, verify, accept, commit, compact the cache, let the drafter catch
     up and drop the rows that are done; each phase timed (and priced when a pricer is given)."""
     past_length = batch.visible.shape[1]  # the roots (last committed tokens) are not cached yet
@@ -542,7 +593,9 @@ def _speculative_step(
         pricer.record(drafted, time.perf_counter() - step_start, stats.accepted_lengths[-1], rows)
 
 
-def _prefill_and_begin(model, input_ids, cache, model_kwargs, drafter, stopping, masks, stats, logits_processor, do_sample):
+def _prefill_and_begin(
+    model, input_ids, cache, model_kwargs, drafter, stopping, masks, stats, logits_processor, do_sample
+):
     """The prefill: one target forward over the prompts commits each row's first new token, exactly as plain
     generate; the drafter begins from it (with the prompt positions' top-k when it reads them). Returns the batch
     and the prefill's outputs."""
@@ -555,11 +608,14 @@ def _prefill_and_begin(model, input_ids, cache, model_kwargs, drafter, stopping,
     first, scores, raw = _first_tokens(outputs, input_ids, logits_processor, do_sample)
     with _Timer(stats.timings, "draft", device):
         pads = [row.pad for row in batch.rows]
-        width = outputs.logits.shape[1]  # the prompt positions this forward computed (a cached prefix is not among them)
+        width = outputs.logits.shape[
+            1
+        ]  # the prompt positions this forward computed (a cached prefix is not among them)
         spans = [(max(pad - (input_ids.shape[1] - width), 0), width) for pad in pads]
         prompt_top_k = _top_k(outputs.logits, top_k, spans) if top_k else None
         drafter.begin_batch(
-            [row.sequence for row in batch.rows], TargetRows(outputs, starts=pads, columns=batch.visible, top_k=prompt_top_k)
+            [row.sequence for row in batch.rows],
+            TargetRows(outputs, starts=pads, columns=batch.visible, top_k=prompt_top_k),
         )
     for b, row in enumerate(batch.rows):
         row.stats.accepted_lengths.append(stopping.commit(row, [first[b]], [scores[b]], [raw[b]]))
@@ -568,7 +624,9 @@ def _prefill_and_begin(model, input_ids, cache, model_kwargs, drafter, stopping,
     return batch, outputs
 
 
-def _output(stopping: "_Stopping", batch: "_Batch", cache, prompt_length: int, generation_config, stats: SpeculativeStats):
+def _output(
+    stopping: "_Stopping", batch: "_Batch", cache, prompt_length: int, generation_config, stats: SpeculativeStats
+):
     """The sequences as plain `generate` returns them (and the dict output with the speculative statistics)."""
     sequences = stopping.output(batch.rows)
     if len(batch.rows) == 1:

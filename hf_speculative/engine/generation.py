@@ -13,8 +13,8 @@ from transformers import GenerationMixin, PreTrainedModel
 
 from .acceptance import AcceptanceSettings
 from .decoding import check_tree_attention, tree_speculative_decoding
-from .resolve import resolve_drafter
 from .policy import SpeedPolicy
+from .resolve import resolve_drafter
 
 __all__ = ["SpeculativeGenerationMixin", "enable", "is_enabled"]
 
@@ -56,11 +56,20 @@ class SpeculativeGenerationMixin:
     ):
         if assistant_model is None and not hasattr(self, "get_self_drafter"):
             if speculative_tree is not None or speculative_acceptance is not None or speculative_pricing is not None:
-                raise ValueError("speculative_tree / speculative_acceptance / speculative_pricing need an assistant_model (a drafter)")
+                raise ValueError(
+                    "speculative_tree / speculative_acceptance / speculative_pricing need an assistant_model (a drafter)"
+                )
             return super().generate(
-                inputs, generation_config, logits_processor, stopping_criteria, prefix_allowed_tokens_fn,
-                synced_gpus, assistant_model, streamer, **kwargs,
-            )  # fmt: skip
+                inputs,
+                generation_config,
+                logits_processor,
+                stopping_criteria,
+                prefix_allowed_tokens_fn,
+                synced_gpus,
+                assistant_model,
+                streamer,
+                **kwargs,
+            )
         for name in ("num_beams", "num_return_sequences"):
             value = kwargs.get(name, getattr(generation_config, name, None) if generation_config is not None else None)
             if value is not None and value > 1:
@@ -77,9 +86,17 @@ class SpeculativeGenerationMixin:
             pricing=speculative_pricing,
         )
         return super().generate(
-            inputs, generation_config, logits_processor, stopping_criteria, prefix_allowed_tokens_fn,
-            synced_gpus, None, streamer, custom_generate=decoding, **kwargs,
-        )  # fmt: skip
+            inputs,
+            generation_config,
+            logits_processor,
+            stopping_criteria,
+            prefix_allowed_tokens_fn,
+            synced_gpus,
+            None,
+            streamer,
+            custom_generate=decoding,
+            **kwargs,
+        )
 
 
 def _check_not_empty(input_ids) -> None:
@@ -112,7 +129,9 @@ def enable(model: PreTrainedModel, kernels: str | None = None, policy: SpeedPoli
     if policy is None:
         policy = SpeedPolicy.from_env(kernels=kernels or "auto")
     elif kernels is not None and kernels != policy.kernels:
-        raise ValueError(f"kernels={kernels!r} disagrees with the policy's kernels={policy.kernels!r}; give one of them")
+        raise ValueError(
+            f"kernels={kernels!r} disagrees with the policy's kernels={policy.kernels!r}; give one of them"
+        )
     if not is_enabled(model):
         if not isinstance(model, GenerationMixin):
             raise TypeError(f"enable() needs a transformers model that can generate, got {type(model).__name__}")
@@ -120,7 +139,9 @@ def enable(model: PreTrainedModel, kernels: str | None = None, policy: SpeedPoli
             raise ValueError("tree speculative decoding supports decoder-only causal LMs")
         cls = type(model)
         if cls not in _ENABLED_CLASSES:
-            _ENABLED_CLASSES[cls] = type(cls.__name__, (SpeculativeGenerationMixin, cls), {"__module__": cls.__module__})
+            _ENABLED_CLASSES[cls] = type(
+                cls.__name__, (SpeculativeGenerationMixin, cls), {"__module__": cls.__module__}
+            )
             _ENABLED_CLASSES[cls].__qualname__ = cls.__qualname__
         model.__class__ = _ENABLED_CLASSES[cls]
     policy.prepare(model)

@@ -45,7 +45,9 @@ class NodeLogits:
     forward.
     """
 
-    def __init__(self, outputs, head: torch.nn.Module | None, draft: DraftTree | None = None, row: int = 0, project=None):
+    def __init__(
+        self, outputs, head: torch.nn.Module | None, draft: DraftTree | None = None, row: int = 0, project=None
+    ):
         self.head = head
         self.project = project  # the engine's kernel for a few head rows (`kernels.head_projector`), or None
         self.seconds = 0.0  # time spent in the LM head here: the target's work, not the engine's

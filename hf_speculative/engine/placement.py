@@ -50,6 +50,7 @@ def match_target(drafter: torch.nn.Module, target: torch.nn.Module) -> torch.nn.
     move_device = any(t.device != device for t in tensors)
     if not (move_dtype or move_device):
         return drafter
+
     def name(x) -> str:
         return str(x).replace("torch.", "")
 

@@ -23,9 +23,16 @@ from dataclasses import dataclass, field
 import torch
 
 from .kernels.linear import (
-    ROW_BUCKETS, KernelTable, LinearKernel, available_kernels, default_kernel_table, kernel_table_path,
-    linear_layers, measure_kernel_table, read_kernel_table,
-)  # fmt: skip
+    ROW_BUCKETS,
+    KernelTable,
+    LinearKernel,
+    available_kernels,
+    default_kernel_table,
+    kernel_table_path,
+    linear_layers,
+    measure_kernel_table,
+    read_kernel_table,
+)
 
 __all__ = ["KERNELS_ENV", "SpeedPolicy", "speed_policy"]
 
@@ -59,13 +66,17 @@ class SpeedPolicy:
     table: KernelTable | None = None
     _kernels: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _linears: list = field(default_factory=lambda: [RESCAN_EVERY, []], init=False, repr=False, compare=False)
-    _prepared: "weakref.WeakKeyDictionary" = field(default_factory=weakref.WeakKeyDictionary, init=False, repr=False, compare=False)  # fmt: skip
+    _prepared: "weakref.WeakKeyDictionary" = field(
+        default_factory=weakref.WeakKeyDictionary, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self):
         if self.kernels not in ("auto", "torch"):
             raise ValueError(f"kernels must be 'auto' or 'torch', got {self.kernels!r}")
         if not self.memory_budget >= 0:
-            raise ValueError(f"memory_budget must be a fraction >= 0 of the model's parameter bytes, got {self.memory_budget!r}")
+            raise ValueError(
+                f"memory_budget must be a fraction >= 0 of the model's parameter bytes, got {self.memory_budget!r}"
+            )
 
     @classmethod
     def from_env(cls, **settings) -> "SpeedPolicy":
@@ -111,8 +122,14 @@ class SpeedPolicy:
             return cached
         size = sum(m.weight.nbytes for m in linear_layers(model))
         if self.measure_seconds > 0 and size >= MEASURE_MIN_BYTES and len(kernels) > 1:
-            return measure_kernel_table(model, ROW_BUCKETS, repeats=3, budget_bytes=MEASURE_SAMPLE_BYTES,
-                                        seconds=self.measure_seconds, kernels=kernels)  # fmt: skip
+            return measure_kernel_table(
+                model,
+                ROW_BUCKETS,
+                repeats=3,
+                budget_bytes=MEASURE_SAMPLE_BYTES,
+                seconds=self.measure_seconds,
+                kernels=kernels,
+            )
         return default_kernel_table(dtype, kernels)
 
     # --------------------------------------------------------------------- running, in the engine's forwards
@@ -172,11 +189,19 @@ class SpeedPolicy:
 
         def forward(x: torch.Tensor) -> torch.Tensor:
             weight, bias = module.weight, module.bias
-            stamp = (id(weight), weight.data_ptr(), tuple(weight.shape), weight.dtype, _version(weight),
-                     None if bias is None else (bias.data_ptr(), _version(bias)))  # fmt: skip
+            stamp = (
+                id(weight),
+                weight.data_ptr(),
+                tuple(weight.shape),
+                weight.dtype,
+                _version(weight),
+                None if bias is None else (bias.data_ptr(), _version(bias)),
+            )
             if slots.get(kernel.name, (None,))[0] != stamp:
                 slots[kernel.name] = (stamp, kernel.prepare(weight.detach().contiguous()))
-            return kernel.product(slots[kernel.name][1], x, module.out_features, None if bias is None else bias.detach())
+            return kernel.product(
+                slots[kernel.name][1], x, module.out_features, None if bias is None else bias.detach()
+            )
 
         return forward
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .protocol import TreeDrafter
 from ..registry import drafter_entries
 from .placement import match_target
+from .protocol import TreeDrafter
 
 __all__ = ["resolve_drafter"]
 

@@ -29,7 +29,9 @@ from .trees import DraftTree
 __all__ = ["verification_forward"]
 
 
-def verification_forward(model, drafter, drafts: list[DraftTree], mask_for: Callable, **inputs) -> tuple[object, list[DraftTree]]:
+def verification_forward(
+    model, drafter, drafts: list[DraftTree], mask_for: Callable, **inputs
+) -> tuple[object, list[DraftTree]]:
     """``model(**inputs)`` over the drafts' nodes; returns the outputs and the drafts they verified (pruned by the
     drafter's hook when it has one). ``mask_for(drafts, position_ids)`` builds the attention mask of pruned drafts."""
     layer = getattr(drafter, "pruning_layer", None)
@@ -46,7 +48,9 @@ def _decoder_layers(model) -> torch.nn.ModuleList:
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None:
-        raise TypeError(f"{type(model).__name__} exposes no decoder layers (model.layers): tree pruning cannot run inside its forward")
+        raise TypeError(
+            f"{type(model).__name__} exposes no decoder layers (model.layers): tree pruning cannot run inside its forward"
+        )
     return layers
 
 
@@ -88,8 +92,12 @@ class _Pruning:
             if isinstance(mask, dict):
                 mask = mask[self.layer_types[i]]
             cos, sin = kwargs["position_embeddings"]
-            return args, {**kwargs, "attention_mask": mask, "position_ids": self.position_ids,
-                          "position_embeddings": (self._gather(cos), self._gather(sin))}  # fmt: skip
+            return args, {
+                **kwargs,
+                "attention_mask": mask,
+                "position_ids": self.position_ids,
+                "position_embeddings": (self._gather(cos), self._gather(sin)),
+            }
 
         return hook
 

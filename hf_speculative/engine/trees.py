@@ -22,9 +22,18 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 __all__ = [
-    "TreeSpec", "budget_tree", "DynamicTree", "DraftTree", "DraftingOptions", "fill_children", "additive_mask", "tree_attention_mask",
-    "BatchTreeMaskBuffer", "batch_tree_block", "expected_acceptance_length",
-]  # fmt: skip
+    "TreeSpec",
+    "budget_tree",
+    "DynamicTree",
+    "DraftTree",
+    "DraftingOptions",
+    "fill_children",
+    "additive_mask",
+    "tree_attention_mask",
+    "BatchTreeMaskBuffer",
+    "batch_tree_block",
+    "expected_acceptance_length",
+]
 
 
 def _ancestor_matrix(parents: Sequence[int]) -> torch.Tensor:
@@ -139,7 +148,9 @@ class TreeSpec:
             if min(p) < 0:
                 raise ValueError(f"tree path {list(p)} has a negative top-i index")
             if len(p) > 1 and p[:-1] not in known:
-                raise ValueError(f"tree path {list(p)} has no parent path {list(p[:-1])}: every prefix of a path must be in the tree")
+                raise ValueError(
+                    f"tree path {list(p)} has no parent path {list(p[:-1])}: every prefix of a path must be in the tree"
+                )
             if p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in known:
                 raise ValueError(
                     f"tree path {list(p)} skips its lower-ranked sibling {list(p[:-1] + (p[-1] - 1,))}: "
@@ -233,7 +244,9 @@ class TreeSpec:
         """The quantity `optimize` maximizes with a ``cost``: expected tau over the step's cost in plain steps,
         ``tau / (c(N + 1) + draft_cost)`` (below 1: the tree does not pay for itself on that cost curve)."""
         step = _step_cost(cost, batch_size)(self.num_nodes + 1)
-        return self.expected_acceptance_length(accuracies) / (step + _draft_cost_fn(draft_cost)(self.num_nodes, self.depth))
+        return self.expected_acceptance_length(accuracies) / (
+            step + _draft_cost_fn(draft_cost)(self.num_nodes, self.depth)
+        )
 
     def expected_acceptance_length(self, accuracies) -> float:
         """1 (the bonus token) + the sum over nodes of the product of ``accuracies`` along the node's path
@@ -286,7 +299,9 @@ class TreeSpec:
         """JSON-friendly form for configs (inverse of `from_choices`)."""
         return [list(p) for p in self.paths]
 
-    def fill(self, logits: torch.Tensor, root_token: torch.Tensor, scheme: str, options: DraftingOptions) -> "DraftTree":
+    def fill(
+        self, logits: torch.Tensor, root_token: torch.Tensor, scheme: str, options: DraftingOptions
+    ) -> "DraftTree":
         """This step's draft from one distribution per depth (row d drafts depth d + 1), whatever the parent: the
         drafting rule of Medusa heads, ParallelSpec's mask positions and Speculative Streaming's streams.
 
@@ -308,17 +323,20 @@ class TreeSpec:
         tokens = torch.empty(n, dtype=torch.long, device=device)
         tokens[0] = root[0]
         probs = torch.zeros(n, logits.shape[-1], device=device)
-        per_depth = torch.softmax(logits[: self.depth].float() / max(options.temperature, 1e-5), dim=-1)  # q once per depth
+        per_depth = torch.softmax(
+            logits[: self.depth].float() / max(options.temperature, 1e-5), dim=-1
+        )  # q once per depth
         for node, kids in enumerate(self.children):
             if kids:
-                chosen, q = fill_children(logits[depths[node]], len(kids), scheme, options, probs=per_depth[depths[node]])
+                chosen, q = fill_children(
+                    logits[depths[node]], len(kids), scheme, options, probs=per_depth[depths[node]]
+                )
                 tokens[list(kids)] = chosen.to(device)
                 probs[node] = q.to(device)
         return DraftTree.from_spec(self, tokens, draft_probs=probs, sampling=scheme)
 
     def __repr__(self) -> str:
         return f"TreeSpec(num_nodes={self.num_nodes}, depth={self.depth})"
-
 
 
 def expected_acceptance_length(tree: TreeSpec, accuracies) -> float:
@@ -352,7 +370,9 @@ class DynamicTree:
 
     def __init__(self, total_tokens: int = 16, depth: int = 4, top_k: int = 4):
         if total_tokens < 1 or depth < 1 or top_k < 1:
-            raise ValueError(f"DynamicTree needs total_tokens, depth and top_k >= 1, got {total_tokens}, {depth}, {top_k}")
+            raise ValueError(
+                f"DynamicTree needs total_tokens, depth and top_k >= 1, got {total_tokens}, {depth}, {top_k}"
+            )
         self.total_tokens, self.depth, self.top_k = int(total_tokens), int(depth), int(top_k)
 
     @property
@@ -360,14 +380,18 @@ class DynamicTree:
         """The node budget (drafted nodes, the root excluded)."""
         return self.total_tokens
 
-    def fill(self, logits: torch.Tensor, root_token: torch.Tensor, scheme: str, options: DraftingOptions) -> "DraftTree":
+    def fill(
+        self, logits: torch.Tensor, root_token: torch.Tensor, scheme: str, options: DraftingOptions
+    ) -> "DraftTree":
         """This step's draft from one distribution per depth (`build`): top-k candidates in every mode."""
         return self.build(torch.log_softmax(logits[: self.depth].float(), dim=-1), root_token)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, DynamicTree) and (self.total_tokens, self.depth, self.top_k) == (
-            other.total_tokens, other.depth, other.top_k,
-        )  # fmt: skip
+            other.total_tokens,
+            other.depth,
+            other.top_k,
+        )
 
     def __hash__(self) -> int:
         return hash(("DynamicTree", self.total_tokens, self.depth, self.top_k))
@@ -579,7 +603,9 @@ class BatchTreeMaskBuffer:
         self.buffer = self.buffer.index_select(0, rows.to(self.device))
 
 
-def batch_tree_block(drafts: Sequence["DraftTree"], dtype: torch.dtype, device, cache: dict | None = None) -> torch.Tensor:
+def batch_tree_block(
+    drafts: Sequence["DraftTree"], dtype: torch.dtype, device, cache: dict | None = None
+) -> torch.Tensor:
     """The additive tree block ``(A or 1, n, n)`` of a step's drafts, padded to the widest (a padding node sees
     itself only). Drafts of one static spec share one cached block (keyed by the spec in ``cache``)."""
     spec = drafts[0]._spec
@@ -605,4 +631,6 @@ def budget_tree(num_nodes: int, depth: int) -> TreeSpec:
     """A tree that only carries a budget (``num_nodes`` nodes, ``depth`` levels): a chain plus first-level siblings.
     Drafters that build their own trie (prompt lookup, the hybrid, suffix trees) read only its size and depth."""
     depth = max(1, min(depth, num_nodes))
-    return TreeSpec.from_choices([[0] * d for d in range(1, depth + 1)] + [[i] for i in range(1, num_nodes - depth + 1)])
+    return TreeSpec.from_choices(
+        [[0] * d for d in range(1, depth + 1)] + [[i] for i in range(1, num_nodes - depth + 1)]
+    )

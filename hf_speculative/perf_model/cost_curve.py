@@ -126,9 +126,12 @@ class CostCurve:
     @classmethod
     def from_dict(cls, data: dict) -> "CostCurve":
         return cls(
-            nodes=data["nodes"], ratios=data["ratios"], projection_rows=data.get("projection_rows", ()),
-            projection_ratios=data.get("projection_ratios", ()), meta=data.get("meta", {}),
-        )  # fmt: skip
+            nodes=data["nodes"],
+            ratios=data["ratios"],
+            projection_rows=data.get("projection_rows", ()),
+            projection_ratios=data.get("projection_ratios", ()),
+            meta=data.get("meta", {}),
+        )
 
     def save(self, path: str | os.PathLike) -> None:
         path = Path(path)
@@ -167,10 +170,14 @@ def _time_forward(model, ids, cache, mask, prefix: int, n: int, logits_to_keep, 
     start = time.perf_counter()
     with speed_policy(model).engine_kernels(model, rows=n) if logits_to_keep is None else contextlib.nullcontext():
         out = model(
-            input_ids=ids[:, prefix : prefix + n], attention_mask=mask, **cache_arg(cache), use_cache=True,
-            position_ids=torch.arange(prefix, prefix + n, device=device)[None], logits_to_keep=keep,
+            input_ids=ids[:, prefix : prefix + n],
+            attention_mask=mask,
+            **cache_arg(cache),
+            use_cache=True,
+            position_ids=torch.arange(prefix, prefix + n, device=device)[None],
+            logits_to_keep=keep,
             output_hidden_states=engine_step,
-        )  # fmt: skip
+        )
     if engine_step:  # the engine's lazy LM head: the first rows the walk reads, in one product
         states = out.hidden_states[-1][0, : max(2, min(n, PREFETCH_ROWS))]
         if fast_head is None or fast_head(states) is None:
@@ -225,7 +232,9 @@ def measure_cost_curve(
     ids = torch.randint(0, vocab, (1, prefix + nodes[-1]), generator=gen).to(device)
     cache = DynamicCache(config=model.config)
     model(input_ids=ids[:, :prefix], **cache_arg(cache), use_cache=True)
-    masks = {n: additive_mask(torch.ones(n, prefix + n, dtype=torch.bool).tril(prefix), dtype).to(device) for n in nodes}
+    masks = {
+        n: additive_mask(torch.ones(n, prefix + n, dtype=torch.bool).tril(prefix), dtype).to(device) for n in nodes
+    }
     head = model.get_output_embeddings() if projection_rows else None
     rows = [int(r) for r in projection_rows] if head is not None else []
     states = torch.randn(max(rows, default=1), head.weight.shape[1], generator=gen).to(device) if rows else None
@@ -238,7 +247,9 @@ def measure_cost_curve(
     for round_ in range(repeats + 1):  # round 0 warms up
         for key in best:
             if key[0] == "n":
-                seconds = _time_forward(model, ids, cache, masks[key[1]], prefix, key[1], logits_to_keep, no_rows, fast_head, lm_head)
+                seconds = _time_forward(
+                    model, ids, cache, masks[key[1]], prefix, key[1], logits_to_keep, no_rows, fast_head, lm_head
+                )
             else:
                 seconds = _time_projection(states, head, key[1], device)
             if round_:
@@ -248,10 +259,14 @@ def measure_cost_curve(
     ratios = [t / step for t in fitted]
     proj = _non_decreasing([best[("r", r)] / step for r in rows])
     meta = {
-        "machine": machine_description(device), "dtype": str(dtype).replace("torch.", ""), "prefix": prefix,
-        "repeats": repeats, "logits_to_keep": "engine" if logits_to_keep is None else logits_to_keep, "step_seconds": step,
+        "machine": machine_description(device),
+        "dtype": str(dtype).replace("torch.", ""),
+        "prefix": prefix,
+        "repeats": repeats,
+        "logits_to_keep": "engine" if logits_to_keep is None else logits_to_keep,
+        "step_seconds": step,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }  # fmt: skip
+    }
     return CostCurve(tuple(nodes), tuple(ratios), tuple(rows), tuple(proj), meta)
 
 

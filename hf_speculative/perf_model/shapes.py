@@ -17,54 +17,167 @@ from pathlib import Path
 from typing import Any, Mapping
 
 #: Llama 3's rotary embedding (rope_type "llama3"; ``factor`` 8 for 3.1, 32 for 3.2)
-_LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=500000.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                    original_max_position_embeddings=8192)  # fmt: skip
+_LLAMA3_ROPE = dict(
+    rope_type="llama3",
+    rope_theta=500000.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=8192,
+)
 
 #: Config keyword arguments of common target (and draft) shapes: ``model_type`` names the family's config class
 #: (`shape_config`), the rest are the published ``config.json`` fields that decide a forward's cost (token ids and
 #: generation settings left out)
 SHAPES: dict[str, dict] = {
-    "llama-2-7b": dict(model_type="llama", hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                       num_attention_heads=32, num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096),
-    "vicuna-7b": dict(model_type="llama", hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                      num_attention_heads=32, num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096),
-    "llama-2-13b": dict(model_type="llama", hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
-                        num_attention_heads=40, num_key_value_heads=40, vocab_size=32000, max_position_embeddings=4096),
-    "llama-3-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                       num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192),
+    "llama-2-7b": dict(
+        model_type="llama",
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+    ),
+    "vicuna-7b": dict(
+        model_type="llama",
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+    ),
+    "llama-2-13b": dict(
+        model_type="llama",
+        hidden_size=5120,
+        intermediate_size=13824,
+        num_hidden_layers=40,
+        num_attention_heads=40,
+        num_key_value_heads=40,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+    ),
+    "llama-3-8b": dict(
+        model_type="llama",
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        max_position_embeddings=8192,
+    ),
     # meta-llama/Llama-3.1-8B
-    "llama-3.1-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                         num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
-                         max_position_embeddings=131072, rope_parameters=dict(_LLAMA3_ROPE, factor=8.0),
-                         rms_norm_eps=1e-5, tie_word_embeddings=False),
+    "llama-3.1-8b": dict(
+        model_type="llama",
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rope_parameters=dict(_LLAMA3_ROPE, factor=8.0),
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    ),
     # meta-llama/Llama-3.2-1B and -3B: tied embeddings
-    "llama-3.2-1b": dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                         num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
-                         max_position_embeddings=131072, rope_parameters=dict(_LLAMA3_ROPE, factor=32.0),
-                         rms_norm_eps=1e-5, tie_word_embeddings=True),
-    "llama-3.2-3b": dict(model_type="llama", hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
-                         num_attention_heads=24, num_key_value_heads=8, head_dim=128, vocab_size=128256,
-                         max_position_embeddings=131072, rope_parameters=dict(_LLAMA3_ROPE, factor=32.0),
-                         rms_norm_eps=1e-5, tie_word_embeddings=True),
+    "llama-3.2-1b": dict(
+        model_type="llama",
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rope_parameters=dict(_LLAMA3_ROPE, factor=32.0),
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    ),
+    "llama-3.2-3b": dict(
+        model_type="llama",
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_hidden_layers=28,
+        num_attention_heads=24,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rope_parameters=dict(_LLAMA3_ROPE, factor=32.0),
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    ),
     # Qwen/Qwen2.5-0.5B: Qwen2Config (q, k and v projections with biases), tied embeddings
-    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
-                         max_position_embeddings=32768, rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
-                         rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False),
+    "qwen2.5-0.5b": dict(
+        model_type="qwen2",
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        max_position_embeddings=32768,
+        rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+    ),
     # mistralai/Mistral-7B-v0.3: MistralConfig, 32768-token vocabulary, no sliding window, untied
-    "mistral-7b": dict(model_type="mistral", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                       num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32768,
-                       max_position_embeddings=32768, rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
-                       rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=False),
-    "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192,
-                         tie_word_embeddings=True),
-    "tiny": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=256, max_position_embeddings=1024),
-}  # fmt: skip
+    "mistral-7b": dict(
+        model_type="mistral",
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=32768,
+        max_position_embeddings=32768,
+        rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+        rms_norm_eps=1e-5,
+        sliding_window=None,
+        tie_word_embeddings=False,
+    ),
+    "smollm2-135m": dict(
+        model_type="llama",
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    ),
+    "tiny": dict(
+        model_type="llama",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=1024,
+    ),
+}
 
 #: bytes per element of the dtypes a config may name
-DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
+DTYPE_BYTES = {
+    "float32": 4,
+    "float": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "half": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int8": 1,
+}
 
 
 def check_shape_name(shape: str) -> None:
@@ -156,7 +269,7 @@ class ModelShape:
             qkv_bias=attention_bias or model_type == "qwen2" or bool(_get(config, "qkv_bias", False)),
             o_bias=attention_bias,
             mlp_bias=bool(_get(config, "mlp_bias", False)),
-        )  # fmt: skip
+        )
 
     @classmethod
     def from_name(cls, name: str, dtype_bytes: int = 2) -> "ModelShape":
@@ -170,7 +283,9 @@ class ModelShape:
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
-        return cls.from_config(json.loads(path.read_text()), dtype_bytes=dtype_bytes, name=str(path.parent.name or path))
+        return cls.from_config(
+            json.loads(path.read_text()), dtype_bytes=dtype_bytes, name=str(path.parent.name or path)
+        )
 
     def truncated(self, layers: int, name: str | None = None) -> "ModelShape":
         """The first ``layers`` decoder layers of this shape with its embedding and LM head: a layer-cut draft, or

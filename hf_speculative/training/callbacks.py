@@ -40,7 +40,9 @@ class LearningCurveCallback(TrainerCallback):
     seen_key = "train_tokens"  # step x per_step
     top1_key = "top1"  # the per-depth top-1 accuracies
 
-    def __init__(self, model, held_out, num_nodes: int, num_points: int = 4, save_dir: str | None = None, per_step: float = 0):
+    def __init__(
+        self, model, held_out, num_nodes: int, num_points: int = 4, save_dir: str | None = None, per_step: float = 0
+    ):
         self.model, self.held_out, self.num_nodes, self.num_points = model, held_out, num_nodes, num_points
         self.save_dir, self.per_step = save_dir, per_step
         self.curve: list[dict] = []

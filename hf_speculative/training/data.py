@@ -284,15 +284,15 @@ def load_sharegpt_package(
     if as_dataset:
         import datasets
 
-        return datasets.Dataset.from_dict(
-            {"id": [r.id for r in records], "messages": [r.dialogue() for r in records]}
-        )
+        return datasets.Dataset.from_dict({"id": [r.id for r in records], "messages": [r.dialogue() for r in records]})
     return records
 
 
 def load_alpaca(path: str | Path, limit: int | None = None, category: str = "alpaca") -> list[Record]:
     """Alpaca json: a list of ``{"instruction", "input", "output"}``; the input follows the instruction."""
-    rows = json.loads(Path(path).read_text(encoding="utf-8"))  # not load_dataset("json"): an absent "input" would be None
+    rows = json.loads(
+        Path(path).read_text(encoding="utf-8")
+    )  # not load_dataset("json"): an absent "input" would be None
     records = []
     for i, row in enumerate(rows):
         prompt = row["instruction"].strip()
@@ -341,9 +341,7 @@ def load_dialogsum(
     return _limit(records, limit)
 
 
-E2E_INSTRUCTION = (
-    "Write one or two sentences describing a restaurant from this meaning representation: {mr}"
-)
+E2E_INSTRUCTION = "Write one or two sentences describing a restaurant from this meaning representation: {mr}"
 
 
 def load_e2e_nlg(path: str | Path, limit: int | None = None, instruction: str = E2E_INSTRUCTION) -> list[Record]:
@@ -400,7 +398,10 @@ def load_chat_jsonl(path: str | Path, limit: int | None = None) -> list[Record]:
     records = []
     for i, row in enumerate(_read_jsonl(Path(path))):
         rec = _sharegpt_record(
-            {"id": row.get("id", i), "conversations": [{"from": m["role"], "value": m["content"]} for m in row["messages"]]},
+            {
+                "id": row.get("id", i),
+                "conversations": [{"from": m["role"], "value": m["content"]} for m in row["messages"]],
+            },
             i,
             row.get("category", "chat"),
         )
@@ -493,8 +494,8 @@ def tokenize_conversation(
     for i, msg in enumerate(messages):
         prefix = encode_chat(tokenizer, messages[: i + 1], add_generation_prompt=False)
         if prefix[: len(ids)] != ids:  # template not prefix-stable: fall back to whole-text encoding
-            prefix = ids + prefix[len(ids):]
-        new = prefix[len(ids):]
+            prefix = ids + prefix[len(ids) :]
+        new = prefix[len(ids) :]
         train = msg["role"] == "assistant" or train_on_prompt
         if msg["role"] == "assistant" and not train_on_prompt:
             # the assistant header ("<|im_start|>assistant\n") is prompt, not target

@@ -76,7 +76,7 @@ def _generate_batch(model, tokenizer, conversations, generation_kwargs) -> list[
     with torch.inference_mode():
         # Plain transformers generate, even on a model that hf_speculative.enable() patched.
         out = transformers.GenerationMixin.generate(model, **enc, **generation_kwargs)
-    new = out[:, enc["input_ids"].shape[1]:]
+    new = out[:, enc["input_ids"].shape[1] :]
     eos = generation_kwargs["eos_token_id"]
     eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos])
     pad = generation_kwargs["pad_token_id"]
@@ -99,7 +99,9 @@ def _generation_kwargs(model, tokenizer, max_new_tokens: int, temperature: float
         max_new_tokens=max_new_tokens,
         do_sample=temperature > 0,
         eos_token_id=model.generation_config.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model.generation_config.pad_token_id,
+        pad_token_id=tokenizer.pad_token_id
+        if tokenizer.pad_token_id is not None
+        else model.generation_config.pad_token_id,
     )
     if temperature > 0:
         gen_kwargs["temperature"] = temperature

@@ -9,9 +9,17 @@ from typing import Sequence
 import torch
 
 __all__ = [
-    "process_state", "num_processes", "is_main_process", "main_process_first", "barrier", "end_processes", "several_processes",
-    "process0_value", "average_gradients", "weights_agree",
-]  # fmt: skip
+    "process_state",
+    "num_processes",
+    "is_main_process",
+    "main_process_first",
+    "barrier",
+    "end_processes",
+    "several_processes",
+    "process0_value",
+    "average_gradients",
+    "weights_agree",
+]
 
 
 def process_state():

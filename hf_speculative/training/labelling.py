@@ -81,7 +81,14 @@ def _write_json_atomic(path: Path, obj) -> None:
 
 
 def _labelling_settings(
-    model, layers: list[int], top_k: int, max_length: int, data: str, autocast: torch.dtype | None, rank: int, world: int
+    model,
+    layers: list[int],
+    top_k: int,
+    max_length: int,
+    data: str,
+    autocast: torch.dtype | None,
+    rank: int,
+    world: int,
 ) -> dict:
     """The settings recorded in (and checked against) ``manifest.json``."""
     num_layers = model.config.num_hidden_layers
@@ -107,10 +114,20 @@ def _open_manifest(out_dir: Path, settings: dict) -> dict:
         manifest = json.loads(manifest_path.read_text())
         changed = [k for k in _SETTINGS if manifest.get(k) != settings[k]]
         if changed:
-            raise ValueError(f"{out_dir} holds data labelled with other settings ({', '.join(changed)}); use another folder")
+            raise ValueError(
+                f"{out_dir} holds data labelled with other settings ({', '.join(changed)}); use another folder"
+            )
     else:
-        manifest = {**settings, "shards": [], "next_record": 0, "num_conversations": 0, "total_tokens": 0,
-                    "bytes": 0, "bytes_per_million_tokens": None, "tokens_per_second": None}  # fmt: skip
+        manifest = {
+            **settings,
+            "shards": [],
+            "next_record": 0,
+            "num_conversations": 0,
+            "total_tokens": 0,
+            "bytes": 0,
+            "bytes_per_million_tokens": None,
+            "tokens_per_second": None,
+        }
     return manifest
 
 
@@ -191,7 +208,13 @@ class _ShardBuffer:
         os.replace(tmp, out_dir / name)
         size = (out_dir / name).stat().st_size
         manifest["shards"].append(
-            {"file": name, "tokens": self.tokens, "conversations": len(self.ids), "bytes": size, "records": self.records}
+            {
+                "file": name,
+                "tokens": self.tokens,
+                "conversations": len(self.ids),
+                "bytes": size,
+                "records": self.records,
+            }
         )
         manifest["total_tokens"] += self.tokens
         manifest["num_conversations"] += len(self.ids)
@@ -304,10 +327,15 @@ def label_records(
         raise ValueError("no record with an assistant answer to label")
     cat = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
     return HiddenStates(
-        hidden=cat[f"hidden_{final}"], input_ids=cat["input_ids"].long(), labels=cat["labels"].long(),
-        offsets=torch.tensor(offsets), ids=ids, topk_ids=cat["topk_ids"], topk_logprobs=cat["topk_logprobs"],
+        hidden=cat[f"hidden_{final}"],
+        input_ids=cat["input_ids"].long(),
+        labels=cat["labels"].long(),
+        offsets=torch.tensor(offsets),
+        ids=ids,
+        topk_ids=cat["topk_ids"],
+        topk_logprobs=cat["topk_logprobs"],
         layers={i: cat[f"hidden_{i}"] for i in layers if i != final} or None,
-    )  # fmt: skip
+    )
 
 
 class LabelledShards:
@@ -319,14 +347,18 @@ class LabelledShards:
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
-        manifests = [self.folder / "manifest.json"] if (self.folder / "manifest.json").is_file() else sorted(
-            self.folder.glob("rank*/manifest.json"), key=lambda p: int(p.parent.name[4:])
+        manifests = (
+            [self.folder / "manifest.json"]
+            if (self.folder / "manifest.json").is_file()
+            else sorted(self.folder.glob("rank*/manifest.json"), key=lambda p: int(p.parent.name[4:]))
         )
         if not manifests:
             raise FileNotFoundError(f"no manifest.json in {self.folder} (nor in rank*/)")
         self.manifests = [json.loads(p.read_text()) for p in manifests]
         self.manifest = self.manifests[0]
-        self.shards: list[tuple[Path, dict]] = [(p.parent / s["file"], s) for p, m in zip(manifests, self.manifests) for s in m["shards"]]
+        self.shards: list[tuple[Path, dict]] = [
+            (p.parent / s["file"], s) for p, m in zip(manifests, self.manifests) for s in m["shards"]
+        ]
         self._first_conv = [0]
         for _, s in self.shards:
             self._first_conv.append(self._first_conv[-1] + s["conversations"])
@@ -431,8 +463,14 @@ class LabelledShards:
             if i not in self.layers:
                 raise KeyError(f"layer {i} not labelled (have {self.layers})")
         wanted = range(self.num_conversations) if conversations is None else conversations
-        names = {"hidden": f"hidden_{layer}", "input_ids": "input_ids", "labels": "labels",
-                 "topk_ids": "topk_ids", "topk_logprobs": "topk_logprobs", **{i: f"hidden_{i}" for i in extra}}  # fmt: skip
+        names = {
+            "hidden": f"hidden_{layer}",
+            "input_ids": "input_ids",
+            "labels": "labels",
+            "topk_ids": "topk_ids",
+            "topk_logprobs": "topk_logprobs",
+            **{i: f"hidden_{i}" for i in extra},
+        }
         parts, offsets, ids = self._read_conversations(self._plan_by_shard(wanted), names, max_tokens)
         if not ids:
             raise ValueError("no labelled conversation selected")

@@ -114,9 +114,15 @@ class HiddenStates:
             common = set.intersection(*(set(p.layers) for p in parts))
             layers = {k: torch.cat([p.layers[k] for p in parts]) for k in sorted(common)}
         return cls(
-            cat("hidden"), cat("input_ids"), cat("labels"), torch.tensor(offsets), [i for p in parts for i in p.ids],
-            cat("topk_ids"), cat("topk_logprobs"), layers,
-        )  # fmt: skip
+            cat("hidden"),
+            cat("input_ids"),
+            cat("labels"),
+            torch.tensor(offsets),
+            [i for p in parts for i in p.ids],
+            cat("topk_ids"),
+            cat("topk_logprobs"),
+            layers,
+        )
 
     @property
     def has_teacher(self) -> bool:
@@ -316,7 +322,9 @@ class DrafterTrainer(Trainer):
         saved = load_file(str(path))
         params = self.trainable_tensors(self.model)
         if len(saved) != len(params) or any(saved[str(i)].shape != p.shape for i, p in enumerate(params)):
-            raise ValueError(f"{path} does not hold this model's trainable weights ({len(saved)} tensors, model has {len(params)})")
+            raise ValueError(
+                f"{path} does not hold this model's trainable weights ({len(saved)} tensors, model has {len(params)})"
+            )
         with torch.no_grad():
             for i, p in enumerate(params):
                 p.copy_(saved[str(i)].to(p.device, p.dtype))
@@ -353,10 +361,21 @@ def planned_steps(num_examples: int, batch_size: int, num_epochs: float, max_ste
 #: the schedule every drafter's ``train_*`` function takes as ``**training`` (forwarded to `train_drafter`), with the
 #: defaults a method overrides in `training_settings`; ``warmup_steps`` (unset: ``warmup_ratio`` of the planned steps)
 TRAINING_DEFAULTS = dict(
-    num_epochs=1.0, max_steps=-1, batch_size=4, learning_rate=3e-4, weight_decay=0.0, warmup_ratio=0.05,
-    gradient_accumulation_steps=1, logging_steps=10, seed=0, progress=True, time_budget=None, callbacks=None,
-    save_steps=None, resume=False,
-)  # fmt: skip
+    num_epochs=1.0,
+    max_steps=-1,
+    batch_size=4,
+    learning_rate=3e-4,
+    weight_decay=0.0,
+    warmup_ratio=0.05,
+    gradient_accumulation_steps=1,
+    logging_steps=10,
+    seed=0,
+    progress=True,
+    time_budget=None,
+    callbacks=None,
+    save_steps=None,
+    resume=False,
+)
 
 
 def training_settings(training: dict, **method_defaults) -> dict:
@@ -365,7 +384,9 @@ def training_settings(training: dict, **method_defaults) -> dict:
     known = set(TRAINING_DEFAULTS) | {"warmup_steps"}
     unknown = sorted(set(training) - known)
     if unknown:
-        raise TypeError(f"unexpected training argument(s) {', '.join(unknown)}; the schedule takes {', '.join(sorted(known))}")
+        raise TypeError(
+            f"unexpected training argument(s) {', '.join(unknown)}; the schedule takes {', '.join(sorted(known))}"
+        )
     return {**TRAINING_DEFAULTS, **method_defaults, **training}
 
 
@@ -406,7 +427,12 @@ def train_drafter(
         callbacks.append(budget)
     model.train()
     trainer = trainer_class(
-        model=model, args=args, train_dataset=dataset, data_collator=collator, callbacks=callbacks, **(trainer_kwargs or {})
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        data_collator=collator,
+        callbacks=callbacks,
+        **(trainer_kwargs or {}),
     )
     train_resumable(trainer, resume)
     model.eval()

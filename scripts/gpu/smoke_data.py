@@ -8,8 +8,14 @@ import io
 import json
 from pathlib import Path
 
-ANSWERS = ["the cat sat on the mat .", "a dog is big and red .", "one two three four five .",
-           "hello world , how is it ?", "write me a short poem please .", "the blue cat was small ."]  # fmt: skip
+ANSWERS = [
+    "the cat sat on the mat .",
+    "a dog is big and red .",
+    "one two three four five .",
+    "hello world , how is it ?",
+    "write me a short poem please .",
+    "the blue cat was small .",
+]
 
 
 def write_tiny_model(folder: Path) -> Path:
@@ -36,12 +42,24 @@ def write_smoke_data(data: Path) -> None:
     """``sharegpt/sharegpt.json``, ``e2e_nlg/{devset,testset_w_refs}.csv`` and ``prompts.jsonl`` under ``data``."""
     (data / "sharegpt").mkdir(parents=True, exist_ok=True)
     (data / "e2e_nlg").mkdir(parents=True, exist_ok=True)
-    chats = [{"id": str(i), "conversations": [{"from": "human", "value": f"tell me about the cat {i % 3} ?"},
-                                              {"from": "gpt", "value": ANSWERS[i % len(ANSWERS)]}]} for i in range(8)]  # fmt: skip
+    chats = [
+        {
+            "id": str(i),
+            "conversations": [
+                {"from": "human", "value": f"tell me about the cat {i % 3} ?"},
+                {"from": "gpt", "value": ANSWERS[i % len(ANSWERS)]},
+            ],
+        }
+        for i in range(8)
+    ]
     (data / "sharegpt" / "sharegpt.json").write_text(json.dumps(chats))
     (data / "e2e_nlg" / "devset.csv").write_text(_e2e_csv(6))
     (data / "e2e_nlg" / "testset_w_refs.csv").write_text(_e2e_csv(3))
-    prompts = [("writing", "write a poem"), ("math", "what is one and two ?"), ("writing", "tell me a story"),
-               ("math", "what is two and three ?")]  # fmt: skip
+    prompts = [
+        ("writing", "write a poem"),
+        ("math", "what is one and two ?"),
+        ("writing", "tell me a story"),
+        ("math", "what is two and three ?"),
+    ]
     rows = [{"question_id": i, "category": c, "turns": [t]} for i, (c, t) in enumerate(prompts)]
     (data / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -1,8 +1,8 @@
 """Quality metrics as local ``evaluate`` modules stored in this package (loaded offline, no Hub).
 
-    from hf_speculative.bench.metrics import load_metric
-    rouge = load_metric("rouge")            # hf_speculative/bench/metrics/rouge_local/rouge_local.py
-    em = load_metric("sql_exact_match")     # hf_speculative/bench/metrics/sql_exact_match/sql_exact_match.py
+from hf_speculative.bench.metrics import load_metric
+rouge = load_metric("rouge")            # hf_speculative/bench/metrics/rouge_local/rouge_local.py
+em = load_metric("sql_exact_match")     # hf_speculative/bench/metrics/sql_exact_match/sql_exact_match.py
 """
 
 from __future__ import annotations

@@ -4,8 +4,15 @@ the drafter (`hf_speculative.registry`)."""
 
 from ..lazy import lazy_drafter
 
-__all__, __getattr__ = lazy_drafter("eagle", __name__, {
-    "configuration_eagle": ("EagleConfig", "eagle3_feature_layers"),
-    "modeling_eagle": ("EagleDrafter", "EagleOutput", "EagleTreeDrafter", "load_public_checkpoint"),
-    "training_eagle": ("EagleDataset", "EagleCollator", "EagleTrainer", "eagle_loss", "train_eagle"),
-}, config="EagleConfig", model="EagleDrafter", train_commands=("hf_speculative.commands.train_eagle",))  # fmt: skip
+__all__, __getattr__ = lazy_drafter(
+    "eagle",
+    __name__,
+    {
+        "configuration_eagle": ("EagleConfig", "eagle3_feature_layers"),
+        "modeling_eagle": ("EagleDrafter", "EagleOutput", "EagleTreeDrafter", "load_public_checkpoint"),
+        "training_eagle": ("EagleDataset", "EagleCollator", "EagleTrainer", "eagle_loss", "train_eagle"),
+    },
+    config="EagleConfig",
+    model="EagleDrafter",
+    train_commands=("hf_speculative.commands.train_eagle",),
+)

@@ -81,7 +81,9 @@ class EagleConfig(DrafterConfigMixin, LlamaConfig):
         self.variant = variant
         self.target_layers = None if target_layers is None else [int(i) for i in target_layers]
         if self.target_layers is not None and len(self.target_layers) != (3 if variant == "eagle3" else 1):
-            raise ValueError(f"{variant} reads {3 if variant == 'eagle3' else 1} target layers, got target_layers={target_layers}")
+            raise ValueError(
+                f"{variant} reads {3 if variant == 'eagle3' else 1} target layers, got target_layers={target_layers}"
+            )
         self.target_num_layers = target_num_layers
         self.target_hidden_size = target_hidden_size
         self.fc_bias = bool(fc_bias)
@@ -92,7 +94,10 @@ class EagleConfig(DrafterConfigMixin, LlamaConfig):
         for key in ("bos_token_id", "eos_token_id"):
             kwargs.setdefault(key, None)
         super().__init__(
-            num_hidden_layers=num_hidden_layers, base_model_name_or_path=base_model_name_or_path, draft_vocab_size=draft_vocab_size, **kwargs
+            num_hidden_layers=num_hidden_layers,
+            base_model_name_or_path=base_model_name_or_path,
+            draft_vocab_size=draft_vocab_size,
+            **kwargs,
         )
 
     @property

@@ -33,17 +33,22 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 from transformers.utils import ModelOutput
 
 from ..._compat import takes_cache
-from ...engine.trees import DraftTree, DynamicTree, TreeSpec, DraftingOptions, fill_children
-from ...engine.protocol import OneRowDrafter
-from ..base import input_embeddings, output_embeddings
 from ...engine.logits import vocab_logits
+from ...engine.protocol import OneRowDrafter
+from ...engine.trees import DraftingOptions, DraftTree, DynamicTree, TreeSpec, fill_children
+from ..base import input_embeddings, output_embeddings
 from ..modeling_drafter import DrafterModel, decoder_layer_fields, text_config
 from .configuration_eagle import EagleConfig
 
 __all__ = [
-    "EagleDrafter", "EagleOutput", "EagleTreeDrafter", "EagleAttention", "EagleDecoderLayer", "is_public_checkpoint",
+    "EagleDrafter",
+    "EagleOutput",
+    "EagleTreeDrafter",
+    "EagleAttention",
+    "EagleDecoderLayer",
+    "is_public_checkpoint",
     "load_public_checkpoint",
-]  # fmt: skip
+]
 
 
 @dataclass
@@ -163,7 +168,12 @@ class EagleDrafter(EaglePreTrainedModel):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_base_model(
-        cls, model: PreTrainedModel, variant: str = "eagle3", draft_vocab_size: int | None = None, init_from_target: bool = True, **config_kwargs
+        cls,
+        model: PreTrainedModel,
+        variant: str = "eagle3",
+        draft_vocab_size: int | None = None,
+        init_from_target: bool = True,
+        **config_kwargs,
     ) -> "EagleDrafter":
         """A fresh drafter for ``model`` (its shapes, RoPE and norms eps; EAGLE-3's low/mid/high layers). With
         ``init_from_target`` the drafter's MLP and post-attention norm (and EAGLE-1/2's whole attention) start
@@ -174,10 +184,15 @@ class EagleDrafter(EaglePreTrainedModel):
         tc = text_config(model)
         qkv_bias = bool(getattr(tc, "attention_bias", False)) or tc.model_type in ("qwen2",)
         config = EagleConfig(
-            variant=variant, draft_vocab_size=draft_vocab_size, target_num_layers=tc.num_hidden_layers, qkv_bias=qkv_bias,
-            initializer_range=getattr(tc, "initializer_range", 0.02), **cls._base_model_fields(model),
-            **decoder_layer_fields(model), **config_kwargs,
-        )  # fmt: skip
+            variant=variant,
+            draft_vocab_size=draft_vocab_size,
+            target_num_layers=tc.num_hidden_layers,
+            qkv_bias=qkv_bias,
+            initializer_range=getattr(tc, "initializer_range", 0.02),
+            **cls._base_model_fields(model),
+            **decoder_layer_fields(model),
+            **config_kwargs,
+        )
         return cls._from_base_config(model, config, init_from_base=init_from_target)
 
     def _init_from_base_model(self, model: PreTrainedModel) -> None:
@@ -197,7 +212,9 @@ class EagleDrafter(EaglePreTrainedModel):
             H = self.config.hidden_size
             try:
                 own = layer.self_attn.state_dict()
-                layer.self_attn.load_state_dict({k: v for k, v in last.self_attn.state_dict().items() if k in own}, strict=False)
+                layer.self_attn.load_state_dict(
+                    {k: v for k, v in last.self_attn.state_dict().items() if k in own}, strict=False
+                )
             except RuntimeError:
                 pass
             self.fc.weight.zero_()
@@ -227,8 +244,11 @@ class EagleDrafter(EaglePreTrainedModel):
         vocab, hidden = output_embeddings(model, type(self).__name__).weight.shape
         width = input_embeddings(model, type(self).__name__).weight.shape[1]
         feature = self.config.target_hidden_size or self.config.hidden_size
-        return {"hidden_size": (feature, hidden), "vocab_size": (self.config.vocab_size, vocab),
-                "embedding_size": (self.config.hidden_size, width)}  # fmt: skip
+        return {
+            "hidden_size": (feature, hidden),
+            "vocab_size": (self.config.vocab_size, vocab),
+            "embedding_size": (self.config.hidden_size, width),
+        }
 
     # ------------------------------------------------------------------ draft vocabulary (EAGLE-3)
     def _set_d2t(self, draft_ids: torch.Tensor) -> None:
@@ -245,8 +265,14 @@ class EagleDrafter(EaglePreTrainedModel):
         if not self.config.is_eagle3:
             raise ValueError("only EAGLE-3 drafts over its own draft vocabulary")
         ids = torch.as_tensor(target_ids, dtype=torch.long).reshape(-1).sort().values
-        if ids.numel() != self.lm_head.out_features or ids.unique().numel() != ids.numel() or int(ids.max()) >= self.config.vocab_size:
-            raise ValueError(f"set_draft_vocab needs {self.lm_head.out_features} distinct target ids below {self.config.vocab_size}")
+        if (
+            ids.numel() != self.lm_head.out_features
+            or ids.unique().numel() != ids.numel()
+            or int(ids.max()) >= self.config.vocab_size
+        ):
+            raise ValueError(
+                f"set_draft_vocab needs {self.lm_head.out_features} distinct target ids below {self.config.vocab_size}"
+            )
         self._set_d2t(ids)
         if self.base_lm_head is not None:
             self.lm_head.weight.copy_(self.base_lm_head.weight[ids.to(self.base_lm_head.weight.device)])
@@ -279,7 +305,9 @@ class EagleDrafter(EaglePreTrainedModel):
         with torch.no_grad():  # the shared table is frozen
             return self.base_embeddings(input_ids).to(self.fc.weight.dtype)
 
-    def fuse(self, embeds: torch.Tensor, target_features: torch.Tensor | None, hidden: torch.Tensor | None) -> torch.Tensor:
+    def fuse(
+        self, embeds: torch.Tensor, target_features: torch.Tensor | None, hidden: torch.Tensor | None
+    ) -> torch.Tensor:
         """The decoder layer's feature input: from the target's features (``target_features``) or from the
         drafter's own previous output (``hidden``)."""
         dtype = self.fc.weight.dtype
@@ -302,10 +330,17 @@ class EagleDrafter(EaglePreTrainedModel):
 
     @takes_cache
     def forward(
-        self, input_ids: torch.LongTensor, target_features: torch.Tensor | None = None, hidden: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-        cache: tuple[torch.Tensor, torch.Tensor] | None = None, use_cache: bool = False, compute_logits: bool = True, **kwargs,
-    ) -> EagleOutput:  # fmt: skip
+        self,
+        input_ids: torch.LongTensor,
+        target_features: torch.Tensor | None = None,
+        hidden: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: tuple[torch.Tensor, torch.Tensor] | None = None,
+        use_cache: bool = False,
+        compute_logits: bool = True,
+        **kwargs,
+    ) -> EagleOutput:
         """Rows ``(B, T)``: row j pairs token ``input_ids[:, j]`` (x_{j+1}) with ``target_features[:, j]`` (f_j) or,
         drafting deeper, the drafter's own output ``hidden[:, j]``. ``attention_mask``: an additive float mask
         ``(B or 1, 1, T, past + T)``; None is causal (no past). Returns the predicted features and logits."""
@@ -367,11 +402,20 @@ class _TreeRows:
                 visible[i, torch.tensor(chain, device=device) + committed] = True
             visible[i, committed + self.num_tree_rows + i] = True
         mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
-        past = self.kv if not self.tree_k else (
-            torch.cat([self.kv[0], *self.tree_k], 2), torch.cat([self.kv[1], *self.tree_v], 2)
-        )  # fmt: skip
-        out = self.drafter(ids, hidden=hidden, position_ids=positions, attention_mask=mask[None, None],
-                           cache=past, use_cache=True, compute_logits=False)  # fmt: skip
+        past = (
+            self.kv
+            if not self.tree_k
+            else (torch.cat([self.kv[0], *self.tree_k], 2), torch.cat([self.kv[1], *self.tree_v], 2))
+        )
+        out = self.drafter(
+            ids,
+            hidden=hidden,
+            position_ids=positions,
+            attention_mask=mask[None, None],
+            cache=past,
+            use_cache=True,
+            compute_logits=False,
+        )
         k, v = out.cache
         self.tree_k.append(k[:, :, -n:])
         self.tree_v.append(v[:, :, -n:])
@@ -410,7 +454,6 @@ class EagleTreeDrafter(OneRowDrafter):
     top-k candidates in every mode; or a static `TreeSpec`, whose children are the top-k (greedy) or drawn
     without replacement from the drafter's distribution (sampling, exact tree rejection sampling).
     """
-
 
     needs_target_hidden_states = True
     fills_dynamic_tree = True
@@ -458,8 +501,15 @@ class EagleTreeDrafter(OneRowDrafter):
         feats = self.features[start : L - 1].to(device)[None]
         mask = causal_mask(ids.shape[1], drafter.fc.weight.dtype, device, past=start)
         positions = torch.arange(start, L - 1, device=device)[None]
-        out = drafter(ids, target_features=feats, position_ids=positions, attention_mask=mask,
-                      cache=self.kv, use_cache=True, compute_logits=False)  # fmt: skip
+        out = drafter(
+            ids,
+            target_features=feats,
+            position_ids=positions,
+            attention_mask=mask,
+            cache=self.kv,
+            use_cache=True,
+            compute_logits=False,
+        )
         self.kv, self.rows = out.cache, L - 1
         last = out.hidden_states[:, -1:]
         return last[0, 0], drafter.compute_logits(last)[0, 0]
@@ -474,9 +524,13 @@ class EagleTreeDrafter(OneRowDrafter):
         return self._propose_static(sequence, tree, options, rows, root_logits)
 
     def _propose_static(
-        self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions, rows: _TreeRows,
+        self,
+        sequence: torch.LongTensor,
+        tree: TreeSpec,
+        options: DraftingOptions,
+        rows: _TreeRows,
         root_logits: torch.Tensor,
-    ) -> DraftTree:  # fmt: skip
+    ) -> DraftTree:
         """A static tree: depth by depth, the inner nodes of the depth are expanded in one drafter forward."""
         device = rows.device
         scheme = options.scheme(self.draft_sampling)
@@ -499,16 +553,28 @@ class EagleTreeDrafter(OneRowDrafter):
                         p = parents_of[p]
                     chains.append(chain)
                 node_tokens = tokens[inner].tolist()
-                out = rows.run(inner, node_tokens, [parents_of[i] if parents_of[i] > 0 else -1 for i in inner], [d] * len(inner), chains)
+                out = rows.run(
+                    inner,
+                    node_tokens,
+                    [parents_of[i] if parents_of[i] > 0 else -1 for i in inner],
+                    [d] * len(inner),
+                    chains,
+                )
                 logits = {i: out[j] for j, i in enumerate(inner)}
             for i in inner:
                 self._fill_static_children(i, tree.children[i], logits[i], tokens, probs, scheme, options)
         return DraftTree.from_spec(tree, tokens, draft_probs=probs, sampling=scheme)
 
     def _fill_static_children(
-        self, node: int, kids, logits: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor | None, scheme: str,
+        self,
+        node: int,
+        kids,
+        logits: torch.Tensor,
+        tokens: torch.Tensor,
+        probs: torch.Tensor | None,
+        scheme: str,
         options: DraftingOptions,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """A static node's children tokens (and their draft distribution ``q`` when sampled), written in place."""
         device = tokens.device
         if scheme == "deterministic":  # top-k in the draft vocabulary, mapped to target ids
@@ -596,13 +662,19 @@ def load_public_checkpoint(path, dtype: torch.dtype | str | None = None) -> Eagl
 def _public_state(folder: Path, raw: dict) -> tuple[dict[str, torch.Tensor], bool]:
     """A public checkpoint's weights under this package's names (``model.`` dropped, EAGLE-3's ``layers.0.*`` as
     ``midlayer.*``, an all-zero ``fc.bias`` dropped) and whether it is EAGLE-3."""
-    state = {k.removeprefix("model.") if k.startswith("model.") and not k.startswith("model.embed") else k: v
-             for k, v in _read_state_dict(folder).items()}  # fmt: skip
+    state = {
+        k.removeprefix("model.") if k.startswith("model.") and not k.startswith("model.embed") else k: v
+        for k, v in _read_state_dict(folder).items()
+    }
     eagle3 = any(k.startswith("midlayer.") for k in state) or "layers.0.hidden_norm.weight" in state
     if eagle3:
-        state = {"midlayer." + k.removeprefix("layers.0.") if k.startswith("layers.0.") else k: v for k, v in state.items()}
+        state = {
+            "midlayer." + k.removeprefix("layers.0.") if k.startswith("layers.0.") else k: v for k, v in state.items()
+        }
     elif not any(k.startswith("layers.0.") for k in state):
-        raise ValueError(f"{folder} is not an EAGLE checkpoint: no midlayer.* (EAGLE-3) nor layers.0.* (EAGLE-1/2) weights")
+        raise ValueError(
+            f"{folder} is not an EAGLE checkpoint: no midlayer.* (EAGLE-3) nor layers.0.* (EAGLE-1/2) weights"
+        )
     if raw.get("norm_before_residual"):
         raise ValueError(f"{folder}: norm_before_residual (a residual taken after hidden_norm) is not EAGLE-3's layer")
     if "fc.bias" in state and not bool(state["fc.bias"].ne(0).any()):
@@ -614,8 +686,12 @@ def _public_config_fields(raw: dict, state: dict[str, torch.Tensor], eagle3: boo
     """`EagleConfig` fields from a public ``config.json`` and the weights' shapes; adds EAGLE-3's ``d2t`` / ``t2d``
     to ``state`` (identity) when absent and the draft vocabulary is the full one."""
     server_only = ("eagle_config", "eagle_aux_hidden_state_layer_ids", "norm_before_residual")
-    fields = {k: v for k, v in raw.items()
-              if k not in ("model_type", "architectures", "transformers_version", "torch_dtype", "dtype", "auto_map", *server_only)}  # fmt: skip
+    fields = {
+        k: v
+        for k, v in raw.items()
+        if k
+        not in ("model_type", "architectures", "transformers_version", "torch_dtype", "dtype", "auto_map", *server_only)
+    }
     layer = "midlayer" if eagle3 else "layers.0"
     fields["fc_bias"] = "fc.bias" in state
     fields["qkv_bias"] = f"{layer}.self_attn.q_proj.bias" in state
@@ -647,6 +723,11 @@ def _load_public_state(drafter: EagleDrafter, state: dict[str, torch.Tensor], fo
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
     if missing or unexpected:
-        raise ValueError(f"{folder}: weights do not match the EAGLE layout (missing {missing[:6]}, unexpected {unexpected[:6]})")
-    state = {k: v.to(expected[k].dtype) if expected[k].is_floating_point() else v.to(expected[k].dtype) for k, v in state.items()}
+        raise ValueError(
+            f"{folder}: weights do not match the EAGLE layout (missing {missing[:6]}, unexpected {unexpected[:6]})"
+        )
+    state = {
+        k: v.to(expected[k].dtype) if expected[k].is_floating_point() else v.to(expected[k].dtype)
+        for k, v in state.items()
+    }
     drafter.load_state_dict(state, strict=True)

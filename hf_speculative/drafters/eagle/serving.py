@@ -78,7 +78,9 @@ def _check_exportable(drafter, fmt: str) -> None:
     if c.hidden_act != "silu":
         problems.append(f"hidden_act {c.hidden_act!r} (the engines' Llama MLP is SiLU-gated)")
     if qkv != o:
-        problems.append("q/k/v biases without an o_proj bias (Qwen2-style): the engines' Llama layer has one attention_bias for all four")
+        problems.append(
+            "q/k/v biases without an o_proj bias (Qwen2-style): the engines' Llama layer has one attention_bias for all four"
+        )
     if o and fmt == "sglang" and c.is_eagle3:
         problems.append("attention biases (SGLang's EAGLE-3 midlayer builds q/k/v without a bias)")
     if c.mlp_bias and fmt == "sglang":

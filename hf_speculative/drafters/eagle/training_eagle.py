@@ -29,14 +29,26 @@ from ...training.losses import kd_loss
 from ...training.trainer import DrafterTrainer, HiddenStates, train_drafter, training_settings
 from .modeling_eagle import EagleDrafter, causal_mask
 
-__all__ = ["EagleDataset", "EagleCollator", "EagleTrainer", "eagle_loss", "train_eagle", "scale_fc_to_features", "hidden_states_from_model", "STEP_DECAY", "W_CLS"]
+__all__ = [
+    "EagleDataset",
+    "EagleCollator",
+    "EagleTrainer",
+    "eagle_loss",
+    "train_eagle",
+    "scale_fc_to_features",
+    "hidden_states_from_model",
+    "STEP_DECAY",
+    "W_CLS",
+]
 
 STEP_DECAY = 0.8  # EAGLE-3's reference training weights unrolled step s by 0.8**s
 W_CLS = 0.1  # EAGLE Sec. 4.3: L = L_reg + w_cls L_cls
 
 
 @torch.no_grad()
-def hidden_states_from_model(model, sequences: Sequence[torch.Tensor], layers: Sequence[int], top_k: int = 8) -> HiddenStates:
+def hidden_states_from_model(
+    model, sequences: Sequence[torch.Tensor], layers: Sequence[int], top_k: int = 8
+) -> HiddenStates:
     """Label token sequences with ``model`` in memory (what the labelling command writes to shards): the
     ``output_hidden_states`` rows ``layers`` (``HiddenStates.layers``; ``hidden`` is the final post-norm state),
     every token a training token, and the top-k teacher. For tests and small experiments."""
@@ -56,8 +68,16 @@ def hidden_states_from_model(model, sequences: Sequence[torch.Tensor], layers: S
         lps.append(top.values)
         offsets.append(offsets[-1] + ids.shape[1])
     x = torch.cat(xs).long()
-    return HiddenStates(torch.cat(hs), x, x.clone(), torch.tensor(offsets), [str(i) for i in range(len(xs))],
-                        torch.cat(tops), torch.cat(lps), {i: torch.cat(v) for i, v in extra.items()})  # fmt: skip
+    return HiddenStates(
+        torch.cat(hs),
+        x,
+        x.clone(),
+        torch.tensor(offsets),
+        [str(i) for i in range(len(xs))],
+        torch.cat(tops),
+        torch.cat(lps),
+        {i: torch.cat(v) for i, v in extra.items()},
+    )
 
 
 class EagleDataset(Dataset):
@@ -77,7 +97,9 @@ class EagleDataset(Dataset):
             if i == final_layer:
                 return states.hidden
             if i not in layers:
-                raise KeyError(f"layer {i} is not in the labelled data (have {sorted(layers)} and the final {final_layer})")
+                raise KeyError(
+                    f"layer {i} is not in the labelled data (have {sorted(layers)} and the final {final_layer})"
+                )
             return layers[i]
 
         self.feature_tensors = [layer(int(i)) for i in feature_layers]
@@ -127,7 +149,9 @@ class EagleCollator:
         return out
 
 
-def _unrolled_attention(attn, q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], mask0: torch.Tensor) -> torch.Tensor:
+def _unrolled_attention(
+    attn, q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], mask0: torch.Tensor
+) -> torch.Tensor:
     """Training-time-test attention: queries ``(B, h, T, d)`` see step 0's keys causally (``mask0``) and, at row j,
     the keys of row j of every later step so far (``keys[1:]``, one per step)."""
     groups = attn.num_heads // attn.num_kv_heads
@@ -144,8 +168,14 @@ def _unrolled_attention(attn, q: torch.Tensor, keys: list[torch.Tensor], values:
     return attn.o_proj(out.transpose(1, 2).reshape(B, Tq, -1))
 
 
-def eagle_loss(drafter: EagleDrafter, batch: dict, steps: int = 1, w_cls: float = W_CLS, vocab_index: torch.Tensor | None = None,
-               feature_noise: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+def eagle_loss(
+    drafter: EagleDrafter,
+    batch: dict,
+    steps: int = 1,
+    w_cls: float = W_CLS,
+    vocab_index: torch.Tensor | None = None,
+    feature_noise: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The EAGLE loss of one padded batch (see the module docstring) and its named parts (``reg``, ``kd_<s>``,
     ``acc_<s>``: top-1 agreement with the target at unrolled step s)."""
     ids_all, feats_all = batch["input_ids"], batch["features"]
@@ -247,9 +277,15 @@ class EagleTrainer(DrafterTrainer):
 
 
 def train_eagle(
-    drafter: EagleDrafter, states: HiddenStates, output_dir: str, steps: int | None = None, max_length: int = 512,
-    final_layer: int | None = None, scale_fc: bool = True, **training,
-) -> EagleTrainer:  # fmt: skip
+    drafter: EagleDrafter,
+    states: HiddenStates,
+    output_dir: str,
+    steps: int | None = None,
+    max_length: int = 512,
+    final_layer: int | None = None,
+    scale_fc: bool = True,
+    **training,
+) -> EagleTrainer:
     """Train ``drafter`` (attached to its target) on labelled ``states`` with the `EagleTrainer`; ``steps`` unrolled
     drafting steps (default 1 for EAGLE-1/2, 4 for EAGLE-3); ``scale_fc``: EAGLE-3's ``fc`` starts from
     `scale_fc_to_features` (a fresh drafter; pass False to continue training one). ``training``: num_epochs, max_steps,
@@ -265,6 +301,11 @@ def train_eagle(
     if drafter.config.is_eagle3 and scale_fc:
         scale_fc_to_features(drafter, dataset, seed=training["seed"])
     return train_drafter(
-        EagleTrainer, drafter, dataset, EagleCollator(), output_dir,
-        trainer_kwargs={"steps": steps, "feature_noise": drafter.config.feature_noise}, **training,
+        EagleTrainer,
+        drafter,
+        dataset,
+        EagleCollator(),
+        output_dir,
+        trainer_kwargs={"steps": steps, "feature_noise": drafter.config.feature_noise},
+        **training,
     )

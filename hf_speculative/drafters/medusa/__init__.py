@@ -4,12 +4,33 @@ all imported on first use. Importing the package registers the drafter (`hf_spec
 
 from ..lazy import lazy_drafter
 
-__all__, __getattr__ = lazy_drafter("medusa", __name__, {
-    "configuration_medusa": ("MedusaConfig", "default_medusa_choices"),
-    "modeling_medusa": ("MedusaDrafter", "MedusaHeadsModel", "MedusaOutput", "MedusaResBlock"),
-    "training_medusa": ("medusa_loss", "medusa_head_losses", "medusa_labels", "MedusaTrainer", "MedusaCollator",
-                        "MedusaPositionDataset", "train_medusa"),
-    "tree_calibration": ("calibrate_tree", "head_accuracies", "expected_acceptance_length", "MedusaCurveCallback"),
-    "training_medusa2": ("Medusa2Model", "Medusa2Trainer", "medusa2_loss", "lambda0_schedule", "train_medusa2",
-                         "save_medusa2", "load_medusa2"),
-}, config="MedusaConfig", model="MedusaHeadsModel", train_commands=("hf_speculative.commands.train_medusa",))  # fmt: skip
+__all__, __getattr__ = lazy_drafter(
+    "medusa",
+    __name__,
+    {
+        "configuration_medusa": ("MedusaConfig", "default_medusa_choices"),
+        "modeling_medusa": ("MedusaDrafter", "MedusaHeadsModel", "MedusaOutput", "MedusaResBlock"),
+        "training_medusa": (
+            "medusa_loss",
+            "medusa_head_losses",
+            "medusa_labels",
+            "MedusaTrainer",
+            "MedusaCollator",
+            "MedusaPositionDataset",
+            "train_medusa",
+        ),
+        "tree_calibration": ("calibrate_tree", "head_accuracies", "expected_acceptance_length", "MedusaCurveCallback"),
+        "training_medusa2": (
+            "Medusa2Model",
+            "Medusa2Trainer",
+            "medusa2_loss",
+            "lambda0_schedule",
+            "train_medusa2",
+            "save_medusa2",
+            "load_medusa2",
+        ),
+    },
+    config="MedusaConfig",
+    model="MedusaHeadsModel",
+    train_commands=("hf_speculative.commands.train_medusa",),
+)

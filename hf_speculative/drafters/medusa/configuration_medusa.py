@@ -56,9 +56,15 @@ class MedusaConfig(TreeDrafterConfig):
     choices_field = "medusa_choices"
 
     def __init__(
-        self, hidden_size: int = 4096, vocab_size: int = 32000, num_heads: int = 4, num_layers: int = 1,
-        share_lm_head: bool = True, medusa_choices: list[list[int]] | None = None, **kwargs,
-    ):  # fmt: skip
+        self,
+        hidden_size: int = 4096,
+        vocab_size: int = 32000,
+        num_heads: int = 4,
+        num_layers: int = 1,
+        share_lm_head: bool = True,
+        medusa_choices: list[list[int]] | None = None,
+        **kwargs,
+    ):
         if num_heads < 1 or num_layers < 0:
             raise ValueError(f"MedusaConfig needs num_heads >= 1 and num_layers >= 0, got {num_heads}, {num_layers}")
         self.num_heads = num_heads

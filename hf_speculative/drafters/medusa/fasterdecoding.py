@@ -72,7 +72,9 @@ def _medusa2_heads(folder: Path) -> dict[str, torch.Tensor]:
     if not state:
         for file in sorted(folder.glob("pytorch_model*.bin")):
             weights = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-            state.update({k[len(MEDUSA2_PREFIX) :]: v.clone() for k, v in weights.items() if k.startswith(MEDUSA2_PREFIX)})
+            state.update(
+                {k[len(MEDUSA2_PREFIX) :]: v.clone() for k, v in weights.items() if k.startswith(MEDUSA2_PREFIX)}
+            )
     return state
 
 
@@ -104,21 +106,32 @@ def read_fasterdecoding_heads(path, **config_kwargs):
         if not state:
             raise _medusa2_error(folder, config)
         base_model = str(folder)
-        logger.warning(f"{folder} is a Medusa-2 checkpoint: verify its heads with the folder's own model as the target "
-                       "(AutoModelForCausalLM.from_pretrained(folder)), not the original base")  # fmt: skip
+        logger.warning(
+            f"{folder} is a Medusa-2 checkpoint: verify its heads with the folder's own model as the target "
+            "(AutoModelForCausalLM.from_pretrained(folder)), not the original base"
+        )
     num_heads, num_layers = int(config["medusa_num_heads"]), int(config.get("medusa_num_layers", 1))
     projection = state.get(f"0.{num_layers}.weight")
     if projection is None:
-        raise ValueError(f"{folder}: no key '0.{num_layers}.weight' (head 0's vocabulary projection) for medusa_num_layers={num_layers}")
+        raise ValueError(
+            f"{folder}: no key '0.{num_layers}.weight' (head 0's vocabulary projection) for medusa_num_layers={num_layers}"
+        )
     vocab_size, hidden_size = projection.shape
     medusa_config = MedusaConfig(
-        base_model_name_or_path=base_model, hidden_size=hidden_size, vocab_size=vocab_size,
-        num_heads=num_heads, num_layers=num_layers, share_lm_head=False, **config_kwargs,
-    )  # fmt: skip
+        base_model_name_or_path=base_model,
+        hidden_size=hidden_size,
+        vocab_size=vocab_size,
+        num_heads=num_heads,
+        num_layers=num_layers,
+        share_lm_head=False,
+        **config_kwargs,
+    )
     return medusa_config, fasterdecoding_state_dict(state, num_heads, num_layers, folder)
 
 
-def fasterdecoding_state_dict(state: dict[str, torch.Tensor], num_heads: int, num_layers: int, source="") -> dict[str, torch.Tensor]:
+def fasterdecoding_state_dict(
+    state: dict[str, torch.Tensor], num_heads: int, num_layers: int, source=""
+) -> dict[str, torch.Tensor]:
     """The reference implementation's keys renamed to `MedusaHeadsModel`'s; any key left over, or missing, is
     an error naming it."""
     out, unused = {}, []
@@ -137,9 +150,13 @@ def fasterdecoding_state_dict(state: dict[str, torch.Tensor], num_heads: int, nu
         else:
             unused.append(key)
     expected = {f"heads.{h}.lm_head.weight" for h in range(num_heads)}
-    expected |= {f"heads.{h}.blocks.{l}.{k}" for h in range(num_heads) for l in range(num_layers) for k in ("weight", "bias")}
+    expected |= {
+        f"heads.{h}.blocks.{l}.{k}" for h in range(num_heads) for l in range(num_layers) for k in ("weight", "bias")
+    }
     missing = sorted(expected - set(out))
     if missing or unused:
-        raise ValueError(f"{source}: weights do not match medusa_num_heads={num_heads}, medusa_num_layers={num_layers}: "
-                         f"missing {missing[:4]}{'...' if len(missing) > 4 else ''}, unexpected {unused[:4]}")  # fmt: skip
+        raise ValueError(
+            f"{source}: weights do not match medusa_num_heads={num_heads}, medusa_num_layers={num_layers}: "
+            f"missing {missing[:4]}{'...' if len(missing) > 4 else ''}, unexpected {unused[:4]}"
+        )
     return out

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel, initialization as init
+from transformers import PreTrainedModel
+from transformers import initialization as init
 from transformers.utils import ModelOutput
 
-from ...engine.trees import DraftTree, TreeSpec, DraftingOptions
-from ..base import final_hidden_state
 from ...engine.logits import vocab_logits
+from ...engine.trees import DraftingOptions, DraftTree, TreeSpec
+from ..base import final_hidden_state
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from ..modeling_drafter import DepthTreeDrafter, DrafterModel
 from .configuration_medusa import MedusaConfig
@@ -97,11 +98,18 @@ class MedusaHeadsModel(DraftVocabMixin, MedusaPreTrainedModel):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_base_model(
-        cls, model: PreTrainedModel, num_heads: int = 4, num_layers: int = 1, share_lm_head: bool = True, **config_kwargs
+        cls,
+        model: PreTrainedModel,
+        num_heads: int = 4,
+        num_layers: int = 1,
+        share_lm_head: bool = True,
+        **config_kwargs,
     ) -> "MedusaHeadsModel":
         """Medusa-1 init for ``model``: W1 = 0 and W2 = the base ``lm_head`` (shared or copied)."""
         fields = cls._base_model_fields(model)
-        config = MedusaConfig(num_heads=num_heads, num_layers=num_layers, share_lm_head=share_lm_head, **fields, **config_kwargs)
+        config = MedusaConfig(
+            num_heads=num_heads, num_layers=num_layers, share_lm_head=share_lm_head, **fields, **config_kwargs
+        )
         return cls._from_base_config(model, config)
 
     def _init_from_base_model(self, model: PreTrainedModel) -> None:
@@ -147,7 +155,13 @@ class MedusaHeadsModel(DraftVocabMixin, MedusaPreTrainedModel):
             # one matmul for all heads
             return vocab_logits(states, weight) if d2t is None else draft_vocab_logits(states, weight, d2t)
         if d2t is not None:
-            return torch.stack([draft_vocab_logits(states[..., k, :], self.heads[k].lm_head.weight, d2t) for k in range(states.shape[-2])], dim=-2)
+            return torch.stack(
+                [
+                    draft_vocab_logits(states[..., k, :], self.heads[k].lm_head.weight, d2t)
+                    for k in range(states.shape[-2])
+                ],
+                dim=-2,
+            )
         return torch.stack([self.heads[k].lm_head(states[..., k, :]) for k in range(states.shape[-2])], dim=-2)
 
     def forward(self, hidden_states: torch.Tensor, labels: torch.LongTensor | None = None, **kwargs) -> MedusaOutput:
@@ -177,7 +191,12 @@ class MedusaDrafter(DepthTreeDrafter):
     needs_target_hidden_states = True
     accuracy_key = "head_top_i_accuracy"
 
-    def __init__(self, heads: MedusaHeadsModel, draft_sampling: str = "without_replacement", target: PreTrainedModel | None = None):
+    def __init__(
+        self,
+        heads: MedusaHeadsModel,
+        draft_sampling: str = "without_replacement",
+        target: PreTrainedModel | None = None,
+    ):
         self.heads = heads
         self.hidden: torch.Tensor | None = None
         super().__init__(heads.config, heads.config.num_heads, draft_sampling, target)

@@ -57,7 +57,9 @@ def medusa_loss(logits: torch.Tensor, labels: torch.LongTensor, decay: float = M
     return (weights * per_head).sum()
 
 
-def medusa_labels(token_labels: torch.LongTensor, num_heads: int, offsets: torch.Tensor | None = None) -> torch.LongTensor:
+def medusa_labels(
+    token_labels: torch.LongTensor, num_heads: int, offsets: torch.Tensor | None = None
+) -> torch.LongTensor:
     """``(N,)`` token labels (``-100`` outside answers) -> ``(N, K)`` head labels: ``[t, k] = labels[t + k + 2]``
     within the same sequence (``offsets`` delimit sequences; default one sequence), else ``-100``."""
     n = token_labels.shape[0]
@@ -175,7 +177,11 @@ class MedusaTrainer(DrafterTrainer):
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
         if "teacher_ids" in inputs:  # distil the target's own distribution (target-labelled data)
             per_head = medusa_kd_head_losses(
-                model, inputs["hidden_states"], inputs["teacher_ids"], inputs["teacher_logprobs"], inputs["teacher_valid"]
+                model,
+                inputs["hidden_states"],
+                inputs["teacher_ids"],
+                inputs["teacher_logprobs"],
+                inputs["teacher_valid"],
             )
             outputs = None
         else:
@@ -193,5 +199,7 @@ def train_medusa(heads, train_states, output_dir: str, max_positions: int | None
     (`hf_speculative.training.trainer.TRAINING_DEFAULTS`; here learning rate 1e-3, batch 64 positions, logs every 20
     steps); ``time_budget`` (seconds) stops it, the learning rate annealed over the budget (`TimeBudgetCallback`)."""
     training = training_settings(training, learning_rate=1e-3, batch_size=64, logging_steps=20)
-    dataset = MedusaPositionDataset(train_states, heads.config.num_heads, max_positions=max_positions, seed=training["seed"])
+    dataset = MedusaPositionDataset(
+        train_states, heads.config.num_heads, max_positions=max_positions, seed=training["seed"]
+    )
     return train_drafter(MedusaTrainer, heads, dataset, MedusaCollator(), output_dir, **training)

@@ -77,7 +77,9 @@ LoRA adapter of a Medusa-2 model (trained jointly with the Medusa heads in the p
 """
 
 
-def lambda0_schedule(step: int, total_steps: int, lambda0: float = 0.2, warmup: float = 0.0, kind: str = "sine") -> float:
+def lambda0_schedule(
+    step: int, total_steps: int, lambda0: float = 0.2, warmup: float = 0.0, kind: str = "sine"
+) -> float:
     """``lambda_0`` at optimizer step ``step`` (0-based) of ``total_steps``.
 
     ``warmup``: the share of ``total_steps`` (if < 1) or the number of steps (if >= 1) over which ``lambda_0``
@@ -151,7 +153,9 @@ class Medusa2Model(nn.Module):
         self.config = heads.config  # what Trainer looks at
 
     def forward(self, input_ids, attention_mask=None, labels=None, **kwargs):
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+        out = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False
+        )
         return out
 
     def original_logits(self, input_ids, attention_mask=None) -> torch.Tensor:
@@ -267,7 +271,9 @@ class Medusa2Trainer(DrafterTrainer):
         self.max_head_positions = max_head_positions
 
     def current_lambda0(self) -> float:
-        return lambda0_schedule(self.state.global_step, max(1, self.state.max_steps), self.lambda0, self.lambda0_warmup, self.lambda0_kind)
+        return lambda0_schedule(
+            self.state.global_step, max(1, self.state.max_steps), self.lambda0, self.lambda0_warmup, self.lambda0_kind
+        )
 
     def create_optimizer(self, model=None):
         if self.optimizer is None:
@@ -285,9 +291,15 @@ class Medusa2Trainer(DrafterTrainer):
 
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
         res = medusa2_loss(
-            model, inputs["input_ids"], inputs["labels"], inputs.get("attention_mask"),
-            lambda0=self.current_lambda0(), lm_loss=self.lm_loss, decay=self.decay, max_head_positions=self.max_head_positions,
-        )  # fmt: skip
+            model,
+            inputs["input_ids"],
+            inputs["labels"],
+            inputs.get("attention_mask"),
+            lambda0=self.current_lambda0(),
+            lm_loss=self.lm_loss,
+            decay=self.decay,
+            max_head_positions=self.max_head_positions,
+        )
         parts = {"loss_medusa": res.medusa.detach(), "lambda0": torch.tensor(res.lambda0)}
         parts.update({f"loss_head{k}": v.detach() for k, v in enumerate(res.per_head)})
         if res.lm is not None:
@@ -324,27 +336,55 @@ def _no_context():
     return nullcontext()
 
 
-def add_lora(model, r: int = 8, alpha: int = 16, dropout: float = 0.0, target_modules: Sequence[str] = DEFAULT_LORA_TARGETS):
+def add_lora(
+    model, r: int = 8, alpha: int = 16, dropout: float = 0.0, target_modules: Sequence[str] = DEFAULT_LORA_TARGETS
+):
     """Wrap ``model`` in a PEFT LoRA model (only the adapters train; ``B = 0`` at init)."""
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), task_type="CAUSAL_LM"
+    )
     return get_peft_model(model, config)
 
 
-def train_medusa2(model: Medusa2Model, dataset: Dataset, output_dir: str, heads_lr_ratio: float = 4.0, lambda0: float = 0.2,
-                  lambda0_warmup: float = 0.0, lambda0_kind: str = "sine", lm_loss: str = "kl",
-                  max_head_positions: int | None = None, pad_token_id: int = 0, **training) -> Medusa2Trainer:  # fmt: skip
+def train_medusa2(
+    model: Medusa2Model,
+    dataset: Dataset,
+    output_dir: str,
+    heads_lr_ratio: float = 4.0,
+    lambda0: float = 0.2,
+    lambda0_warmup: float = 0.0,
+    lambda0_kind: str = "sine",
+    lm_loss: str = "kl",
+    max_head_positions: int | None = None,
+    pad_token_id: int = 0,
+    **training,
+) -> Medusa2Trainer:
     """Jointly train the LoRA backbone and the heads of ``model`` on ``dataset`` (`Medusa2Dataset`): the heads at
     ``heads_lr_ratio`` times the LoRA learning rate, ``lambda0`` rising per `lambda0_schedule`, the backbone's loss
     ``lm_loss``. ``training``: the schedule (`hf_speculative.training.trainer.TRAINING_DEFAULTS`; here learning rate
     2e-4, batch 1 conversation); ``time_budget`` stops it (the cosine schedule kept); ``save_steps`` / ``resume``:
     resumable checkpoints in ``output_dir`` (`train_resumable`)."""
     training = training_settings(training, learning_rate=2e-4, batch_size=1)
-    trainer_kwargs = {"lambda0": lambda0, "lambda0_warmup": lambda0_warmup, "lambda0_kind": lambda0_kind,
-                      "heads_lr_ratio": heads_lr_ratio, "lm_loss": lm_loss, "max_head_positions": max_head_positions}  # fmt: skip
-    return train_drafter(Medusa2Trainer, model, dataset, Medusa2Collator(pad_token_id), output_dir, anneal=False,
-                         trainer_kwargs=trainer_kwargs, **training)  # fmt: skip
+    trainer_kwargs = {
+        "lambda0": lambda0,
+        "lambda0_warmup": lambda0_warmup,
+        "lambda0_kind": lambda0_kind,
+        "heads_lr_ratio": heads_lr_ratio,
+        "lm_loss": lm_loss,
+        "max_head_positions": max_head_positions,
+    }
+    return train_drafter(
+        Medusa2Trainer,
+        model,
+        dataset,
+        Medusa2Collator(pad_token_id),
+        output_dir,
+        anneal=False,
+        trainer_kwargs=trainer_kwargs,
+        **training,
+    )
 
 
 @dataclass
@@ -358,9 +398,19 @@ class Medusa2Run:
     seconds: float
 
 
-def fit_medusa2(model, heads, tokenizer, records, output_dir: str, lora_r: int = 8, lora_alpha: int = 16,
-                lora_dropout: float = 0.0, lora_targets: Sequence[str] = DEFAULT_LORA_TARGETS, max_length: int = 1024,
-                **training) -> Medusa2Run:  # fmt: skip
+def fit_medusa2(
+    model,
+    heads,
+    tokenizer,
+    records,
+    output_dir: str,
+    lora_r: int = 8,
+    lora_alpha: int = 16,
+    lora_dropout: float = 0.0,
+    lora_targets: Sequence[str] = DEFAULT_LORA_TARGETS,
+    max_length: int = 1024,
+    **training,
+) -> Medusa2Run:
     """Medusa-2 end to end (Sec. 2.2.2): LoRA on ``model`` (`add_lora`), ``heads`` on the adapted backbone
     (`Medusa2Model`), the conversations ``records`` (`Medusa2Dataset`), `train_medusa2` with ``training`` (its
     keyword arguments; the tokenizer's pad id is the collator's)."""
@@ -374,13 +424,17 @@ def fit_medusa2(model, heads, tokenizer, records, output_dir: str, lora_r: int =
     return Medusa2Run(joint, peft_model, dataset, trainer, time.perf_counter() - t0)
 
 
-def calibrate_adapted_tree(run: Medusa2Run, tokenizer, records, max_length: int = 1024, num_nodes: int = 32, progress: bool = False):
+def calibrate_adapted_tree(
+    run: Medusa2Run, tokenizer, records, max_length: int = 1024, num_nodes: int = 32, progress: bool = False
+):
     """The heads' tree calibrated on the *adapted* backbone's final states over held-out ``records``
     (`tree_calibration.calibrate_tree`: into ``heads.config``); returns the tree."""
     from ...training.trainer import extract_hidden_states
     from .tree_calibration import calibrate_tree
 
-    states = extract_hidden_states(run.peft_model.get_base_model(), tokenizer, records, max_length=max_length, cache=False, progress=progress)
+    states = extract_hidden_states(
+        run.peft_model.get_base_model(), tokenizer, records, max_length=max_length, cache=False, progress=progress
+    )
     return calibrate_tree(run.joint.heads, states, num_nodes=num_nodes)
 
 
@@ -393,7 +447,9 @@ def save_medusa2(model: Medusa2Model, folder) -> Path:
         for cfg in model.backbone.peft_config.values():
             cfg.base_model_name_or_path = base_name
     model.backbone.save_pretrained(folder / ADAPTER_SUBFOLDER)
-    (folder / ADAPTER_SUBFOLDER / "README.md").write_text(ADAPTER_README.format(base=base_name or "the base model"), encoding="utf-8")
+    (folder / ADAPTER_SUBFOLDER / "README.md").write_text(
+        ADAPTER_README.format(base=base_name or "the base model"), encoding="utf-8"
+    )
     model.heads.config.base_adapter = ADAPTER_SUBFOLDER
     model.heads.save_pretrained(folder)
     return folder
@@ -414,4 +470,3 @@ def load_medusa2(folder, base_model, merge: bool = True):
     target = model if merge else model.get_base_model()
     heads.attach_base_model(target)
     return model.eval(), heads.to(target.device).eval()
-

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ...training.callbacks import LearningCurveCallback
 from ...engine.trees import TreeSpec, expected_acceptance_length
+from ...training.callbacks import LearningCurveCallback
 from .training_medusa import IGNORE_INDEX, medusa_labels
 
 __all__ = ["head_accuracies", "expected_acceptance_length", "calibrate_tree", "MedusaCurveCallback"]
@@ -61,7 +61,15 @@ class MedusaCurveCallback(LearningCurveCallback):
 
     seen_key, top1_key = "train_positions", "head_top1"
 
-    def __init__(self, heads, held_out, num_nodes: int = 32, num_points: int = 5, save_dir: str | None = None, batch_size: int = 64):
+    def __init__(
+        self,
+        heads,
+        held_out,
+        num_nodes: int = 32,
+        num_points: int = 5,
+        save_dir: str | None = None,
+        batch_size: int = 64,
+    ):
         super().__init__(heads, held_out, num_nodes, num_points, save_dir, per_step=batch_size)
 
     def accuracies(self) -> list[list[float]]:

@@ -80,10 +80,14 @@ class ParallelDrafterConfig(TreeDrafterConfig):
         **kwargs,
     ):
         if num_mask_tokens < 1 or num_layers < 1:
-            raise ValueError(f"ParallelDrafterConfig needs num_mask_tokens >= 1 and num_layers >= 1, got {num_mask_tokens}, {num_layers}")
+            raise ValueError(
+                f"ParallelDrafterConfig needs num_mask_tokens >= 1 and num_layers >= 1, got {num_mask_tokens}, {num_layers}"
+            )
         if decoder_config is None:
             decoder_config = LlamaConfig(
-                hidden_size=hidden_size, intermediate_size=4 * hidden_size, num_attention_heads=max(1, hidden_size // 64)
+                hidden_size=hidden_size,
+                intermediate_size=4 * hidden_size,
+                num_attention_heads=max(1, hidden_size // 64),
             ).to_dict()
         if isinstance(decoder_config, PretrainedConfig):
             decoder_config = decoder_config.to_dict()
@@ -91,7 +95,9 @@ class ParallelDrafterConfig(TreeDrafterConfig):
         if "model_type" not in decoder_config:
             raise ValueError("decoder_config needs a 'model_type' (the target architecture's config as a dict)")
         if decoder_config.get("hidden_size", hidden_size) != hidden_size:
-            raise ValueError(f"decoder_config.hidden_size={decoder_config['hidden_size']} but hidden_size={hidden_size}")
+            raise ValueError(
+                f"decoder_config.hidden_size={decoder_config['hidden_size']} but hidden_size={hidden_size}"
+            )
         for key in ("architectures", "_name_or_path", "transformers_version", "auto_map", "dtype", "torch_dtype"):
             decoder_config.pop(key, None)
         self.decoder_config = decoder_config
@@ -101,7 +107,11 @@ class ParallelDrafterConfig(TreeDrafterConfig):
         self.init_layer = init_layer
         if parallel_choices is None:
             parallel_choices = default_parallel_choices(num_mask_tokens)
-        self._set_choices(parallel_choices, num_mask_tokens + 1, f"{num_mask_tokens} mask tokens fill at most {num_mask_tokens + 1} levels")
+        self._set_choices(
+            parallel_choices,
+            num_mask_tokens + 1,
+            f"{num_mask_tokens} mask tokens fill at most {num_mask_tokens + 1} levels",
+        )
         super().__init__(hidden_size=hidden_size, vocab_size=vocab_size, **kwargs)
 
     def decoder(self) -> PretrainedConfig:
@@ -109,7 +119,13 @@ class ParallelDrafterConfig(TreeDrafterConfig):
         table of its own (a 1-row placeholder that the model drops) and sdpa attention (takes tree masks)."""
         cfg = dict(self.decoder_config)
         model_type = cfg.pop("model_type")
-        cfg.update(num_hidden_layers=self.num_layers, vocab_size=1, pad_token_id=None, tie_word_embeddings=False, use_cache=True)
+        cfg.update(
+            num_hidden_layers=self.num_layers,
+            vocab_size=1,
+            pad_token_id=None,
+            tie_word_embeddings=False,
+            use_cache=True,
+        )
         if cfg.get("layer_types"):
             cfg["layer_types"] = list(cfg["layer_types"])[-self.num_layers :]
         for key in ("bos_token_id", "eos_token_id"):

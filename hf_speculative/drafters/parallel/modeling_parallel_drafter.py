@@ -21,13 +21,14 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import AutoModel, DynamicCache, PreTrainedModel, initialization as init
+from transformers import AutoModel, DynamicCache, PreTrainedModel
+from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from ..._compat import cache_arg, get_cache, takes_cache
-from ...engine.trees import DraftTree, TreeSpec, DraftingOptions
-from ..base import final_hidden_state, input_embeddings
 from ...engine.logits import vocab_logits
+from ...engine.trees import DraftingOptions, DraftTree, TreeSpec
+from ..base import final_hidden_state, input_embeddings
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from ..modeling_drafter import DepthTreeDrafter, DrafterModel
 from .configuration_parallel_drafter import ParallelDrafterConfig
@@ -79,16 +80,25 @@ class ParallelDrafter(DraftVocabMixin, ParallelDrafterPreTrainedModel):
         decoder.embed_tokens = None  # the target's embedding table is shared, never stored here
         self.decoder = decoder
         self.mask_embeddings = nn.Embedding(config.num_mask_tokens, config.hidden_size)
-        self.fuse = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False) if config.use_target_hidden_states else None
+        self.fuse = (
+            nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
+            if config.use_target_hidden_states
+            else None
+        )
         self._init_draft_vocab()  # FR-Spec draft vocabulary (config.draft_vocab_size), saved with the weights
         self.post_init()
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_base_model(
-        cls, model: PreTrainedModel, num_mask_tokens: int = 4, num_layers: int = 1, init_layer: int = -1,
-        use_target_hidden_states: bool = False, **config_kwargs,
-    ) -> "ParallelDrafter":  # fmt: skip
+        cls,
+        model: PreTrainedModel,
+        num_mask_tokens: int = 4,
+        num_layers: int = 1,
+        init_layer: int = -1,
+        use_target_hidden_states: bool = False,
+        **config_kwargs,
+    ) -> "ParallelDrafter":
         """A drafter for ``model``: its decoder layers copied from the target's layers ending at ``init_layer``
         (default: the last ``num_layers``), its final norm from the target's, the mask embeddings set to the
         mean token embedding plus small noise."""
@@ -97,8 +107,13 @@ class ParallelDrafter(DraftVocabMixin, ParallelDrafterPreTrainedModel):
         if last + 1 < num_layers:
             raise ValueError(f"init_layer={init_layer} leaves fewer than num_layers={num_layers} target layers to copy")
         config = ParallelDrafterConfig(
-            decoder_config=model.config.to_dict(), num_mask_tokens=num_mask_tokens, num_layers=num_layers,
-            use_target_hidden_states=use_target_hidden_states, init_layer=last, **fields, **config_kwargs,
+            decoder_config=model.config.to_dict(),
+            num_mask_tokens=num_mask_tokens,
+            num_layers=num_layers,
+            use_target_hidden_states=use_target_hidden_states,
+            init_layer=last,
+            **fields,
+            **config_kwargs,
         )
         return cls._from_base_config(model, config)
 
@@ -110,7 +125,9 @@ class ParallelDrafter(DraftVocabMixin, ParallelDrafterPreTrainedModel):
         self.decoder.norm.load_state_dict(base.norm.state_dict())
         emb = input_embeddings(model, type(self).__name__).weight.float()
         g = torch.Generator(device="cpu").manual_seed(0)  # the same noise on every device
-        noise = torch.randn(self.config.num_mask_tokens, self.config.hidden_size, generator=g).to(emb.device) * emb.std()
+        noise = (
+            torch.randn(self.config.num_mask_tokens, self.config.hidden_size, generator=g).to(emb.device) * emb.std()
+        )
         self.mask_embeddings.weight.copy_(emb.mean(0) + 0.1 * noise)
 
     def mask_token_ids(self, device=None) -> torch.LongTensor:
@@ -130,7 +147,9 @@ class ParallelDrafter(DraftVocabMixin, ParallelDrafterPreTrainedModel):
             tokens = self.base_embeddings(input_ids.clamp(max=V - 1)).to(dtype)
         if self.fuse is not None:
             if target_hidden_states is None:
-                raise ValueError("this ParallelDrafter conditions on the target's hidden states: pass target_hidden_states")
+                raise ValueError(
+                    "this ParallelDrafter conditions on the target's hidden states: pass target_hidden_states"
+                )
             tokens = self.fuse(torch.cat([tokens, target_hidden_states.to(dtype)], dim=-1))
         masks = self.mask_embeddings((input_ids - V).clamp(min=0))
         return torch.where(is_mask[..., None], masks, tokens)
@@ -173,7 +192,9 @@ class ParallelDrafter(DraftVocabMixin, ParallelDrafterPreTrainedModel):
         hidden = out.last_hidden_state
         if logits_rows is not None:
             hidden = torch.gather(hidden, 1, logits_rows[..., None].expand(-1, -1, hidden.shape[-1]))
-        return ParallelDrafterOutput(logits=self.project(hidden, draft_vocab), hidden_states=hidden, cache=get_cache(out))
+        return ParallelDrafterOutput(
+            logits=self.project(hidden, draft_vocab), hidden_states=hidden, cache=get_cache(out)
+        )
 
     # ------------------------------------------------------------------ drafting
     def _tree_drafter(self, target: PreTrainedModel) -> "ParallelTreeDrafter":
@@ -188,7 +209,12 @@ class ParallelTreeDrafter(DepthTreeDrafter):
     without replacement) and verified by exact tree rejection sampling (ParallelSpec Algorithm 1).
     """
 
-    def __init__(self, drafter: ParallelDrafter, draft_sampling: str = "without_replacement", target: PreTrainedModel | None = None):
+    def __init__(
+        self,
+        drafter: ParallelDrafter,
+        draft_sampling: str = "without_replacement",
+        target: PreTrainedModel | None = None,
+    ):
         self.drafter = drafter
         self.k = drafter.config.num_mask_tokens
         self.target_layers = getattr(getattr(target, "config", None), "num_hidden_layers", None)
@@ -203,7 +229,9 @@ class ParallelTreeDrafter(DepthTreeDrafter):
         (the draft vocabulary's share of it)."""
         layers = self.drafter.config.num_layers / max(self.target_layers or self.drafter.config.num_layers, 1)
         forward = layers * curve(self.k + 2)
-        return [forward + curve.projection_cost(d, self.drafter.draft_vocab_share) for d in range(1, self.max_depth + 1)]
+        return [
+            forward + curve.projection_cost(d, self.drafter.draft_vocab_share) for d in range(1, self.max_depth + 1)
+        ]
 
     def begin(self, prompt_ids, target_outputs) -> None:
         self.cache = DynamicCache()  # no config: `_keep_committed` slices by absolute length: no sliding-window layers
@@ -238,8 +266,15 @@ class ParallelTreeDrafter(DepthTreeDrafter):
             hidden = torch.cat([prev, prev.new_zeros(self.k, prev.shape[-1])])[None]
         start = ids.shape[0] - self.k - 1
         rows = torch.arange(start, start + num_depths, device=device)[None]
-        out = drafter(ids[None], position_ids=positions[None], target_hidden_states=hidden,
-                      cache=self.cache, use_cache=True, logits_rows=rows, draft_vocab=True)  # fmt: skip
+        out = drafter(
+            ids[None],
+            position_ids=positions[None],
+            target_hidden_states=hidden,
+            cache=self.cache,
+            use_cache=True,
+            logits_rows=rows,
+            draft_vocab=True,
+        )
         self._keep_committed(committed)
         return out.logits[0].float()
 

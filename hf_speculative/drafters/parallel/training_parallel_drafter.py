@@ -158,7 +158,9 @@ class ParallelGroupDataset(Dataset):
             y = states.labels[s:e]
             if not bool((y[1:] != IGNORE_INDEX).any()):
                 continue
-            self.items.append({"input_ids": states.input_ids[s:e], "labels": y, "hidden": states.hidden[s:e] if with_hidden else None})
+            self.items.append(
+                {"input_ids": states.input_ids[s:e], "labels": y, "hidden": states.hidden[s:e] if with_hidden else None}
+            )
 
     def __len__(self) -> int:
         return len(self.items)
@@ -185,9 +187,11 @@ class ParallelGroupCollator:
         self.generator = torch.Generator().manual_seed(self.seed)
 
     def _anchors(self, labels: torch.LongTensor) -> torch.LongTensor:
-        cand = ((labels[1:] != IGNORE_INDEX).nonzero().squeeze(-1))  # t such that y_{t+1} is an answer token
+        cand = (labels[1:] != IGNORE_INDEX).nonzero().squeeze(-1)  # t such that y_{t+1} is an answer token
         if cand.numel() > self.groups_per_sequence:
-            cand = cand[torch.randperm(cand.numel(), generator=self.generator)[: self.groups_per_sequence]].sort().values
+            cand = (
+                cand[torch.randperm(cand.numel(), generator=self.generator)[: self.groups_per_sequence]].sort().values
+            )
         return cand
 
     def __call__(self, features: Sequence[dict]) -> dict:
@@ -225,8 +229,14 @@ class ParallelGroupCollator:
                 tp = lay["teacher_pos"]
                 teacher[b, :r][tp >= 0] = h[tp[tp >= 0]]
         mask = torch.zeros(B, 1, Q, Q, dtype=self.dtype).masked_fill_(~visible[:, None], torch.finfo(self.dtype).min)
-        batch = {"input_ids": ids, "position_ids": pos, "attention_mask": mask, "logits_rows": rows,
-                 "row_labels": row_labels, "depth": depth}  # fmt: skip
+        batch = {
+            "input_ids": ids,
+            "position_ids": pos,
+            "attention_mask": mask,
+            "logits_rows": rows,
+            "row_labels": row_labels,
+            "depth": depth,
+        }
         if with_hidden:
             batch["target_hidden_states"] = prev_h
             batch["teacher_hidden"] = teacher
@@ -260,7 +270,12 @@ class ParallelDrafterTrainer(DrafterTrainer):
             with torch.no_grad():
                 teacher = model.project(inputs["teacher_hidden"])
         per_depth = parallel_depth_losses(
-            outputs.logits, inputs["row_labels"], inputs["depth"], model.config.num_mask_tokens + 1, teacher, self.distill_weight
+            outputs.logits,
+            inputs["row_labels"],
+            inputs["depth"],
+            model.config.num_mask_tokens + 1,
+            teacher,
+            self.distill_weight,
         )
         loss = parallel_loss(per_depth, self.decay)
         self.record_parts({f"loss_depth{d}": v.detach() for d, v in enumerate(per_depth)})
@@ -268,7 +283,9 @@ class ParallelDrafterTrainer(DrafterTrainer):
 
 
 @torch.no_grad()
-def depth_accuracies(drafter, states, top: int = 10, groups_per_sequence: int = 128, seed: int = 0) -> list[list[float]]:
+def depth_accuracies(
+    drafter, states, top: int = 10, groups_per_sequence: int = 128, seed: int = 0
+) -> list[list[float]]:
     """``acc[d][i]``: share of held-out groups where the i-th ranked token of distribution d (the token at depth
     d + 1 after the anchor) is the label; ``groups_per_sequence`` anchors per held-out sequence."""
     k = drafter.config.num_mask_tokens
@@ -283,10 +300,12 @@ def depth_accuracies(drafter, states, top: int = 10, groups_per_sequence: int = 
         batch = collate([dataset[i]])
         hidden = batch.get("target_hidden_states")
         out = drafter(
-            batch["input_ids"].to(device), position_ids=batch["position_ids"].to(device),
+            batch["input_ids"].to(device),
+            position_ids=batch["position_ids"].to(device),
             attention_mask=batch["attention_mask"].to(device=device, dtype=drafter.dtype),
-            target_hidden_states=hidden.to(device) if hidden is not None else None, logits_rows=batch["logits_rows"].to(device),
-        )  # fmt: skip
+            target_hidden_states=hidden.to(device) if hidden is not None else None,
+            logits_rows=batch["logits_rows"].to(device),
+        )
         ranked = torch.topk(out.logits[0].float(), top, dim=-1).indices.cpu()
         y, d = batch["row_labels"][0], batch["depth"][0]
         valid = y != IGNORE_INDEX
@@ -318,17 +337,30 @@ class ParallelCurveCallback(LearningCurveCallback):
 
     seen_key, top1_key = "train_groups", "depth_top1"
 
-    def __init__(self, drafter, held_out, num_nodes: int = 12, num_points: int = 4, save_dir: str | None = None,
-                 tokens_per_step: float = 0.0):  # fmt: skip
+    def __init__(
+        self,
+        drafter,
+        held_out,
+        num_nodes: int = 12,
+        num_points: int = 4,
+        save_dir: str | None = None,
+        tokens_per_step: float = 0.0,
+    ):
         super().__init__(drafter, held_out, num_nodes, num_points, save_dir, per_step=tokens_per_step)
 
     def accuracies(self) -> list[list[float]]:
         return depth_accuracies(self.model, self.held_out, groups_per_sequence=48)
 
 
-
-def train_parallel_drafter(drafter, train_states, output_dir: str, groups_per_sequence: int = 64, distill_weight: float = 0.0,
-                           decay: float = MASK_LOSS_DECAY, **training):  # fmt: skip
+def train_parallel_drafter(
+    drafter,
+    train_states,
+    output_dir: str,
+    groups_per_sequence: int = 64,
+    distill_weight: float = 0.0,
+    decay: float = MASK_LOSS_DECAY,
+    **training,
+):
     """Train ``drafter`` (a `ParallelDrafter` attached to its target) on cached target states; returns the Trainer.
     ``groups_per_sequence`` mask groups per sequence, ``decay`` the per-depth loss weight, ``distill_weight`` the
     hidden-state distillation term. ``training``: the schedule (`hf_speculative.training.trainer.TRAINING_DEFAULTS`;
@@ -336,6 +368,15 @@ def train_parallel_drafter(drafter, train_states, output_dir: str, groups_per_se
     training = training_settings(training, learning_rate=5e-4)
     with_hidden = drafter.config.use_target_hidden_states or distill_weight > 0
     dataset = ParallelGroupDataset(train_states, with_hidden=with_hidden)
-    collator = ParallelGroupCollator(drafter.config.num_mask_tokens, drafter.config.vocab_size, groups_per_sequence, training["seed"])
-    return train_drafter(ParallelDrafterTrainer, drafter, dataset, collator, output_dir,
-                         trainer_kwargs={"decay": decay, "distill_weight": distill_weight}, **training)  # fmt: skip
+    collator = ParallelGroupCollator(
+        drafter.config.num_mask_tokens, drafter.config.vocab_size, groups_per_sequence, training["seed"]
+    )
+    return train_drafter(
+        ParallelDrafterTrainer,
+        drafter,
+        dataset,
+        collator,
+        output_dir,
+        trainer_kwargs={"decay": decay, "distill_weight": distill_weight},
+        **training,
+    )

@@ -85,7 +85,9 @@ class SpireConfig(DrafterConfigMixin, LlamaConfig):
             raise ValueError(f"mixed_loss_omega must be in [0, 1], got {mixed_loss_omega}")
         self.target_layers = None if target_layers is None else [int(i) for i in target_layers]
         if self.target_layers is not None and len(self.target_layers) != num_hidden_layers:
-            raise ValueError(f"target_layers has {len(self.target_layers)} entries for {num_hidden_layers} drafter layers")
+            raise ValueError(
+                f"target_layers has {len(self.target_layers)} entries for {num_hidden_layers} drafter layers"
+            )
         self.target_num_layers = target_num_layers
         self.sliding_window = int(sliding_window)
         self.num_sink_tokens = int(num_sink_tokens)
@@ -101,7 +103,10 @@ class SpireConfig(DrafterConfigMixin, LlamaConfig):
         kwargs.pop("layer_types", None)
         kwargs.pop("max_window_layers", None)
         super().__init__(
-            num_hidden_layers=num_hidden_layers, base_model_name_or_path=base_model_name_or_path, draft_vocab_size=draft_vocab_size, **kwargs
+            num_hidden_layers=num_hidden_layers,
+            base_model_name_or_path=base_model_name_or_path,
+            draft_vocab_size=draft_vocab_size,
+            **kwargs,
         )
 
     @property

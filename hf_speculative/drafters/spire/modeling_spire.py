@@ -28,17 +28,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel, initialization as init
+from transformers import PreTrainedModel
+from transformers import initialization as init
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 from transformers.utils import ModelOutput
 
-from ...engine.trees import DraftTree, TreeSpec, DraftingOptions
-from ..chain import ChainDrafting, ChainTreeFiller
-from ..sparse_cache import sparse_visibility, streaming_keep
 from ...engine.logits import vocab_logits
+from ...engine.trees import DraftingOptions, DraftTree, TreeSpec
+from ..chain import ChainDrafting, ChainTreeFiller
 from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from ..modeling_drafter import DrafterModel, decoder_layer_fields, text_config
+from ..sparse_cache import sparse_visibility, streaming_keep
 from .configuration_spire import SpireConfig, chain_with_alternatives
 
 __all__ = ["SpireDrafter", "SpireTreeDrafter", "SpireOutput", "SpirePreTrainedModel"]
@@ -81,15 +82,24 @@ class SpireLayer(nn.Module):
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def memory_kv(self, memory: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def memory_kv(
+        self, memory: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``(B, kv_heads, T, d)`` of memory vectors ``(B, T, H)`` at the positions of ``cos, sin``."""
         attn = self.self_attn
         h = self.input_layernorm(memory)
         k = _rotate(attn._heads(attn.k_proj(h), attn.num_kv_heads), cos, sin)
         return k, attn._heads(attn.v_proj(h), attn.num_kv_heads)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
         """``x (B, T, H)``: the layer's input at T query positions; ``keys, values (B, kv_heads, M, d)`` memory entries
         and ``mask (B, 1, T, M)`` (additive) their visibility. Each query also sees its own key (appended last)."""
         attn = self.self_attn
@@ -101,7 +111,9 @@ class SpireLayer(nn.Module):
         keys, values = torch.cat([keys, k_self], 2), torch.cat([values, v_self], 2)
         own = _additive(torch.eye(T, dtype=torch.bool, device=x.device), mask.dtype).expand(*mask.shape[:2], T, T)
         mask = torch.cat([mask, own], -1)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=attn.num_heads != attn.num_kv_heads)
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, enable_gqa=attn.num_heads != attn.num_kv_heads
+        )
         x = x + attn.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -153,9 +165,14 @@ class SpireDrafter(DraftVocabMixin, SpirePreTrainedModel):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_base_model(
-        cls, model: PreTrainedModel, num_layers: int = 2, sliding_window: int = 64, num_sink_tokens: int = 1,
-        layers: list[int] | None = None, **config_kwargs,
-    ) -> "SpireDrafter":  # fmt: skip
+        cls,
+        model: PreTrainedModel,
+        num_layers: int = 2,
+        sliding_window: int = 64,
+        num_sink_tokens: int = 1,
+        layers: list[int] | None = None,
+        **config_kwargs,
+    ) -> "SpireDrafter":
         """SPIRe's pruned initialization (Sec. 3.2): copies of the target's decoder ``layers`` (default its last
         ``num_layers``) and final norm; the target's embeddings and ``lm_head`` are shared."""
         tc = text_config(model)
@@ -165,11 +182,18 @@ class SpireDrafter(DraftVocabMixin, SpirePreTrainedModel):
             raise ValueError(f"layers must be target layer indices in 0..{L - 1}, got {layers}")
         qkv_bias = getattr(model, model.base_model_prefix).layers[0].self_attn.q_proj.bias is not None
         config = SpireConfig(
-            target_layers=layers, target_num_layers=L, sliding_window=sliding_window, num_sink_tokens=num_sink_tokens,
-            num_hidden_layers=len(layers), qkv_bias=qkv_bias, attention_bias=bool(getattr(tc, "attention_bias", False)),
-            initializer_range=getattr(tc, "initializer_range", 0.02), **cls._base_model_fields(model),
-            **decoder_layer_fields(model), **config_kwargs,
-        )  # fmt: skip
+            target_layers=layers,
+            target_num_layers=L,
+            sliding_window=sliding_window,
+            num_sink_tokens=num_sink_tokens,
+            num_hidden_layers=len(layers),
+            qkv_bias=qkv_bias,
+            attention_bias=bool(getattr(tc, "attention_bias", False)),
+            initializer_range=getattr(tc, "initializer_range", 0.02),
+            **cls._base_model_fields(model),
+            **decoder_layer_fields(model),
+            **config_kwargs,
+        )
         return cls._from_base_config(model, config)
 
     def _init_from_base_model(self, model: PreTrainedModel) -> None:
@@ -206,14 +230,21 @@ class SpireDrafter(DraftVocabMixin, SpirePreTrainedModel):
     def rope(self, x: torch.Tensor, position_ids: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rotary_emb(x, position_ids)
 
-    def target_memory_kv(self, memories: list[torch.Tensor], position_ids: torch.LongTensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def target_memory_kv(
+        self, memories: list[torch.Tensor], position_ids: torch.LongTensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer, keys and values of memory vectors ``(B, T, H)`` (the target's activations, or the drafter's
         feedback memory) at ``position_ids (B, T)``."""
         cos, sin = self.rope(memories[0], position_ids)
         return [layer.memory_kv(m.to(self.norm.weight.dtype), cos, sin) for layer, m in zip(self.layers, memories)]
 
-    def step(self, x: torch.Tensor, position_ids: torch.LongTensor, kv: list[tuple[torch.Tensor, torch.Tensor]],
-             mask: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:  # fmt: skip
+    def step(
+        self,
+        x: torch.Tensor,
+        position_ids: torch.LongTensor,
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """One drafter pass at T query positions: ``x (B, T, H)`` the embeddings, ``kv`` per layer the visible memory
         entries, ``mask (B, 1, T, M)``. Returns the final normed state and the activations ``[x^0, ..., x^n]``."""
         cos, sin = self.rope(x, position_ids)
@@ -260,7 +291,9 @@ class SpireDrafter(DraftVocabMixin, SpirePreTrainedModel):
             input_ids = F.pad(input_ids, (0, pad))
             target_memory = [F.pad(m, (0, 0, 0, pad)) for m in target_memory]
             if position_ids is not None:
-                position_ids = torch.cat([position_ids, position_ids[:, -1:] + torch.arange(1, pad + 1, device=position_ids.device)], 1)
+                position_ids = torch.cat(
+                    [position_ids, position_ids[:, -1:] + torch.arange(1, pad + 1, device=position_ids.device)], 1
+                )
         Tp = T + pad
         if position_ids is None:
             position_ids = torch.arange(Tp, device=input_ids.device).expand(B, Tp)
@@ -306,15 +339,24 @@ class SpireTreeDrafter(ChainDrafting):
 
     needs_target_hidden_states = True
 
-    def __init__(self, drafter: SpireDrafter, draft_sampling: str = "without_replacement", target: PreTrainedModel | None = None):
+    def __init__(
+        self, drafter: SpireDrafter, draft_sampling: str = "without_replacement", target: PreTrainedModel | None = None
+    ):
         config = drafter.config
         self.drafter = drafter
         self.draft_sampling = draft_sampling
         self.max_depth = config.num_draft_tokens
         self.batch_tree = functools.partial(
-            cost_aware_tree, config.tree, config, "depth_top_i_accuracy", target, self.draft_cost, self.max_depth,
-            accuracies=self.rank_accuracies(), candidates=self.candidate_trees,
-        )  # fmt: skip
+            cost_aware_tree,
+            config.tree,
+            config,
+            "depth_top_i_accuracy",
+            target,
+            self.draft_cost,
+            self.max_depth,
+            accuracies=self.rank_accuracies(),
+            candidates=self.candidate_trees,
+        )
         self.default_tree = self.batch_tree(batch_size=1)
         self.vocab_size = config.vocab_size
         self.window, self.sinks = config.sliding_window, config.num_sink_tokens
@@ -359,7 +401,9 @@ class SpireTreeDrafter(ChainDrafting):
             self.positions = self.positions[old]
         if bool(keep.any()):
             pos = positions[keep]
-            new = drafter.target_memory_kv([m[:, keep.to(m.device)] for m in memories], pos[None].to(memories[0].device))
+            new = drafter.target_memory_kv(
+                [m[:, keep.to(m.device)] for m in memories], pos[None].to(memories[0].device)
+            )
             if self.kv is None:
                 self.kv, self.positions = new, pos
             else:
@@ -432,9 +476,13 @@ class SpireTreeDrafter(ChainDrafting):
             key_pos[j, :m], key_ok[j, :m] = st.positions.to(device), True
         return kv, key_pos, key_ok
 
-    def _propose(self, states: list["SpireTreeDrafter"], sequences, tree: TreeSpec, options: DraftingOptions) -> list[DraftTree]:
+    def _propose(
+        self, states: list["SpireTreeDrafter"], sequences, tree: TreeSpec, options: DraftingOptions
+    ) -> list[DraftTree]:
         if tree.depth > self.max_depth:
-            raise ValueError(f"this SpireDrafter drafts {self.max_depth} tokens per step; the tree has depth {tree.depth}")
+            raise ValueError(
+                f"this SpireDrafter drafts {self.max_depth} tokens per step; the tree has depth {tree.depth}"
+            )
         scheme = options.scheme(self.draft_sampling)
         fillers = [ChainTreeFiller(seq, tree, scheme, options, self.vocab_size) for seq in sequences]
         self._draft_chains(states, sequences, fillers)

@@ -26,7 +26,15 @@ from ...training.losses import kd_loss
 from ...training.trainer import DrafterTrainer, HiddenStates, train_drafter, training_settings
 from .modeling_spire import SpireDrafter
 
-__all__ = ["SpireDataset", "SpireCollator", "SpireTrainer", "mixed_loss", "spire_loss", "train_spire", "depth_accuracies"]
+__all__ = [
+    "SpireDataset",
+    "SpireCollator",
+    "SpireTrainer",
+    "mixed_loss",
+    "spire_loss",
+    "train_spire",
+    "depth_accuracies",
+]
 
 
 def mixed_loss(
@@ -65,11 +73,15 @@ class SpireDataset(Dataset):
         layers = states.layers or {}
         missing = [i for i in target_layers if i not in layers]
         if missing:
-            raise KeyError(f"the labelled data lacks the target layers {missing} (it has {sorted(layers)}): label them "
-                           "with `hf-speculative label --layers ...` or build the drafter from layers the data has")  # fmt: skip
+            raise KeyError(
+                f"the labelled data lacks the target layers {missing} (it has {sorted(layers)}): label them "
+                "with `hf-speculative label --layers ...` or build the drafter from layers the data has"
+            )
         self.states, self.sinks = states, int(sinks)
         self.memory = [layers[int(i)] for i in target_layers]
-        self.spans: list[tuple[int, int, int, int]] = []  # (conversation start, chunk start, chunk end, conversation end)
+        self.spans: list[
+            tuple[int, int, int, int]
+        ] = []  # (conversation start, chunk start, chunk end, conversation end)
         offsets = states.offsets.tolist()
         step = max(max_length - self.sinks, 1)
         for s, e in zip(offsets[:-1], offsets[1:]):
@@ -132,8 +144,13 @@ def _forward(drafter: SpireDrafter, batch: dict, sinks: int) -> torch.Tensor:
     return drafter(batch["input_ids"], memory, position_ids=batch["position_ids"], prefix_rows=sinks).hidden_states
 
 
-def spire_loss(drafter: SpireDrafter, batch: dict, omega: float | None = None, vocab_index: torch.LongTensor | None = None,
-               sinks: int | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+def spire_loss(
+    drafter: SpireDrafter,
+    batch: dict,
+    omega: float | None = None,
+    vocab_index: torch.LongTensor | None = None,
+    sinks: int | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """MixedLoss of one `SpireCollator` batch through the k-pass training forward (logits over the draft vocabulary)."""
     omega = drafter.config.mixed_loss_omega if omega is None else omega
     sinks = drafter.config.num_sink_tokens if sinks is None else sinks
@@ -144,7 +161,9 @@ def spire_loss(drafter: SpireDrafter, batch: dict, omega: float | None = None, v
 
 
 @torch.no_grad()
-def depth_accuracies(drafter: SpireDrafter, dataset: SpireDataset, top: int = 4, max_items: int = 64) -> list[list[float]]:
+def depth_accuracies(
+    drafter: SpireDrafter, dataset: SpireDataset, top: int = 4, max_items: int = 64
+) -> list[list[float]]:
     """Held-out acceptance of the training forward: per drafting depth d (row ``b k + d`` of a block), the share of
     rows whose target greedy token is among the drafter's top-1..top-``top`` (``[depth][i]``). With teacher forcing
     inside the block, this is the chance that depth d + 1 is accepted given the chain up to d was."""
@@ -185,8 +204,13 @@ class SpireTrainer(DrafterTrainer):
 
 
 def train_spire(
-    drafter: SpireDrafter, states: HiddenStates, output_dir: str, omega: float | None = None, max_length: int = 512, **training,
-) -> SpireTrainer:  # fmt: skip
+    drafter: SpireDrafter,
+    states: HiddenStates,
+    output_dir: str,
+    omega: float | None = None,
+    max_length: int = 512,
+    **training,
+) -> SpireTrainer:
     """Train ``drafter`` (attached to its target) on labelled ``states`` with the `SpireTrainer`. ``training``: the
     arguments of `train_eagle`'s ``training`` (``time_budget`` seconds stop it early, with a cosine over the budget);
     defaults `TRAINING_DEFAULTS`, 10 warm-up steps. Returns the trainer."""
@@ -195,6 +219,11 @@ def train_spire(
         p.requires_grad_(False)
     dataset = SpireDataset(states, drafter.config.target_layers, drafter.config.num_sink_tokens, max_length)
     return train_drafter(
-        SpireTrainer, drafter, dataset, SpireCollator(), output_dir, trainer_kwargs={"omega": omega},
+        SpireTrainer,
+        drafter,
+        dataset,
+        SpireCollator(),
+        output_dir,
+        trainer_kwargs={"omega": omega},
         **training_settings(training, warmup_steps=10),
     )

@@ -5,10 +5,20 @@ drafter (`hf_speculative.registry`)."""
 
 from ..lazy import lazy_drafter
 
-__all__, __getattr__ = lazy_drafter("speculative-streaming", __name__, {
-    "configuration_speculative_streaming": ("SpeculativeStreamingConfig", "default_stream_tree"),
-    "modeling_speculative_streaming": ("LlamaForSpeculativeStreaming", "SpeculativeStreamingDrafter",
-                                       "SpeculativeStreamingOutput", "SpeculativeStreams", "StreamAdapter"),
-}, config="SpeculativeStreamingConfig", model="LlamaForSpeculativeStreaming",
-   train_commands=("hf_speculative.commands.train_streaming",
-                   "hf_speculative.commands.train_streaming_pruning"))  # fmt: skip
+__all__, __getattr__ = lazy_drafter(
+    "speculative-streaming",
+    __name__,
+    {
+        "configuration_speculative_streaming": ("SpeculativeStreamingConfig", "default_stream_tree"),
+        "modeling_speculative_streaming": (
+            "LlamaForSpeculativeStreaming",
+            "SpeculativeStreamingDrafter",
+            "SpeculativeStreamingOutput",
+            "SpeculativeStreams",
+            "StreamAdapter",
+        ),
+    },
+    config="SpeculativeStreamingConfig",
+    model="LlamaForSpeculativeStreaming",
+    train_commands=("hf_speculative.commands.train_streaming", "hf_speculative.commands.train_streaming_pruning"),
+)

@@ -110,7 +110,9 @@ class SpeculativeStreamingConfig(DrafterConfigMixin, LlamaConfig):
         self.pruning_threshold = pruning_threshold
         self.lora_rank = lora_rank
         self.lora_alpha = lora_alpha
-        self.lora_target_modules = list(lora_target_modules) if lora_target_modules is not None else list(LORA_TARGET_MODULES)
+        self.lora_target_modules = (
+            list(lora_target_modules) if lora_target_modules is not None else list(LORA_TARGET_MODULES)
+        )
         self.tree_top_k = tree_top_k
         self.stream_tree = stream_tree if stream_tree is not None else default_stream_tree(num_streams, tree_top_k)
         self.cost_aware_tree = cost_aware_tree
@@ -119,7 +121,9 @@ class SpeculativeStreamingConfig(DrafterConfigMixin, LlamaConfig):
         self.results = results
         super().__init__(base_model_name_or_path=base_model_name_or_path, draft_vocab_size=draft_vocab_size, **kwargs)
         if self.num_msa_layers > self.num_hidden_layers:
-            raise ValueError(f"num_msa_layers={num_msa_layers} exceeds the {self.num_hidden_layers} layers of the model")
+            raise ValueError(
+                f"num_msa_layers={num_msa_layers} exceeds the {self.num_hidden_layers} layers of the model"
+            )
         self.validate_pruning()
         if self.tree.depth > num_streams:
             raise ValueError(f"stream_tree is {self.tree.depth} deep but there are only {num_streams} streams")
@@ -133,7 +137,9 @@ class SpeculativeStreamingConfig(DrafterConfigMixin, LlamaConfig):
                 + (", and in shared mode before the last plain layer)" if self.mode != "lossless" else ")")
             )
         if self.pruning_threshold > 0 and self.pruning_layer is None:
-            raise ValueError("pruning_threshold > 0 needs a pruning_layer (the early exit that estimates transition probabilities)")
+            raise ValueError(
+                "pruning_threshold > 0 needs a pruning_layer (the early exit that estimates transition probabilities)"
+            )
 
     @property
     def tree(self) -> TreeSpec:

@@ -29,14 +29,14 @@ adapters on the MSA layers' projections that act on the stream rows only.
 from __future__ import annotations
 
 import functools
-
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GenerationMixin, LlamaForCausalLM, PreTrainedModel, initialization as init
+from transformers import GenerationMixin, LlamaForCausalLM, PreTrainedModel
+from transformers import initialization as init
 from transformers.cache_utils import DynamicCache
 from transformers.masking_utils import create_causal_mask, eager_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -44,14 +44,14 @@ from transformers.models.llama.modeling_llama import LlamaPreTrainedModel, rotat
 
 from ..._compat import cache_arg, get_cache, takes_cache
 from ...engine.generation import SpeculativeGenerationMixin
-from ...hub import resolve_name_or_path
-from ...engine.trees import DraftTree, TreeSpec, DraftingOptions
-from ...engine.protocol import OneRowDrafter
 from ...engine.logits import vocab_logits
+from ...engine.placement import match_target
+from ...engine.protocol import OneRowDrafter
+from ...engine.trees import DraftingOptions, DraftTree, TreeSpec
+from ...hub import resolve_name_or_path
 from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from ..modeling_drafter import DrafterModel
-from ...engine.placement import match_target
 from .configuration_speculative_streaming import LORA_TARGET_MODULES, SpeculativeStreamingConfig
 
 __all__ = [
@@ -92,8 +92,21 @@ class StreamEmbeddings(nn.Module):
 
 def _layer_shapes(config: SpeculativeStreamingConfig) -> dict[str, tuple[int, int]]:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    q, kv, h, m = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim, config.hidden_size, config.intermediate_size
-    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, m), "up_proj": (h, m), "down_proj": (m, h)}
+    q, kv, h, m = (
+        config.num_attention_heads * head_dim,
+        config.num_key_value_heads * head_dim,
+        config.hidden_size,
+        config.intermediate_size,
+    )
+    return {
+        "q_proj": (h, q),
+        "k_proj": (h, kv),
+        "v_proj": (h, kv),
+        "o_proj": (q, h),
+        "gate_proj": (h, m),
+        "up_proj": (h, m),
+        "down_proj": (m, h),
+    }
 
 
 class SpeculativeStreams(nn.Module):
@@ -102,7 +115,9 @@ class SpeculativeStreams(nn.Module):
     def __init__(self, config: SpeculativeStreamingConfig):
         super().__init__()
         if config.stream_design != "embeddings":
-            raise NotImplementedError(f"stream_design={config.stream_design!r} (Appendix C.3) is not implemented; use 'embeddings'")
+            raise NotImplementedError(
+                f"stream_design={config.stream_design!r} (Appendix C.3) is not implemented; use 'embeddings'"
+            )
         self.stream_embeddings = StreamEmbeddings(config.num_streams, config.hidden_size)
         eta = config.stream_init_rank
         self.stream_init = StreamAdapter(config.hidden_size, config.hidden_size, eta, eta) if eta > 0 else None
@@ -116,7 +131,9 @@ class SpeculativeStreams(nn.Module):
             )
         self.pruning = None
         if config.pruning_layer is not None:  # Sec. 3.1.3: the early exit's rank-theta adapter
-            self.pruning = StreamAdapter(config.hidden_size, config.hidden_size, config.pruning_rank, config.pruning_rank)
+            self.pruning = StreamAdapter(
+                config.hidden_size, config.hidden_size, config.pruning_rank, config.pruning_rank
+            )
 
     def init_streams(self, main_hidden: torch.Tensor) -> torch.Tensor:
         """``(..., H)`` main-stream states entering layer N - N_s -> ``(..., gamma, H)`` streams f_eta(M_t) + P_j."""
@@ -172,7 +189,9 @@ def msa_layer(layer: nn.Module, adapters, rows, main_kv, key_mask, cos, sin, num
     """
     attn = layer.self_attn
     if hasattr(attn, "q_norm") or getattr(attn, "sliding_window", None):
-        raise NotImplementedError("MSA layers support the Llama / Mistral / Qwen2 attention layout (no q/k norm, no sliding window)")
+        raise NotImplementedError(
+            "MSA layers support the Llama / Mistral / Qwen2 attention layout (no q/k norm, no sliding window)"
+        )
     B, T, R, _ = rows.shape
     G = R - num_main
     rep, d = attn.num_key_value_groups, attn.head_dim
@@ -232,18 +251,32 @@ def main_stream_layer(layer: nn.Module, hidden, key_mask, cos, sin):
 
 
 def causal_key_mask(
-    batch: int, length: int, dtype: torch.dtype, device, past_length: int = 0, attention_mask: torch.Tensor | None = None
+    batch: int,
+    length: int,
+    dtype: torch.dtype,
+    device,
+    past_length: int = 0,
+    attention_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``(batch, length, past_length + length)`` additive causal mask (0 visible, dtype min hidden), with the
     padding of a 2D ``attention_mask`` over past + new tokens: transformers' ``masking_utils.eager_mask``."""
     if attention_mask is not None:
         attention_mask = attention_mask.to(device=device, dtype=torch.bool)
-    mask = eager_mask(batch_size=batch, q_length=length, kv_length=past_length + length, q_offset=past_length,
-                      attention_mask=attention_mask, dtype=dtype, device=device)  # fmt: skip
+    mask = eager_mask(
+        batch_size=batch,
+        q_length=length,
+        kv_length=past_length + length,
+        q_offset=past_length,
+        attention_mask=attention_mask,
+        dtype=dtype,
+        device=device,
+    )
     return mask[:, 0]
 
 
-def stream_key_mask(attention_mask: torch.Tensor | None, batch: int, length: int, past_length: int, dtype, device) -> torch.Tensor:
+def stream_key_mask(
+    attention_mask: torch.Tensor | None, batch: int, length: int, past_length: int, dtype, device
+) -> torch.Tensor:
     """The ``(B, T, L)`` additive rows of main positions each new position sees: a 4D (tree) mask's rows, or
     causal plus a 2D padding mask over past + new tokens."""
     if attention_mask is not None and attention_mask.dim() == 4:
@@ -289,7 +322,12 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_base_model(
-        cls, model: PreTrainedModel, num_streams: int = 3, num_msa_layers: int = 4, mode: str = "lossless", **config_kwargs
+        cls,
+        model: PreTrainedModel,
+        num_streams: int = 3,
+        num_msa_layers: int = 4,
+        mode: str = "lossless",
+        **config_kwargs,
     ) -> "LlamaForSpeculativeStreaming":
         """Wrap ``model`` (a Llama / Mistral / Qwen2 causal LM) with fresh streams; its weights are shared."""
         base_config = model.config.to_dict()
@@ -312,7 +350,9 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
         that does not exist raises `FileNotFoundError` at once (`hf_speculative.hub.resolve_name_or_path`)."""
         path = resolve_name_or_path(pretrained_model_name_or_path, what=cls.__name__)
         ss = cls._load_checkpoint(path, *args, **kwargs)
-        ss.attach_base_model(base_model if base_model is not None else load_base_model(ss.config.base_model_name_or_path))
+        ss.attach_base_model(
+            base_model if base_model is not None else load_base_model(ss.config.base_model_name_or_path)
+        )
         if ss.config.mode == "shared":
             ss._load_lora(path, **kwargs)
         return ss.eval()
@@ -324,7 +364,9 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
         decoder = getattr(model, "model", None)
         layers = getattr(decoder, "layers", None)
         if layers is None or not hasattr(decoder, "rotary_emb") or not hasattr(decoder, "norm"):
-            raise TypeError(f"{type(model).__name__} is not a Llama-family causal LM (needs .model.layers/.norm/.rotary_emb)")
+            raise TypeError(
+                f"{type(model).__name__} is not a Llama-family causal LM (needs .model.layers/.norm/.rotary_emb)"
+            )
         self._check_base_model(model)
         for p in model.parameters():
             p.requires_grad_(False)
@@ -354,7 +396,9 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
             self.config.pruning_layer, self.config.pruning_rank, self.config.pruning_threshold = previous
             raise
         weight = self.streams.stream_embeddings.weight
-        adapter = StreamAdapter(self.config.hidden_size, self.config.hidden_size, rank, rank).to(weight.device, weight.dtype)
+        adapter = StreamAdapter(self.config.hidden_size, self.config.hidden_size, rank, rank).to(
+            weight.device, weight.dtype
+        )
         with torch.no_grad():
             adapter.lora_A.normal_(0.0, 1.0 / math.sqrt(adapter.lora_A.shape[1]))
             adapter.lora_B.zero_()
@@ -365,7 +409,9 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
         from peft import LoraConfig
 
         c = self.config
-        return LoraConfig(r=c.lora_rank, lora_alpha=c.lora_alpha, lora_dropout=0.0, target_modules=list(c.lora_target_modules))
+        return LoraConfig(
+            r=c.lora_rank, lora_alpha=c.lora_alpha, lora_dropout=0.0, target_modules=list(c.lora_target_modules)
+        )
 
     def _inject_lora(self, model: PreTrainedModel) -> None:
         from peft import inject_adapter_in_model
@@ -409,10 +455,17 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
         from safetensors.torch import load_file
         from transformers.utils import cached_file
 
-        path = cached_file(folder, LORA_WEIGHTS_NAME, subfolder=LORA_SUBFOLDER, **{k: v for k, v in kwargs.items() if k in ("revision", "token", "cache_dir")})
+        path = cached_file(
+            folder,
+            LORA_WEIGHTS_NAME,
+            subfolder=LORA_SUBFOLDER,
+            **{k: v for k, v in kwargs.items() if k in ("revision", "token", "cache_dir")},
+        )
         result = set_peft_model_state_dict(self.base, load_file(path))
         if getattr(result, "unexpected_keys", None):
-            raise ValueError(f"{LORA_WEIGHTS_NAME} holds weights the base has no LoRA layer for: {result.unexpected_keys[:5]}")
+            raise ValueError(
+                f"{LORA_WEIGHTS_NAME} holds weights the base has no LoRA layer for: {result.unexpected_keys[:5]}"
+            )
 
     def get_input_embeddings(self):
         return None if self.model is None else self.model.embed_tokens
@@ -458,9 +511,17 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
         self._check_attached()
         if self.config.mode == "shared":
             return self._joint_forward(
-                input_ids, inputs_embeds, attention_mask, position_ids, cache, use_cache, logits_to_keep,
-                output_streams, bool(kwargs.get("output_hidden_states")), labels,
-            )  # fmt: skip
+                input_ids,
+                inputs_embeds,
+                attention_mask,
+                position_ids,
+                cache,
+                use_cache,
+                logits_to_keep,
+                output_streams,
+                bool(kwargs.get("output_hidden_states")),
+                labels,
+            )
         captured = {}
 
         def capture(module, args, kw):
@@ -473,10 +534,17 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
         handle = self.model.layers[self.config.first_msa_layer].register_forward_pre_hook(capture, with_kwargs=True)
         try:
             out = LlamaForCausalLM.forward(
-                self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                **cache_arg(cache), inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache,
-                logits_to_keep=logits_to_keep, **kwargs,
-            )  # fmt: skip
+                self,
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                **cache_arg(cache),
+                inputs_embeds=inputs_embeds,
+                labels=labels,
+                use_cache=use_cache,
+                logits_to_keep=logits_to_keep,
+                **kwargs,
+            )
         finally:
             handle.remove()
         stream_logits = None
@@ -498,9 +566,18 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
         )
 
     def _joint_forward(
-        self, input_ids, inputs_embeds, attention_mask, position_ids, cache, use_cache, logits_to_keep,
-        output_streams: bool, output_hidden_states: bool, labels,
-    ) -> SpeculativeStreamingOutput:  # fmt: skip
+        self,
+        input_ids,
+        inputs_embeds,
+        attention_mask,
+        position_ids,
+        cache,
+        use_cache,
+        logits_to_keep,
+        output_streams: bool,
+        output_hidden_states: bool,
+        labels,
+    ) -> SpeculativeStreamingOutput:
         """`forward` in shared mode (Sec. 3.1.1, Eqs. 1-2): the base layers below N - N_s as usual, then main and streams
         jointly through the MSA layers (`msa_layer` with one main row); the cache gets the main row's keys and
         values only. Works for the prefill, a tree-verification forward (4D additive tree mask and per-node
@@ -515,7 +592,11 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
         if position_ids is None:
             position_ids = (torch.arange(T, device=h.device) + past_length)[None].expand(B, -1)
         mask = create_causal_mask(
-            config=self.base.config, inputs_embeds=h, attention_mask=attention_mask, **cache_arg(cache), position_ids=position_ids
+            config=self.base.config,
+            inputs_embeds=h,
+            attention_mask=attention_mask,
+            **cache_arg(cache),
+            position_ids=position_ids,
         )
         cos, sin = decoder.rotary_emb(h, position_ids)
         hidden = [h]
@@ -531,14 +612,20 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
         adapters = self.streams.adapters
         for i, layer in enumerate(self.msa_layers):
             store = _cache_writer(cache, layer.self_attn.layer_idx)
-            rows = msa_layer(layer, adapters[i] if adapters is not None else None, rows, store, key_mask, cos, sin, num_main=1)
+            rows = msa_layer(
+                layer, adapters[i] if adapters is not None else None, rows, store, key_mask, cos, sin, num_main=1
+            )
             hidden.append(rows[:, :, 0])
         rows = decoder.norm(rows)
         main, streams = rows[:, :, 0], rows[:, :, 1:]
         hidden[-1] = main  # as transformers does: the last hidden state is the normed one
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.lm_head(main[:, keep])
-        loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size) if labels is not None else None
+        loss = (
+            self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size)
+            if labels is not None
+            else None
+        )
         return SpeculativeStreamingOutput(
             loss=loss,
             logits=logits,
@@ -556,13 +643,21 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
         decoder = self.model
         first = self.config.first_msa_layer
         received = {}  # what the last plain layer is called with, after any pre-hook of the engine (tree pruning)
-        handle = decoder.layers[first - 1].register_forward_pre_hook(lambda m, a, kw: received.update(kw), with_kwargs=True) if first else None
+        handle = (
+            decoder.layers[first - 1].register_forward_pre_hook(lambda m, a, kw: received.update(kw), with_kwargs=True)
+            if first
+            else None
+        )
         try:
             for layer in decoder.layers[:first]:
                 h = layer(
-                    h, attention_mask=mask, position_embeddings=(cos, sin), position_ids=position_ids,
-                    **cache_arg(cache), use_cache=cache is not None,
-                )  # fmt: skip
+                    h,
+                    attention_mask=mask,
+                    position_embeddings=(cos, sin),
+                    position_ids=position_ids,
+                    **cache_arg(cache),
+                    use_cache=cache is not None,
+                )
                 hidden.append(h)
         finally:
             if handle is not None:
@@ -578,7 +673,9 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
         adapters = self.streams.adapters
         for i, layer in enumerate(self.msa_layers):
             keys, values = keys_values[i]
-            streams = msa_stream_layer(layer, adapters[i] if adapters is not None else None, streams, keys, values, key_mask, cos, sin)
+            streams = msa_stream_layer(
+                layer, adapters[i] if adapters is not None else None, streams, keys, values, key_mask, cos, sin
+            )
         return self.model.norm(streams)
 
     def stream_logits(self, main_hidden, cache, key_mask=None, position_ids=None) -> torch.Tensor:
@@ -610,7 +707,9 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
         token for token, and it is the baseline of shared mode's speedup."""
         return GenerationMixin.generate(self, input_ids, **kwargs)
 
-    def streams_from_hidden(self, main_hidden: torch.Tensor, position_ids: torch.LongTensor | None = None) -> torch.Tensor:
+    def streams_from_hidden(
+        self, main_hidden: torch.Tensor, position_ids: torch.LongTensor | None = None
+    ) -> torch.Tensor:
         """Training path: from the (cached) main-stream states entering layer N - N_s ``(B, T, H)`` run the top
         N_s layers on the main stream (frozen, for its keys/values) and on the streams; returns the final-normed
         streams ``(B, T, gamma, H)``. Causal; right padding is harmless (labels mask it)."""
@@ -625,7 +724,9 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
         for i, layer in enumerate(self.msa_layers):
             with torch.no_grad():  # lossless: the base is frozen and the main stream never sees the streams
                 main, keys, values = main_stream_layer(layer, main, key_mask[:, None], cos, sin)
-            streams = msa_stream_layer(layer, adapters[i] if adapters is not None else None, streams, keys, values, key_mask, cos, sin)
+            streams = msa_stream_layer(
+                layer, adapters[i] if adapters is not None else None, streams, keys, values, key_mask, cos, sin
+            )
         return self.model.norm(streams)
 
     # ------------------------------------------------------------------ drafting
@@ -679,14 +780,26 @@ class SpeculativeStreamingDrafter(OneRowDrafter):
     projects those of the last accepted node.
     """
 
-
     needs_target_hidden_states = True
     fills_dynamic_tree = True
 
-    def __init__(self, model: LlamaForSpeculativeStreaming, draft_sampling: str = "without_replacement", target: PreTrainedModel | None = None):
+    def __init__(
+        self,
+        model: LlamaForSpeculativeStreaming,
+        draft_sampling: str = "without_replacement",
+        target: PreTrainedModel | None = None,
+    ):
         self.model = model
         self.max_depth = model.config.num_streams
-        self.batch_tree = functools.partial(cost_aware_tree, model.config.tree, model.config, "stream_top_i_accuracy", target, self.draft_cost, self.max_depth)
+        self.batch_tree = functools.partial(
+            cost_aware_tree,
+            model.config.tree,
+            model.config,
+            "stream_top_i_accuracy",
+            target,
+            self.draft_cost,
+            self.max_depth,
+        )
         self.default_tree = self.batch_tree(batch_size=1)
         self.vocab_size = model.config.vocab_size
         self.draft_sampling = draft_sampling
@@ -697,7 +810,11 @@ class SpeculativeStreamingDrafter(OneRowDrafter):
         in lossless mode their N_s MSA layers (that share of c(gamma)); in shared mode the streams run inside the
         verification forward, whose measured curve (``curve`` of this model) already includes them."""
         config = self.model.config
-        msa = config.num_msa_layers / config.num_hidden_layers * curve(config.num_streams) if config.mode == "lossless" else 0.0
+        msa = (
+            config.num_msa_layers / config.num_hidden_layers * curve(config.num_streams)
+            if config.mode == "lossless"
+            else 0.0
+        )
         return msa + curve.projection_cost(config.num_streams, self.model.draft_vocab_share)
 
     def _streams_at(self, target_outputs, node: int) -> None:
@@ -737,7 +854,10 @@ class SpeculativeStreamingDrafter(OneRowDrafter):
         from .pruning import prune_tree, transition_probabilities
 
         threshold = self.model.config.pruning_threshold
-        return [prune_tree(d, transition_probabilities(self.model, states[a, : len(d)], d), threshold) for a, d in enumerate(drafts)]
+        return [
+            prune_tree(d, transition_probabilities(self.model, states[a, : len(d)], d), threshold)
+            for a, d in enumerate(drafts)
+        ]
 
     @torch.no_grad()
     def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:

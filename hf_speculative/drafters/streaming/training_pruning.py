@@ -4,7 +4,6 @@ alone, with next-token CE on the base's cached layer-l states. The pruning itsel
 from __future__ import annotations
 
 import time
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -32,10 +31,14 @@ def pruning_states(ss, tokenizer, records, max_length: int = 1024, progress: boo
     from .training_speculative_streaming import extract_stream_inputs
 
     shared = ss.config.mode == "shared"
-    return extract_stream_inputs(ss.base, tokenizer, records, ss.config.pruning_layer, max_length=max_length, cache=not shared, progress=progress)
+    return extract_stream_inputs(
+        ss.base, tokenizer, records, ss.config.pruning_layer, max_length=max_length, cache=not shared, progress=progress
+    )
 
 
-def _next_token_segments(states: HiddenStates, segment_length: int, max_tokens: int | None = None) -> StreamSegmentDataset:
+def _next_token_segments(
+    states: HiddenStates, segment_length: int, max_tokens: int | None = None
+) -> StreamSegmentDataset:
     return StreamSegmentDataset(states, 0, segment_length, max_tokens, main=True)
 
 
@@ -58,7 +61,9 @@ def train_pruning_head(ss, train_states: HiddenStates, output_dir: str, segment_
     weights too) stays frozen. ``training``: the schedule (`hf_speculative.training.trainer.TRAINING_DEFAULTS`;
     here learning rate 1e-3); ``time_budget`` stops it (the cosine schedule kept)."""
     if ss.streams.pruning is None:
-        raise ValueError("the model has no pruning adapter: set config.pruning_layer (LlamaForSpeculativeStreaming.add_pruning_head)")
+        raise ValueError(
+            "the model has no pruning adapter: set config.pruning_layer (LlamaForSpeculativeStreaming.add_pruning_head)"
+        )
     training = training_settings(training, learning_rate=1e-3)
     dataset = _next_token_segments(train_states, segment_length)
     trainable = {id(p) for p in ss.streams.pruning.parameters()}
@@ -73,8 +78,16 @@ def train_pruning_head(ss, train_states: HiddenStates, output_dir: str, segment_
         ss.eval()
 
 
-def fit_pruning_head(ss, tokenizer, train_records, held_out_records, output_dir: str, max_length: int = 1024,
-                     progress: bool = True, **training) -> dict:  # fmt: skip
+def fit_pruning_head(
+    ss,
+    tokenizer,
+    train_records,
+    held_out_records,
+    output_dir: str,
+    max_length: int = 1024,
+    progress: bool = True,
+    **training,
+) -> dict:
     """Parallel tree pruning (Sec. 3.1.3) end to end on ``ss`` with its pruning head already added
     (`LlamaForSpeculativeStreaming.add_pruning_head`): the states entering layer l over the records (under several
     processes the main one first), the early exit's held-out top-1 before, `train_pruning_head` (``training``: its
@@ -84,7 +97,11 @@ def fit_pruning_head(ss, tokenizer, train_records, held_out_records, output_dir:
     t0 = time.perf_counter()
     with main_process_first():
         states = pruning_states(ss, tokenizer, train_records, max_length=max_length, progress=progress)
-        held_out = pruning_states(ss, tokenizer, held_out_records, max_length=max_length, progress=False) if held_out_records else None
+        held_out = (
+            pruning_states(ss, tokenizer, held_out_records, max_length=max_length, progress=False)
+            if held_out_records
+            else None
+        )
     extract_seconds = time.perf_counter() - t0
     before = early_exit_accuracy(ss, held_out) if held_out is not None else None
     t0 = time.perf_counter()

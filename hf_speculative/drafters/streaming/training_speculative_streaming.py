@@ -29,9 +29,18 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ...training.distributed import average_gradients
 from ...training.callbacks import LearningCurveCallback, TimeBudgetCallback
-from ...training.trainer import DrafterTrainer, HiddenStates, _cache_root, _model_key, cached_states, encode_record, train_drafter, training_settings
+from ...training.distributed import average_gradients
+from ...training.trainer import (
+    DrafterTrainer,
+    HiddenStates,
+    _cache_root,
+    _model_key,
+    cached_states,
+    encode_record,
+    train_drafter,
+    training_settings,
+)
 
 __all__ = [
     "IGNORE_INDEX",
@@ -88,7 +97,9 @@ def stream_losses(lm_head, states: torch.Tensor, targets: torch.LongTensor) -> t
     return torch.stack(losses)
 
 
-def stream_kd_losses(lm_head, states: torch.Tensor, targets: torch.LongTensor, teacher_ids, teacher_logprobs) -> torch.Tensor:
+def stream_kd_losses(
+    lm_head, states: torch.Tensor, targets: torch.LongTensor, teacher_ids, teacher_logprobs
+) -> torch.Tensor:
     """Per-stream KD loss ``(gamma,)``: ``KL(p_target || q_stream)`` (`kd_loss`) of final-normed stream states
     ``(..., gamma, H)`` against the target's stored top-k ``(..., gamma, k)`` at the rows whose ``targets`` are
     valid; the vocabulary projection runs only on those rows."""
@@ -110,7 +121,12 @@ def stream_kd_losses(lm_head, states: torch.Tensor, targets: torch.LongTensor, t
     return torch.stack(losses)
 
 
-def streaming_loss(per_stream: torch.Tensor, stream_weights: Sequence[float], main_loss: torch.Tensor | None = None, alpha_0: float = 0.0):
+def streaming_loss(
+    per_stream: torch.Tensor,
+    stream_weights: Sequence[float],
+    main_loss: torch.Tensor | None = None,
+    alpha_0: float = 0.0,
+):
     """``alpha_0 * main_loss + sum_j alpha_j * per_stream[j]`` (Sec. 3.1.4)."""
     w = torch.tensor(list(stream_weights)[: per_stream.shape[0]], dtype=per_stream.dtype, device=per_stream.device)
     loss = (w * per_stream).sum()
@@ -141,7 +157,9 @@ def tokenize_records(tokenizer, records, max_length: int = 1024) -> HiddenStates
 
 
 @torch.no_grad()
-def extract_stream_inputs(model, tokenizer, records, layer: int, max_length: int = 1024, cache: bool = True, progress: bool = True) -> HiddenStates:
+def extract_stream_inputs(
+    model, tokenizer, records, layer: int, max_length: int = 1024, cache: bool = True, progress: bool = True
+) -> HiddenStates:
     """The frozen base's hidden states entering decoder layer ``layer`` (= N - N_s) over ``records``, cached in
     fp16 per conversation under ``$HF_SPECULATIVE_CACHE/stream_inputs/``. The forward stops at that layer."""
     folder = _cache_root() / "stream_inputs" / f"{_model_key(model, max_length)}-layer{layer}"
@@ -162,7 +180,14 @@ def extract_stream_inputs(model, tokenizer, records, layer: int, max_length: int
     handle = decoder.layers[layer].register_forward_pre_hook(stop, with_kwargs=True)
     try:
         return cached_states(
-            records, tokenizer, folder, layer_inputs, max_length, cache, progress, desc=f"hidden states entering layer {layer}"
+            records,
+            tokenizer,
+            folder,
+            layer_inputs,
+            max_length,
+            cache,
+            progress,
+            desc=f"hidden states entering layer {layer}",
         )
     finally:
         handle.remove()
@@ -190,7 +215,9 @@ class StreamSegmentDataset(Dataset):
         main = shared if main is None else main
         # target-labelled states: stream j at row t distils the target's distribution at row t + j (it predicts
         # token t + 1 + j, the stream's target), read lazily from the conversation's top-k arrays
-        self.teacher = (states.topk_ids, states.topk_logprobs) if getattr(states, "has_teacher", False) and not main else None
+        self.teacher = (
+            (states.topk_ids, states.topk_logprobs) if getattr(states, "has_teacher", False) and not main else None
+        )
         self.num_streams = num_streams
         self.items = []
         total = 0
@@ -261,7 +288,11 @@ def stream_rows(model, batch: dict) -> torch.Tensor:
     (next-token fine-tuning, the baseline shared mode is compared with)."""
     if "input_ids" in batch:
         out = model(
-            input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False, output_hidden_states=True, logits_to_keep=1
+            input_ids=batch["input_ids"],
+            position_ids=batch["position_ids"],
+            use_cache=False,
+            output_hidden_states=True,
+            logits_to_keep=1,
         )
         streams = getattr(out, "stream_states", None)
         main = out.hidden_states[-1][:, :, None]
@@ -298,7 +329,9 @@ class SpeculativeStreamingTrainer(DrafterTrainer):
         states = stream_rows(model, inputs)
         lm_head = getattr(model, "module", model).lm_head  # ``model`` may be the DistributedDataParallel wrapper
         if "teacher_ids" in inputs:  # target-labelled data: distil the target's own distribution
-            per_column = stream_kd_losses(lm_head, states, inputs["targets"], inputs["teacher_ids"], inputs["teacher_logprobs"])
+            per_column = stream_kd_losses(
+                lm_head, states, inputs["targets"], inputs["teacher_ids"], inputs["teacher_logprobs"]
+            )
         else:
             per_column = stream_losses(lm_head, states, inputs["targets"])
         parts = {}
@@ -352,7 +385,9 @@ def calibrate_stream_tree(model, held_out: HiddenStates, num_nodes: int | None, 
     if num_nodes:
         tree = TreeSpec.optimize(acc, num_nodes)
         model.config.stream_tree = tree.to_list()
-        calibration.update(num_nodes=num_nodes, expected_acceptance_length=round(expected_acceptance_length(tree, acc), 4))
+        calibration.update(
+            num_nodes=num_nodes, expected_acceptance_length=round(expected_acceptance_length(tree, acc), 4)
+        )
     model.config.calibration = calibration
     return calibration
 
@@ -362,16 +397,24 @@ class StreamCurveCallback(LearningCurveCallback):
 
     seen_key, top1_key = "train_tokens", "stream_top1"
 
-    def __init__(self, model, held_out: HiddenStates, num_nodes: int = 16, num_points: int = 4, tokens_per_step: int = 0):
+    def __init__(
+        self, model, held_out: HiddenStates, num_nodes: int = 16, num_points: int = 4, tokens_per_step: int = 0
+    ):
         super().__init__(model, held_out, num_nodes, num_points, per_step=tokens_per_step)
 
     def accuracies(self) -> list[list[float]]:
         return stream_accuracies(self.model, self.held_out)
 
 
-
-def train_speculative_streaming(model, train_states: HiddenStates, output_dir: str, segment_length: int = 256,
-                                max_tokens: int | None = None, stream_weights: Sequence[float] | None = None, **training):  # fmt: skip
+def train_speculative_streaming(
+    model,
+    train_states: HiddenStates,
+    output_dir: str,
+    segment_length: int = 256,
+    max_tokens: int | None = None,
+    stream_weights: Sequence[float] | None = None,
+    **training,
+):
     """Train ``model`` (a `LlamaForSpeculativeStreaming` attached to its base) on segments of ``segment_length``
     tokens (at most ``max_tokens``); returns the Trainer. ``training``: the schedule
     (`hf_speculative.training.trainer.TRAINING_DEFAULTS`; here learning rate 1e-3, batch 2): ``time_budget`` (seconds)
@@ -387,6 +430,17 @@ def train_speculative_streaming(model, train_states: HiddenStates, output_dir: s
     dataset = StreamSegmentDataset(train_states, num_streams, segment_length, max_tokens, shared=shared)
     # shared mode: the optimizer also holds the base's LoRA weights (not submodules of ``model``)
     params = DrafterTrainer.trainable_tensors(model)
-    optimizers = (torch.optim.AdamW(params, lr=training["learning_rate"], weight_decay=training["weight_decay"]), None) if shared else (None, None)
-    return train_drafter(SpeculativeStreamingTrainer, model, dataset, StreamCollator(), output_dir,
-                         trainer_kwargs={"stream_weights": stream_weights, "optimizers": optimizers}, **training)  # fmt: skip
+    optimizers = (
+        (torch.optim.AdamW(params, lr=training["learning_rate"], weight_decay=training["weight_decay"]), None)
+        if shared
+        else (None, None)
+    )
+    return train_drafter(
+        SpeculativeStreamingTrainer,
+        model,
+        dataset,
+        StreamCollator(),
+        output_dir,
+        trainer_kwargs={"stream_weights": stream_weights, "optimizers": optimizers},
+        **training,
+    )

@@ -4,9 +4,15 @@ imported on first use. Importing the package registers the drafter (`hf_speculat
 
 from ..lazy import lazy_drafter
 
-__all__, __getattr__ = lazy_drafter("suffix", __name__, {
-    "configuration_suffix": ("SuffixConfig",),
-    "modeling_suffix": ("SuffixDrafter",),
-    "suffix_index": ("SuffixIndex", "match_in_sequence"),
-    "speculation_tree": ("expand_speculation_tree",),
-}, config="SuffixConfig", model="SuffixDrafter")  # fmt: skip
+__all__, __getattr__ = lazy_drafter(
+    "suffix",
+    __name__,
+    {
+        "configuration_suffix": ("SuffixConfig",),
+        "modeling_suffix": ("SuffixDrafter",),
+        "suffix_index": ("SuffixIndex", "match_in_sequence"),
+        "speculation_tree": ("expand_speculation_tree",),
+    },
+    config="SuffixConfig",
+    model="SuffixDrafter",
+)

@@ -50,7 +50,9 @@ class SuffixConfig(ModelFreeDrafterConfig):
         **kwargs,
     ):
         if not 1 <= min_match_length <= max_match_length:
-            raise ValueError(f"need 1 <= min_match_length <= max_match_length, got {min_match_length}, {max_match_length}")
+            raise ValueError(
+                f"need 1 <= min_match_length <= max_match_length, got {min_match_length}, {max_match_length}"
+            )
         if alpha <= 0 or max_occurrences < 1 or max_cache_bytes < 1:
             raise ValueError("alpha, max_occurrences and max_cache_bytes must be positive")
         if not 0 <= min_probability <= 1:

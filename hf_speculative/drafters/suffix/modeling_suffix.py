@@ -35,9 +35,9 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from ...engine.rows import TargetRows
-from ...engine.trees import DraftTree, TreeSpec, DraftingOptions, budget_tree
 from ...engine.protocol import TreeDrafter
+from ...engine.rows import TargetRows
+from ...engine.trees import DraftingOptions, DraftTree, TreeSpec, budget_tree
 from ..cost_aware import target_cost_curve
 from ..hybrid import _best_nodes, merge_drafts
 from .configuration_suffix import SuffixConfig
@@ -48,8 +48,21 @@ __all__ = ["SuffixDrafter"]
 
 WEIGHTS_NAME = "suffix_index.safetensors"
 #: what ``AutoModel.from_pretrained`` passes besides the config; a drafter with no weights has no use for them
-_LOADER_ARGUMENTS = {"trust_remote_code", "adapter_kwargs", "cache_dir", "force_download", "local_files_only", "token",
-                     "revision", "subfolder", "proxies", "code_revision", "_from_auto", "_from_pipeline", "_commit_hash"}  # fmt: skip
+_LOADER_ARGUMENTS = {
+    "trust_remote_code",
+    "adapter_kwargs",
+    "cache_dir",
+    "force_download",
+    "local_files_only",
+    "token",
+    "revision",
+    "subfolder",
+    "proxies",
+    "code_revision",
+    "_from_auto",
+    "_from_pipeline",
+    "_commit_hash",
+}
 
 
 class SuffixDrafter(TreeDrafter):
@@ -114,7 +127,9 @@ class SuffixDrafter(TreeDrafter):
         if self.config.vocab_size is None:
             top = int(self.index.codes.max()) - 1 if len(self.index.codes) else -1
             if top >= vocab:
-                raise ValueError(f"vocabulary mismatch: the stored outputs hold token {top} but the target predicts {vocab} tokens")
+                raise ValueError(
+                    f"vocabulary mismatch: the stored outputs hold token {top} but the target predicts {vocab} tokens"
+                )
             self.config.vocab_size = vocab
         self._curve = target_cost_curve(target, self.cost_curve)
 
@@ -189,8 +204,9 @@ class SuffixDrafter(TreeDrafter):
         save_file({k: torch.from_numpy(v) for k, v in self.index.state().items()}, str(folder / WEIGHTS_NAME))
 
     @classmethod
-    def from_pretrained(cls, pretrained_path: str | os.PathLike, config: SuffixConfig | None = None, cost_curve=None,
-                        **kwargs) -> "SuffixDrafter":  # fmt: skip
+    def from_pretrained(
+        cls, pretrained_path: str | os.PathLike, config: SuffixConfig | None = None, cost_curve=None, **kwargs
+    ) -> "SuffixDrafter":
         """Load a folder written by `save_pretrained`; ``kwargs`` override `SuffixConfig` fields."""
         from safetensors.torch import load_file
 

@@ -182,8 +182,11 @@ class SuffixIndex:
     # ------------------------------------------------------------------ saving
     def state(self) -> dict[str, np.ndarray]:
         """The arrays `load_state` restores: token codes, suffix array and output lengths."""
-        return {"codes": self.codes.astype(np.int32), "suffixes": self.suffixes.copy(),
-                "lengths": np.asarray(self.lengths, dtype=np.int32)}  # fmt: skip
+        return {
+            "codes": self.codes.astype(np.int32),
+            "suffixes": self.suffixes.copy(),
+            "lengths": np.asarray(self.lengths, dtype=np.int32),
+        }
 
     def load_state(self, codes: np.ndarray, suffixes: np.ndarray, lengths: np.ndarray) -> None:
         if int(lengths.sum()) + len(lengths) != len(codes) or len(suffixes) != int(lengths.sum()):

@@ -4,7 +4,13 @@ the drafter (`hf_speculative.registry`)."""
 
 from ..lazy import lazy_drafter
 
-__all__, __getattr__ = lazy_drafter("token-recycling", __name__, {
-    "configuration_token_recycling": ("TokenRecyclingConfig",),
-    "modeling_token_recycling": ("TokenRecyclingDrafter",),
-}, config="TokenRecyclingConfig", model="TokenRecyclingDrafter")  # fmt: skip
+__all__, __getattr__ = lazy_drafter(
+    "token-recycling",
+    __name__,
+    {
+        "configuration_token_recycling": ("TokenRecyclingConfig",),
+        "modeling_token_recycling": ("TokenRecyclingDrafter",),
+    },
+    config="TokenRecyclingConfig",
+    model="TokenRecyclingDrafter",
+)

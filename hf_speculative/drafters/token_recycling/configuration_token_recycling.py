@@ -22,8 +22,15 @@ class TokenRecyclingConfig(ModelFreeDrafterConfig):
 
     model_type = "token_recycling"
 
-    def __init__(self, num_successors: int = 8, max_nodes: int = 48, max_depth: int = 8, refresh_every: int = 16,
-                 vocab_size: int | None = None, **kwargs):  # fmt: skip
+    def __init__(
+        self,
+        num_successors: int = 8,
+        max_nodes: int = 48,
+        max_depth: int = 8,
+        refresh_every: int = 16,
+        vocab_size: int | None = None,
+        **kwargs,
+    ):
         self.num_successors = int(num_successors)
         self.refresh_every = int(refresh_every)
         super().__init__(max_nodes=max_nodes, max_depth=max_depth, vocab_size=vocab_size, **kwargs)

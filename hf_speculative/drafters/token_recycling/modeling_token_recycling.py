@@ -34,12 +34,12 @@ from pathlib import Path
 
 import torch
 
-from ...engine.trees import DraftTree, TreeSpec, DraftingOptions
-from ...engine.rows import TargetRows
 from ...engine.protocol import TreeDrafter
-from .configuration_token_recycling import TokenRecyclingConfig
+from ...engine.rows import TargetRows
+from ...engine.trees import DraftingOptions, DraftTree, TreeSpec
 from ..cost_aware import target_cost_curve
 from ..online_accuracy import OnlineAccuracy
+from .configuration_token_recycling import TokenRecyclingConfig
 
 __all__ = ["TokenRecyclingDrafter"]
 
@@ -47,8 +47,21 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 DRAFTER_TYPE = TokenRecyclingConfig.model_type
 #: what ``AutoModel.from_pretrained`` passes besides the folder; a drafter with no network has no use for them
-_LOADER_ARGUMENTS = {"trust_remote_code", "adapter_kwargs", "cache_dir", "force_download", "local_files_only", "token",
-                     "revision", "subfolder", "proxies", "code_revision", "_from_auto", "_from_pipeline", "_commit_hash"}  # fmt: skip
+_LOADER_ARGUMENTS = {
+    "trust_remote_code",
+    "adapter_kwargs",
+    "cache_dir",
+    "force_download",
+    "local_files_only",
+    "token",
+    "revision",
+    "subfolder",
+    "proxies",
+    "code_revision",
+    "_from_auto",
+    "_from_pipeline",
+    "_commit_hash",
+}
 
 #: hit-rate prior per rank before any observation (worth `OnlineAccuracy.prior_weight` observations)
 DEFAULT_PRIOR = (0.35, 0.12, 0.06, 0.04, 0.03, 0.02, 0.015, 0.01)
@@ -206,9 +219,15 @@ class TokenRecyclingDrafter(TreeDrafter):
 
         folder = Path(save_directory)
         folder.mkdir(parents=True, exist_ok=True)
-        config = {"model_type": DRAFTER_TYPE, "drafter_type": DRAFTER_TYPE, "num_successors": self.num_successors,
-                  "max_nodes": self.max_nodes, "max_depth": self.tree_depth, "refresh_every": self.refresh_every,
-                  "vocab_size": self.vocab_size}  # fmt: skip
+        config = {
+            "model_type": DRAFTER_TYPE,
+            "drafter_type": DRAFTER_TYPE,
+            "num_successors": self.num_successors,
+            "max_nodes": self.max_nodes,
+            "max_depth": self.tree_depth,
+            "refresh_every": self.refresh_every,
+            "vocab_size": self.vocab_size,
+        }
         (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
         tensors = {f"hit_rates.{k}": v for k, v in self.hit_rates.state_dict().items()}
         if self.adjacency is not None:
@@ -216,8 +235,9 @@ class TokenRecyclingDrafter(TreeDrafter):
         save_file(tensors, str(folder / WEIGHTS_NAME))
 
     @classmethod
-    def from_pretrained(cls, pretrained_path: str | os.PathLike, config: TokenRecyclingConfig | None = None,
-                        **kwargs) -> "TokenRecyclingDrafter":  # fmt: skip
+    def from_pretrained(
+        cls, pretrained_path: str | os.PathLike, config: TokenRecyclingConfig | None = None, **kwargs
+    ) -> "TokenRecyclingDrafter":
         """Load a folder written by `save_pretrained` (also what ``AutoModel.from_pretrained(folder)`` calls, with the
         folder's ``config``); ``kwargs`` override its saved arguments."""
         from safetensors.torch import load_file
@@ -239,7 +259,9 @@ class TokenRecyclingDrafter(TreeDrafter):
             drafter.adjacency = tensors["adjacency"].long()[:, : drafter.num_successors]
             drafter.vocab_size = drafter.adjacency.shape[0]
         if "hit_rates.hits" in tensors:
-            drafter.hit_rates.load_state_dict({"hits": tensors["hit_rates.hits"], "trials": tensors["hit_rates.trials"]})
+            drafter.hit_rates.load_state_dict(
+                {"hits": tensors["hit_rates.hits"], "trials": tensors["hit_rates.trials"]}
+            )
         return drafter
 
 
@@ -251,6 +273,10 @@ def _levels(tree: TreeSpec) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tens
         cached = []
         for level in range(1, tree.depth + 1):
             nodes = [i for i, d in enumerate(depths) if d == level]
-            cached.append(tuple(torch.tensor(v) for v in (nodes, [tree.parents[i] for i in nodes], [tree.ranks[i] for i in nodes])))
+            cached.append(
+                tuple(
+                    torch.tensor(v) for v in (nodes, [tree.parents[i] for i in nodes], [tree.ranks[i] for i in nodes])
+                )
+            )
         object.__setattr__(tree, "_levels", cached)
     return cached

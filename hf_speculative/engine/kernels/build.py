@@ -31,7 +31,15 @@ from pathlib import Path
 
 from transformers.utils import logging
 
-__all__ = ["ABI_VERSION", "BUILD_TIMEOUT", "SOURCE", "build_direct_gemm", "built_direct_gemm", "kernel_library_path", "load_direct_gemm"]  # fmt: skip
+__all__ = [
+    "ABI_VERSION",
+    "BUILD_TIMEOUT",
+    "SOURCE",
+    "build_direct_gemm",
+    "built_direct_gemm",
+    "kernel_library_path",
+    "load_direct_gemm",
+]
 
 logger = logging.get_logger(__name__)
 
@@ -131,7 +139,9 @@ def build_direct_gemm() -> Path | None:
             _compile(compiler, target)
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:
         _FAILED.add(str(target))
-        logger.warning_once(f"building the engine's matrix kernel failed ({type(error).__name__}: {error}); torch's kernels stay in use")
+        logger.warning_once(
+            f"building the engine's matrix kernel failed ({type(error).__name__}: {error}); torch's kernels stay in use"
+        )
         return None
     return target
 

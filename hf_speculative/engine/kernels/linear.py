@@ -32,10 +32,21 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "ROW_BUCKETS", "DirectKernel", "KernelTable", "LinearKernel", "OneDnnKernel", "available_kernels",
-    "default_kernel_table", "fast_linear", "kernel_table_path", "linear_layers", "measure_kernel_table",
-    "native_bf16", "read_kernel_table", "verify_kernel",
-]  # fmt: skip
+    "ROW_BUCKETS",
+    "DirectKernel",
+    "KernelTable",
+    "LinearKernel",
+    "OneDnnKernel",
+    "available_kernels",
+    "default_kernel_table",
+    "fast_linear",
+    "kernel_table_path",
+    "linear_layers",
+    "measure_kernel_table",
+    "native_bf16",
+    "read_kernel_table",
+    "verify_kernel",
+]
 
 #: row counts a table has an entry for; a forward of r rows runs the kernel of the smallest bucket >= r, and torch's
 #: above the last (a long prompt's prefill)
@@ -73,9 +84,11 @@ class DirectKernel(LinearKernel):
 
     def supports(self, weight: torch.Tensor) -> bool:
         return (
-            weight.dtype in (torch.float32, torch.bfloat16) and weight.device.type == "cpu" and weight.dim() == 2
+            weight.dtype in (torch.float32, torch.bfloat16)
+            and weight.device.type == "cpu"
+            and weight.dim() == 2
             and weight.is_contiguous()
-        )  # fmt: skip
+        )
 
     def product(self, prepared, x, n, bias):
         x = x if x.is_contiguous() and x.dtype == torch.float32 else x.float().contiguous()
@@ -86,8 +99,16 @@ class DirectKernel(LinearKernel):
         y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
         if rows:
             fn = self.lib.hfs_direct_f32 if prepared.dtype == torch.float32 else self.lib.hfs_direct_bf16
-            fn(x.data_ptr(), rows, k, prepared.data_ptr(), n, None if bias is None else bias.data_ptr(), y.data_ptr(),
-               torch.get_num_threads())  # fmt: skip
+            fn(
+                x.data_ptr(),
+                rows,
+                k,
+                prepared.data_ptr(),
+                n,
+                None if bias is None else bias.data_ptr(),
+                y.data_ptr(),
+                torch.get_num_threads(),
+            )
         return y if prepared.dtype == torch.float32 else y.to(prepared.dtype)
 
 
@@ -109,7 +130,14 @@ class OneDnnKernel(LinearKernel):
 
 
 #: (rows, out_features, in_features, bias) of the products `verify_kernel` compares with ``F.linear``
-VERIFY_SHAPES = ((1, 67, 45, True), (2, 200, 576, False), (5, 37, 1003, True), (7, 64, 32, False), (13, 96, 130, True), (64, 50, 333, True))  # fmt: skip
+VERIFY_SHAPES = (
+    (1, 67, 45, True),
+    (2, 200, 576, False),
+    (5, 37, 1003, True),
+    (7, 64, 32, False),
+    (13, 96, 130, True),
+    (64, 50, 333, True),
+)
 #: largest |kernel - reference| allowed, relative to the reference's largest |value|: float32 summation order only
 VERIFY_TOLERANCE = 1e-4
 
@@ -227,7 +255,9 @@ def default_kernel_table(dtype: torch.dtype, kernels: dict[str, LinearKernel]) -
     """The table when nothing was measured (a model too small to time, or measuring turned off): the direct kernel
     up to 64 rows where it runs ``dtype``, torch's otherwise."""
     kernel = "direct" if "direct" in kernels else "torch"
-    return KernelTable({b: kernel for b in ROW_BUCKETS}, meta={"source": "default", "dtype": str(dtype).replace("torch.", "")})
+    return KernelTable(
+        {b: kernel for b in ROW_BUCKETS}, meta={"source": "default", "dtype": str(dtype).replace("torch.", "")}
+    )
 
 
 # ----------------------------------------------------------------------------- measuring the table
@@ -237,9 +267,10 @@ def linear_layers(model) -> list[torch.nn.Linear]:
     """The model's linear layers a kernel may replace: plain ``nn.Linear`` on the CPU, whose forward is the class's
     own (a module whose forward was replaced, e.g. by accelerate's hooks, is left alone)."""
     return [
-        m for m in model.modules()
+        m
+        for m in model.modules()
         if type(m) is torch.nn.Linear and "forward" not in m.__dict__ and m.weight.device.type == "cpu"
-    ]  # fmt: skip
+    ]
 
 
 def _sample_layers(model, budget_bytes: int) -> list[torch.nn.Linear]:
@@ -263,9 +294,13 @@ def _time_stack(kernel: LinearKernel, prepared: list, linears: list, inputs: dic
 
 @torch.no_grad()
 def measure_kernel_table(
-    model, buckets=ROW_BUCKETS, repeats: int = 3, budget_bytes: int = 2**30, seconds: float | None = None,
+    model,
+    buckets=ROW_BUCKETS,
+    repeats: int = 3,
+    budget_bytes: int = 2**30,
+    seconds: float | None = None,
     kernels: dict[str, LinearKernel] | None = None,
-) -> KernelTable:  # fmt: skip
+) -> KernelTable:
     """Time every kernel of ``kernels`` (default: `available_kernels` of the model's dtype) on the model's own linear
     layers (the first ``budget_bytes`` of weights, in order) at each row count; best of ``repeats``, kernels
     interleaved per round; rounds stop early once ``seconds`` have passed (after the warm-up and one timed round).
@@ -289,9 +324,14 @@ def measure_kernel_table(
             break
     choice = {b: min(kernels, key=lambda n: best[n][b]) for b in buckets}
     size = sum(m.weight.nbytes for m in linears)
-    meta = {"dtype": str(dtype).replace("torch.", ""), "threads": torch.get_num_threads(), "linears": len(linears),
-            "weight_megabytes": round(size / 2**20, 1), "seconds": round(time.perf_counter() - began, 2),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+    meta = {
+        "dtype": str(dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads(),
+        "linears": len(linears),
+        "weight_megabytes": round(size / 2**20, 1),
+        "seconds": round(time.perf_counter() - began, 2),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     return KernelTable(choice, best, meta)
 
 
