@@ -1,53 +1,62 @@
-"""``hf-speculative calibrate-tree``: Medusa 2.3.3, a tree from the heads' measured top-i accuracies.
+"""``hf-speculative calibrate``: measure what a tree step costs on this machine and cache it: the kernel table (which
+kernel runs the target's linear layers at each row count, `hf_speculative.engine.kernels`) and then, with those kernels, the
+cost curve c(n) of the verification forward as the engine runs it.
 
-hf-speculative calibrate-tree --heads DIR --model reference --data held_out.jsonl --num-nodes 32
+    hf-speculative calibrate --model reference [--dtype bfloat16] [--threads 2]
+
+Cost-aware trees (calibrated drafters, Token Recycling, hybrid trees) read the cached curve and the engine reads the
+cached table; `generate()` itself never measures either.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from .common import add_model_args, load_model_and_records, setup_torch, split_records
+from .common import add_model_args, parse_dtype, setup_torch
 
 
 def add_parser(subparsers) -> None:
-    c = subparsers.add_parser("calibrate-tree", help="Medusa 2.3.3: a tree from the heads' measured top-i accuracies")
+    c = subparsers.add_parser(
+        "calibrate", help="measure and cache the kernel table and the cost curve c(n) (what a tree step costs here)"
+    )
     add_model_args(c)
-    c.add_argument("--heads", required=True, help="Medusa heads folder")
+    c.add_argument("--force", action="store_true", help="measure again even if a table and curve are cached")
     c.add_argument(
-        "--data", default="sharegpt-heldout", help="calibration conversations (default: the held-out tail of ShareGPT)"
+        "--kernels",
+        choices=["auto", "torch"],
+        default="auto",
+        help="auto: measure and use the fastest kernels (default); torch: price torch's own kernels",
     )
-    c.add_argument("--num-nodes", type=int, default=32)
-    c.add_argument(
-        "--holdout", type=float, default=1.0, help="use only this held-out share of --data (same split as training)"
-    )
-    c.add_argument("--max-length", type=int, default=1024)
-    c.add_argument("--limit", type=int, default=None)
-    c.add_argument("--out", default=None, help="output folder (default: update --heads in place)")
     c.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from ..training.distributed import is_main_process, main_process_first
-
     setup_torch(args)
-    from ..drafters.medusa.modeling_medusa import MedusaHeadsModel
-    from ..drafters.medusa.tree_calibration import calibrate_tree
-    from ..model_card import write_drafter_card
-    from ..training.trainer import extract_hidden_states
+    from ..bench.reference import resolve_model
+    from ..engine.generation import enable
+    from ..engine.kernels import kernel_table_path, measure_kernel_table
+    from ..engine.policy import SpeedPolicy, speed_policy
+    from ..paths import write_atomically
+    from ..perf_model import cost_curve_path, get_cost_curve, measure_cost_curve
 
-    model, tokenizer, records = load_model_and_records(args)
-    heads = MedusaHeadsModel.from_pretrained(args.heads, base_model=model).to(model.device)
-    if args.holdout < 1.0:
-        _, records = split_records(records, args.holdout, args.seed)
-    with main_process_first():
-        states = extract_hidden_states(model, tokenizer, records, max_length=args.max_length)
-    tree = calibrate_tree(heads, states, num_nodes=args.num_nodes)
-    out = Path(args.out or args.heads)
-    if is_main_process():  # calibration is deterministic: every process built the same tree
-        heads.save_pretrained(out)
-        if (out / "README.md").exists() or args.out:
-            write_drafter_card(heads, out)
-        print(json.dumps({"medusa_choices": tree.to_list(), **heads.config.calibration}))
+    model, _ = resolve_model(args.model, dtype=parse_dtype(args.dtype), device=args.device)
+    # builds this CPU's kernel once; no quick table measurement: the thorough one below replaces it
+    enable(model, policy=SpeedPolicy.from_env(kernels=args.kernels, measure_seconds=0))
+    report = {}
+    if args.kernels == "auto":
+        table_path = kernel_table_path(model)
+        if args.force or not table_path.exists():
+            print(f"measuring the linear-layer kernels of {args.model} ({model.dtype}) on this machine ...", flush=True)
+            policy = speed_policy(model)
+            table = measure_kernel_table(model, kernels=policy.offered_kernels(model, model.dtype))
+            write_atomically(table_path, json.dumps(table.to_dict(), indent=1) + "\n")
+        enable(model, kernels=args.kernels)  # the policy reads the cached table from here on
+        report["kernel_table"] = json.loads(table_path.read_text())
+    path = cost_curve_path(model)
+    if args.force or not path.exists():
+        print(f"measuring the cost curve of {args.model} ({model.dtype}) on this machine ...", flush=True)
+        measure_cost_curve(model).save(path)
+    curve = get_cost_curve(model, measure_if_missing=False)
+    report |= {"cost_curve": dict(zip(curve.nodes, [round(r, 3) for r in curve.ratios])), "cached_at": str(path)}
+    print(json.dumps(report))
     return 0

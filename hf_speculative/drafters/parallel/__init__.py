@@ -24,5 +24,5 @@ __all__, __getattr__ = lazy_drafter(
     },
     config="ParallelDrafterConfig",
     model="ParallelDrafter",
-    train_commands=("hf_speculative.commands.train_parallel",),
+    train_commands=("hf_speculative.commands.train_parallel_drafter",),
 )
