@@ -39,7 +39,7 @@ _ENGINE = {
     "accept_typical": "engine.acceptance",
 }
 
-from . import drafters as _drafters  # noqa: E402  (registers every drafter; imports none)
+from . import drafters as drafters  # noqa: E402  (imported for its side effect: registers every drafter, imports none)
 from .auto import register_auto_classes  # noqa: E402
 from .registry import drafter_entries, register_drafter  # noqa: E402
 

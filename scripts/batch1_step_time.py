@@ -9,15 +9,16 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.getcwd())
 import torch
-
-torch.set_num_threads(1)
 from transformers import AutoModel
 
-import hf_speculative as hfs
-from hf_speculative.bench import load_prompts, load_reference_model
-from hf_speculative.bench.prompts import first_per_category, prepare_prompts
+sys.path.insert(0, os.getcwd())
+# noqa below: these imports must follow the sys.path line, so that they load this checkout's package
+import hf_speculative as hfs  # noqa: E402
+from hf_speculative.bench import load_prompts, load_reference_model  # noqa: E402
+from hf_speculative.bench.prompts import first_per_category, prepare_prompts  # noqa: E402
+
+torch.set_num_threads(1)
 
 model, tok = load_reference_model()
 model = hfs.enable(model)

@@ -137,7 +137,10 @@ def test_sampling_with_a_dynamic_tree_is_exact():
             rows = torch.stack([torch.log_softmax(_logits(seq, 10 + d), -1) for d in range(2)])
             draft = spec.build(rows, 0)
             assert draft.sampling == "deterministic"
-            context = lambda node: seq + tuple(draft.tokens[draft.path_to(node)[1:]].tolist())
-            seq = seq + tuple(accept_sampling(draft, lambda node: _logits(context(node), 0)).tokens)
+
+            def target_logits(node, seq=seq, draft=draft):
+                return _logits(seq + tuple(draft.tokens[draft.path_to(node)[1:]].tolist()), 0)
+
+            seq = seq + tuple(accept_sampling(draft, target_logits).tokens)
         counts[seq[:LENGTH]] = counts.get(seq[:LENGTH], 0) + 1
     assert chi_square_pvalue(counts, _exact_synthetic(), n) > ALPHA

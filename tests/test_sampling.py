@@ -70,14 +70,17 @@ def _sample_synthetic(scheme: str, spec: hfs.TreeSpec, claimed: str | None = Non
         tokens = torch.zeros(spec.num_nodes + 1, dtype=torch.long)  # node 0 stands for the context
         probs = torch.zeros(spec.num_nodes + 1, V)
         draft = hfs.DraftTree.from_spec(spec, tokens, draft_probs=probs, sampling=claimed or scheme)
-        context = lambda node: seq + tuple(tokens[draft.path_to(node)[1:]].tolist())
+
+        def context(node, seq=seq, tokens=tokens, draft=draft):
+            return seq + tuple(tokens[draft.path_to(node)[1:]].tolist())
+
         for node, kids in enumerate(spec.children):
             if kids:
                 logits = _logits(context(node), 1)
                 chosen, _ = fill_children(logits, len(kids), scheme, options)
                 tokens[list(kids)] = chosen
                 probs[node] = torch.softmax(logits, -1)
-        result = accept_sampling(draft, lambda node: _logits(context(node), 0))
+        result = accept_sampling(draft, lambda node, context=context: _logits(context(node), 0))
         seq = seq + tuple(result.tokens)
     return seq[:LENGTH]
 

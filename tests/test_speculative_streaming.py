@@ -121,9 +121,10 @@ def _naive_msa(layer, adapters, streams, keys, values, cos, sin):
     q = proj("q_proj", attn.q_proj, x).view(B, T, G, -1, d)
     k = proj("k_proj", attn.k_proj, x).view(B, T, G, -1, d)
     v = proj("v_proj", attn.v_proj, x).view(B, T, G, -1, d)
-    rot = lambda y, t: (
-        y * cos[:, t, None, :] + torch.cat([-y[..., d // 2 :], y[..., : d // 2]], -1) * sin[:, t, None, :]
-    )
+
+    def rot(y, t):
+        return y * cos[:, t, None, :] + torch.cat([-y[..., d // 2 :], y[..., : d // 2]], -1) * sin[:, t, None, :]
+
     out = torch.zeros(B, T, G, q.shape[3], d)
     for t in range(T):
         for j in range(G):
@@ -510,9 +511,10 @@ def test_shared_main_row_matches_eq1_written_out():
     pos = torch.arange(T)[None]
     cos, sin = ss.model.rotary_emb(main, pos)
     d, rep = attn.head_dim, attn.num_key_value_groups
-    rot = lambda y, t: (
-        y * cos[:, t, None, :] + torch.cat([-y[..., d // 2 :], y[..., : d // 2]], -1) * sin[:, t, None, :]
-    )
+
+    def rot(y, t):
+        return y * cos[:, t, None, :] + torch.cat([-y[..., d // 2 :], y[..., : d // 2]], -1) * sin[:, t, None, :]
+
     with torch.no_grad():
         rows = torch.cat([main[:, :, None], streams], dim=2)
         fast = msa_layer(

@@ -41,7 +41,7 @@ def _random_case(rng, max_nodes):
 def test_tree_logits_equal_per_branch_logits(arch, attn):
     model = tiny_model(arch, seed=3, attn_implementation=attn)
     rng = random.Random(0)
-    for trial in range(4):
+    for _ in range(4):
         spec, prompt, tokens, draft = _random_case(rng, 16)
         logits, _, _ = _tree_forward(model, prompt, tokens, spec)
         for node in range(len(draft)):
@@ -54,7 +54,7 @@ def test_tree_logits_equal_per_branch_logits(arch, attn):
 def test_cache_after_compaction_equals_rerun(arch):
     model = tiny_model(arch, seed=4)
     rng = random.Random(1)
-    for trial in range(6):
+    for _ in range(6):
         spec, prompt, tokens, draft = _random_case(rng, 20)
         _, cache, past = _tree_forward(model, prompt, tokens, spec)
         leaf = rng.randrange(len(draft))

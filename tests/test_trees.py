@@ -87,7 +87,7 @@ def test_draft_tree_path_and_dynamic_structure():
     assert tree.children == ((1, 2), (), (3,), ())
     assert tree.depths.tolist() == [0, 1, 1, 2]
     with pytest.raises(ValueError, match="parents must come before"):
-        hfs.DraftTree(tokens=torch.tensor([1, 2]), parents=(-1, 1)).ancestors
+        _ = hfs.DraftTree(tokens=torch.tensor([1, 2]), parents=(-1, 1)).ancestors
 
 
 def test_tree_mask_buffer_equals_fresh_masks_every_step():

@@ -35,6 +35,7 @@ import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
@@ -669,7 +670,7 @@ def _version_or_none(name: str) -> str | None:
     """The installed distribution's version; None when the package runs from a source tree (PYTHONPATH)."""
     try:
         return version(name)
-    except Exception:  # importlib.metadata.PackageNotFoundError: not installed, only importable
+    except PackageNotFoundError:  # not installed, only importable
         return None
 
 
@@ -788,7 +789,7 @@ def _measure(
     decoded when a ``tokenizer`` is given)."""
     prompt_len = prompt.input_ids.shape[1]
     walls, out, hook_count = [], None, None
-    for r in range(repeats):
+    for _ in range(repeats):
         out_r, dt, hc = time_one(m, prompt, common, device, seed=seed)
         walls.append(dt)
         if out is None:

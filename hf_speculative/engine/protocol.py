@@ -38,7 +38,7 @@ from .trees import DraftingOptions, DraftTree, DynamicTree, TreeSpec
 __all__ = ["TreeDrafter", "OneRowDrafter"]
 
 
-class TreeDrafter(ABC):
+class TreeDrafter(ABC):  # noqa: B024  (no abstract method: a drafter implements the batched or the per-row API)
     """Base class of every drafter's per-call state (see the module docstring)."""
 
     #: ask the engine for the target's hidden states of the verification forward
@@ -58,7 +58,7 @@ class TreeDrafter(ABC):
     #: pruning; Speculative Streaming's parallel tree pruning, Sec. 3.1.3)
     pruning_layer: int | None = None
 
-    def attach_target(self, target) -> None:
+    def attach_target(self, target) -> None:  # noqa: B027  (optional hook: most drafters ignore the target)
         """Called once per `generate` call, before anything else, with the target model (never to run it: only
         the engine runs the target). Drafters that size their tree by the target's cost curve read it here."""
 
@@ -99,7 +99,7 @@ class TreeDrafter(ABC):
         """Bring each continuing row's state in step with its committed sequence (entry j: ``target_outputs.row(j)``)."""
         raise NotImplementedError(_HINT.format(type(self).__name__))
 
-    def end_batch(self) -> None:
+    def end_batch(self) -> None:  # noqa: B027  (optional hook: drafters without per-call state keep none)
         """Release the call's state (every row's)."""
 
 
