@@ -1,12 +1,21 @@
 """The bench harness on a tiny random Llama (no network, no reference model)."""
 
+import importlib.metadata
 import json
 
 import pytest
 from conftest import tiny_chat_model
 
 import hf_speculative as hfs
-from hf_speculative.bench.harness import METHODS, BenchMethod, BenchOptions, parse_tree, register_method, run_benchmark
+from hf_speculative.bench.harness import (
+    METHODS,
+    BenchMethod,
+    BenchOptions,
+    machine_info,
+    parse_tree,
+    register_method,
+    run_benchmark,
+)
 from hf_speculative.bench.report import markdown_table
 from hf_speculative.training.data import Record
 
@@ -26,6 +35,20 @@ RECORDS = [
 def test_builtin_methods_registered():
     for name in ("plain", "hf-assisted", "hf-prompt-lookup", "tree-layercut", "chain-layercut", "magicdec"):
         assert name in METHODS
+
+
+def test_machine_info_names_the_installed_versions(monkeypatch):
+    def fake_version(name):
+        if name == "hf-speculative":
+            return "9.9.9"
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    info = machine_info("cpu")
+    assert info["torch"] and info["transformers"]
+    monkeypatch.setattr("hf_speculative.bench.harness.version", fake_version)
+    assert machine_info("cpu")["hf_speculative"] == "9.9.9"
+    monkeypatch.setattr("hf_speculative.bench.harness.version", lambda name: fake_version("not-installed"))
+    assert machine_info("cpu")["hf_speculative"] is None  # runs from a source tree
 
 
 def test_parse_tree():

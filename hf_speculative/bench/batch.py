@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .harness import BenchOptions, _common_kwargs, _sync, baselines_first, build_methods
+from .harness import BenchOptions, baselines_first, build_methods, generate_kwargs, synchronize
 from .prompts import prepare_prompts
 
 __all__ = ["run_batch_benchmark", "batch_table", "plot_batch_speedup", "pad_batch", "BATCH_UNSUPPORTED"]
@@ -76,11 +76,11 @@ def _run_group(bench_methods, per_method: dict, ids, mask, common: dict, device,
     for m in bench_methods:
         if seed_value is not None:
             torch.manual_seed(seed_value)
-        _sync(device)
+        synchronize(device)
         with torch.inference_mode():
             t0 = time.perf_counter()
             out = m.generate(ids, mask, **common)
-            _sync(device)
+            synchronize(device)
             dt = time.perf_counter() - t0
         rows = _row_tokens(out.sequences, ids.shape[1], common["eos_token_id"])
         acc = per_method[m.name]
@@ -142,7 +142,7 @@ def run_batch_benchmark(
     model.eval()
     bench_methods = build_methods(methods, model, tokenizer, options)
     prompts = prepare_prompts(records, tokenizer, device=device)
-    common = _common_kwargs(model, tokenizer, max_new_tokens, temperature)
+    common = generate_kwargs(model, tokenizer, max_new_tokens, temperature)
     pad = common["pad_token_id"] if common["pad_token_id"] is not None else 0
     common["pad_token_id"] = pad
     greedy = temperature <= 0

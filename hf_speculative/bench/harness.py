@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import functools
 import json
 import os
 import platform
@@ -56,6 +57,8 @@ __all__ = [
     "baselines_first",
     "run_benchmark",
     "machine_info",
+    "generate_kwargs",
+    "synchronize",
 ]
 
 
@@ -621,12 +624,15 @@ class _ForwardCounter:
         self.n += 1
 
 
-def _sync(device) -> None:
+def synchronize(device) -> None:
+    """Wait for the work queued on ``device`` (CUDA) before the clock is read."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
 
 
-def _common_kwargs(model, tokenizer, max_new_tokens: int, temperature: float) -> dict:
+def generate_kwargs(model, tokenizer, max_new_tokens: int, temperature: float) -> dict:
+    """The ``generate()`` arguments every method of a run shares: greedy (``temperature`` 0) or plain sampling at
+    ``temperature``, the model's end-of-sequence and padding tokens, a dict output."""
     gc = model.generation_config
     kw = dict(
         max_new_tokens=max_new_tokens,
@@ -654,11 +660,11 @@ def time_one(method: BenchMethod, prompt: BenchPrompt, common: dict, device, see
     if seed is not None:
         torch.manual_seed(seed)
     try:
-        _sync(device)
+        synchronize(device)
         with torch.inference_mode():
             t0 = time.perf_counter()
             out = method.generate(ids, mask, **common)
-            _sync(device)
+            synchronize(device)
             t1 = time.perf_counter()
     finally:
         if handle is not None:
@@ -720,54 +726,75 @@ def run_benchmark(
     ``checkpoint(partial_result)`` is called after every prompt (outside any timed region) with the
     result so far (``setting["partial"] = True``), e.g. to keep a JSON file up to date.
     """
-    from tqdm.auto import tqdm
-
     options = options or BenchOptions()
     device = device or model.device
     methods = baselines_first(methods)  # plain, then the engine with nothing drafted, first in every round
     model.eval()
     bench_methods = build_methods(methods, model, tokenizer, options)
     prompts = prepare_prompts(records, tokenizer, device=device)
-    common = _common_kwargs(model, tokenizer, max_new_tokens, temperature)
+    common = generate_kwargs(model, tokenizer, max_new_tokens, temperature)
     greedy = temperature <= 0
-
-    for m in bench_methods:  # warm-up
-        time_one(m, prompts[0], {**common, "max_new_tokens": min(warmup_tokens, max_new_tokens)}, device, seed)
-
-    measurements: list[Measurement] = []
+    _warm_up(bench_methods, prompts[0], {**common, "max_new_tokens": min(warmup_tokens, max_new_tokens)}, device, seed)
     floor: dict[str, dict[str, int | None]] | None = {} if greedy and numerics_floor else None
+    result = functools.partial(
+        _assemble,
+        model=model,
+        greedy=greedy,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        repeats=repeats,
+        seed=seed,
+        device=device,
+        bench_methods=bench_methods,
+        options=options,
+        save_text=save_text,
+        extra_setting=extra_setting,
+        floor=floor,
+    )
+    run = _PromptRun(model, bench_methods, common, device, repeats, tokenizer if save_text else None, floor)
+    measurements = run.measure_all(prompts, None if greedy else seed, progress, checkpoint=checkpoint, result=result)
+    return result(measurements, len(prompts), partial=False)
 
-    def _result(ms, n_done, partial):
-        return _assemble(
-            ms,
-            n_done,
-            partial,
-            model=model,
-            greedy=greedy,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            repeats=repeats,
-            seed=seed,
-            device=device,
-            bench_methods=bench_methods,
-            options=options,
-            save_text=save_text,
-            extra_setting=extra_setting,
-            floor=floor,
-        )
 
-    bar = tqdm(total=len(prompts) * len(bench_methods), desc="bench", unit="gen", disable=not progress)
-    for i, prompt in enumerate(prompts):
-        run_seed = seed + i if not greedy else None
-        measurements += _measure_prompt(
-            bench_methods, prompt, common, device, run_seed, repeats, tokenizer if save_text else None, bar
-        )
-        if floor is not None:
-            floor[prompt.id] = _floor_of_prompt(model, prompt, common, measurements, device)
-        if checkpoint is not None and i + 1 < len(prompts):
-            checkpoint(_result(measurements, i + 1, partial=True))
-    bar.close()
-    return _result(measurements, len(prompts), partial=False)
+def _warm_up(bench_methods, prompt: BenchPrompt, common: dict, device, seed: int) -> None:
+    """One untimed call of every method (``common`` with the warm-up's ``max_new_tokens``)."""
+    for m in bench_methods:
+        time_one(m, prompt, common, device, seed)
+
+
+@dataclass
+class _PromptRun:
+    """What every prompt of a `run_benchmark` call is measured with; ``floor`` (or None) collects the numerics
+    floor of each prompt, ``tokenizer`` (or None) decodes the texts."""
+
+    model: Any
+    bench_methods: list
+    common: dict
+    device: Any
+    repeats: int
+    tokenizer: Any
+    floor: dict | None
+
+    def measure_all(
+        self, prompts: list[BenchPrompt], seed: int | None, progress: bool, checkpoint=None, result=None
+    ) -> list[Measurement]:
+        """Every method on every prompt, prompt by prompt (prompt i seeded ``seed + i``; ``seed`` None: greedy,
+        unseeded); after every prompt but the last, ``checkpoint(result(measurements, n_done, partial=True))``."""
+        from tqdm.auto import tqdm
+
+        measurements: list[Measurement] = []
+        bar = tqdm(total=len(prompts) * len(self.bench_methods), desc="bench", unit="gen", disable=not progress)
+        for i, prompt in enumerate(prompts):
+            run_seed = seed + i if seed is not None else None
+            measurements += _measure_prompt(
+                self.bench_methods, prompt, self.common, self.device, run_seed, self.repeats, self.tokenizer, bar
+            )
+            if self.floor is not None:
+                self.floor[prompt.id] = _floor_of_prompt(self.model, prompt, self.common, measurements, self.device)
+            if checkpoint is not None and i + 1 < len(prompts):
+                checkpoint(result(measurements, i + 1, partial=True))
+        bar.close()
+        return measurements
 
 
 def _measure_prompt(
@@ -824,7 +851,7 @@ def _floor_of_prompt(model, prompt: BenchPrompt, common: dict, measurements: lis
                 .tolist()
             )
         outputs = floor_outputs(model, ids, common)
-    _sync(device)
+    synchronize(device)
     return {variant: first_divergence(outputs[variant], plain) for variant in FLOOR_VARIANTS}
 
 
