@@ -13,6 +13,18 @@ BUILTIN_METHODS = "plain, engine (nothing drafted), hf-assisted, hf-prompt-looku
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("bench", help="time speculative methods against plain generate() on a prompt set")
     add_model_args(p)
+    _add_method_args(p)
+    _add_magicdec_args(p)
+    _add_assisted_args(p)
+    _add_model_free_args(p)
+    _add_prompt_args(p)
+    _add_output_args(p)
+    _add_mode_args(p)
+    p.set_defaults(func=run)
+
+
+def _add_method_args(p) -> None:
+    """Which methods run, the trained drafters among them, and the tree or chain they draft."""
     p.add_argument(
         "--methods",
         default="plain,engine,hf-assisted,hf-prompt-lookup,tree-layercut",
@@ -34,6 +46,10 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--chain-length", type=int, default=4, help="drafted tokens per step for chain-layercut and magicdec"
     )
+
+
+def _add_magicdec_args(p) -> None:
+    """MagicDec's draft: the target with a sparse (sliding window and sink) KV cache."""
     p.add_argument(
         "--magicdec-window", type=int, default=64, help="magicdec: sliding window W of the draft's sparse KV cache"
     )
@@ -46,6 +62,10 @@ def add_parser(subparsers) -> None:
         choices=["cache", "original"],
         help="magicdec: rotary positions within the sparse cache (default, as StreamingLLM) or of the text",
     )
+
+
+def _add_assisted_args(p) -> None:
+    """transformers' assisted generation (hf-assisted)."""
     p.add_argument(
         "--assistant-tokens", type=int, default=5, help="hf-assisted num_assistant_tokens (-1: transformers default)"
     )
@@ -58,6 +78,10 @@ def add_parser(subparsers) -> None:
         default=0.0,
         help="hf-assisted assistant_confidence_threshold (-1: transformers default 0.4)",
     )
+
+
+def _add_model_free_args(p) -> None:
+    """The drafters without a model: Token Recycling, SuffixDecoding and prompt lookup."""
     p.add_argument(
         "--recycling",
         default=None,
@@ -72,6 +96,10 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--prompt-lookup-tokens", type=int, default=3)
     p.add_argument("--max-matching-ngram", type=int, default=2)
+
+
+def _add_prompt_args(p) -> None:
+    """The prompt set and how each prompt is generated and timed."""
     p.add_argument(
         "--prompts",
         default="mt_bench",
@@ -87,6 +115,10 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--repeats", type=int, default=1, help="timed runs per prompt and method (median is used; spread reported)"
     )
+
+
+def _add_output_args(p) -> None:
+    """What is written besides the printed tables."""
     p.add_argument("--output", default=None, help="result JSON")
     p.add_argument("--plot", default=None, help="PNG of speedup and tau per category")
     p.add_argument("--save-text", action="store_true", help="store decoded outputs in the JSON")
@@ -98,6 +130,10 @@ def add_parser(subparsers) -> None:
         "its output as one row of a batch of 2 and with its prefill split in two: the rounding noise "
         "that bfloat16/float16 outputs are read against)",
     )
+
+
+def _add_mode_args(p) -> None:
+    """The other benchmarks: published shapes (cost side) and batched throughput."""
     p.add_argument(
         "--shapes",
         default=None,
@@ -115,7 +151,6 @@ def add_parser(subparsers) -> None:
         "1,4,8,16); prompts left padded in batches of B, total new tokens/s against plain batched generate, "
         "tau per row; --plot draws speedup against B",
     )
-    p.set_defaults(func=run)
 
 
 def _resolve_drafters(args) -> dict:
@@ -161,7 +196,7 @@ def run(args) -> int:
     from ..bench.harness import run_benchmark
     from ..bench.prompts import describe_prompts, first_per_category, load_prompts, spread_over_categories
     from ..bench.reference import resolve_model
-    from ..bench.report import category_table, floor_lines, markdown_table, plot_results, speedup_lines, write_json
+    from ..bench.report import plot_results, write_json
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     # bad input fails here, before the model loads: a missing drafter folder or prompt file, an unreachable Hub
@@ -195,13 +230,23 @@ def run(args) -> int:
         checkpoint=(lambda partial: write_json(partial, args.output)) if args.output else None,
         numerics_floor=args.numerics_floor,
     )
+    _print_summary(result, args.repeats)
+    return _write_outputs(
+        args, result, len(records), lambda path, title: plot_results(result["methods"], path, title=title)
+    )
+
+
+def _print_summary(result: dict, repeats: int) -> None:
+    """The result's tables: every method, speedups, the numerics floor, speedup per category, repeat spread."""
+    from ..bench.report import category_table, floor_lines, markdown_table, speedup_lines
+
     print()
     print(
         f"{result['setting']['dtype']}; identical to plain: share of prompts whose greedy output equals plain "
         "generate()'s in the same dtype; first divergence: index of the first differing new token"
     )
     print(markdown_table(result["methods"]))
-    print(speedup_lines(result["methods"], args.repeats))
+    print(speedup_lines(result["methods"], repeats))
     if "numerics_floor" in result:
         print()
         print(floor_lines(result["numerics_floor"]))
@@ -215,9 +260,6 @@ def run(args) -> int:
                 f"{name}: median tokens/s per repeat {[round(x, 2) for x in r['median_tokens_per_s_per_repeat']]}, "
                 f"spread {100 * r['relative_spread']:.1f}%"
             )
-    return _write_outputs(
-        args, result, len(records), lambda path, title: plot_results(result["methods"], path, title=title)
-    )
 
 
 def _run_shapes(args) -> int:

@@ -94,26 +94,9 @@ def run(args) -> int:
         acceptance=args.acceptance,
     )
     record_reference_base(heads.config, args.model)
-    callbacks = []
-    if hold_states is not None and args.curve_points:
-        from ..drafters.medusa.tree_calibration import MedusaCurveCallback
-
-        curve = MedusaCurveCallback(
-            heads,
-            hold_states,
-            num_nodes=args.calibrate_nodes or 32,
-            num_points=args.curve_points,
-            save_dir=args.curve_checkpoints,
-            batch_size=args.batch_size,
-        )
-        callbacks.append(curve)
+    callbacks = _curve_callbacks(args, heads, hold_states)
     if args.draft_vocab_size and args.labelled:  # FR-Spec on the target's own greedy tokens; KD then trains in it
-        from ..drafters.draft_vocab import frequent_tokens
-
-        answer = train_states.labels != -100
-        heads.set_draft_vocab(
-            frequent_tokens(train_states.topk_ids[answer, 0], args.draft_vocab_size, vocab_size=heads.config.vocab_size)
-        )
+        _set_labelled_draft_vocab(args, heads, train_states)
     t0 = time.perf_counter()
     trainer = train_medusa(
         heads,
@@ -134,7 +117,43 @@ def run(args) -> int:
     draft_vocab_and_calibration(
         heads, vocab_source, hold_states, args, calibrate_tree, head_accuracies, "head_top_i_accuracy"
     )
-    heads.config.training = {
+    heads.config.training = _training_report(args, counts, train_states, train_s, trainer, callbacks)
+    out = Path(args.out)
+    return finish_folder(out, heads.save_pretrained, lambda o: write_drafter_card(heads, o), heads.config.training)
+
+
+def _curve_callbacks(args, heads, hold_states) -> list:
+    """With held-out states and ``--curve-points``: the callback that records the learning curve (the calibrated
+    tree's acceptance during training); else none."""
+    if hold_states is None or not args.curve_points:
+        return []
+    from ..drafters.medusa.tree_calibration import MedusaCurveCallback
+
+    curve = MedusaCurveCallback(
+        heads,
+        hold_states,
+        num_nodes=args.calibrate_nodes or 32,
+        num_points=args.curve_points,
+        save_dir=args.curve_checkpoints,
+        batch_size=args.batch_size,
+    )
+    return [curve]
+
+
+def _set_labelled_draft_vocab(args, heads, train_states) -> None:
+    """FR-Spec's draft vocabulary: the ``--draft-vocab-size`` tokens the target predicts most often (its greedy
+    token on the labelled shards' answer positions)."""
+    from ..drafters.draft_vocab import frequent_tokens
+
+    answer = train_states.labels != -100
+    heads.set_draft_vocab(
+        frequent_tokens(train_states.topk_ids[answer, 0], args.draft_vocab_size, vocab_size=heads.config.vocab_size)
+    )
+
+
+def _training_report(args, counts: dict, train_states, train_s: float, trainer, callbacks: list) -> dict:
+    """The config's ``training`` entry of a Medusa-1 run."""
+    return {
         "method": "medusa-1 (frozen backbone)" + (", KD on target-labelled shards" if args.labelled else ""),
         "data": ", ".join(args.labelled) if args.labelled else str(args.data),
         **counts,
@@ -147,8 +166,6 @@ def run(args) -> int:
         "learning_curve": callbacks[0].curve if callbacks else None,
         "command": command_line(args),
     }
-    out = Path(args.out)
-    return finish_folder(out, heads.save_pretrained, lambda o: write_drafter_card(heads, o), heads.config.training)
 
 
 def _training_states(args):

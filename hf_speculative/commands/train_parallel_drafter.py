@@ -58,22 +58,10 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     setup_torch(args)
     from ..drafters.parallel.modeling_parallel_drafter import ParallelDrafter
-    from ..drafters.parallel.training_parallel_drafter import (
-        ParallelCurveCallback,
-        calibrate_tree,
-        depth_accuracies,
-        train_parallel_drafter,
-    )
+    from ..drafters.parallel.training_parallel_drafter import calibrate_tree, depth_accuracies, train_parallel_drafter
     from ..model_card import write_drafter_card
 
-    if args.labelled:
-        model, tokenizer, train_states, hold_states, counts = labelled_training_states(args)
-    else:
-        model, tokenizer, records = load_model_and_records(args)
-        train_states, hold_states, counts = split_hidden_states(model, tokenizer, records, args)
-    for p in model.parameters():
-        p.requires_grad_(False)  # the target is frozen; the drafter shares its embeddings and lm_head
-
+    model, train_states, hold_states, counts = _frozen_target_and_states(args)
     drafter = ParallelDrafter.from_base_model(
         model,
         num_mask_tokens=args.num_mask_tokens,
@@ -83,18 +71,7 @@ def run(args) -> int:
         acceptance=args.acceptance,
     )
     record_reference_base(drafter.config, args.model)
-    callbacks = []
-    if hold_states is not None and args.curve_points:
-        callbacks.append(
-            ParallelCurveCallback(
-                drafter,
-                hold_states,
-                num_nodes=args.calibrate_nodes or 12,
-                num_points=args.curve_points,
-                save_dir=args.curve_checkpoints,
-                tokens_per_step=args.batch_size * args.groups_per_sequence,
-            )
-        )
+    callbacks = _curve_callbacks(args, drafter, hold_states)
     t0 = time.perf_counter()
     trainer = train_parallel_drafter(
         drafter,
@@ -120,8 +97,44 @@ def run(args) -> int:
         depth_accuracies,
         "depth_top_i_accuracy",
     )
+    drafter.config.training = _training_report(args, counts, train_states, train_s, trainer, callbacks)
+    return finish_drafter(args, drafter, write_drafter_card, drafter.config.training)
+
+
+def _frozen_target_and_states(args):
+    """(target, train states, held-out states, counts): the target with every parameter frozen (the drafter
+    shares its embeddings and lm_head), and the hidden states of ``--data`` or the ``--labelled`` shards."""
+    if args.labelled:
+        model, _, train_states, hold_states, counts = labelled_training_states(args)
+    else:
+        model, tokenizer, records = load_model_and_records(args)
+        train_states, hold_states, counts = split_hidden_states(model, tokenizer, records, args)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, train_states, hold_states, counts
+
+
+def _curve_callbacks(args, drafter, hold_states) -> list:
+    """With held-out states and ``--curve-points``: the callback that records the learning curve; else none."""
+    if hold_states is None or not args.curve_points:
+        return []
+    from ..drafters.parallel.training_parallel_drafter import ParallelCurveCallback
+
+    curve = ParallelCurveCallback(
+        drafter,
+        hold_states,
+        num_nodes=args.calibrate_nodes or 12,
+        num_points=args.curve_points,
+        save_dir=args.curve_checkpoints,
+        tokens_per_step=args.batch_size * args.groups_per_sequence,
+    )
+    return [curve]
+
+
+def _training_report(args, counts: dict, train_states, train_s: float, trainer, callbacks: list) -> dict:
+    """The config's ``training`` entry of a ParallelSpec run."""
     history = [h for h in trainer.state.log_history if "loss" in h]
-    drafter.config.training = {
+    return {
         "method": "ParallelSpec group-wise parallel training (frozen target, shared embeddings and lm_head)"
         + (", on target-labelled shards" if args.labelled else ""),
         "data": ", ".join(args.labelled) if args.labelled else str(args.data),
@@ -143,4 +156,3 @@ def run(args) -> int:
         "learning_curve": callbacks[0].curve if callbacks and hasattr(callbacks[0], "curve") else None,
         "command": command_line(args),
     }
-    return finish_drafter(args, drafter, write_drafter_card, drafter.config.training)

@@ -147,56 +147,13 @@ def _build_streams(model, args):
 
 def run(args) -> int:
     setup_torch(args)
-    from ..drafters.streaming.training_speculative_streaming import (
-        StreamCurveCallback,
-        calibrate_stream_tree,
-        extract_stream_inputs,
-        tokenize_records,
-        train_speculative_streaming,
-    )
-    from ..model_card import write_drafter_card
-    from ..training.distributed import main_process_first
+    from ..drafters.streaming.training_speculative_streaming import calibrate_stream_tree, train_speculative_streaming
 
     shared = args.mode == "shared"
-    if args.labelled:  # the shards hold the states entering the first MSA layer and the target's top-k
-        if shared:
-            raise SystemExit(
-                "--labelled trains lossless mode (cached states entering the MSA layers); shared mode needs --data"
-            )
-        from ..training.labelling import LabelledShards
-
-        layer = LabelledShards(args.labelled[0]).manifest["num_hidden_layers"] - args.num_msa_layers
-        model, tokenizer, train_states, hold_states, counts = labelled_training_states(args, layer=layer)
-    else:
-        model, tokenizer, records = load_model_and_records(args)
-        train_records, held_out = split_records(records, args.holdout, args.seed)
-        counts = {"conversations": len(train_records), "held_out_conversations": len(held_out)}
-        print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
-    ss = _build_streams(model, args)
-    layer = ss.config.first_msa_layer
-    t0 = time.perf_counter()
-
-    def prepare(recs):  # shared: the joint forward runs the whole (LoRA-adapted) model every step, only tokens
-        if shared:
-            return tokenize_records(tokenizer, recs, max_length=args.max_length)
-        return extract_stream_inputs(model, tokenizer, recs, layer, max_length=args.max_length)
-
-    if not args.labelled:
-        with main_process_first():  # several processes: the main one fills the state cache, the others read it
-            train_states = prepare(train_records)
-            hold_states = prepare(held_out) if held_out else None
-    what = "tokens" if shared else f"states entering layer {layer}"
-    print(f"{what}: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
+    model, ss, train_states, hold_states, counts = _streams_and_states(args, shared)
     if args.extract_only:
         return 0
-    callbacks = []
-    if hold_states is not None and args.curve_points:
-        curve_states = hold_states.select(range(min(len(hold_states), args.curve_conversations)))
-        callbacks.append(
-            StreamCurveCallback(
-                ss, curve_states, args.calibrate_nodes or 16, args.curve_points, args.batch_size * args.segment_length
-            )
-        )
+    callbacks = _curve_callbacks(args, ss, hold_states)
     t0 = time.perf_counter()
     trainer = train_speculative_streaming(
         ss,
@@ -214,14 +171,83 @@ def run(args) -> int:
     )
     train_s = time.perf_counter() - t0
     if args.draft_vocab_size:
-        from ..drafters.draft_vocab import frequent_tokens
-
-        ss.set_draft_vocab(
-            frequent_tokens(draft_vocab_source(train_states), args.draft_vocab_size, vocab_size=ss.config.vocab_size)
-        )
+        _set_draft_vocab(args, ss, train_states)
     if hold_states is not None:  # held-out accuracies; with --calibrate-nodes the calibrated tree replaces the default
         calibrate_stream_tree(ss, hold_states, args.calibrate_nodes)
     ss.config.training = _training_report(args, ss, model, train_states, trainer, train_s, counts, callbacks, shared)
+    return _save(args, ss, shared)
+
+
+def _streams_and_states(args, shared: bool):
+    """(target, drafter, train states, held-out states, counts): the Speculative Streaming drafter on the target,
+    and what it trains on: the ``--labelled`` shards, or ``--data``'s conversations split into train and held out,
+    tokenized (shared mode) or as the states entering the first MSA layer (lossless, cached)."""
+    from ..training.distributed import main_process_first
+
+    if args.labelled:  # the shards hold the states entering the first MSA layer and the target's top-k
+        if shared:
+            raise SystemExit(
+                "--labelled trains lossless mode (cached states entering the MSA layers); shared mode needs --data"
+            )
+        from ..training.labelling import LabelledShards
+
+        layer = LabelledShards(args.labelled[0]).manifest["num_hidden_layers"] - args.num_msa_layers
+        model, tokenizer, train_states, hold_states, counts = labelled_training_states(args, layer=layer)
+    else:
+        model, tokenizer, records = load_model_and_records(args)
+        train_records, held_out = split_records(records, args.holdout, args.seed)
+        counts = {"conversations": len(train_records), "held_out_conversations": len(held_out)}
+        print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
+    ss = _build_streams(model, args)
+    layer = ss.config.first_msa_layer
+    t0 = time.perf_counter()
+    if not args.labelled:
+        with main_process_first():  # several processes: the main one fills the state cache, the others read it
+            train_states = _prepare_states(args, shared, model, tokenizer, train_records, layer)
+            hold_states = _prepare_states(args, shared, model, tokenizer, held_out, layer) if held_out else None
+    what = "tokens" if shared else f"states entering layer {layer}"
+    print(f"{what}: {train_states.num_train_tokens} answer tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
+    return model, ss, train_states, hold_states, counts
+
+
+def _prepare_states(args, shared: bool, model, tokenizer, records, layer: int):
+    """Shared mode: the tokenized conversations (the joint forward runs the whole LoRA-adapted model every step);
+    lossless: the states entering decoder layer ``layer``."""
+    from ..drafters.streaming.training_speculative_streaming import extract_stream_inputs, tokenize_records
+
+    if shared:
+        return tokenize_records(tokenizer, records, max_length=args.max_length)
+    return extract_stream_inputs(model, tokenizer, records, layer, max_length=args.max_length)
+
+
+def _curve_callbacks(args, ss, hold_states) -> list:
+    """With held-out states and ``--curve-points``: the callback that records the learning curve on the first
+    ``--curve-conversations`` held-out conversations; else none."""
+    if hold_states is None or not args.curve_points:
+        return []
+    from ..drafters.streaming.training_speculative_streaming import StreamCurveCallback
+
+    curve_states = hold_states.select(range(min(len(hold_states), args.curve_conversations)))
+    return [
+        StreamCurveCallback(
+            ss, curve_states, args.calibrate_nodes or 16, args.curve_points, args.batch_size * args.segment_length
+        )
+    ]
+
+
+def _set_draft_vocab(args, ss, train_states) -> None:
+    """FR-Spec: the streams draft on the ``--draft-vocab-size`` most frequent answer tokens of the training data."""
+    from ..drafters.draft_vocab import frequent_tokens
+
+    ss.set_draft_vocab(
+        frequent_tokens(draft_vocab_source(train_states), args.draft_vocab_size, vocab_size=ss.config.vocab_size)
+    )
+
+
+def _save(args, ss, shared: bool) -> int:
+    """Save the drafter to ``--out`` with its model card (lossless mode only: the card describes that mode)."""
+    from ..model_card import write_drafter_card
+
     out = Path(args.out)
     if shared:
         print(

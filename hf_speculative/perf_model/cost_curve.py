@@ -243,30 +243,40 @@ def measure_cost_curve(
     fast_head = speed_policy(model).head_projector(lm_head)
     no_rows = torch.empty(0, dtype=torch.long, device=device)
 
-    best = {("n", n): float("inf") for n in nodes} | {("r", r): float("inf") for r in rows}
+    def seconds(key: tuple[str, int]) -> float:  # ("n", n): a forward over n new tokens; ("r", r): the head on r rows
+        kind, size = key
+        if kind == "n":
+            return _time_forward(
+                model, ids, cache, masks[size], prefix, size, logits_to_keep, no_rows, fast_head, lm_head
+            )
+        return _time_projection(states, head, size, device)
+
+    best = _best_of_rounds([("n", n) for n in nodes] + [("r", r) for r in rows], repeats, seconds)
+    meta = {"machine": machine_description(device), "dtype": str(dtype).replace("torch.", ""), "prefix": prefix}
+    meta |= {"repeats": repeats, "logits_to_keep": "engine" if logits_to_keep is None else logits_to_keep}
+    return _fitted_curve(best, nodes, rows, meta)
+
+
+def _best_of_rounds(keys: list, repeats: int, seconds) -> dict:
+    """``{key: best of repeats}`` of ``seconds(key)``: one warm-up round, then ``repeats`` rounds, every key once per
+    round (interleaved, so that load changes on a shared machine hit every key alike)."""
+    best = dict.fromkeys(keys, float("inf"))
     for round_ in range(repeats + 1):  # round 0 warms up
         for key in best:
-            if key[0] == "n":
-                seconds = _time_forward(
-                    model, ids, cache, masks[key[1]], prefix, key[1], logits_to_keep, no_rows, fast_head, lm_head
-                )
-            else:
-                seconds = _time_projection(states, head, key[1], device)
+            t = seconds(key)
             if round_:
-                best[key] = min(best[key], seconds)
+                best[key] = min(best[key], t)
+    return best
+
+
+def _fitted_curve(best: dict, nodes: list[int], rows: list[int], meta: dict) -> CostCurve:
+    """The curve of the best timings (`_best_of_rounds`): ratios over the one-token step, fitted non-decreasing;
+    ``meta`` completed with the step's seconds and the time of creation."""
     fitted = _non_decreasing([best[("n", n)] for n in nodes])
     step = fitted[0]  # c(1) = 1 by definition
     ratios = [t / step for t in fitted]
     proj = _non_decreasing([best[("r", r)] / step for r in rows])
-    meta = {
-        "machine": machine_description(device),
-        "dtype": str(dtype).replace("torch.", ""),
-        "prefix": prefix,
-        "repeats": repeats,
-        "logits_to_keep": "engine" if logits_to_keep is None else logits_to_keep,
-        "step_seconds": step,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    meta = {**meta, "step_seconds": step, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     return CostCurve(tuple(nodes), tuple(ratios), tuple(rows), tuple(proj), meta)
 
 

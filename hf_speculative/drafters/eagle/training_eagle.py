@@ -203,13 +203,7 @@ def eagle_loss(
         keys.append(k)
         values.append(v)
         hidden = layer.finish(x, _unrolled_attention(attn, q, keys, values, mask0))
-        # row j at step s drafts x_{j+s+2}: the teacher's row j + s + 1
-        valid = torch.zeros(B, R, dtype=torch.bool, device=x.device)
-        valid[:, : R - s] = batch["predict"][:, 1 + s :]
-        tid = torch.zeros(B, R, batch["topk_ids"].shape[-1], dtype=torch.long, device=x.device)
-        tlp = torch.zeros(B, R, batch["topk_logprobs"].shape[-1], device=x.device)
-        tid[:, : R - s] = batch["topk_ids"][:, 1 + s :]
-        tlp[:, : R - s] = batch["topk_logprobs"][:, 1 + s :].float()
+        valid, tid, tlp = _teacher_at_step(batch, s, R, x.device)
         flat = valid.reshape(-1)
         rows = hidden.reshape(B * R, -1)[flat]
         logits = drafter.compute_logits(rows)
@@ -226,11 +220,29 @@ def eagle_loss(
             total = total + weight * kd
         parts[f"kd_{s}"] = kd.detach()
         if rows.shape[0]:
-            top1 = logits.argmax(-1)
-            if drafter.config.is_eagle3:
-                top1 = drafter.draft_to_target_ids(top1)
-            parts[f"acc_{s}"] = (top1 == tid.reshape(B * R, -1)[flat][:, 0]).float().mean()
+            parts[f"acc_{s}"] = _top1_agreement(drafter, logits, tid.reshape(B * R, -1)[flat][:, 0])
     return total, parts
+
+
+def _teacher_at_step(batch: dict, s: int, R: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(valid, topk_ids, topk_logprobs)`` of the ``R`` rows at unrolled step ``s``: row j drafts x_{j+s+2}, the
+    teacher's row j + s + 1 (the last s rows have none: not valid, zeros)."""
+    B = batch["predict"].shape[0]
+    valid = torch.zeros(B, R, dtype=torch.bool, device=device)
+    valid[:, : R - s] = batch["predict"][:, 1 + s :]
+    tid = torch.zeros(B, R, batch["topk_ids"].shape[-1], dtype=torch.long, device=device)
+    tlp = torch.zeros(B, R, batch["topk_logprobs"].shape[-1], device=device)
+    tid[:, : R - s] = batch["topk_ids"][:, 1 + s :]
+    tlp[:, : R - s] = batch["topk_logprobs"][:, 1 + s :].float()
+    return valid, tid, tlp
+
+
+def _top1_agreement(drafter: EagleDrafter, logits: torch.Tensor, teacher_top1: torch.Tensor) -> torch.Tensor:
+    """Share of rows whose most likely drafted token (in the target's vocabulary) is the teacher's."""
+    top1 = logits.argmax(-1)
+    if drafter.config.is_eagle3:
+        top1 = drafter.draft_to_target_ids(top1)
+    return (top1 == teacher_top1).float().mean()
 
 
 @torch.no_grad()

@@ -522,6 +522,35 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
                 bool(kwargs.get("output_hidden_states")),
                 labels,
             )
+        return self._lossless_forward(
+            input_ids,
+            attention_mask,
+            position_ids,
+            cache,
+            inputs_embeds,
+            labels,
+            use_cache,
+            logits_to_keep,
+            output_streams,
+            **kwargs,
+        )
+
+    def _lossless_forward(
+        self,
+        input_ids,
+        attention_mask,
+        position_ids,
+        cache,
+        inputs_embeds,
+        labels,
+        use_cache,
+        logits_to_keep,
+        output_streams: bool,
+        **kwargs,
+    ) -> SpeculativeStreamingOutput:
+        """`forward` in lossless mode: the base model's forward, the states entering the first MSA layer captured
+        by a pre-hook (``stream_inputs``); with ``output_streams`` the streams run on them (on a cache of their own
+        when the call passes none)."""
         captured = {}
 
         def capture(module, args, kw):
@@ -609,23 +638,10 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
         else:
             key_mask = stream_key_mask(attention_mask, B, T, past_length, h.dtype, h.device)
         rows = torch.cat([h[:, :, None], self.streams.init_streams(h).to(h.dtype)], dim=2)  # (B, T, 1 + gamma, H)
-        adapters = self.streams.adapters
-        for i, layer in enumerate(self.msa_layers):
-            store = _cache_writer(cache, layer.self_attn.layer_idx)
-            rows = msa_layer(
-                layer, adapters[i] if adapters is not None else None, rows, store, key_mask, cos, sin, num_main=1
-            )
-            hidden.append(rows[:, :, 0])
-        rows = decoder.norm(rows)
+        rows = decoder.norm(self._msa_layers_forward(rows, cache, key_mask, cos, sin, hidden))
         main, streams = rows[:, :, 0], rows[:, :, 1:]
         hidden[-1] = main  # as transformers does: the last hidden state is the normed one
-        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(main[:, keep])
-        loss = (
-            self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size)
-            if labels is not None
-            else None
-        )
+        logits, loss = self._main_logits_and_loss(main, logits_to_keep, labels)
         return SpeculativeStreamingOutput(
             loss=loss,
             logits=logits,
@@ -635,6 +651,29 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
             stream_logits=self.stream_head(streams) if output_streams else None,
             stream_states=streams,
         )
+
+    def _msa_layers_forward(self, rows, cache, key_mask, cos, sin, hidden: list) -> torch.Tensor:
+        """Main row and streams ``(B, T, 1 + gamma, H)`` jointly through the MSA layers (`msa_layer`, one main row;
+        the cache gets the main row's keys and values); each layer's main row appended to ``hidden``."""
+        adapters = self.streams.adapters
+        for i, layer in enumerate(self.msa_layers):
+            store = _cache_writer(cache, layer.self_attn.layer_idx)
+            rows = msa_layer(
+                layer, adapters[i] if adapters is not None else None, rows, store, key_mask, cos, sin, num_main=1
+            )
+            hidden.append(rows[:, :, 0])
+        return rows
+
+    def _main_logits_and_loss(self, main, logits_to_keep, labels) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The logits of the (normed) main row's last ``logits_to_keep`` positions, and their loss with ``labels``."""
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(main[:, keep])
+        loss = (
+            self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size)
+            if labels is not None
+            else None
+        )
+        return logits, loss
 
     def _plain_layers(self, h, mask, cos, sin, position_ids, cache, hidden: list) -> tuple[torch.Tensor, dict]:
         """The base layers below the MSA layers, their outputs appended to ``hidden``; returns the last one's output
