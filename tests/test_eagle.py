@@ -456,6 +456,50 @@ def test_clear_errors(tmp_path):
         hfs.EagleConfig(variant="eagle4")
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_init_from_target_copies_the_last_layer(arch):
+    model = _target(arch, seed=9, num_layers=2)
+    last, H = model.model.layers[-1], model.config.hidden_size
+    eagle1 = EagleDrafter.from_base_model(model, variant="eagle1")
+    layer = eagle1.layers[0]
+    for name in ("mlp", "post_attention_layernorm", "self_attn"):
+        theirs = getattr(last, name).state_dict()
+        for key, value in getattr(layer, name).state_dict().items():
+            torch.testing.assert_close(value, theirs[key], rtol=0, atol=0)
+    torch.testing.assert_close(eagle1.fc.weight, torch.cat([torch.zeros(H, H), torch.eye(H)], dim=1), rtol=0, atol=0)
+    eagle3 = EagleDrafter.from_base_model(model, variant="eagle3", draft_vocab_size=40)
+    mid = eagle3.midlayer
+    for name in ("mlp", "post_attention_layernorm"):
+        theirs = getattr(last, name).state_dict()
+        for key, value in getattr(mid, name).state_dict().items():
+            torch.testing.assert_close(value, theirs[key], rtol=0, atol=0)
+    torch.testing.assert_close(eagle3.norm.weight, model.model.norm.weight, rtol=0, atol=0)
+    torch.testing.assert_close(eagle3.lm_head.weight, model.lm_head.weight[:40], rtol=0, atol=0)
+    # the 2H-input attention and the 3H-input fc have no counterpart in the target: their own (random) init
+    assert mid.self_attn.q_proj.weight.shape[1] == 2 * H and eagle3.fc.weight.shape[1] == 3 * H
+    assert not torch.equal(mid.self_attn.o_proj.weight, last.self_attn.o_proj.weight)
+
+
+@pytest.mark.parametrize("variant", ["eagle1", "eagle3"])
+def test_init_from_a_mismatched_target_raises(variant):
+    """A target whose last decoder layer is not what its config says (a pruned MLP, another attention): the drafter
+    cannot start from it, and says so instead of keeping random weights."""
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    model = _target("llama", seed=10, num_layers=2)
+    last, H = model.model.layers[-1], model.config.hidden_size
+    last.mlp = LlamaMLP(LlamaConfig(hidden_size=H, intermediate_size=48))
+    with pytest.raises(ValueError, match=r"cannot initialise the EAGLE drafter's mlp .*gate_proj.weight of shape"):
+        EagleDrafter.from_base_model(model, variant=variant)
+    drafter = EagleDrafter.from_base_model(model, variant=variant, init_from_target=False)
+    assert drafter.layer.mlp.gate_proj.weight.shape == (model.config.intermediate_size, H)
+    if variant == "eagle1":  # EAGLE-1 copies the attention too
+        model = _target("llama", seed=10, num_layers=2)
+        model.model.layers[-1].self_attn.k_proj = torch.nn.Linear(H, 4, bias=False)
+        with pytest.raises(ValueError, match=r"drafter's self_attn .*: k_proj.weight of shape \(4, 32\)"):
+            EagleDrafter.from_base_model(model, variant=variant)
+
+
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
 @pytest.mark.parametrize("variant", ["eagle1", "eagle3"])
 def test_batched_greedy_equality_with_ragged_prompts(arch, variant):

@@ -196,27 +196,22 @@ class EagleDrafter(EaglePreTrainedModel):
         return cls._from_base_config(model, config, init_from_base=init_from_target)
 
     def _init_from_base_model(self, model: PreTrainedModel) -> None:
+        """`from_base_model`'s ``init_from_target``. EAGLE-3's attention (q/k/v read [embedding ; feature], 2H) and
+        ``fc`` (three features, 3H) have no counterpart in the target and keep their random initialisation; every
+        module copied must match the target's (else a ValueError: the drafter would start from random weights)."""
         base = getattr(model, model.base_model_prefix)
         last = base.layers[-1]
         layer = self.midlayer if self.config.is_eagle3 else self.layers[0]
         for name in ("mlp", "post_attention_layernorm"):
-            try:
-                getattr(layer, name).load_state_dict(getattr(last, name).state_dict())
-            except (RuntimeError, AttributeError):
-                pass
+            _copy_target_module(getattr(layer, name), last, name)
         if self.config.is_eagle3:
             self.norm.load_state_dict(base.norm.state_dict())
             self.lm_head.weight.copy_(model.get_output_embeddings().weight[: self.lm_head.out_features])
             self._set_d2t(torch.arange(self.lm_head.out_features))
         else:
             H = self.config.hidden_size
-            try:
-                own = layer.self_attn.state_dict()
-                layer.self_attn.load_state_dict(
-                    {k: v for k, v in last.self_attn.state_dict().items() if k in own}, strict=False
-                )
-            except RuntimeError:
-                pass
+            # the target's attention may hold more (Qwen3's q_norm / k_norm): the tensors the drafter's has are copied
+            _copy_target_module(layer.self_attn, last, "self_attn", target_may_hold_more=True)
             self.fc.weight.zero_()
             self.fc.weight[:, H:].copy_(torch.eye(H))
             if self.fc.bias is not None:
@@ -362,6 +357,29 @@ class EagleDrafter(EaglePreTrainedModel):
     # ------------------------------------------------------------------ drafting
     def _tree_drafter(self, target: PreTrainedModel) -> "EagleTreeDrafter":
         return EagleTreeDrafter(self)
+
+
+def _copy_target_module(own: nn.Module, target_layer: nn.Module, name: str, target_may_hold_more: bool = False) -> None:
+    """Load the target decoder layer's module ``name`` into the drafter's ``own``: the same tensors at the same
+    shapes (``target_may_hold_more``: the target's may have more tensors, left out). A mismatch is a ValueError."""
+    theirs = getattr(target_layer, name, None)
+    if not isinstance(theirs, nn.Module):
+        problems = [f"the target's last decoder layer ({type(target_layer).__name__}) has no {name!r}"]
+    else:
+        mine, state = own.state_dict(), theirs.state_dict()
+        problems = [f"{k} missing" for k in mine if k not in state]
+        problems += [f"{k} not in the drafter's" for k in state if k not in mine and not target_may_hold_more]
+        problems += [
+            f"{k} of shape {tuple(state[k].shape)}, the drafter's {tuple(v.shape)}"
+            for k, v in mine.items()
+            if k in state and state[k].shape != v.shape
+        ]
+    if problems:
+        raise ValueError(
+            f"cannot initialise the EAGLE drafter's {name} from the target's last decoder layer: "
+            f"{'; '.join(problems[:6])}. Build the drafter with init_from_target=False to start from random weights"
+        )
+    own.load_state_dict({k: state[k] for k in mine})
 
 
 def causal_mask(T: int, dtype: torch.dtype, device, past: int = 0) -> torch.Tensor:
@@ -726,8 +744,12 @@ def _load_public_state(drafter: EagleDrafter, state: dict[str, torch.Tensor], fo
         raise ValueError(
             f"{folder}: weights do not match the EAGLE layout (missing {missing[:6]}, unexpected {unexpected[:6]})"
         )
-    state = {
-        k: v.to(expected[k].dtype) if expected[k].is_floating_point() else v.to(expected[k].dtype)
+    mismatched = [
+        f"{k} {tuple(v.shape)} (expected {tuple(expected[k].shape)})"
         for k, v in state.items()
-    }
-    drafter.load_state_dict(state, strict=True)
+        if v.shape != expected[k].shape
+    ]
+    if mismatched:
+        raise ValueError(f"{folder}: weights do not match the EAGLE layout's shapes: {', '.join(mismatched[:6])}")
+    # every tensor in the drafter's dtype: floating weights stored in another precision, d2t / t2d as int64 / bool
+    drafter.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
