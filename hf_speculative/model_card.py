@@ -128,7 +128,7 @@ def _optional(templates: list[str], fields: _Fields) -> list[str]:
     for template in templates:
         try:
             lines.append(template.format_map(fields))
-        except KeyError:
+        except KeyError:  # the template names an entry the records lack: the line is left out
             pass
     return lines
 

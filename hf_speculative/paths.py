@@ -108,6 +108,6 @@ def machine_description(device: "torch.device | str" = "cpu") -> str:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    except OSError:
+    except OSError:  # no /proc/cpuinfo (not Linux): the platform module's processor name stands in
         pass
     return f"{device.type}:{platform.system()}-{platform.machine()}:{cpu}:threads={torch.get_num_threads()}"

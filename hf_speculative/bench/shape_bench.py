@@ -66,7 +66,7 @@ def cpu_info() -> dict:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
             found.setdefault(key.strip(), value.strip())
-    except OSError:
+    except OSError:  # no /proc/cpuinfo (not Linux): the platform module's processor name stands in, no flags
         pass
     flags = set(found.get("flags", "").split())
     return {

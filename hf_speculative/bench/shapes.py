@@ -66,7 +66,7 @@ def _proc_kilobytes(path: str, field: str) -> int | None:
         for line in Path(path).read_text().splitlines():
             if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError, IndexError):  # no such file (not Linux) or a line of another format: unknown
         pass
     return None
 
