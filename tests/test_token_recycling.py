@@ -11,7 +11,7 @@ from test_batch import PAD, _eos_mid_batch, left_padded
 from test_sampling import ALPHA, NEW, SETTINGS, _exact_generate, _sample_counts, chi_square_pvalue
 
 import hf_speculative as hfs
-from hf_speculative.drafters.hybrid import _best_nodes, budget_tree, merge_drafts
+from hf_speculative.drafters.hybrid import best_nodes, budget_tree, merge_drafts
 from hf_speculative.drafters.online_accuracy import OnlineAccuracy
 
 
@@ -113,10 +113,10 @@ def test_merge_two_sources_into_one_trie_by_hand():
     assert scores == [1, 0.6, 0.2, 0.25, 0.3, 0.1]  # a node from both sources keeps the larger score
     assert depths == [0, 1, 1, 2, 1, 2]
     # the budget: best scores first, ancestors always before their children
-    assert _best_nodes(scores, depths, 3, 8, lambda n: 1.0) == [0, 1, 3, 4]
-    assert _best_nodes(scores, depths, 8, 1, lambda n: 1.0) == [0, 1, 2, 4]  # depth budget 1
+    assert best_nodes(scores, depths, 3, 8, lambda n: 1.0) == [0, 1, 3, 4]
+    assert best_nodes(scores, depths, 8, 1, lambda n: 1.0) == [0, 1, 2, 4]  # depth budget 1
     # a step that costs n plain steps for n tokens never pays: the root alone
-    assert _best_nodes(scores, depths, 8, 8, lambda n: float(n)) == [0]
+    assert best_nodes(scores, depths, 8, 8, lambda n: float(n)) == [0]
     assert budget_tree(6, 3).num_nodes == 6 and budget_tree(6, 3).depth == 3
 
 

@@ -21,6 +21,8 @@ draft model on the model's own hidden state; their candidates overlap only in pa
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ..engine.protocol import TreeDrafter
@@ -29,7 +31,7 @@ from ..engine.trees import DraftingOptions, DraftTree, TreeSpec, budget_tree
 from .cost_aware import target_cost_curve
 from .online_accuracy import OnlineAccuracy
 
-__all__ = ["HybridDrafter", "merge_drafts", "budget_tree"]
+__all__ = ["HybridDrafter", "merge_drafts", "budget_tree", "best_nodes"]
 
 #: acceptance prior per sibling rank for a part with no history (the same at every depth)
 PART_PRIOR = [0.4, 0.15, 0.08, 0.05, 0.04, 0.03, 0.02, 0.02] + [0.01] * 56
@@ -63,7 +65,7 @@ def merge_drafts(
     return tokens, parents, scores, depths
 
 
-def _best_nodes(scores: list[float], depths: list[int], num_nodes: int, max_depth: int, step_cost) -> list[int]:
+def best_nodes(scores: list[float], depths: list[int], num_nodes: int, max_depth: int, step_cost) -> list[int]:
     """The kept nodes (ascending ids, root included): best scores first, as many as maximize tau per step cost."""
     order = sorted(
         (i for i in range(1, len(scores)) if depths[i] <= max_depth and scores[i] > 0),
@@ -104,7 +106,8 @@ class HybridDrafter(TreeDrafter):
         self.cost_curve = cost_curve
         self.drafters: list[TreeDrafter] = []
         self.accuracy = [OnlineAccuracy(self.tree_depth, 8, PART_PRIOR) for _ in self.parts]
-        self._resolved: dict[int, list[TreeDrafter]] = {}  # id(target) -> the parts as drafters for it
+        #: the target the parts were last made drafters for (a weak reference) and those drafters
+        self._resolved: tuple[weakref.ref, list[TreeDrafter]] | None = None
         self._part_trees: list[TreeSpec | None] | None = None
         self._own: dict[int, list[DraftTree]] = {}  # row -> each part's own draft of this step
 
@@ -112,9 +115,9 @@ class HybridDrafter(TreeDrafter):
     def attach_target(self, target) -> None:
         from ..engine.resolve import resolve_drafter
 
-        if id(target) not in self._resolved:  # a model part makes its per-target drafter once
-            self._resolved = {id(target): [resolve_drafter(target, part) for part in self.parts]}
-        self.drafters = self._resolved[id(target)]
+        if self._resolved is None or self._resolved[0]() is not target:  # a model part makes its drafter once
+            self._resolved = (weakref.ref(target), [resolve_drafter(target, part) for part in self.parts])
+        self.drafters = self._resolved[1]
         for drafter in self.drafters:
             drafter.attach_target(target)
         self._curve = target_cost_curve(target, self.cost_curve)
@@ -175,7 +178,7 @@ class HybridDrafter(TreeDrafter):
             self._own[r] = own
             values = [acc.node_values(d) for acc, d in zip(self.accuracy, own)]
             tokens, parents, scores, depths = merge_drafts(own, values)
-            keep = _best_nodes(scores, depths, tree.num_nodes, tree.depth, self._step_cost)
+            keep = best_nodes(scores, depths, tree.num_nodes, tree.depth, self._step_cost)
             new_id = {old: new for new, old in enumerate(keep)}
             drafts.append(
                 DraftTree(

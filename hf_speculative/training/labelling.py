@@ -37,8 +37,9 @@ from typing import Iterable, Sequence
 
 import torch
 
+from ..paths import cache_root, model_key
 from .data import Record, load_records
-from .trainer import HiddenStates, _cache_root, _model_key, encode_record
+from .trainer import HiddenStates, encode_record
 
 __all__ = [
     "DEFAULT_LAYERS",
@@ -57,7 +58,7 @@ _SETTINGS = ("model_key", "layers", "top_k", "max_length", "data", "autocast")
 
 def labelled_cache_dir(model, data: str = "sharegpt", max_length: int = 1024) -> Path:
     """``$HF_SPECULATIVE_CACHE/labelled/<model key>-<data>``."""
-    return _cache_root() / "labelled" / f"{_model_key(model, max_length)}-{Path(str(data)).stem}"
+    return cache_root() / "labelled" / f"{model_key(model, max_length)}-{Path(str(data)).stem}"
 
 
 def _resolve_layers(layers: Iterable[int], num_layers: int) -> list[int]:
@@ -93,7 +94,7 @@ def _labelling_settings(
     """The settings recorded in (and checked against) ``manifest.json``."""
     num_layers = model.config.num_hidden_layers
     return {
-        "model_key": _model_key(model, max_length),
+        "model_key": model_key(model, max_length),
         "model": str(getattr(model.config, "_name_or_path", "")) or type(model).__name__,
         "layers": layers,
         "top_k": top_k,

@@ -41,10 +41,6 @@ __all__ = [
 TRAINABLE_CHECKPOINT = "trainable.safetensors"  # a DrafterTrainer checkpoint's weights: the trainable tensors only
 
 
-_cache_root = cache_root  # the names the training modules import
-_model_key = model_key
-
-
 @dataclass
 class HiddenStates:
     """The final hidden states of a set of conversations, flattened.
@@ -151,7 +147,7 @@ class HiddenStates:
 def hidden_state_cache_dir(model, max_length: int) -> Path:
     """One folder per (model, max_length); one small safetensors file per conversation, so a growing
     data file only costs the backbone passes of its new conversations."""
-    return _cache_root() / "hidden_states" / _model_key(model, max_length)
+    return cache_root() / "hidden_states" / model_key(model, max_length)
 
 
 def _record_key(record: Record) -> str:

@@ -66,8 +66,8 @@ def train_pruning_head(ss, train_states: HiddenStates, output_dir: str, segment_
         )
     training = training_settings(training, learning_rate=1e-3)
     dataset = _next_token_segments(train_states, segment_length)
-    trainable = {id(p) for p in ss.streams.pruning.parameters()}
-    frozen = [p for p in ss.trainable_parameters() if p.requires_grad and id(p) not in trainable]
+    trainable = set(ss.streams.pruning.parameters())  # tensors hash (and compare in a set) by identity
+    frozen = [p for p in ss.trainable_parameters() if p.requires_grad and p not in trainable]
     for p in frozen:
         p.requires_grad_(False)
     try:

@@ -29,13 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from ...paths import cache_root, model_key
 from ...training.callbacks import LearningCurveCallback, TimeBudgetCallback
 from ...training.distributed import average_gradients
 from ...training.trainer import (
     DrafterTrainer,
     HiddenStates,
-    _cache_root,
-    _model_key,
     cached_states,
     encode_record,
     train_drafter,
@@ -162,7 +161,7 @@ def extract_stream_inputs(
 ) -> HiddenStates:
     """The frozen base's hidden states entering decoder layer ``layer`` (= N - N_s) over ``records``, cached in
     fp16 per conversation under ``$HF_SPECULATIVE_CACHE/stream_inputs/``. The forward stops at that layer."""
-    folder = _cache_root() / "stream_inputs" / f"{_model_key(model, max_length)}-layer{layer}"
+    folder = cache_root() / "stream_inputs" / f"{model_key(model, max_length)}-layer{layer}"
     decoder = model.model
     captured = {}
 
@@ -173,7 +172,7 @@ def extract_stream_inputs(
     def layer_inputs(input_ids: torch.Tensor) -> torch.Tensor:
         try:
             decoder(input_ids=input_ids[None].to(model.device), use_cache=False)
-        except _StopForward:
+        except _StopForward:  # raised by the pre-hook of layer ``layer``, its input captured: the rest is not run
             pass
         return captured.pop("h")[0]
 
@@ -321,8 +320,8 @@ class SpeculativeStreamingTrainer(DrafterTrainer):
         if not hasattr(inner, "trainable_parameters"):
             return super()._clip_grad_norm(model)
         params = inner.trainable_parameters()
-        registered = {id(p) for p in inner.parameters()}
-        average_gradients([p for p in params if id(p) not in registered])
+        registered = set(inner.parameters())  # tensors hash (and compare in a set) by identity
+        average_gradients([p for p in params if p not in registered])
         return torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
 
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):

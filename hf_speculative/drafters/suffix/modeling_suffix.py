@@ -39,7 +39,8 @@ from ...engine.protocol import TreeDrafter
 from ...engine.rows import TargetRows
 from ...engine.trees import DraftingOptions, DraftTree, TreeSpec, budget_tree
 from ..cost_aware import target_cost_curve
-from ..hybrid import _best_nodes, merge_drafts
+from ..hybrid import best_nodes as _best_nodes
+from ..hybrid import merge_drafts
 from .configuration_suffix import SuffixConfig
 from .speculation_tree import expand_speculation_tree
 from .suffix_index import SuffixIndex, match_in_sequence
