@@ -326,7 +326,7 @@ def get_cost_curve(model, measure_if_missing: bool = True, **measure_kwargs) -> 
     if memo_key in loaded:
         return loaded[memo_key]
     if loaded.get(("missing", *memo_key)) and not measure_if_missing:
-        return None  # looked for once in this process: the cache key hashes the weights (0.1 s on a 135M model)
+        return None  # looked for once per process: the cache key hashes every weight (its cost: docs/results)
     path = cost_curve_path(model, measure_kwargs.get("prefix", 128))
     if path.exists():
         try:
