@@ -278,5 +278,7 @@ def drafter_card(drafter, results: dict | str | None = None, location: str | os.
 def write_drafter_card(drafter, folder: str | os.PathLike, results: dict | str | None = None) -> Path:
     """Write the drafter's card to ``folder/README.md`` (its snippet loads the drafter from ``folder``)."""
     path = Path(folder) / "README.md"
-    drafter_card(drafter, results, location=folder).save(path)
+    from .paths import write_atomically
+
+    write_atomically(path, str(drafter_card(drafter, results, location=folder)))
     return path

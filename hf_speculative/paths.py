@@ -7,17 +7,18 @@ model, cached hidden states, target-labelled shards, measured cost curves. No he
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import platform
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["cache_root", "machine_description", "model_key", "speed_key", "write_atomically"]
+__all__ = ["atomic_path", "cache_root", "machine_description", "model_key", "speed_key", "write_atomically"]
 
 
 def cache_root() -> Path:
@@ -77,21 +78,44 @@ def speed_key(model) -> str:
     return key.hexdigest()[:16]
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a unique temporary file in the same folder and ``os.replace``: a reader
-    sees the old file or the new one, never a part (a killed run, or two processes writing at once)."""
-    import tempfile
+def _reserve_temporary(path: Path) -> Path:
+    """A new empty file beside ``path`` with a name no other writer has (``.<name>.<random>.tmp``), created with the
+    mode ``open(path, "w")`` would give (0o666 less the umask; ``mkstemp`` would give 0o600)."""
+    import secrets
 
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A unique temporary file in ``path``'s folder for the block to write (by name: ``save_file``, ``torch.save``),
+    moved onto ``path`` with ``os.replace`` when the block ends, removed when it raises: a reader sees the old file or
+    the new one, never a part (a killed run, or two processes writing at once)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = _reserve_temporary(path)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+def write_atomically(path: str | os.PathLike, data: str | bytes) -> None:
+    """Write ``data`` (text as UTF-8, or bytes) to ``path`` through `atomic_path`."""
+    with atomic_path(path) as tmp:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data, encoding="utf-8")
 
 
 def machine_description(device: "torch.device | str" = "cpu") -> str:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
+import secrets
+import shutil
 from pathlib import Path
 
 import torch
@@ -93,13 +95,18 @@ def _convert_gguf_to_cache(target: Path) -> None:
     model.generation_config = copy.deepcopy(gguf_model.generation_config)
     del gguf_model
     _configure_chat_generation(model, tokenizer)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if target.exists():  # another process won the race
-        return
-    tmp.rename(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")  # this process's own (mode: the umask's)
+    tmp.mkdir()
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.rename(tmp, target)  # whole or not at all; fails when another process's folder is already there
+    except OSError:
+        if not (target / "model.safetensors").is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_reference_model(

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ..paths import write_atomically
 from ..plotting import save_figure
 from .numerics import FLOOR_VARIANTS, divergence_summary, first_divergence
 from .verdict import SpeedupSpread, disturbed_line, disturbed_runs
@@ -422,6 +423,5 @@ def plot_results(methods: dict[str, dict], path: str | Path, title: str | None =
 
 def write_json(result: dict, path: str | Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    write_atomically(path, json.dumps(result, indent=2, default=str) + "\n")
     return path

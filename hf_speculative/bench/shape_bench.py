@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from ..paths import write_atomically
 from ..plotting import save_figure
 from .root_only import ENGINE_CALL, RootOnlyDrafter
 from .shapes import build_shape_model, check_shape, measure_memory, random_prompt
@@ -307,8 +308,7 @@ def plot_shapes(result: dict, path) -> Path:
 def write_shape_outputs(result: dict, output) -> list[Path]:
     """``output`` (JSON) and, next to it, the markdown table (``.md``) and the plot (``.png``)."""
     path = Path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_atomically(path, json.dumps(result, indent=2) + "\n")
     table = path.with_suffix(".md")
-    table.write_text(shapes_markdown(result) + "\n", encoding="utf-8")
+    write_atomically(table, shapes_markdown(result) + "\n")
     return [path, table, plot_shapes(result, path.with_suffix(".png"))]

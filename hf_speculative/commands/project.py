@@ -82,6 +82,7 @@ def run(args) -> int:
         f"projected speedup {rec['projected_speedup']:.2f}x (projected)"
     )
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(rec, indent=2) + "\n")
+        from ..paths import write_atomically
+
+        write_atomically(args.output, json.dumps(rec, indent=2) + "\n")
     return 0

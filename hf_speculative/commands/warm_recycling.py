@@ -74,6 +74,7 @@ def _write_card(args, drafter, num_prompts: int, tau: float) -> None:
 
     from ..bench.reference import REFERENCE_ALIASES
     from ..model_card import REFERENCE_BASE_MODEL, public_data_source, usage_code, user_data_path
+    from ..paths import write_atomically
     from .common import command_line
 
     base = REFERENCE_BASE_MODEL if args.model in REFERENCE_ALIASES else args.model
@@ -103,4 +104,4 @@ Made with:
 {user_data_path(command_line(args) or "hf-speculative warm-recycling")}
 ```
 """
-    (Path(args.out) / "README.md").write_text(text)
+    write_atomically(Path(args.out) / "README.md", text)

@@ -20,12 +20,15 @@ def cpu_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def save_server_folder(output, config: dict, state: dict[str, torch.Tensor]) -> Path:
-    """Write ``config`` as ``config.json`` and ``state`` as ``model.safetensors``
-    into ``output`` (created if needed); returns the folder."""
+    """Write ``config`` as ``config.json`` and ``state`` as ``model.safetensors`` into ``output`` (created if
+    needed), each through a unique temporary file and ``os.replace``; returns the folder."""
     from safetensors.torch import save_file
+
+    from ..paths import atomic_path, write_atomically
 
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(cpu_tensors(state), str(out / SERVER_WEIGHTS), metadata={"format": "pt"})
+    with atomic_path(out / SERVER_WEIGHTS) as tmp:
+        save_file(cpu_tensors(state), str(tmp), metadata={"format": "pt"})
+    write_atomically(out / "config.json", json.dumps(config, indent=2) + "\n")
     return out

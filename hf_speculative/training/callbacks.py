@@ -9,6 +9,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from ..paths import write_atomically
 from .distributed import process0_value
 
 __all__ = ["LearningCurveCallback", "TimeBudgetCallback", "budget_warmup_steps"]
@@ -75,8 +76,7 @@ class LearningCurveCallback(TrainerCallback):
             point["checkpoint"] = str(path)
         self.curve.append(point)
         if self._file is not None:  # a resumed run continues the curve
-            self._file.parent.mkdir(parents=True, exist_ok=True)
-            self._file.write_text(json.dumps(self.curve))
+            write_atomically(self._file, json.dumps(self.curve))
         self.model.train(was_training)
 
     def _timed_record(self, step: int) -> None:
@@ -148,7 +148,7 @@ class TimeBudgetCallback(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if folder.is_dir():
-            (folder / self.FILE).write_text(json.dumps({"seconds": round(self.elapsed(), 3)}))
+            write_atomically(folder / self.FILE, json.dumps({"seconds": round(self.elapsed(), 3)}))
 
     def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
         if not self.anneal or optimizer is None:

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+from ...paths import write_atomically
 from ...training.trainer import DrafterTrainer, train_drafter, training_settings
 from .training_medusa import IGNORE_INDEX, MEDUSA_DECAY, medusa_head_losses
 
@@ -447,8 +448,8 @@ def save_medusa2(model: Medusa2Model, folder) -> Path:
         for cfg in model.backbone.peft_config.values():
             cfg.base_model_name_or_path = base_name
     model.backbone.save_pretrained(folder / ADAPTER_SUBFOLDER)
-    (folder / ADAPTER_SUBFOLDER / "README.md").write_text(
-        ADAPTER_README.format(base=base_name or "the base model"), encoding="utf-8"
+    write_atomically(
+        folder / ADAPTER_SUBFOLDER / "README.md", ADAPTER_README.format(base=base_name or "the base model")
     )
     model.heads.config.base_adapter = ADAPTER_SUBFOLDER
     model.heads.save_pretrained(folder)
