@@ -32,9 +32,12 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from transformers.utils import logging
 
 from .._compat import cache_arg
-from ..paths import machine_description
+from ..paths import machine_description, write_atomically
+
+logger = logging.get_logger(__name__)
 
 DEFAULT_NODES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 DEFAULT_PROJECTION_ROWS = (1, 2, 3, 4, 6, 8)
@@ -134,11 +137,8 @@ class CostCurve:
         )
 
     def save(self, path: str | os.PathLike) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        tmp.replace(path)
+        """Write the curve as JSON through a unique temporary file and ``os.replace`` (`paths.write_atomically`)."""
+        write_atomically(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "CostCurve":
@@ -314,6 +314,26 @@ def set_cost_curve(model, curve: CostCurve | None) -> None:
         _INJECTED[model] = curve
 
 
+#: what reading a damaged curve file raises: unreadable, not UTF-8 or JSON (ValueError), or JSON of another shape
+_DAMAGED = (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError)
+
+
+def read_cost_curve(path: str | os.PathLike) -> CostCurve | None:
+    """The curve cached at ``path``; None when there is none, or when the file is damaged (truncated, not a curve):
+    then one warning per file, and the caller measures again or uses the default curve."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        return CostCurve.load(path)
+    except _DAMAGED as error:
+        logger.warning_once(
+            f"ignoring the damaged cost curve {path} ({type(error).__name__}: {error}); it is measured again by "
+            "`hf-speculative calibrate` or `get_cost_curve(model)`, a default curve stands in until then"
+        )
+        return None
+
+
 def get_cost_curve(model, measure_if_missing: bool = True, **measure_kwargs) -> CostCurve | None:
     """The model's cost curve: injected (`set_cost_curve`), else cached on disk, else measured once
     (`measure_cost_curve`) and cached. Returns None when missing and ``measure_if_missing`` is False; a miss is
@@ -328,12 +348,10 @@ def get_cost_curve(model, measure_if_missing: bool = True, **measure_kwargs) -> 
     if loaded.get(("missing", *memo_key)) and not measure_if_missing:
         return None  # looked for once per process: the cache key hashes every weight (its cost: docs/results)
     path = cost_curve_path(model, measure_kwargs.get("prefix", 128))
-    if path.exists():
-        try:
-            loaded[memo_key] = CostCurve.load(path)
-            return loaded[memo_key]
-        except (ValueError, KeyError, TypeError, json.JSONDecodeError):
-            pass  # a damaged file is measured again
+    cached = read_cost_curve(path)
+    if cached is not None:
+        loaded[memo_key] = cached
+        return cached
     if not measure_if_missing:
         loaded[("missing", *memo_key)] = True
         return None
