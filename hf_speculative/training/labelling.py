@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 import torch
+from transformers.utils import logging
 
-from ..paths import cache_root, model_key
+from ..paths import atomic_path, cache_root, model_key, write_atomically
 from .data import Record, load_records
 from .trainer import HiddenStates, encode_record
 
@@ -52,6 +53,8 @@ __all__ = [
 DEFAULT_LAYERS = (2, 15, 26, 27, -1)
 """``output_hidden_states`` indices stored by default; ``-1`` stands for ``num_hidden_layers`` (the final,
 post-norm state). Indices past the model's depth are dropped."""
+
+logger = logging.get_logger(__name__)
 
 _SETTINGS = ("model_key", "layers", "top_k", "max_length", "data", "autocast")
 
@@ -76,9 +79,7 @@ def _dist_rank() -> tuple[int, int]:
 
 
 def _write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(obj, indent=1))
 
 
 def _labelling_settings(
@@ -108,11 +109,25 @@ def _labelling_settings(
     }
 
 
+def _read_manifest(path: Path) -> dict | None:
+    """The manifest at ``path``; None (with a warning) when it is damaged: the folder is labelled again from the
+    first record, each shard replacing the old one of its name."""
+    try:
+        manifest = json.loads(path.read_text())
+        if isinstance(manifest, dict) and isinstance(manifest.get("shards"), list):
+            return manifest
+        error = "not a labelling manifest"
+    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON (a truncated file)
+        error = f"{type(e).__name__}: {e}"
+    logger.warning_once(f"ignoring the damaged {path} ({error}): labelling this folder again from the first record")
+    return None
+
+
 def _open_manifest(out_dir: Path, settings: dict) -> dict:
     """The manifest of a run to resume (its settings must match ``settings``), or a fresh one."""
     manifest_path = out_dir / "manifest.json"
-    if manifest_path.is_file():
-        manifest = json.loads(manifest_path.read_text())
+    manifest = _read_manifest(manifest_path) if manifest_path.is_file() else None
+    if manifest is not None:
         changed = [k for k in _SETTINGS if manifest.get(k) != settings[k]]
         if changed:
             raise ValueError(
@@ -204,9 +219,8 @@ class _ShardBuffer:
         tensors = {name: torch.cat(parts).contiguous() for name, parts in self.tensors.items()}
         tensors["offsets"] = torch.tensor([0] + lengths).cumsum(0)
         name = f"shard-{len(manifest['shards']):05d}.safetensors"
-        tmp = out_dir / (name + ".tmp")
-        save_file(tensors, str(tmp), metadata={"ids": json.dumps(self.ids)})
-        os.replace(tmp, out_dir / name)
+        with atomic_path(out_dir / name) as tmp:
+            save_file(tensors, str(tmp), metadata={"ids": json.dumps(self.ids)})
         size = (out_dir / name).stat().st_size
         manifest["shards"].append(
             {

@@ -19,8 +19,9 @@ from typing import Sequence
 
 import torch
 from transformers import Trainer
+from transformers.utils import logging
 
-from ..paths import cache_root, model_key
+from ..paths import atomic_path, cache_root, model_key
 from .data import Record, tokenize_conversation
 
 __all__ = [
@@ -37,6 +38,8 @@ __all__ = [
     "train_drafter",
     "train_resumable",
 ]
+
+logger = logging.get_logger(__name__)
 
 TRAINABLE_CHECKPOINT = "trainable.safetensors"  # a DrafterTrainer checkpoint's weights: the trainable tensors only
 
@@ -164,6 +167,25 @@ def encode_record(tokenizer, record: Record, max_length: int) -> tuple[torch.Ten
     return x, y
 
 
+def _read_cached_states(path: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """``(hidden, input_ids, labels)`` of one cached conversation; None (with a warning) when the file is damaged
+    (truncated, not safetensors, tensors missing or of disagreeing lengths): the caller computes it again."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        t = load_file(str(path))
+        h, x, y = t["hidden"], t["input_ids"], t["labels"]
+        if h.dim() != 2 or x.dim() != 1 or not len(h) == len(x) == len(y):
+            raise ValueError(f"tensors of shapes {tuple(h.shape)}, {tuple(x.shape)}, {tuple(y.shape)}")
+    except (SafetensorError, OSError, ValueError, KeyError, RuntimeError) as error:
+        logger.warning_once(
+            f"ignoring the damaged cached states {path} ({type(error).__name__}: {error}); they are computed again"
+        )
+        return None
+    return h, x, y
+
+
 def cached_states(
     records: Sequence[Record],
     tokenizer,
@@ -177,7 +199,7 @@ def cached_states(
     """The states ``compute(input_ids)`` gives (``(T, H)``, stored fp16 on the CPU) of each conversation of
     ``records`` that has an answer (`encode_record`), read from one safetensors file per conversation in ``folder``
     when ``cache`` holds it there, else computed and (with ``cache``) written."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     if cache:
         folder.mkdir(parents=True, exist_ok=True)
@@ -191,9 +213,9 @@ def cached_states(
         if not r.answers:
             continue  # nothing to learn from a prompt without an answer
         path = folder / f"{_record_key(r)}.safetensors"
-        if cache and path.is_file():
-            t = load_file(str(path))
-            h, x, y = t["hidden"], t["input_ids"], t["labels"]
+        cached = _read_cached_states(path) if cache and path.is_file() else None
+        if cached is not None:
+            h, x, y = cached
         else:
             encoded = encode_record(tokenizer, r, max_length)
             if encoded is None:
@@ -201,7 +223,8 @@ def cached_states(
             x, y = encoded
             h = compute(x).to("cpu", torch.float16).contiguous()
             if cache:
-                save_file({"hidden": h, "input_ids": x, "labels": y}, str(path))
+                with atomic_path(path) as tmp:
+                    save_file({"hidden": h, "input_ids": x, "labels": y}, str(tmp))
         hs.append(h)
         xs.append(x)
         ys.append(y)
@@ -307,7 +330,8 @@ class DrafterTrainer(Trainer):
             return
         output_dir.mkdir(parents=True, exist_ok=True)
         tensors = {str(i): p.detach().to("cpu").contiguous() for i, p in enumerate(self.trainable_tensors(self.model))}
-        save_file(tensors, str(output_dir / TRAINABLE_CHECKPOINT), metadata={"format": "pt"})
+        with atomic_path(output_dir / TRAINABLE_CHECKPOINT) as tmp:
+            save_file(tensors, str(tmp), metadata={"format": "pt"})
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         from safetensors.torch import load_file
