@@ -1,13 +1,52 @@
 """``push_to_hub`` for every drafter: the checkpoint as ``save_pretrained`` writes it, plus the drafter's own model
 card (`hf_speculative.model_card`), whose YAML header carries what the Hub indexes (``base_model``, ``library_name: hf_speculative``,
-``pipeline_tag``, ``tags``); transformers' own ``push_to_hub`` would write its generic card instead."""
+``pipeline_tag``, ``tags``); transformers' own ``push_to_hub`` would write its generic card instead. `drafter_folder`
+finds the folder of a drafter that loads without transformers' machinery (the model-free ones): a local folder, or
+a Hub repo's files downloaded through huggingface_hub."""
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
+from typing import Sequence
 
-__all__ = ["DrafterHubMixin"]
+__all__ = ["DrafterHubMixin", "drafter_folder"]
+
+#: the arguments of ``from_pretrained`` (``AutoModel``'s included) that the Hub download takes
+_DOWNLOAD_ARGUMENTS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "proxies")
+
+
+def drafter_folder(name_or_path: str | os.PathLike, filenames: Sequence[str], what: str, **loader_kwargs) -> Path:
+    """The local folder of a saved drafter: ``name_or_path`` when it is a folder here, else the files ``filenames``
+    of the Hub repo of that id, downloaded (or read from the local cache in offline mode) through huggingface_hub.
+
+    Raises:
+        FileNotFoundError: a missing folder, or a Hub id that cannot be loaded now (`hf_speculative.hub.resolve_name_or_path`:
+            offline mode with nothing cached, or no network).
+        NotADirectoryError: a file where the folder should be.
+        OSError: the download failed (no such repo, no access); the message names the repo.
+    """
+    from ..hub import hub_offline, resolve_name_or_path
+
+    resolved = resolve_name_or_path(name_or_path, what=what)
+    path = Path(resolved)
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise NotADirectoryError(f"{what} {str(path)!r} is a file; give the folder save_pretrained wrote")
+    from huggingface_hub import snapshot_download
+
+    kwargs = {k: loader_kwargs[k] for k in _DOWNLOAD_ARGUMENTS if loader_kwargs.get(k) is not None}
+    if hub_offline():
+        kwargs["local_files_only"] = True
+    subfolder = str(loader_kwargs.get("subfolder") or "").strip("/")
+    patterns = [f"{subfolder}/{name}" if subfolder else name for name in filenames]
+    try:
+        local = Path(snapshot_download(resolved, allow_patterns=patterns, **kwargs))
+    except (OSError, ValueError) as error:  # huggingface_hub's errors (not found, no access, offline) are OSErrors
+        raise OSError(f"could not load the {what} {resolved!r} from the Hugging Face Hub: {error}") from error
+    return local / subfolder if subfolder else local
 
 
 class DrafterHubMixin:

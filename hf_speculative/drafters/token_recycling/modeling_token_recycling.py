@@ -214,8 +214,11 @@ class TokenRecyclingDrafter(TreeDrafter):
 
     # ------------------------------------------------------------------ saving
     def save_pretrained(self, save_directory: str | os.PathLike) -> None:
-        """``config.json`` (the arguments) and ``model.safetensors`` (the matrix and the measured hit rates)."""
+        """``config.json`` (the arguments) and ``model.safetensors`` (the matrix and the measured hit rates), each
+        written through a unique temporary file and ``os.replace`` (`paths.atomic_path`)."""
         from safetensors.torch import save_file
+
+        from ...paths import atomic_path, write_atomically
 
         folder = Path(save_directory)
         folder.mkdir(parents=True, exist_ok=True)
@@ -228,41 +231,111 @@ class TokenRecyclingDrafter(TreeDrafter):
             "refresh_every": self.refresh_every,
             "vocab_size": self.vocab_size,
         }
-        (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
         tensors = {f"hit_rates.{k}": v for k, v in self.hit_rates.state_dict().items()}
         if self.adjacency is not None:
             tensors["adjacency"] = self.adjacency.to(torch.int32).cpu().contiguous()
-        save_file(tensors, str(folder / WEIGHTS_NAME))
+        with atomic_path(folder / WEIGHTS_NAME) as tmp:
+            save_file(tensors, str(tmp))
+        write_atomically(folder / CONFIG_NAME, json.dumps(config, indent=2) + "\n")
 
     @classmethod
     def from_pretrained(
         cls, pretrained_path: str | os.PathLike, config: TokenRecyclingConfig | None = None, **kwargs
     ) -> "TokenRecyclingDrafter":
-        """Load a folder written by `save_pretrained` (also what ``AutoModel.from_pretrained(folder)`` calls, with the
-        folder's ``config``); ``kwargs`` override its saved arguments."""
-        from safetensors.torch import load_file
+        """Load a folder written by `save_pretrained`, or a Hub repo of one (also what ``AutoModel.from_pretrained``
+        calls, with the folder's ``config``); ``kwargs`` override its saved arguments.
 
-        from ...hub import resolve_name_or_path
+        Raises ``FileNotFoundError`` for a missing folder or ``config.json``, ``ValueError`` naming the file for a
+        damaged one (truncated, not JSON or safetensors) and for a matrix that disagrees with its config or holds a
+        token id outside ``[0, vocab_size)``."""
+        from ..hub import drafter_folder
 
-        folder = Path(resolve_name_or_path(pretrained_path, what="Token Recycling drafter"))
-        if not (folder / CONFIG_NAME).is_file():
+        folder = drafter_folder(pretrained_path, [CONFIG_NAME, WEIGHTS_NAME], "Token Recycling drafter", **kwargs)
+        if config is not None:
+            config = config.to_dict()
+        elif (folder / CONFIG_NAME).is_file():
+            config = _read_json(folder / CONFIG_NAME)
+        else:
             raise FileNotFoundError(f"no Token Recycling drafter at {str(folder)!r} (expected {CONFIG_NAME} there)")
-        config = config.to_dict() if config is not None else json.loads((folder / CONFIG_NAME).read_text())
         kind = config.get("model_type") or config.get("drafter_type")
         if kind != DRAFTER_TYPE:
             raise ValueError(f"{str(folder)!r} holds a {kind!r} drafter, not Token Recycling")
         kwargs = {k: v for k, v in kwargs.items() if k not in _LOADER_ARGUMENTS}
         args = {k: config[k] for k in ("num_successors", "max_nodes", "max_depth", "refresh_every") if k in config}
         drafter = cls(**{**args, **kwargs})
-        tensors = load_file(str(folder / WEIGHTS_NAME)) if (folder / WEIGHTS_NAME).is_file() else {}
+        file = folder / WEIGHTS_NAME
+        tensors = _read_safetensors(file) if file.is_file() else {}
         if "adjacency" in tensors:
-            drafter.adjacency = tensors["adjacency"].long()[:, : drafter.num_successors]
+            adjacency = _checked_adjacency(tensors["adjacency"], file, config)
+            drafter.adjacency = _fit_columns(adjacency, drafter.num_successors)
             drafter.vocab_size = drafter.adjacency.shape[0]
         if "hit_rates.hits" in tensors:
-            drafter.hit_rates.load_state_dict(
-                {"hits": tensors["hit_rates.hits"], "trials": tensors["hit_rates.trials"]}
-            )
+            drafter.hit_rates.load_state_dict(_checked_hit_rates(tensors, file))
         return drafter
+
+
+def _read_json(file: Path) -> dict:
+    """A JSON object from ``file``; ``ValueError`` naming it when it is damaged."""
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except ValueError as error:  # not UTF-8, not JSON: a truncated or damaged file
+        raise ValueError(f"{file} is damaged (truncated or not JSON): {error}") from error
+    if not isinstance(data, dict):
+        raise ValueError(f"{file} is damaged: it holds {type(data).__name__}, not a JSON object")
+    return data
+
+
+def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    """The tensors of ``file``; ``ValueError`` naming it when it is damaged (safetensors' own error names no file)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(file))
+    except (SafetensorError, ValueError, RuntimeError) as error:
+        raise ValueError(f"{file} is damaged (truncated or not safetensors): {error}") from error
+
+
+def _checked_adjacency(adjacency: torch.Tensor, file: Path, config: dict) -> torch.Tensor:
+    """The saved matrix as long, after checking it against its config: ``[vocab_size, num_successors]``, integer,
+    every entry a token id in ``[0, vocab_size)`` or -1 (empty). ``ValueError`` naming ``file`` otherwise."""
+    vocab, k = config.get("vocab_size"), config.get("num_successors")
+    if adjacency.dim() != 2 or adjacency.is_floating_point() or adjacency.dtype == torch.bool:
+        raise ValueError(
+            f"{file}: the adjacency matrix is {adjacency.dtype} of shape {tuple(adjacency.shape)}, not 2-D ids"
+        )
+    if (vocab is not None and adjacency.shape[0] != vocab) or (k is not None and adjacency.shape[1] != k):
+        raise ValueError(
+            f"{file}: the adjacency matrix has shape {tuple(adjacency.shape)} but its config says "
+            f"vocab_size={vocab}, num_successors={k}"
+        )
+    adjacency = adjacency.long()
+    bad = (adjacency < -1) | (adjacency >= adjacency.shape[0])
+    if bool(bad.any()):
+        row, column = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"{file}: token id {int(adjacency[row, column])} (row {row}, column {column}) is outside "
+            f"[0, {adjacency.shape[0]}) (-1 marks an empty entry)"
+        )
+    return adjacency
+
+
+def _fit_columns(adjacency: torch.Tensor, k: int) -> torch.Tensor:
+    """``k`` columns: the first ``k`` saved, or the saved ones and empty (-1) columns after them."""
+    if adjacency.shape[1] >= k:
+        return adjacency[:, :k].contiguous()
+    return torch.cat([adjacency, adjacency.new_full((adjacency.shape[0], k - adjacency.shape[1]), -1)], dim=1)
+
+
+def _checked_hit_rates(tensors: dict[str, torch.Tensor], file: Path) -> dict[str, torch.Tensor]:
+    """The saved hit-rate counts: two 2-D tensors of one shape, finite, ``0 <= hits <= trials``."""
+    hits, trials = tensors["hit_rates.hits"], tensors.get("hit_rates.trials")
+    if trials is None or hits.dim() != 2 or hits.shape != trials.shape:
+        raise ValueError(f"{file}: hit_rates.hits and hit_rates.trials are missing or of different shapes")
+    hits, trials = hits.double(), trials.double()
+    if not (torch.isfinite(trials).all() and (hits >= 0).all() and (hits <= trials).all()):
+        raise ValueError(f"{file}: hit_rates hold counts that are negative, not finite or above their trials")
+    return {"hits": hits, "trials": trials}
 
 
 def _levels(tree: TreeSpec) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
