@@ -19,13 +19,16 @@ Each step, for each row (the paper's sections named in brackets):
    oldest outputs are evicted.
 
 Drafts are fixed candidates (``sampling="deterministic"``), so the engine's tree rejection sampling keeps sampling
-exact. The rows of a batch share the global structure. ``save_pretrained`` writes ``config.json``
+exact. The rows of a batch share the global structure; `SuffixDrafter.for_tenant` gives a drafter that reads it and
+learns into a memory of its own, which no other tenant drafts from (docs/suffix_decoding.md, "Shared memory, tenants
+and privacy"). ``save_pretrained`` writes ``config.json``
 (``model_type: suffix_decoding``) and ``suffix_index.safetensors``; ``AutoModel.from_pretrained`` loads the folder
 after ``import hf_speculative``.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from collections import Counter
@@ -47,6 +50,7 @@ from .suffix_index import SuffixIndex, match_in_sequence
 
 __all__ = ["SuffixDrafter"]
 
+CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "suffix_index.safetensors"
 #: what ``AutoModel.from_pretrained`` passes besides the config; a drafter with no weights has no use for them
 _LOADER_ARGUMENTS = {
@@ -88,7 +92,14 @@ class SuffixDrafter(TreeDrafter):
             for name, value in kwargs.items():
                 setattr(config, name, value)
         self.config = config
+        #: the memory this drafter learns its outputs into (and `warm` fills)
         self.index = SuffixIndex(config.max_match_length, config.max_cache_bytes)
+        #: a tenant's drafter (`for_tenant`): the memory of the drafter it came from, which it reads and never writes
+        self.shared: SuffixIndex | None = None
+        #: the tenant's name (`for_tenant`); None for a drafter of its own
+        self.tenant: str | None = None
+        self._owner: SuffixDrafter = self  # the drafter whose memory tenants share
+        self._tenants: dict[str, SuffixDrafter] = {}
         self.default_tree = budget_tree(config.max_nodes, config.max_depth)
         self.cost_curve = cost_curve
         self._step_cost = lambda n: 1.0
@@ -121,12 +132,42 @@ class SuffixDrafter(TreeDrafter):
         if low < 0 or (vocab is not None and top >= vocab):
             raise ValueError(f"token ids must lie in [0, {vocab}) for this drafter's vocabulary, got {low}..{top}")
 
+    # ------------------------------------------------------------------ tenants
+    def for_tenant(self, name: str) -> "SuffixDrafter":
+        """The drafter of one tenant (a user, a customer, a conversation) of this drafter's memory::
+
+            sfx = hfs.SuffixDrafter().warm(corpus, tok)
+            model.generate(ids, assistant_model=sfx.for_tenant("alice"))
+
+        It drafts from this drafter's memory (its `warm` corpus and the outputs its own calls learned), which it reads
+        and never writes, and from a memory of its own, where its calls' outputs go (capped by ``max_cache_bytes``
+        like any). Outputs learned under one tenant are never drafted for another. The same name gives the same
+        drafter (its memory lives as long as this drafter, or until `forget_tenant`); its config is a copy, so a
+        tenant can be set apart (``.config.learn_outputs = False``). Called on a tenant's drafter, it gives the
+        sibling of that name. `save_pretrained` of a tenant's drafter writes that tenant's memory only.
+        """
+        owner = self._owner
+        if name in owner._tenants:
+            return owner._tenants[name]
+        drafter = type(self)(copy.deepcopy(owner.config), cost_curve=owner.cost_curve)
+        drafter.shared, drafter.tenant, drafter._owner = owner.index, str(name), owner
+        return owner._tenants.setdefault(name, drafter)  # one drafter per name, also when two threads ask at once
+
+    def forget_tenant(self, name: str) -> None:
+        """Drop a tenant's drafter and its memory (a later `for_tenant` of the name starts empty)."""
+        self._owner._tenants.pop(name, None)
+
+    def _snapshots(self) -> list:
+        """The states drafted from, each taken once: the shared memory (a tenant's) and this drafter's own."""
+        own = self.index.snapshot
+        return [own] if self.shared is None else [self.shared.snapshot, own]
+
     # ------------------------------------------------------------------ drafting
     def attach_target(self, target) -> None:
         head = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
         vocab = int(head.weight.shape[0] if head is not None else target.config.vocab_size)
         if self.config.vocab_size is None:
-            top = int(self.index.codes.max()) - 1 if len(self.index.codes) else -1
+            top = max((int(snap.codes.max()) - 1 for snap in self._snapshots() if len(snap.codes)), default=-1)
             if top >= vocab:
                 raise ValueError(
                     f"vocabulary mismatch: the stored outputs hold token {top} but the target predicts {vocab} tokens"
@@ -147,11 +188,14 @@ class SuffixDrafter(TreeDrafter):
         local, follow = match_in_sequence(seq, cfg.max_match_length)
         if local >= cfg.min_match_length:
             candidates.append(self._expand(seq + 1, follow, root, local, tree))
-        length, lo, hi = self.index.longest_match(seq, cfg.max_match_length)
-        if length >= cfg.min_match_length:
-            follow = self.index.occurrences(lo, hi, cfg.max_occurrences) + length
-            candidates.append(self._expand(self.index.codes, follow, root, length, tree))
-        self.match_lengths[max(local, length)] += 1
+        longest = local
+        for snap in self._snapshots():  # one snapshot per structure: a buffer and the suffix array over it
+            length, lo, hi = snap.longest_match(seq, cfg.max_match_length)
+            if length >= cfg.min_match_length:
+                follow = snap.occurrences(lo, hi, cfg.max_occurrences) + length
+                candidates.append(self._expand(snap.codes, follow, root, length, tree))
+            longest = max(longest, length)
+        self.match_lengths[longest] += 1
         candidates = [c for c in candidates if len(c[0]) > 1]
         if not candidates:
             return DraftTree(tokens=sequence[-1:].clone(), parents=(-1,))
@@ -196,31 +240,63 @@ class SuffixDrafter(TreeDrafter):
 
     # ------------------------------------------------------------------ saving
     def save_pretrained(self, save_directory: str | os.PathLike) -> None:
-        """``config.json`` (the `SuffixConfig`) and ``suffix_index.safetensors`` (the global structure)."""
+        """``config.json`` (the `SuffixConfig`) and ``suffix_index.safetensors`` (this drafter's memory: every output
+        it remembers; a tenant's drafter writes its own memory, not the shared one), each written through a unique
+        temporary file and ``os.replace``."""
         from safetensors.torch import save_file
+
+        from ...paths import atomic_path, write_atomically
 
         folder = Path(save_directory)
         folder.mkdir(parents=True, exist_ok=True)
-        self.config.save_pretrained(folder)
-        save_file({k: torch.from_numpy(v) for k, v in self.index.state().items()}, str(folder / WEIGHTS_NAME))
+        with atomic_path(folder / WEIGHTS_NAME) as tmp:
+            save_file({k: torch.from_numpy(v) for k, v in self.index.state().items()}, str(tmp))
+        write_atomically(folder / CONFIG_NAME, self.config.to_json_string(use_diff=True))
 
     @classmethod
     def from_pretrained(
         cls, pretrained_path: str | os.PathLike, config: SuffixConfig | None = None, cost_curve=None, **kwargs
     ) -> "SuffixDrafter":
-        """Load a folder written by `save_pretrained`; ``kwargs`` override `SuffixConfig` fields."""
-        from safetensors.torch import load_file
+        """Load a folder written by `save_pretrained`, or a Hub repo of one (downloaded through huggingface_hub;
+        offline, from its cache); ``kwargs`` override `SuffixConfig` fields.
 
-        from ...hub import resolve_name_or_path
+        Raises ``FileNotFoundError`` for a missing folder, Hub repo or file of it, ``OSError`` for a Hub download that
+        fails, ``ValueError`` naming the file for a damaged one (truncated, not safetensors, arrays that disagree, a
+        token id outside ``[0, vocab_size)``)."""
+        from ..hub import drafter_folder
 
-        folder = Path(resolve_name_or_path(pretrained_path, what="SuffixDecoding drafter"))
+        folder = drafter_folder(pretrained_path, [CONFIG_NAME, WEIGHTS_NAME], "SuffixDecoding drafter", **kwargs)
         config = config if config is not None else SuffixConfig.from_pretrained(folder)
         overrides = {k: v for k, v in kwargs.items() if k not in _LOADER_ARGUMENTS}
         unknown = [k for k in overrides if k not in SuffixConfig().to_dict() or k in ("model_type",)]
         if unknown:
             raise TypeError(f"unknown SuffixDrafter argument(s) {unknown}")
         drafter = cls(config, cost_curve=cost_curve, **overrides)
-        if (folder / WEIGHTS_NAME).is_file():
-            arrays = {k: v.numpy() for k, v in load_file(str(folder / WEIGHTS_NAME)).items()}
-            drafter.index.load_state(arrays["codes"], arrays["suffixes"], arrays["lengths"])
+        file = folder / WEIGHTS_NAME
+        if not file.is_file():
+            raise FileNotFoundError(
+                f"no {WEIGHTS_NAME} in {str(folder)!r}: not a folder SuffixDrafter.save_pretrained wrote"
+            )
+        arrays = _read_index_file(file)
+        try:
+            drafter.index.load_state(
+                arrays["codes"], arrays["suffixes"], arrays["lengths"], vocab_size=drafter.config.vocab_size
+            )
+        except ValueError as error:
+            raise ValueError(f"{file}: {error}") from error
         return drafter
+
+
+def _read_index_file(file: Path) -> dict[str, np.ndarray]:
+    """The arrays of a saved suffix structure; ``ValueError`` naming ``file`` when it is damaged."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        arrays = {k: v.numpy() for k, v in load_file(str(file)).items()}
+    except (SafetensorError, ValueError, RuntimeError) as error:
+        raise ValueError(f"{file} is damaged (truncated or not safetensors): {error}") from error
+    missing = {"codes", "suffixes", "lengths"} - set(arrays)
+    if missing:
+        raise ValueError(f"{file} is no saved suffix structure: {sorted(missing)} missing")
+    return arrays
