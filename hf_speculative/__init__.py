@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 #: the engine's public names -> the submodule that defines them; each drafter's come from its registration
 _ENGINE = {
     "enable": "engine.generation",
+    "disable": "engine.generation",
     "is_enabled": "engine.generation",
     "SpeedPolicy": "engine.policy",
     "SpeculativeGenerationMixin": "engine.generation",

@@ -20,7 +20,7 @@ import hf_speculative as hfs
 from hf_speculative.engine import kernels
 from hf_speculative.engine.kernels import build
 from hf_speculative.engine.kernels.linear import DirectKernel
-from hf_speculative.engine.policy import KERNELS_ENV, SpeedPolicy, speed_policy
+from hf_speculative.engine.policy import KERNELS_ENV, EngineLinearForward, SpeedPolicy, speed_policy
 
 ARCHS = ["llama", "mistral", "qwen2"]  # qwen2: q/k/v projections with a bias
 IDS = torch.tensor([[5, 17, 33, 2, 9, 41, 7] * 2])
@@ -131,9 +131,15 @@ def test_kernels_only_inside_the_engine_and_turned_off(direct_available, monkeyp
     assert not calls
     assert not any("forward" in m.__dict__ for m in model.modules())
     model.generate(IDS, max_new_tokens=8, do_sample=False, assistant_model=hfs.PromptLookupDrafter())
-    assert calls and not any("forward" in m.__dict__ for m in model.modules())  # installed per forward, then removed
+    assert calls
+    installed = [m for m in model.modules() if "forward" in m.__dict__]
+    assert installed and all(isinstance(m.forward, EngineLinearForward) for m in installed)
     calls.clear()
+    model.generate(IDS, max_new_tokens=8, do_sample=False)  # installed, but outside the engine: torch's kernels
+    model(IDS)
+    assert not calls
     hfs.enable(model, kernels="torch")
+    assert not any("forward" in m.__dict__ for m in model.modules())  # a new policy without kernels removes them
     model.generate(IDS, max_new_tokens=8, do_sample=False, assistant_model=hfs.PromptLookupDrafter())
     assert not calls
     monkeypatch.setenv(KERNELS_ENV, "torch")  # read once, at enable
@@ -211,7 +217,7 @@ def test_the_quick_measurement_at_enable_keeps_its_time(direct_available, monkey
 def test_calibrate_writes_the_table_and_the_curve(direct_available, tmp_path, monkeypatch):
     from argparse import Namespace
 
-    from hf_speculative.commands import calibrate_cost
+    from hf_speculative.commands import calibrate
     from hf_speculative.perf_model import measure_cost_curve
 
     monkeypatch.setenv("HF_SPECULATIVE_CACHE", str(tmp_path))
@@ -222,7 +228,7 @@ def test_calibrate_writes_the_table_and_the_curve(direct_available, tmp_path, mo
         lambda m, **kw: measure_cost_curve(m, nodes=(1, 2, 4), prefix=8, repeats=1, projection_rows=(1,)),
     )
     args = Namespace(model="tiny", dtype="float32", device="cpu", threads=None, seed=0, force=False, kernels="auto")
-    assert calibrate_cost.run(args) == 0
+    assert calibrate.run(args) == 0
     assert kernels.kernel_table_path(model).exists()
     assert speed_policy(model).table.meta.get("source") != "default"
 

@@ -177,14 +177,17 @@ def _batched_sample_counts(generate, prompt, n, rows: int = 50):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "setting, draft_sampling, tree",
+    "setting, draft_sampling, tree, acceptance",
     [
-        ("temperature-1", "without_replacement", [3, 2, 1]),
-        ("temperature-0.7-top-k-4", "with_replacement", [2, 2]),
-        ("top-p-0.8-temperature-1.3", "deterministic", [3, 1, 1]),
+        ("temperature-1", "without_replacement", [3, 2, 1], "exact"),
+        ("temperature-0.7-top-k-4", "with_replacement", [2, 2], "exact"),
+        ("top-p-0.8-temperature-1.3", "deterministic", [3, 1, 1], "exact"),
+        # tree rejection sampling over the drafter's own sampled siblings (its randomness depends on the steps)
+        ("temperature-1", "without_replacement", [3, 2, 1], "rejection"),
+        ("temperature-0.7-top-k-4", "with_replacement", [2, 2], "rejection"),
     ],
 )
-def test_generate_sampling_matches_target_distribution(sampling_models, setting, draft_sampling, tree):
+def test_generate_sampling_matches_target_distribution(sampling_models, setting, draft_sampling, tree, acceptance):
     target, draft = sampling_models
     kw = SETTINGS[setting]
     prompt = torch.tensor([[1, 5, 2]])
@@ -197,7 +200,10 @@ def test_generate_sampling_matches_target_distribution(sampling_models, setting,
         do_sample=True, max_new_tokens=NEW, top_k=kw["top_k"] or None, temperature=kw["temperature"], top_p=kw["top_p"]
     )
     counts = _sample_counts(
-        lambda: target.generate(prompt, assistant_model=drafter, speculative_tree=spec, **gen_kwargs), n
+        lambda: target.generate(
+            prompt, assistant_model=drafter, speculative_tree=spec, speculative_acceptance=acceptance, **gen_kwargs
+        ),
+        n,
     )
     assert chi_square_pvalue(counts, exact, n) > ALPHA
     # the draft really differs from the target (otherwise the test would prove little)

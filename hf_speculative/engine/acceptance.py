@@ -35,11 +35,14 @@ __all__ = [
     "AcceptanceSettings",
     "accept_greedy",
     "accept_greedy_all",
+    "accept_keyed",
     "accept_sampling",
     "accept_typical",
 ]
 
 NodeScores = Callable[[int], torch.Tensor]
+Acceptor = Callable[..., "AcceptanceResult"]
+ACCEPTANCE_MODES = ("exact", "rejection", "typical")
 
 
 @dataclass
@@ -57,8 +60,11 @@ class AcceptanceResult:
 
 @dataclass(frozen=True)
 class AcceptanceSettings:
-    """How one call accepts drafted tokens: ``mode`` ``"exact"`` (greedy argmax, lossless rejection sampling) or
-    ``"typical"`` (Medusa 2.3.1, lossy, sampling only) with its ``posterior_threshold`` / ``posterior_alpha``."""
+    """How one call accepts drafted tokens: ``mode`` ``"exact"`` (greedy argmax; sampling keyed by position,
+    `accept_keyed`: exact and reproducible whatever the steps drafted), ``"rejection"`` (tree rejection sampling over
+    the drafters' own sampled siblings, `accept_sampling`: exact, with higher acceptance for sampled drafts, but the
+    randomness a call consumes depends on its steps) or ``"typical"`` (Medusa 2.3.1, lossy, sampling only) with its
+    ``posterior_threshold`` / ``posterior_alpha``."""
 
     mode: str = "exact"
     posterior_threshold: float = 0.09
@@ -71,26 +77,35 @@ class AcceptanceSettings:
         if isinstance(acceptance, AcceptanceSettings):
             return acceptance
         mode = acceptance if acceptance is not None else getattr(config, "acceptance", None) or "exact"
-        if mode not in ("exact", "typical"):
-            raise ValueError(f"speculative_acceptance must be 'exact' or 'typical', got {mode!r}")
+        if mode not in ACCEPTANCE_MODES:
+            raise ValueError(
+                f"speculative_acceptance must be one of {', '.join(map(repr, ACCEPTANCE_MODES))}, got {mode!r}"
+            )
         return cls(
             mode,
             getattr(config, "posterior_threshold", cls.posterior_threshold),
             getattr(config, "posterior_alpha", cls.posterior_alpha),
         )
 
-    def acceptor(
-        self, do_sample: bool, generator: torch.Generator | None = None
-    ) -> Callable[[DraftTree, NodeScores], AcceptanceResult]:
-        """The acceptance function of a call: greedy (typical acceptance at T = 0 is greedy, Medusa 2.3.1), exact
-        rejection sampling, or typical acceptance."""
+    def acceptor(self, do_sample: bool, generator: torch.Generator | None = None, noise=None) -> Acceptor:
+        """The acceptance function of a call, ``walk(tree, node_scores, row, position)``: greedy (typical acceptance
+        at T = 0 is greedy, Medusa 2.3.1), sampling keyed by position (``noise``, a `PositionNoise`), exact rejection
+        sampling, or typical acceptance. ``position``: the index of the token after the root in ``row``."""
         if not do_sample:
-            return accept_greedy
+            return lambda tree, scores, row=0, position=0: accept_greedy(tree, scores)
         if self.mode == "typical":
-            return lambda tree, scores: accept_typical(
-                tree, scores, self.posterior_threshold, self.posterior_alpha, True, generator
+            return lambda tree, scores, row=0, position=0: accept_typical(
+                tree,
+                scores,
+                self.posterior_threshold,
+                self.posterior_alpha,
+                True,
+                generator,
+                draw=None if noise is None else lambda s, depth: noise.sample(row, position + depth, s),
             )
-        return lambda tree, scores: accept_sampling(tree, scores, generator)
+        if self.mode == "rejection" or noise is None:
+            return lambda tree, scores, row=0, position=0: accept_sampling(tree, scores, generator)
+        return lambda tree, scores, row=0, position=0: accept_keyed(tree, scores, noise, row, position)
 
 
 def accept_greedy_all(tree: DraftTree, logits: torch.Tensor) -> AcceptanceResult:
@@ -124,6 +139,25 @@ def accept_greedy(tree: DraftTree, node_scores: NodeScores) -> AcceptanceResult:
         out.append(best)
         scores.append(s)
         child = next((c for c in tree.children[node] if tokens[c] == best), None)
+        if child is None:
+            return AcceptanceResult(path, out, scores)
+        path.append(child)
+        node = child
+
+
+def accept_keyed(tree: DraftTree, node_scores: NodeScores, noise, row: int, position: int) -> AcceptanceResult:
+    """Exact sampling keyed by position (`hf_speculative.engine.sampling_noise`): at each node the target's token is
+    ``argmax(scores + G)``, ``G`` the noise of that node's position; the child holding it is accepted, else it is the
+    bonus token. Every committed token is the one plain sampling with the same noise would draw."""
+    tokens = tree.tokens.tolist()
+    depths = tree.depths.tolist()
+    node, path, out, scores = 0, [0], [], []
+    while True:
+        s = node_scores(node)
+        drawn = int(noise.sample(row, position + depths[node], s))
+        out.append(drawn)
+        scores.append(s)
+        child = next((c for c in tree.children[node] if tokens[c] == drawn), None)
         if child is None:
             return AcceptanceResult(path, out, scores)
         path.append(child)
@@ -227,13 +261,14 @@ def accept_typical(
     posterior_alpha: float = 0.3,
     do_sample: bool = True,
     generator: torch.Generator | None = None,
+    draw: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
 ) -> AcceptanceResult:
     """Typical acceptance (Medusa Sec. 2.3.1). LOSSY: it does not preserve the target's distribution.
 
     A drafted token x after a prefix is accepted when ``p(x) > min(epsilon, alpha * exp(-H(p)))`` with
     p the target's (temperature-scaled) distribution; the longest accepted path wins (ties: the earlier
     path in tree order). The bonus token is sampled from p at the end of the path (argmax when
-    ``do_sample`` is False).
+    ``do_sample`` is False); ``draw(scores, depth)``, when given, draws it instead (`accept_keyed`'s noise).
     """
     tokens = tree.tokens.tolist()
     cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -260,5 +295,10 @@ def accept_typical(
     out = [tokens[i] for i in path[1:]]
     scores = [probs(i)[0] for i in path]
     s, p = probs(path[-1])
-    out.append(int(torch.multinomial(p, 1, generator=generator)) if do_sample else int(torch.argmax(s)))
+    if not do_sample:
+        out.append(int(torch.argmax(s)))
+    elif draw is not None:
+        out.append(int(draw(s, len(path) - 1)))
+    else:
+        out.append(int(torch.multinomial(p, 1, generator=generator)))
     return AcceptanceResult(path, out, scores)

@@ -32,67 +32,36 @@ from the model's config, whatever cache the caller built.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .._compat import cache_arg, model_kwargs_cache
 from .acceptance import AcceptanceSettings, accept_greedy_all
+from .batch_state import Batch, Row, SpeculativeStats, StepTimer, Stopping, TreeMasks
 from .cache import attention_window, keep_paths, prepare_tree_cache
+from .drafts import check_drafts, row_processors
 from .logits import NodeLogits
 from .policy import speed_policy
 from .protocol import TreeDrafter
 from .rows import TargetRows
-from .step_pricing import pricer_for, pricing_enabled
+from .sampling_noise import PositionNoise
+from .step_pricing import pricing_enabled
 from .tree_forward import verification_forward
-from .trees import BatchTreeMaskBuffer, DraftingOptions, DraftTree, DynamicTree, TreeSpec, batch_tree_block
+from .trees import DraftingOptions, DraftTree, DynamicTree, TreeSpec
 
 __all__ = [
-    "SpeculativeStats",
+    "CallSettings",
     "SpeculativeGenerateOutput",
-    "tree_speculative_decoding",
-    "check_tree_attention",
+    "SpeculativeLoop",
+    "SpeculativeStats",
     "attention_window",
+    "check_tree_attention",
+    "tree_speculative_decoding",
 ]
 
 TREE_ATTENTION = ("eager", "sdpa")
-
-
-@dataclass
-class SpeculativeStats:
-    """What one speculative `generate` call did.
-
-    ``accepted_lengths[i]``: tokens committed by target forward i (the prefill forward commits 1; a tree
-    step commits its accepted drafted tokens plus the bonus token). tau is their mean.
-    ``timings`` (seconds): ``draft`` (drafter calls), ``target`` (target forwards), ``engine`` (masks,
-    acceptance, cache compaction, bookkeeping).
-
-    With a batch: ``accepted_lengths[i]`` sums the tokens all rows committed in forward i, and ``rows[b]``
-    holds row b's own statistics (its ``accepted_lengths`` per forward it took part in: its tau). With one
-    row ``rows[0]`` repeats the call's numbers.
-    """
-
-    accepted_lengths: list[int] = field(default_factory=list)
-    tree_sizes: list[int] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=lambda: {"draft": 0.0, "target": 0.0, "engine": 0.0})
-    rows: list["SpeculativeStats"] = field(default_factory=list)
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """tau: mean tokens committed per target forward and row, bonus token included (1.0 = no speedup)."""
-        if len(self.rows) > 1:
-            forwards = sum(r.num_target_forwards for r in self.rows)
-            return sum(r.num_new_tokens for r in self.rows) / max(forwards, 1)
-        return sum(self.accepted_lengths) / max(len(self.accepted_lengths), 1)
-
-    @property
-    def num_target_forwards(self) -> int:
-        return len(self.accepted_lengths)
-
-    @property
-    def num_new_tokens(self) -> int:
-        return sum(self.accepted_lengths)
 
 
 @dataclass
@@ -112,176 +81,288 @@ def check_tree_attention(model) -> None:
         )
 
 
-class _Timer:
-    """Adds a block's wall time to ``timings[key]``; synchronizes CUDA first so GPU splits are real."""
+@dataclass
+class CallSettings:
+    """What one ``generate()`` call asked for, besides the model and its inputs."""
 
-    def __init__(self, timings: dict, key: str, device: torch.device | None = None):
-        self.timings, self.key = timings, key
-        self.sync = device is not None and device.type == "cuda"
-
-    def __enter__(self):
-        if self.sync:
-            torch.cuda.synchronize()
-        self.start = time.perf_counter()
-
-    def __exit__(self, *exc):
-        if self.sync:
-            torch.cuda.synchronize()
-        self.timings[self.key] += time.perf_counter() - self.start
+    drafter: TreeDrafter
+    generation_config: object
+    logits_processor: object
+    stopping_criteria: object
+    streamer: object = None
+    tree: TreeSpec | DynamicTree | None = None
+    acceptance: AcceptanceSettings | str | None = None
+    pricing: bool | None = None
 
 
-class _Row:
-    """One prompt of the batch: its committed tokens (left padding included, as generate returns them) and
-    its stopping state."""
-
-    def __init__(self, ids: torch.LongTensor, pad: int):
-        self.ids, self.pad = ids, pad
-        self.finished_at: int | None = None  # sequence length at which its stopping criteria fired
-        self.scores: list[torch.Tensor] = []
-        self.logits: list[torch.Tensor] = []
-        self.stats = SpeculativeStats()
-
-    @property
-    def sequence(self) -> torch.LongTensor:
-        """What the drafter sees: the committed tokens without the prompt's padding."""
-        return self.ids[:, self.pad :] if self.pad else self.ids
-
-
-class _Batch:
-    """The rows still generating and the bookkeeping of the shared cache.
-
-    ``active[a]`` is the original row of cache row a; ``visible`` ``(A, C)`` marks the cache columns that hold
-    row a's real tokens; ``next_position[a]`` is the position of row a's root (its real token count);
-    ``column_positions`` ``(A, C)`` the position of every column (kept only when a sliding window needs it).
-    """
-
-    def __init__(self, rows: list[_Row], visible: torch.Tensor, column_positions: torch.Tensor, keep_positions: bool):
-        self.rows = rows
-        self.active = list(range(len(rows)))
-        self.visible = visible
-        self.next_position = visible.sum(-1)
-        self.column_positions = column_positions if keep_positions else None
-
-    def sequences(self) -> list[torch.LongTensor]:
-        return [self.rows[r].sequence for r in self.active]
-
-    def tree_inputs(self, drafts: list[DraftTree], device) -> tuple[torch.Tensor, torch.Tensor]:
-        """``input_ids`` and ``position_ids`` ``(A, n)`` of the drafts, padded to the widest with root tokens at
-        the root's position."""
-        if len(drafts) == 1:
-            draft = drafts[0]
-            return draft.tokens.to(device)[None], self.next_position[:, None] + draft.depths.to(device)[None]
-        n = max(len(d) for d in drafts)
-        tokens = torch.stack([torch.cat([d.tokens, d.tokens[:1].expand(n - len(d))]) for d in drafts]).to(device)
-        depths = torch.zeros(len(drafts), n, dtype=torch.long)
-        for a, d in enumerate(drafts):
-            depths[a, : len(d)] = d.depths
-        return tokens, self.next_position[:, None] + depths.to(device)
-
-    def append_columns(self, path_lengths: torch.Tensor, m: int) -> None:
-        """After `keep_paths`: m new columns per row, the first ``path_lengths[a]`` of them real."""
-        new = torch.arange(m, device=self.visible.device)[None]
-        if self.column_positions is not None:
-            self.column_positions = torch.cat([self.column_positions, self.next_position[:, None] + new], dim=1)
-        self.visible = torch.cat([self.visible, new < path_lengths[:, None]], dim=1)
-        self.next_position = self.next_position + path_lengths
-
-    def select(self, keep: list[int]) -> torch.Tensor:
-        """Keep cache rows ``keep`` (indices into the current rows); returns them as a tensor."""
-        index = torch.tensor(keep, dtype=torch.long, device=self.visible.device)
-        self.active = [self.active[a] for a in keep]
-        self.visible, self.next_position = self.visible[index], self.next_position[index]
-        if self.column_positions is not None:
-            self.column_positions = self.column_positions[index]
-        return index
-
-
-class _TreeMasks:
-    """Each step's attention mask(s) for the verification forward (see the module docstring)."""
-
-    def __init__(self, model, device):
-        self.window, self.layout = attention_window(model.config)
-        self.dtype = model.dtype
-        self.buffer = BatchTreeMaskBuffer(self.dtype, device)
-        self.blocks: dict = {}
-
-    def __call__(self, batch: _Batch, drafts: list[DraftTree], position_ids: torch.Tensor):
-        block = batch_tree_block(drafts, self.dtype, self.buffer.device, self.blocks)
-        full = self.buffer(batch.visible, block)
-        if self.window is None:
-            return full
-        sliding = self._windowed(full, batch, position_ids)
-        return sliding if self.layout == "all" else {"full_attention": full, "sliding_attention": sliding}
-
-    def _windowed(self, full: torch.Tensor, batch: _Batch, position_ids: torch.Tensor) -> torch.Tensor:
-        if full.shape[-1] <= self.window:  # no key can be `window` positions behind a query (positions <= columns)
-            return full
-        keys = torch.cat([batch.column_positions, position_ids], dim=1)  # (A, C + n)
-        too_old = (position_ids[:, :, None] - keys[:, None, :]) >= self.window
-        return full.masked_fill(too_old[:, None], torch.finfo(self.dtype).min)
-
-    def select(self, index: torch.Tensor) -> None:
-        self.buffer.select(index)
-
-
-class _Stopping:
-    """Commits accepted tokens as plain decoding would, one stopping check per token and row.
-
-    With an EOS criterion a finished row stops (plain `generate` pads it); without one plain `generate` keeps
-    extending finished rows until every row is finished, and so does this loop (`is_done`)."""
-
-    def __init__(self, stopping_criteria, streamer, pad_token_id, keep_scores: bool, keep_logits: bool):
-        self.criteria, self.streamer = stopping_criteria, streamer
-        self.stop_rows = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
-        self.pad_token_id = pad_token_id
-        self.keep_scores, self.keep_logits = keep_scores, keep_logits
-
-    def commit(self, row: _Row, tokens: list[int], token_scores, token_logits) -> int:
-        """Append ``tokens`` to ``row``; returns how many count (up to the one where the row stops). Without an
-        EOS criterion the tokens past a stop are still appended (the row goes on; `output` cuts them off)."""
-        length = row.ids.shape[1]
-        grown = torch.cat([row.ids, row.ids.new_tensor([tokens])], dim=-1)
-        row.ids = grown
-        if row.finished_at is not None:
-            return 0
-        for i in range(len(tokens)):
-            if self.keep_scores:
-                row.scores.append(token_scores[i])
-            if self.keep_logits:
-                row.logits.append(token_logits[i])
-            if self.streamer is not None:
-                self.streamer.put(grown[:, length + i].cpu())
-            if bool(self.criteria(grown[:, : length + i + 1], None)[0]):
-                row.finished_at = length + i + 1
-                if self.stop_rows:
-                    row.ids = grown[:, : length + i + 1]
-                return i + 1
-        return len(tokens)
-
-    def is_done(self, row: _Row, rows: list[_Row]) -> bool:
-        if row.finished_at is None:
-            return False
-        if self.stop_rows:
-            return True
-        if any(r.finished_at is None for r in rows):
-            return False
-        return row.ids.shape[1] >= max(r.finished_at for r in rows)
-
-    def output(self, rows: list[_Row]) -> torch.LongTensor:
-        """The rows as one tensor, as plain `generate` returns them."""
-        if not self.stop_rows:  # finished rows went on decoding; generate stops them all at the last finish
-            end = max(r.finished_at for r in rows)
-            return torch.cat([r.ids[:, :end] for r in rows])
-        if len(rows) == 1:
-            return rows[0].ids
-        end = max(r.ids.shape[1] for r in rows)
-        pad = self.pad_token_id if self.pad_token_id is not None else 0
-        return torch.cat([torch.nn.functional.pad(r.ids, (0, end - r.ids.shape[1]), value=int(pad)) for r in rows])
-
-
-def _check_call(model, input_ids, drafter: TreeDrafter, tree, synced_gpus: bool, streamer) -> TreeSpec:
+@torch.no_grad()
+def tree_speculative_decoding(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    synced_gpus: bool = False,
+    streamer=None,
+    **model_kwargs,
+):
+    """Tree speculative decoding of a batch of sequences; called by `generate` after its usual preparation, with
+    the call's ``drafter`` (and ``tree``, ``acceptance``, ``pricing``) among ``model_kwargs``."""
     if synced_gpus:
         raise ValueError("tree speculative decoding does not support synced_gpus (ZeRO-3/FSDP) generation")
+    settings = CallSettings(
+        drafter=model_kwargs.pop("drafter"),
+        generation_config=generation_config,
+        logits_processor=logits_processor,
+        stopping_criteria=stopping_criteria,
+        streamer=streamer,
+        tree=model_kwargs.pop("tree", None),
+        acceptance=model_kwargs.pop("acceptance", None),
+        pricing=model_kwargs.pop("pricing", None),
+    )
+    loop = SpeculativeLoop(model, input_ids, settings, model_kwargs)
+    with speed_policy(model).drafter_in_use(settings.drafter):
+        loop.prefill()
+        while loop.batch.active:
+            loop.step()
+    return loop.finish()
+
+
+class SpeculativeLoop:
+    """The decoding state of one ``generate()`` call: its rows, cache, masks, stopping checks, statistics, drafter
+    and the model's speed policy. `prefill` commits each row's first token; each `step` then drafts a tree per row,
+    verifies them all in one forward of the model, accepts each row's longest valid path, commits it, compacts the
+    cache and tells the drafter; `finish` returns what plain ``generate()`` returns."""
+
+    def __init__(self, model, input_ids: torch.LongTensor, call: CallSettings, model_kwargs: dict):
+        self.model, self.input_ids, self.call, self.model_kwargs = model, input_ids, call, model_kwargs
+        self.drafter = call.drafter
+        self.tree = _check_call(model, input_ids, self.drafter, call.tree, call.streamer)
+        self.policy = speed_policy(model)
+        self.cache = model_kwargs_cache(model_kwargs)
+        prepare_tree_cache(self.cache)
+        self.device = input_ids.device
+        config = call.generation_config
+        self.do_sample = bool(config.do_sample)
+        self.acceptance = AcceptanceSettings.resolve(call.acceptance)
+        # exact sampling draws every token from noise keyed by its row and position: the same tokens whatever the
+        # steps drafted (`sampling_noise`); "rejection" keeps the drafters' own sampled siblings
+        keyed = self.do_sample and self.acceptance.mode == "exact"
+        self.noise = PositionNoise.for_call(self.device) if keyed else None
+        self.options = DraftingOptions(self.do_sample and not keyed, float(config.temperature or 1.0))
+        self.accept = self.acceptance.acceptor(self.do_sample, noise=self.noise) if self.do_sample else None
+        self.processors = call.logits_processor
+        self.stopping = _stopping_for(call.stopping_criteria, call.streamer, config)
+        self.stats = SpeculativeStats()
+        self.masks = TreeMasks(model, self.device)
+        self.vocab_size = model.get_input_embeddings().num_embeddings
+        self.pricer = self.lazy_head = self.project = None
+
+    def timer(self, key: str) -> StepTimer:
+        return StepTimer(self.stats.timings, key, self.device)
+
+    # ------------------------------------------------------------------ the prefill
+
+    def prefill(self) -> None:
+        """One target forward over the prompts commits each row's first new token, exactly as plain ``generate()``;
+        the drafter begins from it (with the prompt positions' top-k when it reads them)."""
+        self.batch = _start(self.input_ids, self.model_kwargs, keep_positions=self.masks.window is not None)
+        self.stats.rows = [row.stats for row in self.batch.rows]
+        top_k = self.drafter.verified_top_k
+        with self.timer("target"):
+            outputs = _prefill(self.model, self.input_ids, self.cache, self.model_kwargs, all_logits=bool(top_k))
+        first, scores, raw = self.first_tokens(outputs)
+        with self.timer("draft"):
+            self.begin_drafter(outputs, top_k)
+        for b, row in enumerate(self.batch.rows):
+            row.stats.accepted_lengths.append(self.stopping.commit(row, [first[b]], [scores[b]], [raw[b]]))
+        self.stats.accepted_lengths.append(len(self.batch.rows))
+        self.drop_finished_rows(self.rows_going_on())
+        # a drafter that reads every node's logits gets them from the verification forward itself (no lazy head)
+        self.lazy_head = None if top_k else NodeLogits.lazy_head(self.model, outputs)
+        self.project = self.policy.head_projector(self.lazy_head) if self.lazy_head is not None else None
+        if pricing_enabled(self.call.pricing):
+            self.pricer = self.policy.step_pricer(self.drafter, self.model, len(self.batch.rows))
+
+    def first_tokens(self, outputs):
+        """The prefill's new token per row, drawn as every later token is (argmax, or the keyed noise's draw)."""
+        raw = outputs.logits[:, -1].float()
+        scores = self.processors(self.input_ids, raw)
+        if not self.do_sample:
+            tokens = torch.argmax(scores, -1)
+        elif self.noise is not None:
+            lengths = [row.sequence.shape[1] for row in self.batch.rows]
+            tokens = torch.stack([self.noise.sample(b, lengths[b], scores[b]) for b in range(len(lengths))])
+        else:
+            tokens = torch.multinomial(torch.softmax(scores, -1), 1)[:, 0]
+        return tokens.tolist(), scores, raw
+
+    def begin_drafter(self, outputs, top_k: int) -> None:
+        pads = [row.pad for row in self.batch.rows]
+        width = outputs.logits.shape[1]  # the prompt positions this forward computed (a cached prefix is not)
+        spans = [(max(pad - (self.input_ids.shape[1] - width), 0), width) for pad in pads]
+        prompt_top_k = _top_k(outputs.logits, top_k, spans) if top_k else None
+        self.drafter.begin_batch(
+            [row.sequence for row in self.batch.rows],
+            TargetRows(outputs, starts=pads, columns=self.batch.visible, top_k=prompt_top_k),
+        )
+
+    # ------------------------------------------------------------------ one step
+
+    def step(self) -> None:
+        """One step over the rows still generating: draft, verify, accept, commit, compact, tell the drafter."""
+        batch, stats, rows = self.batch, self.stats, len(self.batch.active)
+        past_length = batch.visible.shape[1]  # the roots (the last committed tokens) are not cached yet
+        drafting = self.pricer is None or self.pricer.draft_this_step()
+        start = time.perf_counter()
+
+        # 1. draft: every row drafts its tree (or, on a one-token step the pricer chose, its root alone)
+        with self.timer("draft"):
+            drafts = self.draft(drafting)
+
+        # 2. verify: one forward of the model over every row's tree, through the speed policy's kernels
+        with self.timer("target"):
+            outputs, drafts = self.verify(drafts)
+
+        with self.timer("engine"):
+            # 3. accept: per row, the longest valid path and the bonus token
+            results, logits = self.accept_paths(outputs, drafts)
+            # 4. commit: append each row's tokens, stopping where plain decoding would
+            committed = 0
+            for d, result, lg, r in zip(drafts, results, logits, batch.active):
+                row = batch.rows[r]
+                row.stats.accepted_lengths.append(
+                    self.stopping.commit(row, result.tokens, result.scores, [lg[i] for i in result.path])
+                )
+                row.stats.tree_sizes.append(len(d))
+                committed += row.stats.accepted_lengths[-1]
+                if self.noise is not None:
+                    self.noise.forget(r, below=row.sequence.shape[1])
+            stats.accepted_lengths.append(committed)
+            stats.tree_sizes.append(sum(len(d) for d in drafts))
+            # 5. compact: the cache keeps each row's accepted path; shorter rows' extra columns become holes
+            paths = [result.path for result in results]
+            kept = keep_paths(self.cache, past_length, paths)
+            batch.append_columns(torch.tensor([len(p) for p in paths], device=batch.visible.device), kept)
+            going_on = self.rows_going_on()
+        head_seconds = sum(lg.seconds for lg in logits)  # the LM head is the model's work, not the engine's
+        stats.timings["engine"] -= head_seconds
+        stats.timings["target"] += head_seconds
+
+        # 6. tell the drafter what was committed, for the rows that go on
+        with self.timer("draft"):
+            self.advance_drafter(going_on, drafts, results, outputs)
+        with self.timer("engine"):
+            self.drop_finished_rows(going_on)
+        if self.pricer is not None:  # a step whose drafts hold no node past the root was a one-token step
+            drafted = drafting and stats.tree_sizes[-1] > rows
+            self.pricer.record(drafted, time.perf_counter() - start, stats.accepted_lengths[-1], rows)
+
+    def draft(self, drafting: bool) -> list[DraftTree]:
+        """Every row's draft (its root alone on a one-token step), checked (`drafts.check_drafts`)."""
+        sequences = self.batch.sequences()
+        if not drafting:
+            return [DraftTree(tokens=seq[0, -1:].clone(), parents=(-1,)) for seq in sequences]
+        drafts = self.drafter.propose_batch(sequences, list(self.batch.active), self.tree, self.options)
+        check_drafts(self.drafter, drafts, sequences, self.vocab_size)
+        return drafts
+
+    def verify(self, drafts: list[DraftTree]):
+        """One target forward over all rows' trees (pruned inside it by a drafter with a pruning hook); returns the
+        outputs and the drafts they verified."""
+        batch, lazy = self.batch, self.lazy_head is not None
+        input_ids, position_ids = batch.tree_inputs(drafts, self.device)
+        no_rows = torch.empty(0, dtype=torch.long, device=self.device)
+        with self.policy.engine_kernels(self.model, rows=input_ids.numel()):
+            return verification_forward(
+                self.model,
+                self.drafter,
+                drafts,
+                lambda pruned, positions: self.masks(batch, pruned, positions),
+                input_ids=input_ids,
+                attention_mask=self.masks(batch, drafts, position_ids),
+                position_ids=position_ids,
+                **cache_arg(self.cache),
+                use_cache=True,
+                output_hidden_states=self.drafter.needs_target_hidden_states or lazy,
+                # with the lazy head the forward computes no logits: `NodeLogits` computes the rows the walk reads
+                logits_to_keep=no_rows if lazy else 0,
+            )
+
+    def accept_paths(self, outputs, drafts: list[DraftTree]):
+        """Per row, the longest valid path and the bonus token: greedy over every node's logits in tensor ops when
+        the forward computed them all and no logits processor applies; else the walk over lazily computed rows."""
+        batch = self.batch
+        logits = [NodeLogits(outputs, self.lazy_head, d, row=a, project=self.project) for a, d in enumerate(drafts)]
+        if self.accept is None and self.lazy_head is None and not self.processors:
+            return [accept_greedy_all(d, outputs.logits[a, : len(d)]) for a, d in enumerate(drafts)], logits
+        NodeLogits.prefetch(logits)
+        walk = self.accept or AcceptanceSettings().acceptor(do_sample=False)
+        results = []
+        for d, lg, r in zip(drafts, logits, batch.active):
+            row = batch.rows[r]
+            scores = _node_scores(lg, d, row.ids, row_processors(self.processors, r))
+            results.append(walk(d, scores, row=r, position=row.sequence.shape[1]) if self.noise else walk(d, scores))
+        return results, logits
+
+    def rows_going_on(self) -> list[int]:
+        """The cache rows whose sequence is not done (see `Stopping.is_done`)."""
+        batch = self.batch
+        return [a for a, r in enumerate(batch.active) if not self.stopping.is_done(batch.rows[r], batch.rows)]
+
+    def advance_drafter(self, going_on: list[int], drafts, results, outputs) -> None:
+        """The drafter catches up with the committed sequences of the rows that go on (with the verified logits'
+        top-k of their tree nodes when it asked for them)."""
+        if not going_on:
+            return
+        batch, k = self.batch, self.drafter.verified_top_k
+        top_k = _top_k(outputs.logits[going_on], k, [(0, len(drafts[a])) for a in going_on]) if k else None
+        self.drafter.advance_batch(
+            [batch.rows[batch.active[a]].sequence for a in going_on],
+            [batch.active[a] for a in going_on],
+            [drafts[a] for a in going_on],
+            [results[a] for a in going_on],
+            TargetRows(outputs, rows=going_on, columns=batch.visible, top_k=top_k),
+        )
+
+    def drop_finished_rows(self, going_on: list[int]) -> None:
+        """Rows that are done leave the batch: their cache rows, mask rows and bookkeeping."""
+        batch = self.batch
+        if not going_on:
+            batch.active = []
+        elif len(going_on) < len(batch.active):
+            index = batch.select(going_on)
+            self.cache.batch_select_indices(index)
+            self.masks.select(index)
+
+    # ------------------------------------------------------------------ the end
+
+    def finish(self):
+        """The sequences as plain `generate` returns them (and the dict output with the speculative statistics)."""
+        self.drafter.end_batch()
+        if self.call.streamer is not None:
+            self.call.streamer.end()
+        stopping, rows, config = self.stopping, self.batch.rows, self.call.generation_config
+        sequences = stopping.output(rows)
+        if len(rows) == 1:
+            self.cache.crop(sequences.shape[1] - 1 - self.cache.get_seq_length())  # negative: the columns to drop
+        if not config.return_dict_in_generate:
+            return sequences
+        steps = sequences.shape[1] - self.input_ids.shape[1]
+        return SpeculativeGenerateOutput(
+            sequences=sequences,
+            scores=_per_step(rows, "scores", steps) if stopping.keep_scores else None,
+            logits=_per_step(rows, "logits", steps) if stopping.keep_logits else None,
+            # with a batch, finished rows left the cache: it is returned for a single sequence only
+            **cache_arg(self.cache if config.use_cache and len(rows) == 1 else None),
+            speculative_stats=self.stats,
+        )
+
+
+# ----------------------------------------------------------------------------- helpers of the loop
+
+
+def _check_call(model, input_ids, drafter: TreeDrafter, tree, streamer) -> TreeSpec:
     drafter.attach_target(model)
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError(f"a streamer takes one sequence, got a batch of {input_ids.shape[0]}")
@@ -315,9 +396,6 @@ def _node_scores(logits: NodeLogits, draft: DraftTree, prefix_ids, logits_proces
     return node_scores
 
 
-# ----------------------------------------------------------------------------- the steps of the loop
-
-
 def _prefill(model, input_ids, cache, model_kwargs, all_logits: bool = False):
     """One target forward over the prompts (what generate's first step does). ``all_logits``: the logits of every
     prompt position, for a drafter that learns from them (`TreeDrafter.verified_top_k`); else the last only."""
@@ -345,203 +423,21 @@ def _top_k(logits: torch.Tensor, k: int, spans: list[tuple[int, int]]) -> list[t
     return [top[a, start:end] for a, (start, end) in enumerate(spans)]
 
 
-def _draft(
-    drafter: TreeDrafter, batch: _Batch, tree: TreeSpec, options: DraftingOptions, drafting: bool
-) -> list[DraftTree]:
-    """1. every row still generating drafts its tree (or, on a one-token step the pricer chose, its root alone)."""
-    if not drafting:
-        return [DraftTree(tokens=seq[0, -1:].clone(), parents=(-1,)) for seq in batch.sequences()]
-    return drafter.propose_batch(batch.sequences(), list(batch.active), tree, options)
-
-
-def _verify(model, drafter: TreeDrafter, batch: _Batch, drafts, masks: _TreeMasks, cache, want_hidden, lazy_head):
-    """2. one target forward over all rows' trees (pruned inside it by a drafter with a pruning hook); returns the
-    outputs and the drafts they verified."""
-    device = batch.visible.device
-    input_ids, position_ids = batch.tree_inputs(drafts, device)
-    no_rows = torch.empty(0, dtype=torch.long, device=device)
-    with speed_policy(model).engine_kernels(
-        model, rows=input_ids.numel()
-    ):  # the linear layers at this machine's cost for that many rows
-        return verification_forward(
-            model,
-            drafter,
-            drafts,
-            lambda pruned, positions: masks(batch, pruned, positions),
-            input_ids=input_ids,
-            attention_mask=masks(batch, drafts, position_ids),
-            position_ids=position_ids,
-            **cache_arg(cache),
-            use_cache=True,
-            output_hidden_states=want_hidden or lazy_head is not None,
-            # with the lazy head the forward computes no logits itself: `NodeLogits` computes the rows the walk reads
-            logits_to_keep=no_rows if lazy_head is not None else 0,
-        )
-
-
-def _accept(accept, outputs, drafts, batch: _Batch, lazy_head, logits_processor, project=None):
-    """3. per row, the longest valid path and the bonus token: greedy over every node's logits in tensor ops when
-    the forward computed them all and no logits processor applies; else the walk over lazily computed rows."""
-    logits = [NodeLogits(outputs, lazy_head, d, row=a, project=project) for a, d in enumerate(drafts)]
-    if accept is None and lazy_head is None and not logits_processor:
-        return [accept_greedy_all(d, outputs.logits[a, : len(d)]) for a, d in enumerate(drafts)], logits
-    NodeLogits.prefetch(logits)
-    walk = accept or AcceptanceSettings().acceptor(do_sample=False)
-    results = [
-        walk(d, _node_scores(lg, d, batch.rows[r].ids, logits_processor))
-        for d, lg, r in zip(drafts, logits, batch.active)
-    ]
-    return results, logits
-
-
-def _commit(stopping: _Stopping, batch: _Batch, drafts, results, logits, stats: SpeculativeStats) -> None:
-    """4. append each row's accepted tokens, stopping where plain decoding would."""
-    total = 0
-    for d, result, lg, r in zip(drafts, results, logits, batch.active):
-        row = batch.rows[r]
-        committed = stopping.commit(row, result.tokens, result.scores, [lg[i] for i in result.path])
-        row.stats.accepted_lengths.append(committed)
-        row.stats.tree_sizes.append(len(d))
-        total += committed
-    stats.accepted_lengths.append(total)
-    stats.tree_sizes.append(sum(len(d) for d in drafts))
-
-
-def _compact_cache(cache, batch: _Batch, past_length: int, results) -> None:
-    """5. the cache keeps each row's accepted path (`keep_paths`); shorter rows' extra columns become holes."""
-    paths = [r.path for r in results]
-    m = keep_paths(cache, past_length, paths)
-    lengths = torch.tensor([len(p) for p in paths], device=batch.visible.device)
-    batch.append_columns(lengths, m)
-
-
-def _rows_going_on(stopping: _Stopping, batch: _Batch) -> list[int]:
-    """The cache rows whose sequence is not done (see `_Stopping.is_done`)."""
-    return [a for a, r in enumerate(batch.active) if not stopping.is_done(batch.rows[r], batch.rows)]
-
-
-def _advance_drafter(drafter: TreeDrafter, batch: _Batch, going_on: list[int], drafts, results, outputs) -> None:
-    """6. the drafter catches up with the committed sequences of the rows that go on (with the verified logits'
-    top-k of their tree nodes when it asked for them)."""
-    if going_on:
-        k = drafter.verified_top_k
-        top_k = _top_k(outputs.logits[going_on], k, [(0, len(drafts[a])) for a in going_on]) if k else None
-        drafter.advance_batch(
-            [batch.rows[batch.active[a]].sequence for a in going_on],
-            [batch.active[a] for a in going_on],
-            [drafts[a] for a in going_on],
-            [results[a] for a in going_on],
-            TargetRows(outputs, rows=going_on, columns=batch.visible, top_k=top_k),
-        )
-
-
-def _drop_finished_rows(batch: _Batch, going_on: list[int], cache, masks: _TreeMasks) -> None:
-    """7. rows that are done leave the batch: their cache rows, mask rows and bookkeeping."""
-    if not going_on:
-        batch.active = []
-    elif len(going_on) < len(batch.active):
-        index = batch.select(going_on)
-        cache.batch_select_indices(index)
-        masks.select(index)
-
-
-def _start(input_ids, model_kwargs, keep_positions: bool) -> _Batch:
+def _start(input_ids, model_kwargs, keep_positions: bool) -> Batch:
     """The rows of the call: prompts, left padding (from ``attention_mask``) and the positions generate prepared."""
     attention_mask = model_kwargs.get("attention_mask")
     visible = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
     positions = model_kwargs.get("position_ids")
     positions = positions if positions is not None else (visible.long().cumsum(-1) - 1).clamp_min(0)
     pads = (~visible).sum(-1).tolist()
-    rows = [_Row(input_ids[b : b + 1], int(pads[b])) for b in range(input_ids.shape[0])]
-    return _Batch(rows, visible, positions, keep_positions)
+    rows = [Row(input_ids[b : b + 1], int(pads[b])) for b in range(input_ids.shape[0])]
+    return Batch(rows, visible, positions, keep_positions)
 
 
-def _first_tokens(outputs, input_ids, logits_processor, do_sample: bool):
-    """The prefill's new token per row, exactly as plain decoding draws it (batched)."""
-    raw = outputs.logits[:, -1].float()
-    scores = logits_processor(input_ids, raw)
-    if do_sample:
-        tokens = torch.multinomial(torch.softmax(scores, -1), 1)[:, 0]
-    else:
-        tokens = torch.argmax(scores, -1)
-    return tokens.tolist(), scores, raw
-
-
-@torch.no_grad()
-def tree_speculative_decoding(
-    model,
-    input_ids: torch.LongTensor,
-    logits_processor,
-    stopping_criteria,
-    generation_config,
-    synced_gpus: bool = False,
-    streamer=None,
-    *,
-    drafter: TreeDrafter,
-    tree: TreeSpec | None = None,
-    acceptance: AcceptanceSettings | str | None = None,
-    pricing: bool | None = None,
-    **model_kwargs,
-):
-    """Tree speculative decoding of a batch of sequences; called by `generate` after its usual preparation.
-
-    Each step: (1) draft a tree per row, (2) verify all of them in one target forward, (3) accept each row's
-    longest valid path, (4) commit its tokens with the stopping checks plain decoding makes, (5) compact the
-    cache to the accepted paths, (6) let the drafter catch up, (7) drop the rows that are done.
-    """
-    tree = _check_call(model, input_ids, drafter, tree, synced_gpus, streamer)
-    priced = drafter  # the step prices follow the drafter the caller gave (`step_pricing.pricer_for`)
-    cache = model_kwargs_cache(model_kwargs)
-    prepare_tree_cache(cache)
-    device = input_ids.device
-    do_sample = bool(generation_config.do_sample)
-    options = DraftingOptions(do_sample, float(generation_config.temperature or 1.0))
-    settings = AcceptanceSettings.resolve(acceptance)
-    accept = settings.acceptor(do_sample) if do_sample else None  # None: greedy
-    want_hidden = drafter.needs_target_hidden_states
-    stopping = _stopping_for(stopping_criteria, streamer, generation_config)
-    stats = SpeculativeStats()
-    masks = _TreeMasks(model, device)
-
-    batch, prefill = _prefill_and_begin(
-        model, input_ids, cache, model_kwargs, drafter, stopping, masks, stats, logits_processor, do_sample
-    )
-    # a drafter that reads every node's logits gets them from the verification forward itself (no lazy head)
-    lazy_head = None if drafter.verified_top_k else NodeLogits.lazy_head(model, prefill)
-    project = speed_policy(model).head_projector(lazy_head) if lazy_head is not None else None
-    del prefill
-
-    pricer = pricer_for(priced, model, len(batch.rows)) if pricing_enabled(pricing) else None
-    while batch.active:
-        _speculative_step(
-            model,
-            drafter,
-            batch,
-            tree,
-            options,
-            cache,
-            masks,
-            stats,
-            stopping,
-            pricer,
-            accept,
-            logits_processor,
-            want_hidden,
-            lazy_head,
-            project,
-            device,
-        )
-
-    drafter.end_batch()
-    if streamer is not None:
-        streamer.end()
-    return _output(stopping, batch, cache, input_ids.shape[1], generation_config, stats)
-
-
-def _stopping_for(stopping_criteria, streamer, generation_config) -> _Stopping:
+def _stopping_for(stopping_criteria, streamer, generation_config) -> Stopping:
     """The stopping checks plain decoding makes, keeping the scores/logits `generate` was asked to return."""
     return_dict = generation_config.return_dict_in_generate
-    return _Stopping(
+    return Stopping(
         stopping_criteria,
         streamer,
         generation_config._pad_token_tensor,
@@ -550,101 +446,7 @@ def _stopping_for(stopping_criteria, streamer, generation_config) -> _Stopping:
     )
 
 
-def _speculative_step(
-    model,
-    drafter,
-    batch,
-    tree,
-    options,
-    cache,
-    masks,
-    stats,
-    stopping,
-    pricer,
-    accept,
-    logits_processor,
-    want_hidden: bool,
-    lazy_head,
-    project,
-    device: torch.device,
-) -> None:
-    """One step over the active rows: draft, verify, accept, commit, compact the cache, let the drafter catch
-    up and drop the rows that are done; each phase timed (and priced when a pricer is given)."""
-    past_length = batch.visible.shape[1]  # the roots (last committed tokens) are not cached yet
-    drafting, rows, step_start = pricer is None or pricer.draft_this_step(), len(batch.active), time.perf_counter()
-    with _Timer(stats.timings, "draft", device):
-        drafts = _draft(drafter, batch, tree, options, drafting)
-    with _Timer(stats.timings, "target", device):
-        outputs, drafts = _verify(model, drafter, batch, drafts, masks, cache, want_hidden, lazy_head)
-    with _Timer(stats.timings, "engine", device):
-        results, logits = _accept(accept, outputs, drafts, batch, lazy_head, logits_processor, project)
-        _commit(stopping, batch, drafts, results, logits, stats)
-        _compact_cache(cache, batch, past_length, results)
-        going_on = _rows_going_on(stopping, batch)
-    head_seconds = sum(lg.seconds for lg in logits)  # the LM head is the target's work, not the engine's
-    stats.timings["engine"] -= head_seconds
-    stats.timings["target"] += head_seconds
-    with _Timer(stats.timings, "draft", device):
-        _advance_drafter(drafter, batch, going_on, drafts, results, outputs)
-    with _Timer(stats.timings, "engine", device):
-        _drop_finished_rows(batch, going_on, cache, masks)
-    if pricer is not None:  # a step whose drafts hold no node past the root was a one-token step
-        drafted = drafting and stats.tree_sizes[-1] > rows
-        pricer.record(drafted, time.perf_counter() - step_start, stats.accepted_lengths[-1], rows)
-
-
-def _prefill_and_begin(
-    model, input_ids, cache, model_kwargs, drafter, stopping, masks, stats, logits_processor, do_sample
-):
-    """The prefill: one target forward over the prompts commits each row's first new token, exactly as plain
-    generate; the drafter begins from it (with the prompt positions' top-k when it reads them). Returns the batch
-    and the prefill's outputs."""
-    device = input_ids.device
-    batch = _start(input_ids, model_kwargs, keep_positions=masks.window is not None)
-    stats.rows = [row.stats for row in batch.rows]
-    top_k = drafter.verified_top_k
-    with _Timer(stats.timings, "target", device):
-        outputs = _prefill(model, input_ids, cache, model_kwargs, all_logits=bool(top_k))
-    first, scores, raw = _first_tokens(outputs, input_ids, logits_processor, do_sample)
-    with _Timer(stats.timings, "draft", device):
-        pads = [row.pad for row in batch.rows]
-        width = outputs.logits.shape[
-            1
-        ]  # the prompt positions this forward computed (a cached prefix is not among them)
-        spans = [(max(pad - (input_ids.shape[1] - width), 0), width) for pad in pads]
-        prompt_top_k = _top_k(outputs.logits, top_k, spans) if top_k else None
-        drafter.begin_batch(
-            [row.sequence for row in batch.rows],
-            TargetRows(outputs, starts=pads, columns=batch.visible, top_k=prompt_top_k),
-        )
-    for b, row in enumerate(batch.rows):
-        row.stats.accepted_lengths.append(stopping.commit(row, [first[b]], [scores[b]], [raw[b]]))
-    stats.accepted_lengths.append(len(batch.rows))
-    _drop_finished_rows(batch, _rows_going_on(stopping, batch), cache, masks)
-    return batch, outputs
-
-
-def _output(
-    stopping: "_Stopping", batch: "_Batch", cache, prompt_length: int, generation_config, stats: SpeculativeStats
-):
-    """The sequences as plain `generate` returns them (and the dict output with the speculative statistics)."""
-    sequences = stopping.output(batch.rows)
-    if len(batch.rows) == 1:
-        cache.crop(sequences.shape[1] - 1 - cache.get_seq_length())  # a negative count: the columns to drop
-    if not generation_config.return_dict_in_generate:
-        return sequences
-    steps = sequences.shape[1] - prompt_length
-    return SpeculativeGenerateOutput(
-        sequences=sequences,
-        scores=_per_step(batch.rows, "scores", steps) if stopping.keep_scores else None,
-        logits=_per_step(batch.rows, "logits", steps) if stopping.keep_logits else None,
-        # with a batch, finished rows left the cache: it is returned for a single sequence only
-        **cache_arg(cache if generation_config.use_cache and len(batch.rows) == 1 else None),
-        speculative_stats=stats,
-    )
-
-
-def _per_step(rows: list[_Row], name: str, steps: int) -> tuple[torch.Tensor, ...]:
+def _per_step(rows: list[Row], name: str, steps: int) -> tuple[torch.Tensor, ...]:
     """Per generated position, the ``(B, V)`` scores (or logits) of every row, as plain `generate` returns them;
     a row that had already finished gets ``-inf`` there (plain decoding would score its padding)."""
     out = []

@@ -1,8 +1,9 @@
 """`enable(model)`: route ``model.generate(..., assistant_model=X)`` to the tree speculative loop.
 
-`enable` swaps the model instance's class for a subclass that puts `SpeculativeGenerationMixin` first
-in the MRO (the subclass keeps the original class name, so ``save_pretrained`` writes the same
-``architectures``). Without an assistant, `generate` is transformers' own, untouched.
+`enable` swaps the model instance's class for a subclass that puts `SpeculativeGenerationMixin` first in the MRO,
+named ``Speculative<Original>`` so ``type(model)`` says what it is; ``save_pretrained`` still writes the original class
+in ``architectures``, an enabled model pickles and deep-copies as one, and `disable` restores the original class.
+Without an assistant, `generate` is transformers' own, untouched.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from .decoding import check_tree_attention, tree_speculative_decoding
 from .policy import SpeedPolicy
 from .resolve import resolve_drafter
 
-__all__ = ["SpeculativeGenerationMixin", "enable", "is_enabled"]
+__all__ = ["SpeculativeGenerationMixin", "disable", "enable", "is_enabled"]
 
 _ENABLED_CLASSES: dict[type, type] = {}
 
@@ -70,10 +71,7 @@ class SpeculativeGenerationMixin:
                 streamer,
                 **kwargs,
             )
-        for name in ("num_beams", "num_return_sequences"):
-            value = kwargs.get(name, getattr(generation_config, name, None) if generation_config is not None else None)
-            if value is not None and value > 1:
-                raise ValueError(f"tree speculative decoding does not support {name}={value} (it decodes one sequence)")
+        _check_one_sequence(generation_config if generation_config is not None else self.generation_config, kwargs)
         _check_not_empty(inputs if inputs is not None else kwargs.get("input_ids"))
         check_tree_attention(self)
         drafter = resolve_drafter(self, assistant_model)
@@ -97,6 +95,54 @@ class SpeculativeGenerationMixin:
             custom_generate=decoding,
             **kwargs,
         )
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' own, with the original class in the config's ``architectures``."""
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        original = original_class(type(self)).__name__
+        if self.config.architectures != [original]:
+            self.config.architectures = [original]
+            if kwargs.get("is_main_process", True):
+                self.config.save_pretrained(save_directory)
+        return result
+
+    def __reduce_ex__(self, protocol):
+        """Pickles (and deep-copies) as the original class, enabled again on load, with the same state."""
+        return (_enabled_instance, (original_class(type(self)),), self.__dict__.copy())
+
+
+def original_class(cls: type) -> type:
+    """The model class an enabled class was made from (``cls`` itself when it is not an enabled class)."""
+    return cls.__dict__.get("_hfs_original", cls)
+
+
+def _enabled_class(cls: type) -> type:
+    if cls not in _ENABLED_CLASSES:
+        enabled = type(
+            f"Speculative{cls.__name__}",
+            (SpeculativeGenerationMixin, cls),
+            {"__module__": __name__, "_hfs_original": cls},
+        )
+        _ENABLED_CLASSES[cls] = enabled
+    return _ENABLED_CLASSES[cls]
+
+
+def _enabled_instance(cls: type):
+    """An empty instance of the enabled class of ``cls`` (pickle then restores its state)."""
+    return cls.__new__(_enabled_class(cls))
+
+
+def _check_one_sequence(config, kwargs: dict) -> None:
+    """Beams and extra return sequences, from the call's arguments or the generation config it merges with (the
+    model's saved ``generation_config`` included), are refused by name."""
+    for name in ("num_beams", "num_return_sequences"):
+        value = kwargs.get(name, getattr(config, name, None))
+        if value is not None and value > 1:
+            where = "" if name in kwargs else " (set by the generation config)"
+            raise ValueError(
+                f"tree speculative decoding does not support {name}={value}{where}: it decodes one sequence per "
+                f"prompt; pass {name}=1"
+            )
 
 
 def _check_not_empty(input_ids) -> None:
@@ -137,13 +183,20 @@ def enable(model: PreTrainedModel, kernels: str | None = None, policy: SpeedPoli
             raise TypeError(f"enable() needs a transformers model that can generate, got {type(model).__name__}")
         if getattr(model.config, "is_encoder_decoder", False):
             raise ValueError("tree speculative decoding supports decoder-only causal LMs")
-        cls = type(model)
-        if cls not in _ENABLED_CLASSES:
-            _ENABLED_CLASSES[cls] = type(
-                cls.__name__, (SpeculativeGenerationMixin, cls), {"__module__": cls.__module__}
-            )
-            _ENABLED_CLASSES[cls].__qualname__ = cls.__qualname__
-        model.__class__ = _ENABLED_CLASSES[cls]
+        model.__class__ = _enabled_class(type(model))
+    previous = model.__dict__.get("_hfs_policy")
+    if previous is not None and previous is not policy:
+        previous.uninstall(model)
     policy.prepare(model)
     model._hfs_policy = policy
+    return model
+
+
+def disable(model: PreTrainedModel) -> PreTrainedModel:
+    """Undo `enable`: the model's original class, no speed policy, no engine forward on its layers; returns it."""
+    if is_enabled(model):
+        policy = model.__dict__.pop("_hfs_policy", None)
+        if policy is not None:
+            policy.uninstall(model)
+        model.__class__ = original_class(type(model))
     return model

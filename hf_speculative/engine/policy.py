@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import weakref
 from dataclasses import dataclass, field
 
@@ -24,6 +25,7 @@ import torch
 
 from .kernels.linear import (
     ROW_BUCKETS,
+    KernelForward,
     KernelTable,
     LinearKernel,
     available_kernels,
@@ -33,8 +35,9 @@ from .kernels.linear import (
     measure_kernel_table,
     read_kernel_table,
 )
+from .step_pricing import StepPricer
 
-__all__ = ["KERNELS_ENV", "SpeedPolicy", "speed_policy"]
+__all__ = ["KERNELS_ENV", "DrafterInUseError", "EngineLinearForward", "SpeedPolicy", "speed_policy"]
 
 KERNELS_ENV = "HF_SPECULATIVE_KERNELS"
 #: engine forwards between two scans of a model's modules (a module added later, e.g. an adapter, is found then)
@@ -69,6 +72,11 @@ class SpeedPolicy:
     _prepared: "weakref.WeakKeyDictionary" = field(
         default_factory=weakref.WeakKeyDictionary, init=False, repr=False, compare=False
     )
+    _local: threading.local = field(default_factory=threading.local, init=False, repr=False, compare=False)
+    _pricers: "weakref.WeakKeyDictionary" = field(
+        default_factory=weakref.WeakKeyDictionary, init=False, repr=False, compare=False
+    )
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.kernels not in ("auto", "torch"):
@@ -143,18 +151,72 @@ class SpeedPolicy:
 
     @contextlib.contextmanager
     def engine_kernels(self, model, rows: int):
-        """For one forward of the engine over ``rows`` rows: the model's linear layers run the table's kernel."""
+        """For one forward of the engine over ``rows`` rows, in this thread: the model's linear layers run the table's
+        kernel. Their forward (`EngineLinearForward`, installed once) reads the kernel from this thread's state, so a
+        plain ``generate()`` or a forward in another thread meanwhile runs torch's own ``F.linear``."""
         if self.table is not None and not self._kernels and self.runs_kernels(model):  # unpickled: load them again
             self._kernels = self.offered_kernels(model, next(model.parameters()).dtype)
         kernel = self.kernel_for_rows(rows)
-        linears = [m for m in self._model_linears(model) if kernel.supports(m.weight)] if kernel is not None else []
-        for module in linears:
-            module.forward = self._bound(module, kernel)  # an instance attribute: removed again below
+        if kernel is not None:
+            self._install(model)
+        previous = getattr(self._local, "kernel", None)
+        self._local.kernel = kernel
         try:
             yield kernel
         finally:
-            for module in linears:
-                module.__dict__.pop("forward", None)
+            self._local.kernel = previous
+
+    def thread_kernel(self) -> LinearKernel | None:
+        """The kernel of the engine forward running in this thread (None: torch's own)."""
+        return getattr(self._local, "kernel", None)
+
+    def _install(self, model) -> None:
+        """Give each linear layer of ``model`` its `EngineLinearForward` (rescanned every `RESCAN_EVERY` forwards:
+        a module added later, e.g. an adapter, is found then)."""
+        if self._linears[0] < RESCAN_EVERY:
+            self._linears[0] += 1
+            return
+        with self._lock:
+            for module in linear_layers(model):
+                module.forward = EngineLinearForward(module, self)
+            self._linears[:] = [1, []]
+
+    def uninstall(self, model) -> None:
+        """Remove the `EngineLinearForward` of every layer of ``model`` (`hfs.disable`)."""
+        for module in model.modules():
+            if isinstance(module.__dict__.get("forward"), EngineLinearForward):
+                del module.__dict__["forward"]
+        self._linears[0] = RESCAN_EVERY
+
+    # --------------------------------------------------------------------- per drafter
+
+    def step_pricer(self, drafter, model, rows: int) -> StepPricer:
+        """The `StepPricer` of ``drafter`` on ``model`` at ``rows`` rows, kept across calls while the drafter lives (a
+        drafter that cannot be weakly referenced gets a new one per call)."""
+        try:
+            per_model = self._pricers.setdefault(drafter, weakref.WeakKeyDictionary())
+        except TypeError:
+            return StepPricer()
+        pricers = per_model.setdefault(model, {})
+        if rows not in pricers:
+            pricers[rows] = StepPricer()
+        return pricers[rows]
+
+    @contextlib.contextmanager
+    def drafter_in_use(self, drafter):
+        """Marks ``drafter`` in use by one call: a second call with the same drafter object while the first runs
+        raises `DrafterInUseError` (a drafter keeps per-call state: its rows, its prices)."""
+        busy = drafter.__dict__.setdefault("_hfs_in_use", threading.Lock()) if hasattr(drafter, "__dict__") else None
+        if busy is not None and not busy.acquire(blocking=False):
+            raise DrafterInUseError(
+                f"this {type(drafter).__name__} is drafting for another generate() call that has not finished; give "
+                "each concurrent call its own drafter (copy.deepcopy(drafter), or a new one), or wait for the other"
+            )
+        try:
+            yield drafter
+        finally:
+            if busy is not None:
+                busy.release()
 
     def head_projector(self, head: torch.nn.Module):
         """``project(states)``: the LM head on a few rows (the engine's lazy head) through the table's kernel for
@@ -171,14 +233,6 @@ class SpeedPolicy:
             return self._bound(head, kernel)(states)
 
         return project
-
-    def _model_linears(self, model) -> list[torch.nn.Linear]:
-        """`linear_layers`, scanned again every `RESCAN_EVERY` calls (a scan walks every module: about 2 ms on a
-        30-layer model, too much for every step)."""
-        if self._linears[0] >= RESCAN_EVERY:
-            self._linears[:] = [0, linear_layers(model)]
-        self._linears[0] += 1
-        return self._linears[1]
 
     def _bound(self, module: torch.nn.Linear, kernel: LinearKernel):
         """``module``'s forward through ``kernel``. A kernel that reads the weight in place reads it on every call;
@@ -205,11 +259,59 @@ class SpeedPolicy:
 
         return forward
 
-    def __getstate__(self):  # pickles without the loaded kernels and prepared copies (prepared again on use)
-        return {k: v for k, v in self.__dict__.items() if k not in ("_kernels", "_linears", "_prepared")}
+    def __getstate__(self):  # pickles without its native kernels, copies, prices and threads' state (made on use)
+        return {k: v for k, v in self.__dict__.items() if k not in _RUNTIME}
 
     def __setstate__(self, state):
-        self.__dict__.update(state, _kernels={}, _linears=[RESCAN_EVERY, []], _prepared=weakref.WeakKeyDictionary())
+        self.__dict__.update(state, **_runtime_state())
+
+    def __deepcopy__(self, memo):
+        copy = SpeedPolicy.__new__(SpeedPolicy)
+        memo[id(self)] = copy
+        copy.__setstate__({k: v for k, v in self.__getstate__().items()})
+        return copy
+
+
+_RUNTIME = ("_kernels", "_linears", "_prepared", "_local", "_pricers", "_lock")
+
+
+def _runtime_state() -> dict:
+    return dict(
+        _kernels={},
+        _linears=[RESCAN_EVERY, []],
+        _prepared=weakref.WeakKeyDictionary(),
+        _local=threading.local(),
+        _pricers=weakref.WeakKeyDictionary(),
+        _lock=threading.Lock(),
+    )
+
+
+class DrafterInUseError(RuntimeError):
+    """A drafter object was given to a ``generate()`` call while another call was still drafting with it."""
+
+
+class EngineLinearForward(KernelForward):
+    """The forward of an ``nn.Linear`` of a model whose speed policy runs kernels: torch's own ``F.linear``, except
+    inside an engine forward in this thread (`SpeedPolicy.engine_kernels`), where the policy's kernel for the forward's
+    row count runs. Pickles and deep-copies with its module."""
+
+    __slots__ = ("module", "policy")
+
+    def __init__(self, module: torch.nn.Linear, policy: SpeedPolicy):
+        self.module, self.policy = module, policy
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        module = self.module
+        kernel = self.policy.thread_kernel()
+        if kernel is None or torch.is_grad_enabled() or not kernel.supports(module.weight):
+            return torch.nn.Linear.forward(module, x)
+        return self.policy._bound(module, kernel)(x)
+
+    def __getstate__(self):
+        return (self.module, self.policy)
+
+    def __setstate__(self, state):
+        self.module, self.policy = state
 
 
 def _version(tensor: torch.Tensor) -> int:

@@ -17,18 +17,17 @@ A one-token step is an ordinary decoding step through the engine (the same forwa
 output is unchanged: greedy stays token for token equal to plain ``generate()``, sampling keeps its distribution.
 The drafter is still told each committed token (`TreeDrafter.advance_batch`), so it keeps learning and keeps in step.
 The prices outlive a call: the pricer of a drafter, target and batch size carries its measurements and its plan into
-the next ``generate()`` (`pricer_for`), so a drafter that does not pay here stops paying its exploration on every
+the next ``generate()`` (`hf_speculative.engine.policy.SpeedPolicy.step_pricer`), so a drafter that does not pay here stops paying its exploration on every
 prompt. Turn pricing off with ``generate(..., speculative_pricing=False)`` or ``HF_SPECULATIVE_PRICING=0``.
 """
 
 from __future__ import annotations
 
 import os
-import weakref
 from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["PRICING_ENV", "StepPricer", "pricer_for", "pricing_enabled"]
+__all__ = ["PRICING_ENV", "StepPricer", "pricing_enabled"]
 
 PRICING_ENV = "HF_SPECULATIVE_PRICING"
 
@@ -101,19 +100,3 @@ class StepPricer:
         seconds_per_token = sum(s for s, _ in self.tree_steps) / tokens
         plain = sorted(self.plain_seconds)[len(self.plain_seconds) // 2]  # the median: one slow step decides nothing
         return seconds_per_token * (1 + self.margin) < plain
-
-
-_PRICERS: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
-
-
-def pricer_for(drafter, target, batch_size: int) -> StepPricer:
-    """The `StepPricer` of ``drafter`` on ``target`` at ``batch_size`` rows, kept across calls while the drafter lives
-    (a drafter that cannot be weakly referenced gets a new one per call)."""
-    try:
-        pricers = _PRICERS.setdefault(drafter, {})
-    except TypeError:
-        return StepPricer()
-    key = (id(target), batch_size)
-    if key not in pricers:
-        pricers[key] = StepPricer()
-    return pricers[key]

@@ -16,9 +16,9 @@ bf16 products is several times its memory floor beyond one row. The kernels here
 
 `KernelTable` says which kernel runs a forward of a given row count (rows = batch rows x tokens); the speed policy
 measures it at ``hfs.enable`` in about two seconds (`measure_kernel_table` on a sample of the model's own layers),
-or reads the one ``hf-speculative calibrate`` measured thoroughly and cached. The policy installs the chosen kernel
-on the model's ``nn.Linear`` modules for one forward of the engine and restores them after it, so the model's own
-forward and plain ``generate()`` never run these kernels.
+or reads the one ``hf-speculative calibrate`` measured thoroughly and cached. The policy gives the model's
+``nn.Linear`` modules a forward that runs the chosen kernel only inside an engine forward of the calling thread, so
+the model's own forward and plain ``generate()``, in any thread, run torch's ``F.linear``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import torch.nn.functional as F
 __all__ = [
     "ROW_BUCKETS",
     "DirectKernel",
+    "KernelForward",
     "KernelTable",
     "LinearKernel",
     "OneDnnKernel",
@@ -263,13 +264,22 @@ def default_kernel_table(dtype: torch.dtype, kernels: dict[str, LinearKernel]) -
 # ----------------------------------------------------------------------------- measuring the table
 
 
+class KernelForward:
+    """Marks the forward a speed policy gives an ``nn.Linear`` (`hf_speculative.engine.policy.EngineLinearForward`)."""
+
+    __slots__ = ()
+
+
 def linear_layers(model) -> list[torch.nn.Linear]:
     """The model's linear layers a kernel may replace: plain ``nn.Linear`` on the CPU, whose forward is the class's
-    own (a module whose forward was replaced, e.g. by accelerate's hooks, is left alone)."""
+    own or a speed policy's (a module whose forward was replaced otherwise, e.g. by accelerate's hooks, is left
+    alone)."""
     return [
         m
         for m in model.modules()
-        if type(m) is torch.nn.Linear and "forward" not in m.__dict__ and m.weight.device.type == "cpu"
+        if type(m) is torch.nn.Linear
+        and isinstance(m.__dict__.get("forward", KernelForward()), KernelForward)
+        and m.weight.device.type == "cpu"
     ]
 
 
