@@ -10,8 +10,6 @@ import re
 import tokenize
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_speculative"
 
 
@@ -114,10 +112,6 @@ def _id_keys(tree: ast.AST) -> list[ast.AST]:
     return keyed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine/trees.py batch_tree_block caches tree blocks keyed by id(spec); the engine's rewrite replaces it",
-)
 def test_no_cache_keyed_by_id_in_the_engine_or_the_drafters():
     """An object's ``id()`` is reused once it is freed: a cache keyed by it can hand a new model (or drafter, or
     tree) what was made for an old one. Key by the object itself (weakly), or keep the object to compare."""

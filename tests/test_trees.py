@@ -99,7 +99,7 @@ def test_tree_mask_buffer_equals_fresh_masks_every_step():
     buffer = BatchTreeMaskBuffer(torch.float32, "cpu")
     shapes = [TreeSpec.cartesian([2, 2]), TreeSpec.chain(3), TreeSpec.from_choices([[0], [1], [0, 0]])]
     shapes += [TreeSpec.chain(k) for k in range(1, MAX_BLOCKS + 3)]
-    past, blocks = 5, {}
+    past, blocks = 5, []
     for step, spec in enumerate(shapes * 2):
         visible = torch.cat([pad, torch.ones(past - pad.numel(), dtype=torch.bool)])
         expected = tree_attention_mask(spec.ancestors, past, torch.float32, "cpu", visible)

@@ -141,7 +141,7 @@ class TreeMasks:
         self.window, self.layout = attention_window(model.config)
         self.dtype = model.dtype
         self.buffer = BatchTreeMaskBuffer(self.dtype, device)
-        self.blocks: dict = {}
+        self.blocks: list = []
 
     def __call__(self, batch: Batch, drafts: list[DraftTree], position_ids: torch.Tensor):
         block = batch_tree_block(drafts, self.dtype, self.buffer.device, self.blocks)

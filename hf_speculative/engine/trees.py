@@ -604,19 +604,21 @@ class BatchTreeMaskBuffer:
 
 
 def batch_tree_block(
-    drafts: Sequence["DraftTree"], dtype: torch.dtype, device, cache: dict | None = None
+    drafts: Sequence["DraftTree"], dtype: torch.dtype, device, cache: list | None = None
 ) -> torch.Tensor:
     """The additive tree block ``(A or 1, n, n)`` of a step's drafts, padded to the widest (a padding node sees
-    itself only). Drafts of one static spec share one cached block (keyed by the spec in ``cache``)."""
+    itself only). Drafts of one static spec share one cached block (``cache``: a list of (spec, block) pairs, found
+    by the spec's identity, at most `MAX_BLOCKS` of them)."""
     spec = drafts[0]._spec
     if spec is not None and all(d._spec is spec for d in drafts):
-        if cache is not None and id(spec) in cache and cache[id(spec)][0] is spec:
-            return cache[id(spec)][1]
+        cached = next((block for known, block in cache or () if known is spec), None)
+        if cached is not None:
+            return cached
         block = additive_mask(spec.ancestors.to(device), dtype)[0]
         if cache is not None:
             if len(cache) >= MAX_BLOCKS:
                 cache.clear()
-            cache[id(spec)] = (spec, block)
+            cache.append((spec, block))
         return block
     if len(drafts) == 1:
         return additive_mask(drafts[0].ancestors.to(device), dtype)[0]
