@@ -444,10 +444,13 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
 
             from safetensors.torch import save_file
 
+            from ...paths import atomic_path
+
             folder = Path(save_directory) / LORA_SUBFOLDER
             self.lora_config().save_pretrained(folder)
             weights = {k: v.detach().contiguous() for k, v in self.lora_state_dict().items()}
-            save_file(weights, str(folder / LORA_WEIGHTS_NAME), metadata={"format": "pt"})
+            with atomic_path(folder / LORA_WEIGHTS_NAME) as tmp:
+                save_file(weights, str(tmp), metadata={"format": "pt"})
         return out
 
     def _load_lora(self, folder, **kwargs) -> None:
