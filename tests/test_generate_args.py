@@ -37,7 +37,7 @@ def test_enable_is_idempotent_and_plain_generate_unchanged():
     before = model.generate(PROMPT, max_new_tokens=12, do_sample=False)
     cls = type(model)
     assert hfs.enable(model) is model and hfs.enable(model) is model
-    assert type(model).__name__ == cls.__name__ and isinstance(model, cls) and hfs.is_enabled(model)
+    assert type(model).__name__ == "Speculative" + cls.__name__ and isinstance(model, cls) and hfs.is_enabled(model)
     assert type(model).__mro__.count(hfs.SpeculativeGenerationMixin) == 1
     assert torch.equal(model.generate(PROMPT, max_new_tokens=12, do_sample=False), before)
     assert model.config.architectures in (None, [cls.__name__])

@@ -32,8 +32,10 @@ class SpeculativeGenerationMixin:
             (`hf_speculative.engine.placement.match_target`).
         speculative_tree (`TreeSpec`): overrides the drafter's own tree for this call (``TreeSpec.chain(k)``
             verifies a single chain like transformers' assisted decoding).
-        speculative_acceptance (`str`): ``"exact"`` (default) or ``"typical"`` (Medusa 2.3.1, lossy, sampling only);
-            by default the drafter model's config decides (`AcceptanceSettings.resolve`).
+        speculative_acceptance (`str`): ``"exact"`` (default: greedy, or sampling keyed by position, reproducible with
+            a seed whatever the steps drafted), ``"rejection"`` (tree rejection sampling over sampled drafts) or
+            ``"typical"`` (Medusa 2.3.1, lossy, sampling only); by default the drafter model's config decides
+            (`AcceptanceSettings.resolve`).
         speculative_pricing (`bool`): draft only while tree steps are faster than one-token steps on this machine
             (`hf_speculative.engine.step_pricing`; default on, ``HF_SPECULATIVE_PRICING=0`` turns it off). The output is the
             same either way.
@@ -49,12 +51,11 @@ class SpeculativeGenerationMixin:
         synced_gpus=None,
         assistant_model=None,
         streamer=None,
-        *,
-        speculative_tree=None,
-        speculative_acceptance=None,
-        speculative_pricing=None,
         **kwargs,
     ):
+        speculative_tree = kwargs.pop("speculative_tree", None)
+        speculative_acceptance = kwargs.pop("speculative_acceptance", None)
+        speculative_pricing = kwargs.pop("speculative_pricing", None)
         if assistant_model is None and not hasattr(self, "get_self_drafter"):
             if speculative_tree is not None or speculative_acceptance is not None or speculative_pricing is not None:
                 raise ValueError(
