@@ -212,8 +212,8 @@ def test_every_truncation_of_a_cost_curve_is_read_or_ignored(tmp_path):
 
 
 def test_a_truncated_kernel_table_is_ignored(tmp_path):
-    """`read_kernel_table` returns None for every truncation of a valid table (the policy then measures or takes the
-    default table). It gives no warning: the fallback is silent."""
+    """`read_kernel_table` returns None for every truncation of a valid table, deeply nested JSON included (the policy
+    then measures or takes the default table), with a warning naming the file."""
     from hf_speculative.engine.kernels import KernelTable, read_kernel_table
 
     kernels = {"torch": object(), "direct": object()}
@@ -230,6 +230,8 @@ def test_a_truncated_kernel_table_is_ignored(tmp_path):
         assert read_kernel_table(path, kernels) is None
     path.write_bytes(b'{"choice": {"1": "direct"}}')
     assert read_kernel_table(path, {"torch": object()}) is None  # a kernel this process cannot run
+    path.write_bytes(b"[" * 100_000)  # deeper than the JSON parser's recursion
+    assert read_kernel_table(path, kernels) is None
 
 
 @pytest.mark.parametrize("make", [_warmed_suffix, _trained_recycling], ids=["suffix", "token-recycling"])

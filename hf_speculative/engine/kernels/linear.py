@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from transformers.utils import logging
 
 __all__ = [
     "ROW_BUCKETS",
@@ -48,6 +49,8 @@ __all__ = [
     "read_kernel_table",
     "verify_kernel",
 ]
+
+logger = logging.get_logger(__name__)
 
 #: row counts a table has an entry for; a forward of r rows runs the kernel of the smallest bucket >= r, and torch's
 #: above the last (a long prompt's prefill)
@@ -362,9 +365,12 @@ def read_kernel_table(path: Path, kernels: dict[str, LinearKernel]) -> KernelTab
     truncated or foreign file, or one that names a kernel this process cannot run)."""
     import json
 
+    if not path.is_file():
+        return None
     try:
         table = KernelTable.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        logger.warning_once(f"ignoring the damaged kernel table {path} ({type(exc).__name__}); measuring instead")
         return None
     return table if set(table.choice.values()) <= set(kernels) and table.choice else None
 
