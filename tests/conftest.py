@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import random
@@ -32,6 +33,18 @@ os.environ.setdefault("HF_SPECULATIVE_PRICING", "0")
 # Everything the library caches (the native kernel it builds, kernel tables, cost curves) goes to a folder of this
 # test session's own, never the user's ~/.cache; per process, so the kernel is built once per pytest worker.
 os.environ["HF_SPECULATIVE_CACHE"] = tempfile.mkdtemp(prefix="hfs-test-cache-")
+
+
+@contextlib.contextmanager
+def speed_policy_as_shipped():
+    """The speed policy a user gets (step pricing and cost-aware trees on; ``enable`` reads the environment): the
+    greedy, batch and sampling exactness suites run under it (module-scoped, so models their fixtures enable get
+    it). Their outputs may not depend on it; tests of tau or tree sizes run with it off (the default here)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_SPECULATIVE_PRICING", "1")
+        patch.setenv("HF_SPECULATIVE_COST_AWARE", "1")
+        yield
+
 
 # Tolerance for float32 tensors that two computation orders reach through a model's layers (tree forward against
 # per-branch forwards, batched against one by one, fused against naive kernels): the last bits depend on the CPU's

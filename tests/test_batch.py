@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import noisy_copy, tiny_model
+from conftest import noisy_copy, speed_policy_as_shipped, tiny_model
 from transformers import DynamicCache, StaticCache, StoppingCriteria, StoppingCriteriaList
 
 import hf_speculative as hfs
 from hf_speculative._compat import cache_arg
 from hf_speculative.engine.protocol import TreeDrafter
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _policy_as_shipped():
+    """This suite runs under the speed policy a user gets (`conftest.speed_policy_as_shipped`)."""
+    with speed_policy_as_shipped():
+        yield
+
 
 PAD = 0
 ROWS = [[5, 17, 33, 2, 9, 41, 7], [12, 3], [8, 8, 21, 60, 4], [70, 11, 19, 5]]  # ragged lengths 7, 2, 5, 4

@@ -10,9 +10,17 @@ import random
 
 import pytest
 import torch
-from conftest import noisy_copy, random_tree, tiny_model
+from conftest import noisy_copy, random_tree, speed_policy_as_shipped, tiny_model
 
 import hf_speculative as hfs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _policy_as_shipped():
+    """This suite runs under the speed policy a user gets (`conftest.speed_policy_as_shipped`)."""
+    with speed_policy_as_shipped():
+        yield
+
 
 CASES_PER_ARCH = 60
 

@@ -13,13 +13,21 @@ import itertools
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import speed_policy_as_shipped, tiny_model
 from scipy.stats import chisquare
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import hf_speculative as hfs
 from hf_speculative.engine.acceptance import accept_sampling
 from hf_speculative.engine.trees import DraftingOptions, fill_children
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _policy_as_shipped():
+    """This suite runs under the speed policy a user gets (`conftest.speed_policy_as_shipped`)."""
+    with speed_policy_as_shipped():
+        yield
+
 
 ALPHA = 1e-3
 

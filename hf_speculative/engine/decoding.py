@@ -47,7 +47,6 @@ from .policy import speed_policy
 from .protocol import TreeDrafter
 from .rows import TargetRows
 from .sampling_noise import PositionNoise
-from .step_pricing import pricing_enabled
 from .tree_forward import verification_forward
 from .trees import DraftingOptions, DraftTree, DynamicTree, TreeSpec
 
@@ -181,7 +180,7 @@ class SpeculativeLoop:
         # a drafter that reads every node's logits gets them from the verification forward itself (no lazy head)
         self.lazy_head = None if top_k else NodeLogits.lazy_head(self.model, outputs)
         self.project = self.policy.head_projector(self.lazy_head) if self.lazy_head is not None else None
-        if pricing_enabled(self.call.pricing):
+        if self.call.pricing if self.call.pricing is not None else self.policy.pricing:
             self.pricer = self.policy.step_pricer(self.drafter, self.model, len(self.batch.rows))
 
     def first_tokens(self, outputs):

@@ -35,7 +35,7 @@ from .kernels.linear import (
     measure_kernel_table,
     read_kernel_table,
 )
-from .step_pricing import StepPricer
+from .step_pricing import PRICING_ENV, StepPricer
 
 __all__ = ["KERNELS_ENV", "DrafterInUseError", "EngineLinearForward", "SpeedPolicy", "speed_policy"]
 
@@ -61,12 +61,15 @@ class SpeedPolicy:
         measure_seconds: time the quick kernel measurement at ``enable`` may take (0: use the default table unless
             ``hf-speculative calibrate`` cached one).
         table: the kernel table in force (measured or read by `prepare`; set one to use it as is).
+        pricing: draft only while tree steps beat one-token steps here (`hf_speculative.engine.step_pricing`;
+            ``HF_SPECULATIVE_PRICING=0`` at ``enable`` turns it off; a call's ``speculative_pricing`` overrides it).
     """
 
     kernels: str = "auto"
     memory_budget: float = 0.10
     measure_seconds: float = 2.0
     table: KernelTable | None = None
+    pricing: bool = True
     _kernels: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _linears: list = field(default_factory=lambda: [RESCAN_EVERY, []], init=False, repr=False, compare=False)
     _prepared: "weakref.WeakKeyDictionary" = field(
@@ -88,10 +91,13 @@ class SpeedPolicy:
 
     @classmethod
     def from_env(cls, **settings) -> "SpeedPolicy":
-        """A policy from ``settings``, with ``HF_SPECULATIVE_KERNELS=torch`` (or 0/off/false/no) turning kernels off."""
+        """A policy from ``settings``, the environment read once: ``HF_SPECULATIVE_KERNELS=torch`` (or 0/off/false/no)
+        turns the kernels off, ``HF_SPECULATIVE_PRICING=0`` step pricing."""
         policy = cls(**settings)
         if os.environ.get(KERNELS_ENV, "auto").strip().lower() in ("0", "off", "false", "no", "torch"):
             policy.kernels = "torch"
+        if os.environ.get(PRICING_ENV, "1").strip().lower() in ("0", "off", "false", "no"):
+            policy.pricing = False
         return policy
 
     # --------------------------------------------------------------------- preparing, at enable
@@ -326,4 +332,4 @@ def _version(tensor: torch.Tensor) -> int:
 def speed_policy(model) -> SpeedPolicy:
     """The speed policy ``hfs.enable`` gave ``model``; for a model never enabled, one that runs torch's kernels."""
     policy = getattr(model, "_hfs_policy", None)
-    return policy if policy is not None else SpeedPolicy(kernels="torch")
+    return policy if policy is not None else SpeedPolicy.from_env(kernels="torch")

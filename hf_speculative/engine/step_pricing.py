@@ -18,25 +18,18 @@ output is unchanged: greedy stays token for token equal to plain ``generate()``,
 The drafter is still told each committed token (`TreeDrafter.advance_batch`), so it keeps learning and keeps in step.
 The prices outlive a call: the pricer of a drafter, target and batch size carries its measurements and its plan into
 the next ``generate()`` (`hf_speculative.engine.policy.SpeedPolicy.step_pricer`), so a drafter that does not pay here stops paying its exploration on every
-prompt. Turn pricing off with ``generate(..., speculative_pricing=False)`` or ``HF_SPECULATIVE_PRICING=0``.
+prompt. Turn pricing off with ``generate(..., speculative_pricing=False)``, ``SpeedPolicy(pricing=False)``, or
+``HF_SPECULATIVE_PRICING=0`` (read by ``hfs.enable``).
 """
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["PRICING_ENV", "StepPricer", "pricing_enabled"]
+__all__ = ["PRICING_ENV", "StepPricer"]
 
 PRICING_ENV = "HF_SPECULATIVE_PRICING"
-
-
-def pricing_enabled(setting: bool | None = None) -> bool:
-    """The call's ``speculative_pricing`` when given, else ``$HF_SPECULATIVE_PRICING`` (on unless 0/false/off)."""
-    if setting is not None:
-        return bool(setting)
-    return os.environ.get(PRICING_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 @dataclass
