@@ -31,6 +31,10 @@ KEEP = (
 #: and rerun, which leaves their cards and rebuild commands).
 GPU_TRAINED = ("medusa2-smollm2-135m-e2e-nlg-gpu", "speculative-streaming-smollm2-135m-e2e-nlg-gpu")
 KEEP += GPU_TRAINED
+#: The task LoRA adapters (docs/downstream.md, the ``lora`` arms): each task's fine-tuned model (the E2E NLG EAGLE-3
+#: arm trains on its ``--adapter``); a folder of only ``adapter/`` (no drafter, no ``config.json``).
+TASK_ADAPTERS = ("lora-smollm2-135m-dialogsum", "lora-smollm2-135m-e2e-nlg", "lora-smollm2-135m-wikisql")
+KEEP += TASK_ADAPTERS
 #: Folders whose tensors are counts or indices (no rounding allowed): left as they are.
 EXACT = ("token-recycling-smollm2-135m-instruct",)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
@@ -78,6 +82,15 @@ def kept_section(folder: Path, exact: bool) -> str:
     if exact:
         return f"{MARK}\n\nIn this folder ({size:.1f} MiB): integer tables and counts, stored exactly.\n"
     adapters = [p for p in weight_files(folder) if p.name.startswith("adapter_model.")]
+    if adapters and len(adapters) == len(weight_files(folder)):  # a LoRA arm: the fine-tuned model, no drafter
+        names = ", ".join(f"`{p.relative_to(folder).as_posix()}`" for p in adapters)
+        return (
+            f"{MARK}\n\nIn this folder ({size:.1f} MiB), stored in bfloat16 (trained in float32): the LoRA adapter of the "
+            f"fine-tuned model ({names}); PEFT loads it onto the float32 base. Rounding the adapter changes the "
+            "fine-tuned model itself slightly, so its plain decoding may differ from the float32 model's in places (the "
+            "measurements below were taken with the float32 adapter). Its speculative decoding still matches its own "
+            "plain decoding token for token.\n"
+        )
     if adapters:  # a fine-tuned arm: its LoRA changes the model that verifies, not only what is drafted
         names = ", ".join(f"`{p.relative_to(folder).as_posix()}`" for p in adapters)
         return (
@@ -113,7 +126,8 @@ def slim(folder: Path, dry_run: bool) -> str:
         if not dry_run and not exact:
             for path in files:
                 to_bfloat16(path)
-            set_config_dtype(folder, "bfloat16")
+            if (folder / "config.json").is_file():  # an adapter-only folder has no config
+                set_config_dtype(folder, "bfloat16")
         section, action = kept_section(folder, exact), "kept" + ("" if exact else " (bfloat16)")
     else:
         section, action = removed_section(card), f"removed {len(files)} weight file(s)"

@@ -1,5 +1,6 @@
-"""The repository stays small enough to travel: the tracked tree within 25 MiB, drafter weights within their budget,
-and every drafter folder either holds its weights or says how to rebuild them."""
+"""The repository stays small enough to travel: the tracked tree within 40 MiB (it goes with every GPU kit call,
+``scripts/gpu/pack.py``), drafter weights within their budget, and every drafter folder either holds its weights or
+says how to rebuild them."""
 
 import subprocess
 from pathlib import Path
@@ -8,11 +9,12 @@ import pytest
 from safetensors import safe_open
 
 ROOT = Path(__file__).resolve().parents[1]
-TREE_BUDGET_MIB = 25
-#: The weights under model_cards/: the drafters the README and the demo use, and room for a GPU-trained EAGLE-3
-#: (about 14 MiB in bfloat16 with a 4,096-token draft vocabulary; docs/gpu.md), held meanwhile by the GPU-trained
-#: E2E NLG arms (12.6 MiB; scripts/slim_cards.py GPU_TRAINED).
-WEIGHTS_BUDGET_MIB = 18
+TREE_BUDGET_MIB = 40
+#: The weights under model_cards/ (bfloat16 where trained in float32; scripts/slim_cards.py KEEP): the drafters the
+#: README and the demo use (4.3 MiB), the three task LoRA adapters of docs/downstream.md (4.7 MiB each, 14.1 MiB;
+#: TASK_ADAPTERS), and room for a GPU-trained EAGLE-3 (about 14 MiB with a 4,096-token draft vocabulary;
+#: docs/gpu.md), held meanwhile by the GPU-trained E2E NLG arms (12.6 MiB; GPU_TRAINED): 31.0 MiB today.
+WEIGHTS_BUDGET_MIB = 32
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt")
 
 
