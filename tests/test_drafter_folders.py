@@ -1,6 +1,8 @@
 """Every folder in model_cards/ loads the way its card and the README say, after ``import hf_speculative`` and with no
-``trust_remote_code``: a folder with weights through ``AutoModel.from_pretrained``, a card that keeps only its config
-through ``AutoConfig.from_pretrained``; and every card names only commands and data a user has."""
+``trust_remote_code``: a folder with weights through ``AutoModel.from_pretrained``, a LoRA arm's adapter through PEFT
+onto the reference model, a card that keeps only its config through ``AutoConfig.from_pretrained`` (its
+``from_pretrained`` then fails naming the command that rebuilds the weights); and every card names only commands and
+data a user has. Each folder's weights are loaded once."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModel, PretrainedConfig
 
 import hf_speculative as hfs
+from hf_speculative.drafters.hub import rebuild_command, require_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 CARDS = sorted(p for p in (ROOT / "model_cards").iterdir() if p.is_dir())
@@ -41,6 +45,62 @@ def test_every_drafter_config_loads_with_auto_config(folder):
 def test_a_folder_without_config_is_an_adapter_of_the_target(folder):
     """The LoRA arms add an adapter to the base model (``load_downstream``), no drafter of their own."""
     assert (folder / "adapter" / "adapter_config.json").is_file() and (folder / "downstream.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "folder", [f for f in CARDS if (f / "config.json").is_file() and not _has_weights(f)], ids=lambda p: p.name
+)
+def test_a_card_without_weights_fails_naming_the_command_that_rebuilds_them(folder):
+    """``AutoModel`` and the drafter's own class stop before loading anything (no target, no random weights), with the
+    folder and the command of its card's ``## Weights`` section in the message."""
+    command = rebuild_command(folder)
+    assert command and command.startswith(("hf-speculative ", "python benchmarks/run_downstream.py ")), command
+    drafter_class = getattr(hfs, json.loads((folder / "config.json").read_text())["architectures"][0])
+    for load in (AutoModel.from_pretrained, drafter_class.from_pretrained):
+        with pytest.raises(FileNotFoundError) as error:
+            load(folder)
+        message = str(error.value)
+        assert folder.name in message and "no weights" in message and command in message, message
+
+
+def test_a_folder_with_weights_or_without_a_config_is_left_to_transformers(tmp_path):
+    hfs.TokenRecyclingDrafter(num_successors=4).save_pretrained(tmp_path / "kept")
+    require_weights(tmp_path / "kept", "drafter")  # weights present
+    require_weights(tmp_path, "drafter")  # no config.json: transformers' own error
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="save_pretrained wrote"):  # no card: no command to name
+        require_weights(tmp_path, "drafter")
+
+
+@pytest.fixture(scope="module")
+def load_task_adapter():
+    """Loads a LoRA folder's adapter onto one reference model (PEFT, by the folder's name); the model loads once."""
+    from peft import PeftModel
+
+    from hf_speculative.bench import load_reference_model
+
+    held = {}
+
+    def load(folder: Path):
+        path = str(folder / "adapter")
+        if "model" not in held:
+            held["model"] = PeftModel.from_pretrained(load_reference_model()[0], path, adapter_name=folder.name)
+        else:
+            held["model"].load_adapter(path, adapter_name=folder.name)
+        return held["model"]
+
+    return load
+
+
+@pytest.mark.parametrize("folder", [f for f in CARDS if not (f / "config.json").is_file()], ids=lambda p: p.name)
+def test_a_lora_folder_ships_its_adapter_and_peft_loads_every_tensor(folder, load_task_adapter):
+    """Stored in bfloat16, loaded onto the float32 reference model as float32, every tensor of the file in place."""
+    stored = load_file(str(folder / "adapter" / "adapter_model.safetensors"))
+    assert {t.dtype for t in stored.values()} == {torch.bfloat16}
+    params = dict(load_task_adapter(folder).named_parameters())
+    for key, tensor in stored.items():
+        loaded = params[key.replace(".weight", f".{folder.name}.weight")]
+        assert loaded.dtype == torch.float32 and torch.equal(loaded, tensor.float()), key
 
 
 @pytest.mark.parametrize("folder", CARDS, ids=lambda p: p.name)

@@ -2,16 +2,37 @@
 card (`hf_speculative.model_card`), whose YAML header carries what the Hub indexes (``base_model``, ``library_name: hf_speculative``,
 ``pipeline_tag``, ``tags``); transformers' own ``push_to_hub`` would write its generic card instead. `drafter_folder`
 finds the folder of a drafter that loads without transformers' machinery (the model-free ones): a local folder, or
-a Hub repo's files downloaded through huggingface_hub."""
+a Hub repo's files downloaded through huggingface_hub. `require_weights` stops a local folder that holds a drafter's
+config but no weights (a card of ``model_cards/`` whose weights the repository does not keep) with the command that
+rebuilds them."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["DrafterHubMixin", "drafter_folder"]
+__all__ = ["DrafterHubMixin", "drafter_folder", "rebuild_command", "require_weights", "WEIGHT_FILES"]
+
+#: the weight files `PreTrainedModel.from_pretrained` reads from a folder (one file or a sharded one's index)
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+#: where a card records the command that made its weights: the bash block of its ``## Weights`` section (a card whose
+#: weights are not kept, ``scripts/slim_cards.py``), else its training record's ``- command:`` (inline or a block)
+_WEIGHTS_SECTION = re.compile(r"^## Weights\n(.*?)(?=^## |\Z)", re.S | re.M)
+_BASH_BLOCK = re.compile(r"```bash\n(.+?)\n```", re.S)
+_RECORDED_COMMANDS = (
+    re.compile(r"^- command: `([^`]+)`", re.M),
+    re.compile(r"^- command:\s*```(?:bash)?\n(.+?)\n```", re.S | re.M),
+)
+
 
 #: the arguments of ``from_pretrained`` (``AutoModel``'s included) that the Hub download takes
 _DOWNLOAD_ARGUMENTS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "proxies")
@@ -47,6 +68,48 @@ def drafter_folder(name_or_path: str | os.PathLike, filenames: Sequence[str], wh
     except (OSError, ValueError) as error:  # huggingface_hub's errors (not found, no access, offline) are OSErrors
         raise OSError(f"could not load the {what} {resolved!r} from the Hugging Face Hub: {error}") from error
     return local / subfolder if subfolder else local
+
+
+def rebuild_command(folder: str | os.PathLike) -> str | None:
+    """The command that made the weights of the drafter in ``folder``, as its card (``README.md``: the bash block of
+    its ``## Weights`` section, else the first ``- command:`` of its training record) or else its config's training
+    record (``training.command``) records it; None when none does."""
+    folder = Path(folder)
+    card = folder / "README.md"
+    text = card.read_text(encoding="utf-8") if card.is_file() else ""
+    section = _WEIGHTS_SECTION.search(text)
+    match = _BASH_BLOCK.search(section.group(1)) if section else None
+    match = match or next(filter(None, (pattern.search(text) for pattern in _RECORDED_COMMANDS)), None)
+    if match:
+        return match.group(1).strip()
+    try:
+        training = json.loads((folder / "config.json").read_text()).get("training")
+    except (OSError, ValueError, AttributeError):  # no config, not JSON or not an object: transformers says so
+        return None
+    command = training.get("command") if isinstance(training, dict) else None
+    return command.strip() if isinstance(command, str) and command.strip() else None
+
+
+def require_weights(path: str | os.PathLike | None, what: str, subfolder: str | None = None) -> None:
+    """Raise `FileNotFoundError` when ``path`` (resolved; its ``subfolder``) is a local folder with a ``config.json``
+    and none of the `WEIGHT_FILES`; the message names the folder and the command that rebuilds its weights
+    (`rebuild_command`). Anything else (a Hub id, a folder with weights, no config) passes: transformers decides."""
+    if path is None:
+        return
+    folder = Path(path) / subfolder if subfolder else Path(path)
+    if not (folder / "config.json").is_file() or any((folder / name).is_file() for name in WEIGHT_FILES):
+        return
+    command = rebuild_command(folder)
+    rebuild = (
+        f"its weights are not kept beside its card; the command that trained them rebuilds them (its README.md, "
+        f"section 'Weights'): {command}"
+        if command
+        else "give the folder that save_pretrained wrote, weights included"
+    )
+    raise FileNotFoundError(
+        f"the {what} folder {str(folder)!r} holds a config.json but no weights (no model.safetensors or "
+        f"pytorch_model.bin): {rebuild}"
+    )
 
 
 class DrafterHubMixin:

@@ -17,7 +17,7 @@ from ..hub import resolve_name_or_path
 from .base import input_embeddings, output_embeddings
 from .configuration_drafter import TreeDrafterConfig
 from .cost_aware import cost_aware_tree
-from .hub import DrafterHubMixin
+from .hub import DrafterHubMixin, require_weights
 
 __all__ = ["DrafterModel", "DepthTreeDrafter", "text_config", "decoder_layer_fields"]
 
@@ -108,7 +108,11 @@ class DrafterModel(DrafterHubMixin, PreTrainedModel):
 
     @classmethod
     def _load_checkpoint(cls, path: str | None, *args, **kwargs):
-        """The drafter saved in ``path`` (resolved): `PreTrainedModel.from_pretrained`."""
+        """The drafter saved in ``path`` (resolved): `PreTrainedModel.from_pretrained`. A local folder with its config
+        and no weights (a card whose weights are not kept) raises `FileNotFoundError` naming the command that rebuilds
+        them (`hf_speculative.drafters.hub.require_weights`)."""
+        if kwargs.get("state_dict") is None and not kwargs.get("gguf_file"):
+            require_weights(path, cls.__name__, kwargs.get("subfolder"))
         return super().from_pretrained(path, *args, **kwargs)
 
     # ------------------------------------------------------------------ the target
