@@ -75,6 +75,24 @@ def add_train_args(
     p.add_argument("--batch-size", type=int, default=batch_size, help=batch_help)
     if max_train_tokens:
         p.add_argument("--max-train-tokens", type=int, default=None, help="train on at most this many tokens")
+    p.add_argument(
+        "--save-steps",
+        type=int,
+        default=100,
+        help="a resumable checkpoint (weights, optimizer, schedule, RNG, seconds spent) every N optimizer steps, the "
+        "last one kept, in OUT/trainer_state (0: none)",
+    )
+    p.add_argument(
+        "--restart",
+        action="store_true",
+        help="start over; by default a run continues from the last checkpoint it finds in OUT/trainer_state, its "
+        "time budget counting the seconds already spent",
+    )
+
+
+def run_control(args) -> dict:
+    """The checkpointing settings of a ``train`` command, for the method's ``train_*`` function (``**training``)."""
+    return {"save_steps": args.save_steps or None, "resume": not args.restart}
 
 
 def add_shard_args(p, holdout_help: str) -> None:

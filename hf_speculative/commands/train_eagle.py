@@ -16,6 +16,7 @@ from .common import (
     finish_drafter,
     frozen_target,
     record_reference_base,
+    run_control,
     setup_torch,
     shard_states,
     shard_training_report,
@@ -85,6 +86,7 @@ def run(args) -> int:
         max_length=args.max_length,
         learning_rate=args.lr,
         time_budget=args.time_budget,
+        **run_control(args),
         final_layer=L,
         seed=args.seed,
     )

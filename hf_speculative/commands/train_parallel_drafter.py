@@ -24,6 +24,7 @@ from .common import (
     labelled_training_states,
     load_model_and_records,
     record_reference_base,
+    run_control,
     setup_torch,
     split_hidden_states,
 )
@@ -86,6 +87,7 @@ def run(args) -> int:
         seed=args.seed,
         callbacks=callbacks,
         time_budget=args.time_budget,
+        **run_control(args),
     )
     train_s = time.perf_counter() - t0
     draft_vocab_and_calibration(

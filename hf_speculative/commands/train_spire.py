@@ -18,6 +18,7 @@ from .common import (
     finish_drafter,
     frozen_target,
     record_reference_base,
+    run_control,
     setup_torch,
     shard_states,
     shard_training_report,
@@ -101,6 +102,7 @@ def run(args) -> int:
         max_length=args.max_length,
         learning_rate=args.lr,
         time_budget=args.time_budget,
+        **run_control(args),
         seed=args.seed,
     )
     seconds = time.perf_counter() - start

@@ -27,6 +27,7 @@ from .common import (
     labelled_training_states,
     load_model_and_records,
     record_reference_base,
+    run_control,
     setup_torch,
     split_records,
 )
@@ -168,6 +169,7 @@ def run(args) -> int:
         seed=args.seed,
         callbacks=callbacks,
         time_budget=args.time_budget,
+        **run_control(args),
     )
     train_s = time.perf_counter() - t0
     if args.draft_vocab_size:

@@ -11,6 +11,7 @@ from .common import (
     command_line,
     finish_folder,
     load_model_and_records,
+    run_control,
     setup_torch,
     split_records,
 )
@@ -59,6 +60,7 @@ def run(args) -> int:
         num_epochs=args.epochs,
         max_steps=args.max_steps,
         time_budget=args.time_budget,
+        **run_control(args),
         seed=args.seed,
     )
     ss.config.pruning = {

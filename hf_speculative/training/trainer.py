@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -360,17 +361,40 @@ class DrafterTrainer(Trainer):
 def train_resumable(trainer: Trainer, resume: bool = False):
     """``trainer.train()``, or with ``resume`` from the last checkpoint in its output folder when there is one (the
     trainable weights, optimizer, schedule, RNG and step; a `TimeBudgetCallback` counts the seconds already spent)."""
-    from transformers.trainer_utils import get_last_checkpoint
-
     from .callbacks import TimeBudgetCallback
 
     folder = Path(trainer.args.output_dir)
-    checkpoint = get_last_checkpoint(str(folder)) if resume and folder.is_dir() else None
+    checkpoint = last_complete_checkpoint(folder) if resume and folder.is_dir() else None
     if checkpoint is not None:
+        spent = TimeBudgetCallback.spent_in(checkpoint)
         for cb in trainer.callback_handler.callbacks:
             if isinstance(cb, TimeBudgetCallback):
-                cb.spent = TimeBudgetCallback.spent_in(checkpoint)
+                cb.spent = spent
+        print(
+            f"resuming from {checkpoint} ({spent:.0f} s of training already spent; the steps after it are done again)",
+            file=sys.stderr,
+            flush=True,
+        )
     return trainer.train(resume_from_checkpoint=checkpoint)
+
+
+def last_complete_checkpoint(folder: str | Path) -> str | None:
+    """The newest ``checkpoint-N`` in ``folder`` that was written to the end (its trainable weights and a readable
+    trainer state); a run killed while writing one leaves it incomplete, and the one before it is used."""
+    found = []
+    for path in Path(folder).glob("checkpoint-*"):
+        suffix = path.name.removeprefix("checkpoint-")
+        if path.is_dir() and suffix.isdigit():
+            found.append((int(suffix), path))
+    for _, path in sorted(found, reverse=True):
+        try:
+            json.loads((path / "trainer_state.json").read_text())
+        except (OSError, ValueError):
+            print(f"skipping the incomplete checkpoint {path} (a run was stopped while writing it)", file=sys.stderr)
+            continue
+        if (path / TRAINABLE_CHECKPOINT).is_file():
+            return str(path)
+    return None
 
 
 def planned_steps(num_examples: int, batch_size: int, num_epochs: float, max_steps: int = -1) -> int:

@@ -1,0 +1,75 @@
+"""A ``train`` command killed mid-run continues from its last checkpoint when run again, says so, and stops at its
+step budget with the steps counted once (a tiny model, a real process, a real SIGKILL)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from conftest import saved_chat_model_and_data
+
+from hf_speculative.training.trainer import last_complete_checkpoint
+
+WAIT = 240  # seconds
+
+
+def _command(base, data, out, steps: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "hf_speculative.cli",
+        "train",
+        "medusa",
+        "--model",
+        str(base),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--num-heads",
+        "2",
+        "--batch-size",
+        "1",
+        "--max-steps",
+        str(steps),
+        "--save-steps",
+        "4",
+        "--threads",
+        "1",
+        "--calibrate-nodes",
+        "0",
+    ]
+
+
+def _steps(out) -> int:
+    """The optimizer steps the finished run's record counts (the scratch checkpoints are gone by then)."""
+    return json.loads((out / "config.json").read_text())["training"]["steps"]
+
+
+def test_a_killed_train_command_resumes_and_stops_at_its_budget(tmp_path):
+    _, _, base, data = saved_chat_model_and_data(tmp_path, num_layers=2, conversations=24)
+    out = tmp_path / "heads"
+    command = _command(base, data, out, steps=400)
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + WAIT
+    while last_complete_checkpoint(out / "trainer_state") is None and time.monotonic() < deadline:
+        assert first.poll() is None, first.stdout.read()
+        time.sleep(0.2)
+    time.sleep(1.0)  # killed somewhere later: between two checkpoints or while writing one
+    first.kill()
+    first.wait(WAIT)
+    killed_at = int(last_complete_checkpoint(out / "trainer_state").rsplit("-", 1)[1])
+    assert 4 <= killed_at < 400
+    second = subprocess.run(
+        _command(base, data, out, steps=killed_at + 8), capture_output=True, text=True, timeout=WAIT
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resuming from" in second.stderr and f"checkpoint-{killed_at}" in second.stderr
+    assert _steps(out) == killed_at + 8  # the budget, counted across both runs
+    assert (out / "model.safetensors").is_file()
+    restarted = subprocess.run(
+        _command(base, data, tmp_path / "fresh", steps=4) + ["--restart"], capture_output=True, text=True, timeout=WAIT
+    )
+    assert restarted.returncode == 0 and "resuming from" not in restarted.stderr  # the negative control
