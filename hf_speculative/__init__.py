@@ -32,6 +32,7 @@ _ENGINE = {
     "DraftingOptions": "engine.trees",
     "TreeDrafter": "engine.protocol",
     "OneRowDrafter": "engine.protocol",
+    "DrafterCapabilities": "engine.protocol",
     "SpeculativeStats": "engine.decoding",
     "SpeculativeGenerateOutput": "engine.decoding",
     "AcceptanceResult": "engine.acceptance",

@@ -108,7 +108,7 @@ class HybridDrafter(TreeDrafter):
         self.accuracy = [OnlineAccuracy(self.tree_depth, 8, PART_PRIOR) for _ in self.parts]
         #: the target the parts were last made drafters for (a weak reference) and those drafters
         self._resolved: tuple[weakref.ref, list[TreeDrafter]] | None = None
-        self._part_trees: list[TreeSpec | None] | None = None
+        self._part_trees: list[TreeSpec | None] = []  # each part's own tree of the call (set by begin_batch)
         self._own: dict[int, list[DraftTree]] = {}  # row -> each part's own draft of this step
 
     # ------------------------------------------------------------------ set-up
@@ -121,48 +121,46 @@ class HybridDrafter(TreeDrafter):
         for drafter in self.drafters:
             drafter.attach_target(target)
         self._curve = target_cost_curve(target, self.cost_curve)
-        self._part_trees, self._batch_size = None, 1
-        self.needs_target_hidden_states = any(d.needs_target_hidden_states for d in self.drafters)
-        self.verified_top_k = max(d.verified_top_k for d in self.drafters)
-        vocab = {getattr(d, "vocab_size", None) for d in self.drafters} - {None}
+        declared = [drafter.capabilities for drafter in self.drafters]
+        self.needs_target_hidden_states = any(c.needs_target_hidden_states for c in declared)
+        self.verified_top_k = max(c.verified_top_k for c in declared)
+        vocab = {c.vocab_size for c in declared} - {None}
         self.vocab_size = vocab.pop() if len(vocab) == 1 else None
 
-    def tree_for_batch(self, batch_size: int) -> TreeSpec:
-        # a part that can offer candidates beyond what pays for itself alone does so (Token Recycling): the hybrid
-        # prices the merged tree; the others draft their own default tree
-        self._part_trees = [
-            d.candidate_tree(self.max_nodes) if hasattr(d, "candidate_tree") else d.tree_for_batch(batch_size)
-            for d in self.drafters
-        ]
-        self._batch_size = batch_size
-        return self.default_tree
+    def _part_trees_for(self, batch_size: int) -> list[TreeSpec | None]:
+        """Each part's own tree: its candidates when it offers more than pays for itself alone (Token Recycling,
+        `TreeDrafter.candidate_tree`; the hybrid prices the merged tree), else its default tree for the batch."""
+        trees = []
+        for drafter in self.drafters:
+            candidates = drafter.candidate_tree(self.max_nodes)
+            trees.append(candidates if candidates is not None else drafter.tree_for_batch(batch_size))
+        return trees
 
     def _drafting_cost(self) -> float:
-        """The parts' drafting cost per step in plain steps (those that state one: ``draft_cost(curve)``)."""
+        """The parts' drafting cost per step in plain steps (`TreeDrafter.draft_cost`: a number or one per depth)."""
         total = 0.0
-        if not hasattr(self._curve, "projection_cost"):  # a plain c(n) callable carries no drafting costs
+        if not hasattr(self._curve, "projection_cost"):  # a plain c(n) callable, no CostCurve: no drafting costs
             return total
         for drafter, tree in zip(self.drafters, self._part_trees):
-            cost = getattr(drafter, "draft_cost", None)
-            if callable(cost) and tree is not None:
-                per_depth = cost(self._curve)
-                total += float(per_depth[min(tree.depth, len(per_depth)) - 1]) if len(per_depth) else 0.0
+            if tree is None:
+                continue
+            cost = drafter.draft_cost(self._curve)
+            if isinstance(cost, (int, float)):
+                total += float(cost)
+            elif len(cost):
+                total += float(cost[min(tree.depth, len(cost)) - 1])
         return total
 
     # ------------------------------------------------------------------ the drafter protocol
-    def propose(self, sequence, tree, options):
-        return self.propose_batch([sequence], [0], tree, options)[0]
-
     def begin_batch(self, prompts: list[torch.LongTensor], target_outputs: TargetRows) -> None:
         if not self.drafters:
             raise RuntimeError("HybridDrafter was not attached to a target (the engine calls attach_target)")
         self._own = {}
-        if self._part_trees is None:  # the call gave its own tree: the parts still draft their own
-            self.tree_for_batch(len(prompts))
+        batch = len(prompts)
+        self._part_trees = self._part_trees_for(batch)
         for drafter in self.drafters:
             drafter.begin_batch(prompts, target_outputs)
-        drafting, batch = self._drafting_cost(), self._batch_size
-        curve = self._curve
+        drafting, curve = self._drafting_cost(), self._curve
         self._step_cost = lambda n: (curve(batch * n) / curve(batch) if batch > 1 else curve(n)) + drafting
 
     @torch.no_grad()

@@ -21,13 +21,20 @@ on the prefill), its cache the row's real cached tokens only (`hf_speculative.en
 
 A drafter written for one sequence subclasses `OneRowDrafter`, the engine's adapter: it implements ``begin`` /
 ``propose`` / ``advance`` / ``end`` and the adapter runs them once per row. The engine never branches on the kind
-of drafter.
+of drafter. A drafter keeps one path per step: a subclass of `OneRowDrafter` overrides a batched method only in
+place of its one-row counterpart, never beside it.
+
+What the engine and other drafters (`HybridDrafter`) read of a drafter is declared here, on `TreeDrafter`, and
+nothing else: the class attributes below (gathered in one value by `TreeDrafter.capabilities`), `tree_for_batch`,
+`candidate_tree` and `draft_cost`. Reading them changes nothing: a getter never caches into the drafter.
 """
 
 from __future__ import annotations
 
 import copy
 from abc import ABC
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -35,7 +42,27 @@ from .acceptance import AcceptanceResult
 from .rows import TargetRows
 from .trees import DraftingOptions, DraftTree, DynamicTree, TreeSpec
 
-__all__ = ["TreeDrafter", "OneRowDrafter"]
+__all__ = ["DrafterCapabilities", "TreeDrafter", "OneRowDrafter"]
+
+
+@dataclass(frozen=True)
+class DrafterCapabilities:
+    """What a drafter declares to the engine and to other drafters, in one value (`TreeDrafter.capabilities`; each
+    field is the `TreeDrafter` attribute of that name)."""
+
+    #: the vocabulary the drafter drafts token ids from (the engine refuses a target that predicts another size);
+    #: None: whatever the target's
+    vocab_size: int | None
+    #: deepest tree this drafter can fill (None: unbounded)
+    max_depth: int | None
+    #: the engine hands the target's hidden states of every forward (`TargetRows`)
+    needs_target_hidden_states: bool
+    #: this drafter builds a `DynamicTree` per step besides filling a static `TreeSpec`
+    fills_dynamic_tree: bool
+    #: the target's top-k per verified position the drafter reads (0: none)
+    verified_top_k: int
+    #: decoder layer whose input states `prune_batch` reads (None: no pruning)
+    pruning_layer: int | None
 
 
 class TreeDrafter(ABC):  # noqa: B024  (no abstract method: a drafter implements the batched or the per-row API)
@@ -49,8 +76,11 @@ class TreeDrafter(ABC):  # noqa: B024  (no abstract method: a drafter implements
     default_tree: TreeSpec | DynamicTree | None = None
     #: this drafter builds a `DynamicTree` per step (EAGLE-2) besides filling a static `TreeSpec`
     fills_dynamic_tree: bool = False
-    #: drafters with a cost-aware default tree set ``batch_tree(batch_size) -> TreeSpec`` (see `tree_for_batch`)
+    #: drafters with a cost-aware default tree set ``batch_tree(batch_size) -> TreeSpec`` at construction (see
+    #: `tree_for_batch`)
     batch_tree = None
+    #: the vocabulary the drafter drafts token ids from (None: whatever the target's); the engine checks it
+    vocab_size: int | None = None
     #: how many of the target's most likely next tokens per verified position this drafter reads
     #: (``TargetRows.top_k``; Token Recycling learns from them); 0: none, and the engine computes no extra logits
     verified_top_k: int = 0
@@ -62,15 +92,37 @@ class TreeDrafter(ABC):  # noqa: B024  (no abstract method: a drafter implements
         """Called once per `generate` call, before anything else, with the target model (never to run it: only
         the engine runs the target). Drafters that size their tree by the target's cost curve read it here."""
 
-    def tree_for_batch(self, batch_size: int) -> TreeSpec | None:
+    @property
+    def capabilities(self) -> DrafterCapabilities:
+        """What this drafter declares (its attributes of those names), read without running anything."""
+        return DrafterCapabilities(
+            vocab_size=self.vocab_size,
+            max_depth=self.max_depth,
+            needs_target_hidden_states=bool(self.needs_target_hidden_states),
+            fills_dynamic_tree=bool(self.fills_dynamic_tree),
+            verified_top_k=int(self.verified_top_k),
+            pruning_layer=self.pruning_layer,
+        )
+
+    def tree_for_batch(self, batch_size: int) -> TreeSpec | DynamicTree | None:
         """The tree of a call over ``batch_size`` rows when it gives no ``speculative_tree``: `default_tree`, or
-        for a cost-aware drafter the tree that pays off at that batch size (smaller as B grows), cached per B."""
+        for a cost-aware drafter the tree that pays off at that batch size (smaller as B grows). Pure: computed on
+        each call (the engine asks once per `generate` call), nothing is stored."""
         if batch_size == 1 or self.batch_tree is None:
             return self.default_tree
-        trees = self.__dict__.setdefault("_batch_trees", {})
-        if batch_size not in trees:
-            trees[batch_size] = self.batch_tree(batch_size=batch_size)
-        return trees[batch_size]
+        return self.batch_tree(batch_size=batch_size)
+
+    def candidate_tree(self, num_nodes: int) -> TreeSpec | None:
+        """The ``num_nodes`` nodes most likely to be accepted, whatever they cost, for a drafter that merges
+        several drafters' trees and prices the merged tree itself (`HybridDrafter`); None (the default): this
+        drafter offers its own tree, `tree_for_batch`."""
+        return None
+
+    def draft_cost(self, curve) -> float | Sequence[float]:
+        """This drafter's cost per step in plain target steps on the target's cost curve (a
+        `hf_speculative.perf_model.CostCurve`): a number, or one number per tree depth (index: depth - 1). The
+        default 0.0: drafting costs nothing worth pricing (prompt lookup, Token Recycling)."""
+        return 0.0
 
     def begin_batch(self, prompts: list[torch.LongTensor], target_outputs: TargetRows) -> None:
         """Reset state for a call over ``len(prompts)`` rows."""

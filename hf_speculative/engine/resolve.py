@@ -46,7 +46,7 @@ def resolve_drafter(target, assistant_model) -> TreeDrafter | None:
     else:
         drafter = _adapted(target, assistant_model)
     target_vocab = _vocab_size(target)
-    draft_vocab = getattr(drafter, "vocab_size", None)
+    draft_vocab = drafter.capabilities.vocab_size
     if draft_vocab is not None and target_vocab is not None and draft_vocab != target_vocab:
         raise ValueError(
             f"vocabulary mismatch: the target predicts {target_vocab} tokens but the drafter {draft_vocab}; "

@@ -34,7 +34,7 @@ def verification_forward(
 ) -> tuple[object, list[DraftTree]]:
     """``model(**inputs)`` over the drafts' nodes; returns the outputs and the drafts they verified (pruned by the
     drafter's hook when it has one). ``mask_for(drafts, position_ids)`` builds the attention mask of pruned drafts."""
-    layer = getattr(drafter, "pruning_layer", None)
+    layer = drafter.pruning_layer
     if layer is None:
         return model(**inputs), drafts
     pruning = _Pruning(model, drafter, drafts, mask_for, layer, inputs[_cache_key(inputs)])
