@@ -18,7 +18,8 @@ The template here is sized for the machine (the paper uses one large static tree
 tree that maximizes expected tau per step cost (`TreeSpec.optimize` with the target's cost curve, Medusa Sec. 2.3.3
 with Sequoia's cost term), from the per-depth, per-rank hit rates of ``M`` measured online (`OnlineAccuracy`; each
 committed token tells at which rank of its predecessor's row it stood). The tree is re-chosen every
-``refresh_every`` steps. A call's ``speculative_tree=`` is used as the template as it is.
+``refresh_every`` steps. A call's ``speculative_tree=`` is used as the template as it is (one equal, by value, to the
+tree `tree_for_batch` gives for the call is that tree, and is re-chosen too).
 
 The matrix and the hit rates persist across `generate()` calls (that is how the drafter learns), are shared by
 the rows of a batch, and save with `save_pretrained` (``config.json`` + ``model.safetensors``, about
@@ -36,12 +37,12 @@ import torch
 
 from ...engine.protocol import TreeDrafter
 from ...engine.rows import TargetRows
-from ...engine.trees import DraftingOptions, DraftTree, TreeSpec
+from ...engine.trees import DraftTree, TreeSpec
 from ..cost_aware import target_cost_curve
 from ..online_accuracy import OnlineAccuracy
 from .configuration_token_recycling import TokenRecyclingConfig
 
-__all__ = ["TokenRecyclingDrafter"]
+__all__ = ["TokenRecyclingDrafter", "tree_levels"]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -63,6 +64,8 @@ _LOADER_ARGUMENTS = {
     "_commit_hash",
 }
 
+#: drafted templates whose `tree_levels` a drafter keeps (the call's tree, its refreshes, a hybrid's candidates)
+MAX_TEMPLATES = 8
 #: hit-rate prior per rank before any observation (worth `OnlineAccuracy.prior_weight` observations)
 DEFAULT_PRIOR = (0.35, 0.12, 0.06, 0.04, 0.03, 0.02, 0.015, 0.01)
 
@@ -101,9 +104,11 @@ class TokenRecyclingDrafter(TreeDrafter):
         self.vocab_size: int | None = None
         self.hit_rates = OnlineAccuracy(self.tree_depth, self.num_successors, list(DEFAULT_PRIOR) + [0.01] * 64)
         self._curve = None
-        self._handed: TreeSpec | None = None  # the tree tree_for_batch gave this call (the engine passes it back)
+        self._own: TreeSpec | None = None  # the call's tree_for_batch tree (begin_batch): a call passing it refreshes
         self._current: TreeSpec | None = None  # that tree, re-chosen every refresh_every steps
         self._steps = 0
+        #: per drafted template (by value, a few at most): its node ids, parents and ranks per depth (`tree_levels`)
+        self._levels: dict[TreeSpec, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
 
     # ------------------------------------------------------------------ the matrix
     def _ensure_matrix(self, vocab_size: int, device: torch.device) -> None:
@@ -151,12 +156,12 @@ class TokenRecyclingDrafter(TreeDrafter):
         return self.cost_aware_tree()
 
     def tree_for_batch(self, batch_size: int) -> TreeSpec:
-        self._handed = self._current = self.cost_aware_tree(batch_size)
-        return self._handed
+        return self.cost_aware_tree(batch_size)
 
     def _template(self, tree: TreeSpec, batch_size: int) -> TreeSpec:
-        """The call's tree, or the refreshed cost-aware tree when the call uses the one `tree_for_batch` gave."""
-        if tree is not self._handed:
+        """The call's tree, or the refreshed cost-aware tree when the call's tree is (by value) the one
+        `tree_for_batch` gives for the call's batch."""
+        if tree != self._own:
             return tree
         if self._steps and self._steps % self.refresh_every == 0:
             self._current = self.cost_aware_tree(batch_size)
@@ -168,21 +173,28 @@ class TokenRecyclingDrafter(TreeDrafter):
         m = self.adjacency
         tokens = torch.full((tree.num_nodes + 1,), -1, dtype=torch.long, device=m.device)
         tokens[0] = root
-        for nodes, parents, ranks in _levels(tree):  # one depth at a time: parents are filled
+        for nodes, parents, ranks in self._levels_of(tree):  # one depth at a time: parents are filled
             p = tokens[parents]
             tokens[nodes] = torch.where(p >= 0, m[p.clamp_min(0), ranks], -1)
         keep = (tokens >= 0).nonzero().squeeze(-1).tolist()
         draft = DraftTree.from_spec(tree, tokens)
         return draft if len(keep) == len(tokens) else draft.select(keep)
 
-    # ------------------------------------------------------------------ the drafter protocol
-    def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
-        return self.draft(int(sequence[0, -1]), tree)
+    def _levels_of(self, tree: TreeSpec) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """`tree_levels` of ``tree``, kept beside the spec (never on it) for the few templates drafted lately."""
+        levels = self._levels.get(tree)
+        if levels is None:
+            if len(self._levels) >= MAX_TEMPLATES:
+                self._levels.clear()
+            levels = self._levels[tree] = tree_levels(tree)
+        return levels
 
+    # ------------------------------------------------------------------ the drafter protocol
     def begin_batch(self, prompts: list[torch.LongTensor], target_outputs: TargetRows) -> None:
         self._steps = 0
         if self.adjacency is None:
             raise RuntimeError("TokenRecyclingDrafter was not attached to a target (the engine calls attach_target)")
+        self._own = self._current = self.tree_for_batch(len(prompts))
         for j, prompt in enumerate(prompts):
             if target_outputs.top_k is not None:
                 top = target_outputs.top_k[j]
@@ -211,6 +223,7 @@ class TokenRecyclingDrafter(TreeDrafter):
 
     def end_batch(self) -> None:
         self._steps = 0
+        self._own = self._current = None
 
     # ------------------------------------------------------------------ saving
     def save_pretrained(self, save_directory: str | os.PathLike) -> None:
@@ -338,18 +351,13 @@ def _checked_hit_rates(tensors: dict[str, torch.Tensor], file: Path) -> dict[str
     return {"hits": hits, "trials": trials}
 
 
-def _levels(tree: TreeSpec) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Per depth 1..D: the node ids, their parents and their ranks (built once per spec and cached on it)."""
-    cached = tree.__dict__.get("_levels")
-    if cached is None:
-        depths = tree.depths.tolist()
-        cached = []
-        for level in range(1, tree.depth + 1):
-            nodes = [i for i, d in enumerate(depths) if d == level]
-            cached.append(
-                tuple(
-                    torch.tensor(v) for v in (nodes, [tree.parents[i] for i in nodes], [tree.ranks[i] for i in nodes])
-                )
-            )
-        object.__setattr__(tree, "_levels", cached)
-    return cached
+def tree_levels(tree: TreeSpec) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per depth 1..D: the node ids, their parents and their ranks."""
+    depths = tree.depths.tolist()
+    levels = []
+    for level in range(1, tree.depth + 1):
+        nodes = [i for i, d in enumerate(depths) if d == level]
+        levels.append(
+            tuple(torch.tensor(v) for v in (nodes, [tree.parents[i] for i in nodes], [tree.ranks[i] for i in nodes]))
+        )
+    return levels
