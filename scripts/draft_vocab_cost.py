@@ -24,6 +24,7 @@ import hf_speculative as hfs
 from hf_speculative.bench import load_reference_model
 from hf_speculative.drafters.draft_vocab import draft_vocab_logits, frequent_tokens
 from hf_speculative.engine.logits import vocab_logits
+from hf_speculative.engine.rows import TargetRows
 from hf_speculative.engine.trees import DraftingOptions
 
 
@@ -92,10 +93,13 @@ def main() -> None:
         heads.set_draft_vocab(d)
         heads.config.cost_aware_tree = False
         drafters[k] = heads.get_tree_drafter(model)
-        drafters[k].begin(prompt, outputs)
-    fns = {k: (lambda dr=dr: dr.propose(prompt, tree, DraftingOptions())) for k, dr in drafters.items()}
+        drafters[k].begin_batch([prompt], TargetRows(outputs))
+    fns = {k: (lambda dr=dr: dr.propose_batch([prompt], [0], tree, DraftingOptions())) for k, dr in drafters.items()}
     t = interleaved(fns, args.repeats)
-    print("\nMedusaDrafter.propose, tree cartesian [4, 2, 2, 1]: " + ", ".join(f"{k}: {v} ms" for k, v in t.items()))
+    print(
+        "\nMedusaDrafter.propose_batch (one row), tree cartesian [4, 2, 2, 1]: "
+        + ", ".join(f"{k}: {v} ms" for k, v in t.items())
+    )
     if args.data:
         print()
         coverage(args.data, tokenizer, sizes, vocab)

@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 from conftest import random_tree, tiny_model
+from test_drafter_protocol import begin_one, propose_one
 from transformers import AutoModel
 
 import hf_speculative as hfs
@@ -71,11 +72,11 @@ def test_medusa_greedy_output_does_not_change_with_a_draft_vocabulary(share_lm_h
     # every drafted token is a draft-vocabulary token
     drafter = heads.get_tree_drafter(model)
     with torch.no_grad():
-        drafter.begin(prompts[0], model(prompts[0], output_hidden_states=True))
-    draft = drafter.propose(prompts[0], hfs.TreeSpec.cartesian([4, 2, 2]), DraftingOptions())
+        begin_one(drafter, prompts[0], model(prompts[0], output_hidden_states=True))
+    draft = propose_one(drafter, prompts[0], hfs.TreeSpec.cartesian([4, 2, 2]))
     assert set(draft.tokens[1:].tolist()) <= d2t
     # sampling drafts from the truncated distribution: q is zero outside the draft vocabulary
-    draft = drafter.propose(prompts[0], hfs.TreeSpec.cartesian([3, 2]), DraftingOptions(do_sample=True))
+    draft = propose_one(drafter, prompts[0], hfs.TreeSpec.cartesian([3, 2]), DraftingOptions(do_sample=True))
     outside = torch.ones(96, dtype=torch.bool)
     outside[list(d2t)] = False
     assert draft.draft_probs[:, outside].abs().max() == 0 and set(draft.tokens[1:].tolist()) <= d2t

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import FP32_LAYERS, tiny_model
+from test_drafter_protocol import begin_one, propose_one
 from transformers import DynamicCache
 
 import hf_speculative as hfs
@@ -177,19 +178,21 @@ def test_drafting_equals_a_literal_sparse_cache(positions):
     seq = torch.cat([ids, torch.tensor([[7]])], 1)
     for sinks in (1, 2):
         drafter = hfs.MagicDecDrafter(model, sliding_window=WINDOW, num_sink_tokens=sinks, positions=positions)
-        drafter.begin(ids, out)
+        begin_one(drafter, ids, out)
         tree = hfs.TreeSpec.chain(4)
-        draft = drafter.propose(seq, tree, DraftingOptions(do_sample=True, generator=torch.Generator().manual_seed(0)))
+        draft = propose_one(
+            drafter, seq, tree, DraftingOptions(do_sample=True, generator=torch.Generator().manual_seed(0))
+        )
         chain = draft.tokens[:4].tolist()  # the root and the drafted tokens each chain forward reads
         ref = _literal_chain_probs(model, get_cache(out), chain, ids.shape[1], WINDOW, sinks, positions == "cache")
         torch.testing.assert_close(draft.draft_probs[:4], torch.stack(ref), **FP32_LAYERS)
     # the two modes really differ once the window has left a gap after the sinks
     other = hfs.MagicDecDrafter(model, sliding_window=WINDOW, positions="original" if positions == "cache" else "cache")
-    other.begin(ids, out)
+    begin_one(other, ids, out)
     mine = hfs.MagicDecDrafter(model, sliding_window=WINDOW, positions=positions)
-    mine.begin(ids, out)
+    begin_one(mine, ids, out)
     options = DraftingOptions(do_sample=True)
-    p, q = (d.propose(seq, hfs.TreeSpec.chain(1), options).draft_probs[0] for d in (mine, other))
+    p, q = (propose_one(d, seq, hfs.TreeSpec.chain(1), options).draft_probs[0] for d in (mine, other))
     assert (p - q).abs().max() > 1e-4
 
 

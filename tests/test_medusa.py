@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import FP32_LAYERS, random_tree, tiny_model
+from test_drafter_protocol import begin_one, propose_one
 from transformers import AutoConfig, AutoModel
 
 import hf_speculative as hfs
@@ -135,10 +137,11 @@ def test_greedy_tree_fill_uses_each_heads_ranked_tokens():
     model = tiny_model()
     heads = _perturb(hfs.MedusaHeadsModel.from_base_model(model, num_heads=2), 0.2)
     drafter = heads.get_tree_drafter(model)
-    drafter.hidden = torch.randn(model.config.hidden_size)
+    hidden = torch.randn(model.config.hidden_size)
+    begin_one(drafter, torch.tensor([[4]]), SimpleNamespace(hidden_states=(hidden[None, None],)))
     tree = hfs.TreeSpec.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0], [2, 0]])
-    draft = drafter.propose(torch.tensor([[4, 8]]), tree, hfs.DraftingOptions())
-    top = torch.topk(heads(drafter.hidden).logits, 3, dim=-1).indices
+    draft = propose_one(drafter, torch.tensor([[4, 8]]), tree)
+    top = torch.topk(heads(hidden).logits, 3, dim=-1).indices
     expected = [8] + [int(top[len(p) - 1, p[-1]]) for p in tree.paths]
     assert draft.tokens.tolist() == expected and draft.sampling == "deterministic"
 

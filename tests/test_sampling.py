@@ -225,6 +225,8 @@ def test_generate_sampling_matches_target_distribution(sampling_models, setting,
 def test_magicdec_sampling_matches_target_distribution(sampling_models):
     """MagicDec: the target drafts for itself over a StreamingLLM cache of window 2 and one sink (from the 4th position
     on the draft skips context), a chain with alternatives, rotary positions within the sparse cache."""
+    from test_drafter_protocol import begin_one, propose_one
+
     from hf_speculative.drafters.spire import chain_with_alternatives
 
     target, _ = sampling_models
@@ -243,8 +245,8 @@ def test_magicdec_sampling_matches_target_distribution(sampling_models):
     # the sparse draft really differs from the target
     seq = torch.cat([prompt, torch.tensor([[3]])], 1)
     with torch.no_grad():
-        drafter.begin(prompt, target(prompt, use_cache=True))
-        q = drafter.propose(seq, hfs.TreeSpec.chain(1), DraftingOptions(do_sample=True)).draft_probs[0]
+        begin_one(drafter, prompt, target(prompt, use_cache=True))
+        q = propose_one(drafter, seq, hfs.TreeSpec.chain(1), DraftingOptions(do_sample=True)).draft_probs[0]
         p = torch.softmax(target(seq).logits[0, -1], -1)
     assert 0.5 * (p - q).abs().sum() > 0.3
 

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 from conftest import FP32_LAYERS, tiny_model
+from test_drafter_protocol import begin_one, propose_one
 from test_sampling import ALPHA, NEW, VOCAB, _batched_sample_counts, _exact_generate, chi_square_pvalue
 from transformers import AutoModel
 
@@ -329,10 +330,10 @@ def test_drafting_options_sampling_fills_the_chain_from_its_draws():
     drafter = _spire(model)
     td = drafter.get_tree_drafter(model)
     ids = _prompts(1)[0]
-    td.begin(ids, model(ids, output_hidden_states=True))
+    begin_one(td, ids, model(ids, output_hidden_states=True))
     seq = torch.cat([ids, torch.tensor([[5]])], 1)
     tree = chain_with_alternatives(4, 2)
-    draft = td.propose(seq, tree, DraftingOptions(do_sample=True, generator=torch.Generator().manual_seed(0)))
+    draft = propose_one(td, seq, tree, DraftingOptions(do_sample=True, generator=torch.Generator().manual_seed(0)))
     assert draft.draft_probs is not None and draft.tokens.shape[0] == tree.num_nodes + 1
     inner = [i for i, kids in enumerate(tree.children) if kids]
     torch.testing.assert_close(draft.draft_probs[inner].sum(-1), torch.ones(len(inner)))

@@ -74,12 +74,9 @@ class ChainTreeFiller:
 
 
 class ChainDrafting(OneRowDrafter):
-    """A one-row drafter (one state per row, `OneRowDrafter`) that drafts every row's chain in one batched forward
-    per depth (SPIRe, MagicDec): ``propose_batch`` calls its ``_propose(states, sequences, tree, options)`` with the
-    rows' drafters."""
-
-    def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
-        return self._propose([self], [sequence], tree, options)[0]
+    """A drafter with one state per row (``begin`` / ``advance`` / ``end``, run once per row by `OneRowDrafter`) that
+    drafts every row's chain in one batched forward per depth (SPIRe, MagicDec): ``propose_batch``, its only drafting
+    path (B = 1 included), calls its ``_propose(states, sequences, tree, options)`` with the rows' drafters."""
 
     def propose_batch(self, sequences, rows, tree, options) -> list[DraftTree]:
         return self._propose([self.row_drafter(r) for r in rows], sequences, tree, options)

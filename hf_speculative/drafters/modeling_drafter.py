@@ -11,7 +11,7 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
 from ..engine.placement import match_target, target_placement
-from ..engine.protocol import OneRowDrafter
+from ..engine.protocol import TreeDrafter
 from ..engine.trees import TreeSpec
 from ..hub import resolve_name_or_path
 from .base import input_embeddings, output_embeddings
@@ -165,11 +165,14 @@ class DrafterModel(DrafterHubMixin, PreTrainedModel):
         raise NotImplementedError
 
 
-class DepthTreeDrafter(OneRowDrafter):
+class DepthTreeDrafter(TreeDrafter):
     """The per-call tree drafter of a model with a `TreeDrafterConfig` (Medusa heads, ParallelSpec): one distribution
     per depth fills the static tree. The default tree is the config's, or with a calibration (its ``accuracy_key``)
     the cost-aware one (`hf_speculative.drafters.cost_aware`); the vocabulary is the config's (its acceptance settings
-    are the call's default, `hf_speculative.engine.acceptance.AcceptanceSettings.resolve`). A subclass sets what its `draft_cost` reads before it calls ``__init__``."""
+    are the call's default, `hf_speculative.engine.acceptance.AcceptanceSettings.resolve`). A subclass sets what its
+    `draft_cost` reads before it calls ``__init__``, and drafts through one path: the batched methods (Medusa heads:
+    one head forward over every row) or, mixing in `OneRowDrafter`, the one-row methods (ParallelSpec: a drafter
+    cache per row)."""
 
     #: the calibration's per-depth top-i accuracies
     accuracy_key = "depth_top_i_accuracy"

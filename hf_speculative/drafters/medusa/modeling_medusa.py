@@ -22,7 +22,7 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from ...engine.logits import vocab_logits
-from ...engine.trees import DraftingOptions, DraftTree, TreeSpec
+from ...engine.trees import DraftTree
 from ..base import final_hidden_state
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
 from ..modeling_drafter import DepthTreeDrafter, DrafterModel
@@ -198,7 +198,7 @@ class MedusaDrafter(DepthTreeDrafter):
         target: PreTrainedModel | None = None,
     ):
         self.heads = heads
-        self.hidden: torch.Tensor | None = None
+        self.row_hidden: dict[int, torch.Tensor] | None = None  # original row -> h at its last committed token
         super().__init__(heads.config, heads.config.num_heads, draft_sampling, target)
 
     def draft_cost(self, curve) -> list[float]:
@@ -210,31 +210,15 @@ class MedusaDrafter(DepthTreeDrafter):
             return [curve.projection_cost(d, share) for d in range(1, config.num_heads + 1)]
         return [d * curve.projection_cost(1, share) for d in range(1, config.num_heads + 1)]
 
-    def begin(self, prompt_ids, target_outputs) -> None:
-        self.hidden = final_hidden_state(target_outputs)[0, -1]
-
-    def advance(self, sequence, draft, result, target_outputs) -> None:
-        self.hidden = final_hidden_state(target_outputs)[0, result.path[-1]]
-
-    @torch.no_grad()
-    def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
-        # only the heads the tree reaches: each head's vocabulary projection costs about as much as the target's
-        # own lm_head, a large share of a small model's decoding step (SmolLM2-135M: 4 heads ~ 0.8 target forwards)
-        states = self.heads.head_states(self.hidden, num_heads=tree.depth)
-        logits = self.heads.project(states, draft_vocab=True).float()  # (depth, V)
-        return tree.fill(logits, sequence[0, -1], options.scheme(self.draft_sampling), options)
-
-    def end(self) -> None:
-        self.hidden = None
-
-    # ------------------------------------------------------------------ batched: all rows' heads in one forward
-
+    # ------------------------------------------------------------------ drafting: all rows' heads in one forward
     def begin_batch(self, prompts, target_outputs) -> None:
         h = final_hidden_state(target_outputs.outputs)[:, -1]  # left padding: the last column is every row's last token
         self.row_hidden = {j: h[i] for j, i in enumerate(target_outputs.rows)}
 
     @torch.no_grad()
-    def propose_batch(self, sequences, rows, tree, options):
+    def propose_batch(self, sequences, rows, tree, options) -> list[DraftTree]:
+        # only the heads the tree reaches: each head's vocabulary projection costs about as much as the target's
+        # own lm_head, a large share of a small model's decoding step (SmolLM2-135M: 4 heads ~ 0.8 target forwards)
         states = self.heads.head_states(torch.stack([self.row_hidden[r] for r in rows]), num_heads=tree.depth)
         logits = self.heads.project(states, draft_vocab=True).float()  # (A, depth, V)
         scheme = options.scheme(self.draft_sampling)

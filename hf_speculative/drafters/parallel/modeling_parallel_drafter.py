@@ -27,6 +27,7 @@ from transformers.utils import ModelOutput
 
 from ..._compat import cache_arg, get_cache, takes_cache
 from ...engine.logits import vocab_logits
+from ...engine.protocol import OneRowDrafter
 from ...engine.trees import DraftingOptions, DraftTree, TreeSpec
 from ..base import final_hidden_state, input_embeddings
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
@@ -201,7 +202,7 @@ class ParallelDrafter(DraftVocabMixin, ParallelDrafterPreTrainedModel):
         return ParallelTreeDrafter(self, target=target)
 
 
-class ParallelTreeDrafter(DepthTreeDrafter):
+class ParallelTreeDrafter(OneRowDrafter, DepthTreeDrafter):
     """One drafter forward per step over ``[uncached committed tokens, MASK_1 .. MASK_k]`` fills the tree.
 
     Greedy: the node at depth d with rank i gets the i-th most likely token of distribution d (whatever its

@@ -213,9 +213,6 @@ class SuffixDrafter(TreeDrafter):
         return expand_speculation_tree(codes, follow, root, budget, tree.depth, self.config.min_probability)
 
     # ------------------------------------------------------------------ the drafter protocol (batched)
-    def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
-        return self.draft(sequence[0], tree)
-
     def begin_batch(self, prompts: list[torch.LongTensor], target_outputs: TargetRows) -> None:
         self._rows = {j: [prompt.shape[1], prompt] for j, prompt in enumerate(prompts)}
         batch = len(prompts)
