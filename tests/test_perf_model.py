@@ -6,9 +6,11 @@ import pytest
 import torch
 from conftest import tiny_model
 
+import hf_speculative as hfs
 from hf_speculative import perf_model
+from hf_speculative.engine.policy import speed_policy
 from hf_speculative.perf_model import CostCurve, get_cost_curve, measure_cost_curve, set_cost_curve
-from hf_speculative.perf_model.cost_curve import _LOADED, _non_decreasing
+from hf_speculative.perf_model.cost_curve import _non_decreasing
 
 
 def test_interpolation_extrapolation_and_batching():
@@ -65,7 +67,7 @@ def test_measure_on_a_tiny_model():
 
 def test_get_cost_curve_measures_once_then_loads_from_disk(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_SPECULATIVE_CACHE", str(tmp_path))
-    model = tiny_model("llama")
+    model = hfs.enable(tiny_model("llama"), kernels="torch")  # its speed policy holds what was read or measured
     calls = []
     real = perf_model.measure_cost_curve
 
@@ -78,7 +80,7 @@ def test_get_cost_curve_measures_once_then_loads_from_disk(tmp_path, monkeypatch
     first = get_cost_curve(model)
     assert len(calls) == 1 and list((tmp_path / "cost_curves").glob("*.json"))
     assert get_cost_curve(model) is first and len(calls) == 1  # in-process memo
-    _LOADED.clear()
+    speed_policy(model).cost_curves.clear()  # the policy holds the memo: a new process reads the file
     assert get_cost_curve(model) == first and len(calls) == 1  # from disk
     # another dtype is another curve (and another file)
     assert perf_model.cost_curve_path(model.to(torch.float64)) != perf_model.cost_curve_path(model.to(torch.float32))

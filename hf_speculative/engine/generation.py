@@ -41,6 +41,9 @@ class SpeculativeGenerationMixin:
             same either way.
     """
 
+    #: marks models that generate speculatively (`hf_speculative.engine.policy.speed_policy` gives them a policy)
+    speculative_generation = True
+
     def generate(
         self,
         inputs=None,

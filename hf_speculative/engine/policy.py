@@ -80,6 +80,8 @@ class SpeedPolicy:
         default_factory=weakref.WeakKeyDictionary, init=False, repr=False, compare=False
     )
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+    #: the model's cost curves this process read, measured or was given (`hf_speculative.perf_model.get_cost_curve`)
+    cost_curves: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.kernels not in ("auto", "torch"):
@@ -278,7 +280,7 @@ class SpeedPolicy:
         return copy
 
 
-_RUNTIME = ("_kernels", "_linears", "_prepared", "_local", "_pricers", "_lock")
+_RUNTIME = ("_kernels", "_linears", "_prepared", "_local", "_pricers", "_lock", "cost_curves")
 
 
 def _runtime_state() -> dict:
@@ -289,6 +291,7 @@ def _runtime_state() -> dict:
         _local=threading.local(),
         _pricers=weakref.WeakKeyDictionary(),
         _lock=threading.Lock(),
+        cost_curves={},
     )
 
 
@@ -330,6 +333,11 @@ def _version(tensor: torch.Tensor) -> int:
 
 
 def speed_policy(model) -> SpeedPolicy:
-    """The speed policy ``hfs.enable`` gave ``model``; for a model never enabled, one that runs torch's kernels."""
-    policy = getattr(model, "_hfs_policy", None)
+    """The speed policy ``hfs.enable`` gave ``model``; for a model never enabled, a new one that runs torch's kernels
+    (held by nothing)."""
+    policy = model.__dict__.get("_hfs_policy") if hasattr(model, "__dict__") else None
+    if policy is None and getattr(type(model), "speculative_generation", False):
+        # a model class that decodes speculatively by itself (Speculative Streaming): a policy of its own, torch's
+        # kernels, made on first use
+        policy = model.__dict__["_hfs_policy"] = SpeedPolicy.from_env(kernels="torch")
     return policy if policy is not None else SpeedPolicy.from_env(kernels="torch")

@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import time
-import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -282,8 +281,15 @@ def _fitted_curve(best: dict, nodes: list[int], rows: list[int], meta: dict) -> 
 
 # ----------------------------------------------------------------------------- caching
 
-_INJECTED: "weakref.WeakKeyDictionary[torch.nn.Module, CostCurve]" = weakref.WeakKeyDictionary()
-_LOADED: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()  # per (device, dtype)
+
+def _curves_of(model) -> dict | None:
+    """What this process knows of ``model``'s cost curves: held by its speed policy (`hfs.enable`), so it lives and
+    dies with the model; None for a model never enabled (nothing is remembered for it)."""
+    from ..engine.policy import speed_policy
+
+    if "_hfs_policy" not in model.__dict__ and not getattr(type(model), "speculative_generation", False):
+        return None
+    return speed_policy(model).cost_curves
 
 
 #: bumped when what a curve measures changes, so that curves cached by older code are measured again
@@ -305,13 +311,17 @@ def cost_curve_path(model, prefix: int = 128) -> Path:
 
 
 def set_cost_curve(model, curve: CostCurve | None) -> None:
-    """Use ``curve`` for ``model`` in this process (deterministic tests; a curve measured elsewhere);
-    None forgets it (and what was read or found missing on disk: the next call looks again)."""
-    _LOADED.pop(model, None)
-    if curve is None:
-        _INJECTED.pop(model, None)
-    else:
-        _INJECTED[model] = curve
+    """Use ``curve`` for ``model`` in this process (deterministic tests; a curve measured elsewhere); None forgets it
+    (and what was read or found missing on disk: the next call looks again). The model's speed policy holds it, so a
+    curve needs an enabled model (`hfs.enable`)."""
+    curves = _curves_of(model)
+    if curves is None:
+        if curve is not None:
+            raise ValueError("set_cost_curve needs an enabled model (hfs.enable(model)): its speed policy holds it")
+        return
+    curves.clear()
+    if curve is not None:
+        curves["injected"] = curve
 
 
 #: what reading a damaged curve file raises: unreadable, not UTF-8 or JSON (ValueError), or JSON of another shape
@@ -338,10 +348,11 @@ def get_cost_curve(model, measure_if_missing: bool = True, **measure_kwargs) -> 
     """The model's cost curve: injected (`set_cost_curve`), else cached on disk, else measured once
     (`measure_cost_curve`) and cached. Returns None when missing and ``measure_if_missing`` is False; a miss is
     remembered for the model in this process (a curve another process calibrates later is read after a restart)."""
-    if model in _INJECTED:
-        return _INJECTED[model]
+    known = _curves_of(model)
+    loaded = known if known is not None else {}
+    if "injected" in loaded:
+        return loaded["injected"]
     param = next(model.parameters())
-    loaded = _LOADED.setdefault(model, {})
     memo_key = (str(param.device), param.dtype, measure_kwargs.get("prefix", 128))
     if memo_key in loaded:
         return loaded[memo_key]
