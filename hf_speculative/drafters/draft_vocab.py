@@ -41,25 +41,38 @@ def frequent_tokens(token_ids: torch.Tensor | Iterable, k: int, vocab_size: int 
     return order.sort().values
 
 
-_SLICES: dict[tuple[int, int], tuple] = {}  # (id(weight), id(map)) -> (weakrefs to both, state key, sliced weight)
+class _SlicedRows:
+    """The rows of one weight an id map selected, kept on the id map tensor (`draft_vocab_weight`); copies and
+    pickles of the tensor start empty (the rows are computed again)."""
+
+    def __init__(self, weight: torch.Tensor | None = None, key: tuple = (), rows: torch.Tensor | None = None):
+        self.weight = weakref.ref(weight) if weight is not None else None
+        self.key, self.rows = key, rows
+
+    def get(self, weight: torch.Tensor, key: tuple) -> torch.Tensor | None:
+        return self.rows if self.weight is not None and self.weight() is weight and self.key == key else None
+
+    def __reduce__(self):
+        return (_SlicedRows, ())
+
+    def __deepcopy__(self, memo):
+        return _SlicedRows()
 
 
 def draft_vocab_weight(weight: torch.Tensor, draft_to_target: torch.Tensor) -> torch.Tensor:
     """``weight[draft_to_target]``, computed once per (weight, id map) and reused while neither changes (a
     frozen shared ``lm_head``); a copy per step would cost more than the projection it saves. Pass the
-    persistent tensor (the ``lm_head`` parameter), not a fresh ``.detach()`` of it: the cache is keyed on the
-    tensor object, so a new view per call would slice the 49K-row table every step."""
-    ident = (id(weight), id(draft_to_target))
+    persistent tensors (the ``lm_head`` parameter, the drafter's ``draft_to_target`` buffer), not fresh views:
+    the rows are kept on the id map tensor itself and checked against the weight object, so a new view per call
+    would slice the 49K-row table every step."""
     key = (weight._version, weight.device, weight.dtype, draft_to_target._version, draft_to_target.device)
-    hit = _SLICES.get(ident)
-    if hit is not None and hit[0]() is weight and hit[1]() is draft_to_target and hit[2] == key:
-        return hit[3]
-    with torch.no_grad():
-        sliced = weight.detach().index_select(0, draft_to_target.to(weight.device)).contiguous()
-    for k in [k for k, v in _SLICES.items() if v[0]() is None or v[1]() is None]:  # tensors that are gone
-        del _SLICES[k]
-    _SLICES[ident] = (weakref.ref(weight), weakref.ref(draft_to_target), key, sliced)
-    return sliced
+    cached = getattr(draft_to_target, "_hfs_sliced", None)
+    rows = cached.get(weight, key) if cached is not None else None
+    if rows is None:
+        with torch.no_grad():
+            rows = weight.detach().index_select(0, draft_to_target.to(weight.device)).contiguous()
+        draft_to_target._hfs_sliced = _SlicedRows(weight, key, rows)
+    return rows
 
 
 def draft_vocab_logits(states: torch.Tensor, weight: torch.Tensor, draft_to_target: torch.Tensor) -> torch.Tensor:
