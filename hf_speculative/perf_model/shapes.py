@@ -25,146 +25,64 @@ _LLAMA3_ROPE = dict(
     original_max_position_embeddings=8192,
 )
 
+#: the ``config.json`` fields of a `_shape` row, in its order
+_SHAPE_FIELDS = (
+    "model_type",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+)
+
+
+def _shape(*row, **published) -> dict:
+    """One shape's config keyword arguments: a row of the `_SHAPE_FIELDS` (None: not published, the config class's
+    default), then the other published fields."""
+    fields = {name: value for name, value in zip(_SHAPE_FIELDS, row, strict=True) if value is not None}
+    return dict(fields, **published)
+
+
+def _llama3(rope_factor: float, tied: bool) -> dict:
+    """The fields Llama 3.1 and 3.2 publish beyond `_SHAPE_FIELDS`."""
+    rope = dict(_LLAMA3_ROPE, factor=rope_factor)
+    return dict(rope_parameters=rope, rms_norm_eps=1e-5, tie_word_embeddings=tied)
+
+
+def _default_rope(theta: float, rms_norm_eps: float, tied: bool, **more) -> dict:
+    """The fields a config with the default rotary embedding of base ``theta`` publishes beyond `_SHAPE_FIELDS`."""
+    rope = dict(rope_type="default", rope_theta=theta)
+    return dict(rope_parameters=rope, rms_norm_eps=rms_norm_eps, tie_word_embeddings=tied, **more)
+
+
 #: Config keyword arguments of common target (and draft) shapes: ``model_type`` names the family's config class
 #: (`shape_config`), the rest are the published ``config.json`` fields that decide a forward's cost (token ids and
-#: generation settings left out)
+#: generation settings left out). A row: model_type, hidden_size, intermediate_size, num_hidden_layers,
+#: num_attention_heads, num_key_value_heads, head_dim, vocab_size, max_position_embeddings (`_SHAPE_FIELDS`), then
+#: the other fields.
 SHAPES: dict[str, dict] = {
-    "llama-2-7b": dict(
-        model_type="llama",
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        vocab_size=32000,
-        max_position_embeddings=4096,
-    ),
-    "vicuna-7b": dict(
-        model_type="llama",
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        vocab_size=32000,
-        max_position_embeddings=4096,
-    ),
-    "llama-2-13b": dict(
-        model_type="llama",
-        hidden_size=5120,
-        intermediate_size=13824,
-        num_hidden_layers=40,
-        num_attention_heads=40,
-        num_key_value_heads=40,
-        vocab_size=32000,
-        max_position_embeddings=4096,
-    ),
-    "llama-3-8b": dict(
-        model_type="llama",
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        max_position_embeddings=8192,
-    ),
+    "llama-2-7b": _shape("llama", 4096, 11008, 32, 32, 32, None, 32000, 4096),
+    "vicuna-7b": _shape("llama", 4096, 11008, 32, 32, 32, None, 32000, 4096),
+    "llama-2-13b": _shape("llama", 5120, 13824, 40, 40, 40, None, 32000, 4096),
+    "llama-3-8b": _shape("llama", 4096, 14336, 32, 32, 8, None, 128256, 8192),
     # meta-llama/Llama-3.1-8B
-    "llama-3.1-8b": dict(
-        model_type="llama",
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=128256,
-        max_position_embeddings=131072,
-        rope_parameters=dict(_LLAMA3_ROPE, factor=8.0),
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-    ),
+    "llama-3.1-8b": _shape("llama", 4096, 14336, 32, 32, 8, 128, 128256, 131072, **_llama3(8.0, tied=False)),
     # meta-llama/Llama-3.2-1B and -3B: tied embeddings
-    "llama-3.2-1b": dict(
-        model_type="llama",
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=64,
-        vocab_size=128256,
-        max_position_embeddings=131072,
-        rope_parameters=dict(_LLAMA3_ROPE, factor=32.0),
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-    ),
-    "llama-3.2-3b": dict(
-        model_type="llama",
-        hidden_size=3072,
-        intermediate_size=8192,
-        num_hidden_layers=28,
-        num_attention_heads=24,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=128256,
-        max_position_embeddings=131072,
-        rope_parameters=dict(_LLAMA3_ROPE, factor=32.0),
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-    ),
+    "llama-3.2-1b": _shape("llama", 2048, 8192, 16, 32, 8, 64, 128256, 131072, **_llama3(32.0, tied=True)),
+    "llama-3.2-3b": _shape("llama", 3072, 8192, 28, 24, 8, 128, 128256, 131072, **_llama3(32.0, tied=True)),
     # Qwen/Qwen2.5-0.5B: Qwen2Config (q, k and v projections with biases), tied embeddings
-    "qwen2.5-0.5b": dict(
-        model_type="qwen2",
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        max_position_embeddings=32768,
-        rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        use_sliding_window=False,
+    "qwen2.5-0.5b": _shape(
+        "qwen2", 896, 4864, 24, 14, 2, None, 151936, 32768, **_default_rope(1e6, 1e-6, True, use_sliding_window=False)
     ),
     # mistralai/Mistral-7B-v0.3: MistralConfig, 32768-token vocabulary, no sliding window, untied
-    "mistral-7b": dict(
-        model_type="mistral",
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=32768,
-        max_position_embeddings=32768,
-        rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
-        rms_norm_eps=1e-5,
-        sliding_window=None,
-        tie_word_embeddings=False,
+    "mistral-7b": _shape(
+        "mistral", 4096, 14336, 32, 32, 8, 128, 32768, 32768, **_default_rope(1e6, 1e-5, False, sliding_window=None)
     ),
-    "smollm2-135m": dict(
-        model_type="llama",
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        vocab_size=49152,
-        max_position_embeddings=8192,
-        tie_word_embeddings=True,
-    ),
-    "tiny": dict(
-        model_type="llama",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=1024,
-    ),
+    "smollm2-135m": _shape("llama", 576, 1536, 30, 9, 3, None, 49152, 8192, tie_word_embeddings=True),
+    "tiny": _shape("llama", 64, 128, 2, 4, 2, None, 256, 1024),
 }
 
 #: bytes per element of the dtypes a config may name
