@@ -135,7 +135,7 @@ def test_the_id_key_check_sees_the_usual_spellings():
 #: a duration or a speed in a comment: "7.9 ms", "0.1 s", "1.4x faster", "120 tok/s"
 TIMING = re.compile(r"\d\s?(?:ms|µs|us)\b|\d\s+s(?=[\s).,;:]|$)|\d\s?x faster|\d\s?tok(?:ens)?/s\b")
 #: comments that may keep a measured timing: the engine's, until its rewrite moves them to docs/results
-TIMINGS_ALLOWED = {"hf_speculative/engine/logits.py"}
+TIMINGS_ALLOWED: set[str] = set()
 
 
 def test_no_machine_timings_in_comments():

@@ -202,8 +202,14 @@ def test_no_pruning_when_sampling_or_threshold_zero():
     full = len(ss.config.tree.parents)
     greedy = ss.generate(ids, max_new_tokens=8, do_sample=False, return_dict_in_generate=True).speculative_stats
     assert set(greedy.tree_sizes) == {1} and greedy.mean_accepted_length == 1.0
+    # exact sampling keyed by position drafts top-k candidates and commits the keyed draw whatever was drafted:
+    # pruning them is safe, as in greedy decoding
     sampled = ss.generate(ids, max_new_tokens=8, do_sample=True, return_dict_in_generate=True).speculative_stats
-    assert set(sampled.tree_sizes) == {full}  # pruning would bias tree rejection sampling: it is off
+    assert set(sampled.tree_sizes) == {1}
+    rejection = ss.generate(
+        ids, max_new_tokens=8, do_sample=True, speculative_acceptance="rejection", return_dict_in_generate=True
+    ).speculative_stats
+    assert set(rejection.tree_sizes) == {full}  # pruning sampled candidates would bias tree rejection sampling: off
     ss.config.pruning_threshold = 0.0
     off = ss.generate(ids, max_new_tokens=8, do_sample=False, return_dict_in_generate=True).speculative_stats
     assert set(off.tree_sizes) == {full}

@@ -17,8 +17,8 @@ def vocab_logits(states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
     Drafters project a handful of rows per step (K Medusa heads, k+1 ParallelSpec positions, gamma
     streams). CPU BLAS runs ``linear`` with 2-16 rows against a 49k x 576 weight about 2x slower than
-    ``(W @ x^T)^T`` (measured on this project's 2-core machine: 48 ms against 25 ms for 5 rows), so
-    without autograd the transposed product is used; otherwise (training, one row, many rows) ``linear``.
+    ``(W @ x^T)^T`` (the measurement: docs/results/2026-11-26-step-cost.md), so without autograd the transposed
+    product is used; otherwise (training, one row, many rows) ``linear``.
     """
     x = states.to(weight.dtype)
     rows = x.reshape(-1, x.shape[-1])
@@ -27,9 +27,9 @@ def vocab_logits(states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.linear(x, weight)
 
 
-#: rows the LM head computes together when a node's logits are first needed: on CPU BLAS a single-row
-#: product with SmolLM2's 49K x 576 head is a slow matrix-vector product (7.9 ms on this project's 2-core
-#: machine) while 2-4 rows cost 2.9-3.8 ms in all, so the likely next rows come almost for free.
+#: rows the LM head computes together when a node's logits are first needed: on CPU BLAS a single-row product with
+#: SmolLM2's 49K x 576 head is a slow matrix-vector product while 2-4 rows cost less in all, so the likely next rows
+#: come almost for free (measured: docs/results/2026-11-26-step-cost.md)
 PREFETCH_ROWS = 4
 
 
