@@ -1,10 +1,14 @@
-"""``hf-speculative export`` of EAGLE drafters: the public EAGLE / EAGLE-3 layout that vLLM and SGLang load.
+"""``hf-speculative export`` of EAGLE drafters: the public EAGLE / EAGLE-3 layout that vLLM and SGLang load, and
+vllm-project/speculators' EAGLE-3 layout that vLLM serves (``--format speculators``).
 
 The config fields and tensor names asserted here are the ones their loaders read (vLLM
 ``vllm/model_executor/models/llama_eagle.py``, ``llama_eagle3.py``, ``vllm/transformers_utils/configs/eagle.py``;
 SGLang ``python/sglang/srt/models/llama_eagle.py``, ``llama_eagle3.py``); each engine's renaming of the checkpoint
-names onto its module's parameters is re-implemented in `engine_parameters`. The exported folder is loaded back
-through our public-layout loader (`EagleDrafter.from_pretrained`): identical weights, outputs and greedy generation.
+names onto its module's parameters is re-implemented in `engine_parameters`. The speculators layout is checked against
+speculators' ``Eagle3SpeculatorConfig`` / ``SpeculatorsConfig`` fields and its EAGLE-3 module's tensor names, and
+against vLLM's reading of it (``vllm/transformers_utils/configs/speculators/``), re-implemented in `vllm_view`. The
+exported folder is loaded back through our public-layout loader (`EagleDrafter.from_pretrained`): identical weights,
+outputs and greedy generation.
 """
 
 from __future__ import annotations
@@ -318,5 +322,177 @@ def test_reference_card_exports(fmt, card_shaped, tmp_path):
     assert set(weights) == EAGLE3_KEYS and weights["fc.weight"].dtype == torch.bfloat16
     card, loaded = EagleDrafter.from_pretrained(card_shaped), EagleDrafter.from_pretrained(tmp_path / fmt)
     assert loaded.config.target_num_layers is None and card.config.target_num_layers == 30
+    for k, v in card.state_dict().items():
+        assert torch.equal(v.float(), loaded.state_dict()[k].float()), k
+
+
+# ---------------------------------------------------------------------------------------------- speculators layout
+SPECULATORS_KEYS = {
+    "fc.weight",
+    *(f"layers.0.{k}" for k in LAYER),
+    "layers.0.input_layernorm.weight",
+    "layers.0.hidden_norm.weight",
+    "norm.weight",
+    "lm_head.weight",
+    "d2t",
+    "t2d",
+}
+#: the top-level fields of speculators' ``Eagle3SpeculatorConfig`` this export writes
+SPECULATORS_FIELDS = {
+    "architectures",
+    "speculators_model_type",
+    "speculators_config",
+    "transformer_layer_config",
+    "draft_vocab_size",
+    "target_hidden_size",
+    "norm_before_residual",
+    "norm_before_fc",
+    "fc_norm",
+    "norm_output",
+    "eagle_aux_hidden_state_layer_ids",
+}
+
+
+def vllm_view(config: dict) -> dict:
+    """The drafter config vLLM builds from a speculators ``config.json``: the structure it requires, the first
+    proposal's ``speculative_tokens`` as its lookahead, the verifier as the target, ``transformer_layer_config`` as the
+    drafter's fields, then the EAGLE-3 fields (``norm_before_residual`` read as true when absent)."""
+    spec = config["speculators_config"]
+    assert isinstance(config["transformer_layer_config"], dict) and spec["verifier"].keys() >= {"name_or_path"}
+    view = {
+        "method": config["speculators_model_type"],
+        "num_lookahead_tokens": spec["proposal_methods"][0]["speculative_tokens"],
+        "target_model": spec["verifier"]["name_or_path"],
+        **config["transformer_layer_config"],
+        "draft_vocab_size": config.get("draft_vocab_size"),
+        "norm_before_residual": config.get("norm_before_residual", True),
+        "architectures": ["Eagle3LlamaForCausalLM"],
+    }
+    if config.get("target_hidden_size") is not None:
+        view["target_hidden_size"] = config["target_hidden_size"]
+    if config.get("eagle_aux_hidden_state_layer_ids"):
+        view["eagle_aux_hidden_state_layer_ids"] = config["eagle_aux_hidden_state_layer_ids"]
+    return view
+
+
+def _speculators(folder, out, *extra) -> int:
+    return main(["export", str(folder), "--format", "speculators", "--output", str(out), *extra])
+
+
+def test_speculators_export_writes_the_eagle3_speculator_layout(tmp_path, capsys):
+    from transformers import LlamaConfig
+
+    model = _target()
+    c, H = model.config, model.config.hidden_size
+    drafter = _drafter(model, "eagle3")
+    drafter.save_pretrained(tmp_path / "ours")
+    assert _speculators(tmp_path / "ours", tmp_path / "out", "--speculative-tokens", "3") == 0
+    assert "vllm serve" in capsys.readouterr().out
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert set(config) == SPECULATORS_FIELDS
+    assert config["architectures"] == ["Eagle3Speculator"] and config["speculators_model_type"] == "eagle3"
+    assert config["speculators_config"] == {
+        "algorithm": "eagle3",
+        "proposal_methods": [
+            {"proposal_type": "greedy", "speculative_tokens": 3, "verifier_accept_k": 1, "accept_tolerance": 0.0}
+        ],
+        "default_proposal_method": "greedy",
+        "verifier": {"name_or_path": None, "architectures": []},  # a target built from a config has no name
+    }
+    assert (config["draft_vocab_size"], config["target_hidden_size"]) == (DRAFT_VOCAB, H)
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 3]  # the inputs of layers 2, L // 2, L - 3
+    assert not any(config[k] for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"))
+    layer = LlamaConfig(**config["transformer_layer_config"])  # as speculators' validator builds it
+    assert (layer.model_type, layer.num_hidden_layers, layer.vocab_size, layer.hidden_size) == (
+        "llama",
+        1,
+        c.vocab_size,
+        H,
+    )
+    assert (layer.num_attention_heads, layer.num_key_value_heads, layer.head_dim) == (4, 2, H // 4)
+    assert layer.intermediate_size == c.intermediate_size and layer.rope_parameters["rope_theta"] == ROPE_THETA
+    view = vllm_view(config)
+    assert (view["method"], view["num_lookahead_tokens"], view["norm_before_residual"]) == ("eagle3", 3, False)
+    assert (view["hidden_act"], view["rope_theta"], view["rms_norm_eps"]) == ("silu", ROPE_THETA, c.rms_norm_eps)
+
+    weights = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert set(weights) == SPECULATORS_KEYS  # no target attached: no embeddings, vLLM shares the verifier's
+    assert engine_parameters("vllm", "eagle3", weights) == ENGINE_PARAMETERS["vllm", "eagle3"]
+    assert weights["fc.weight"].shape == (H, 3 * H) and weights["layers.0.self_attn.q_proj.weight"].shape == (H, 2 * H)
+    assert weights["lm_head.weight"].shape == (DRAFT_VOCAB, H) and weights["t2d"].shape == (c.vocab_size,)
+    assert torch.equal(torch.arange(DRAFT_VOCAB) + weights["d2t"], drafter.draft_target_ids)
+    assert torch.equal(weights["layers.0.hidden_norm.weight"], drafter.midlayer.hidden_norm.weight.detach())
+
+    loaded = EagleDrafter.from_pretrained(tmp_path / "out", base_model=model)  # the layout reads back
+    assert loaded.config.is_eagle3 and loaded.config.feature_layers() == [2, 3, 3]
+    _assert_same_drafter(drafter, loaded, model)
+    prompt = torch.tensor([[1, 5, 7, 9, 11]])
+    ref = model.generate(prompt, max_new_tokens=16, do_sample=False)
+    assert torch.equal(model.generate(prompt, assistant_model=loaded, max_new_tokens=16, do_sample=False), ref)
+
+
+def test_speculators_export_with_the_target_writes_its_embeddings_and_verifier(tmp_path, monkeypatch):
+    from hf_speculative.drafters.eagle.speculators import save_for_speculators
+    from hf_speculative.drafters.streaming import modeling_speculative_streaming
+
+    model = _target()
+    drafter = _drafter(model, "eagle3", target_layers=[1, 3, 4])
+    drafter.save_pretrained(tmp_path / "ours")
+    monkeypatch.setattr(modeling_speculative_streaming, "load_base_model", lambda name: model)  # --model's loader
+    assert _speculators(tmp_path / "ours", tmp_path / "cli", "--model", "org/tiny-llama") == 0
+    config = json.loads((tmp_path / "cli" / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == "org/tiny-llama"
+    assert "embed_tokens.weight" in load_file(str(tmp_path / "cli" / "model.safetensors"))
+    verifier = {"name_or_path": "org/tiny-llama", "architectures": ["LlamaForCausalLM"]}
+    save_for_speculators(drafter, tmp_path / "out", verifier=verifier)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["speculators_config"]["verifier"] == verifier
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == drafter.config.tree_depth
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    weights = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert set(weights) == SPECULATORS_KEYS | {"embed_tokens.weight"}
+    assert torch.equal(weights["embed_tokens.weight"], model.get_input_embeddings().weight.detach())
+    assert "model.embed_tokens.weight" in engine_parameters("vllm", "eagle3", weights)
+    loaded = EagleDrafter.from_pretrained(tmp_path / "out", base_model=model)  # the embeddings are the target's
+    assert loaded.config.base_model_name_or_path == "org/tiny-llama" and loaded.config.feature_layers() == [1, 3, 4]
+    _assert_same_drafter(drafter, loaded, model)
+    assert _export(tmp_path / "out", "sglang", tmp_path / "sglang") == 0  # and converts to the other layouts
+    assert json.loads((tmp_path / "sglang" / "config.json").read_text())["eagle_config"] == {
+        "eagle_aux_hidden_state_layer_ids": [0, 2, 3]
+    }
+
+
+def test_speculators_export_takes_eagle3_drafters_only(tmp_path, capsys):
+    model = _target()
+    _drafter(model, "eagle").save_pretrained(tmp_path / "eagle1")
+    assert _speculators(tmp_path / "eagle1", tmp_path / "o") == 2
+    assert "writes EAGLE-3 drafters" in capsys.readouterr().err
+    hfs.MedusaHeadsModel.from_base_model(model, num_heads=2).save_pretrained(tmp_path / "medusa")
+    assert _speculators(tmp_path / "medusa", tmp_path / "o") == 2
+    assert "is not an EAGLE drafter (model_type 'medusa_heads')" in capsys.readouterr().err
+    qwen = hfs.enable(tiny_model("qwen2", seed=2, num_layers=NUM_LAYERS))
+    EagleDrafter.from_base_model(qwen, variant="eagle3").save_pretrained(tmp_path / "qwen")
+    assert _speculators(tmp_path / "qwen", tmp_path / "o") == 2
+    assert "q/k/v biases without an o_proj bias" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(not (CARD / "config.json").is_file(), reason="the reference EAGLE-3 card is not in this checkout")
+def test_reference_card_exports_to_speculators(card_shaped, tmp_path):
+    assert _speculators(card_shaped, tmp_path / "out") == 0
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    verifier = config["speculators_config"]["verifier"]
+    assert verifier["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and isinstance(
+        verifier["architectures"], list
+    )
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5  # the card's tree depth
+    assert (config["draft_vocab_size"], config["target_hidden_size"]) == (8192, 576)
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]  # the 30-layer target's
+    layer = config["transformer_layer_config"]
+    assert (layer["vocab_size"], layer["torch_dtype"], layer["rope_theta"]) == (49152, "bfloat16", 100000.0)
+    weights = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert set(weights) == SPECULATORS_KEYS and weights["fc.weight"].dtype == torch.bfloat16
+    card, loaded = EagleDrafter.from_pretrained(card_shaped), EagleDrafter.from_pretrained(tmp_path / "out")
+    assert loaded.config.target_layers == [2, 15, 27]
     for k, v in card.state_dict().items():
         assert torch.equal(v.float(), loaded.state_dict()[k].float()), k

@@ -5,9 +5,13 @@
     hf-speculative export model_cards/eagle-smollm2-135m-instruct --format sglang --output eagle3-sglang
     python -m sglang.launch_server --model-path TARGET --speculative-algorithm EAGLE3 \
         --speculative-draft-model-path eagle3-sglang
+    hf-speculative export model_cards/eagle-smollm2-135m-instruct --format speculators --output eagle3-speculators
+    vllm serve eagle3-speculators      # the verifier its config names, with this drafter
 
 EAGLE-1/2/3 drafters (`EagleDrafter` folders, or public EAGLE checkpoints) -> the public EAGLE / EAGLE-3 layout of
-vLLM's and SGLang's loaders (`hf_speculative.drafters.eagle.serving`). Medusa heads (ours, or FasterDecoding/Medusa's
+vLLM's and SGLang's loaders (`hf_speculative.drafters.eagle.serving`); EAGLE-3 drafters -> the layout of
+vllm-project/speculators (``--format speculators``: `hf_speculative.drafters.eagle.speculators`), which vLLM serves
+with the verifier its config names. Medusa heads (ours, or FasterDecoding/Medusa's
 layout) -> vLLM's Medusa layout; SGLang has no Medusa loader. A plain causal-LM drafter (two-model speculative
 decoding) is written as it is for both (vLLM ``draft_model``, SGLang ``STANDALONE``). Speculative Streaming and
 ParallelDrafter have no serving-engine counterpart.
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import sys
 
-FORMATS = ("vllm", "sglang")
+FORMATS = ("vllm", "sglang", "speculators")
 
 NO_COUNTERPART = {
     "speculative_streaming": (
@@ -31,6 +35,9 @@ NO_COUNTERPART = {
         "(model.generate(assistant_model=drafter))."
     ),
 }
+SPECULATORS_EAGLE3_ONLY = (
+    "--format speculators writes EAGLE-3 drafters (vllm-project/speculators' eagle3 layout); {folder} is {what}"
+)
 SGLANG_NO_MEDUSA = (
     "SGLang has no Medusa loader: its speculative decoding loads EAGLE / EAGLE-3 drafters, plain draft models "
     "(STANDALONE) and n-gram lookup. Export Medusa heads with --format vllm."
@@ -39,7 +46,9 @@ SGLANG_NO_MEDUSA = (
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "export", help="write a drafter in a serving engine's layout (EAGLE for vLLM/SGLang, Medusa for vLLM)"
+        "export",
+        help="write a drafter in a serving engine's layout (EAGLE for vLLM/SGLang, Medusa for vLLM, EAGLE-3 for "
+        "vllm-project/speculators)",
     )
     p.add_argument(
         "folder",
@@ -51,7 +60,15 @@ def add_parser(subparsers) -> None:
         "--model",
         default=None,
         help="target model, for heads that share its lm_head (default: the base the "
-        "drafter's config names; 'reference' for SmolLM2-135M-Instruct)",
+        "drafter's config names; 'reference' for SmolLM2-135M-Instruct); --format speculators: the verifier, whose "
+        "embeddings and architectures are then written too",
+    )
+    p.add_argument(
+        "--speculative-tokens",
+        type=int,
+        default=None,
+        help="--format speculators: tokens the greedy proposal drafts per step (vLLM's num_speculative_tokens; "
+        "default: the drafter's tree depth)",
     )
     p.set_defaults(func=run)
 
@@ -80,11 +97,19 @@ def run(args) -> int:
         model_type = config.get("model_type")
         if model_type == EagleConfig.model_type or is_public_checkpoint(folder):
             return _export_eagle(folder, args)
+        if args.format == "speculators":
+            return _fail(
+                SPECULATORS_EAGLE3_ONLY.format(folder=folder, what=f"not an EAGLE drafter (model_type {model_type!r})")
+            )
         if (
             any(a.endswith("ForCausalLM") for a in config.get("architectures") or [])
             and model_type not in NO_COUNTERPART
         ):
             return _export_draft_model(folder, args)
+    if args.format == "speculators":
+        return _fail(
+            SPECULATORS_EAGLE3_ONLY.format(folder=folder, what="Medusa heads (FasterDecoding/Medusa's layout)")
+        )
     if model_type in NO_COUNTERPART:
         return _fail(NO_COUNTERPART[model_type])
     if model_type != "medusa_heads":
@@ -102,6 +127,8 @@ def _export_eagle(folder, args) -> int:
     from ..drafters.eagle.serving import save_for_server
 
     drafter = EagleDrafter.from_pretrained(folder)
+    if args.format == "speculators":
+        return _export_speculators(drafter, folder, args)
     try:
         out = save_for_server(drafter, args.output, args.format)
     except ValueError as err:
@@ -112,6 +139,56 @@ def _export_eagle(folder, args) -> int:
         f"wrote {out} ({args.format} {'EAGLE-3' if eagle3 else 'EAGLE-1/2'} drafter{vocab}); serve with:\n  {_serve_eagle(args.format, eagle3, out)}"
     )
     return 0
+
+
+def _export_speculators(drafter, folder, args) -> int:
+    """An EAGLE-3 drafter in vllm-project/speculators' layout; with ``--model`` the verifier is loaded to write its
+    embeddings, name and architectures, else its name is the config's and its architectures its cached config's."""
+    from ..drafters.eagle.speculators import save_for_speculators
+
+    if not drafter.config.is_eagle3:
+        return _fail(
+            SPECULATORS_EAGLE3_ONLY.format(
+                folder=folder,
+                what=f"an {drafter.config.variant} drafter: export it with --format vllm or --format sglang",
+            )
+        )
+    name = drafter.config.base_model_name_or_path
+    if args.model:
+        from ..drafters.streaming.modeling_speculative_streaming import load_base_model
+        from ..model_card import REFERENCE_BASE_MODEL
+
+        target = load_base_model(args.model)
+        drafter.attach_base_model(target)
+        name = name or (REFERENCE_BASE_MODEL if args.model == "reference" else args.model)
+        verifier = {"name_or_path": name, "architectures": list(target.config.architectures or [])}
+    else:
+        verifier = {"name_or_path": name, "architectures": _cached_architectures(name)}
+    try:
+        out = save_for_speculators(drafter, args.output, args.speculative_tokens, verifier)
+    except ValueError as err:
+        return _fail(str(err))
+    embeddings = "with" if args.model else "without (vLLM uses the verifier's)"
+    print(
+        f"wrote {out} (speculators EAGLE-3 drafter, draft vocabulary {drafter.lm_head.out_features}, verifier "
+        f"{name}, {embeddings} the embeddings); serve with:\n  vllm serve {out}\nor beside a target:\n  "
+        f"{_serve_eagle('vllm', True, out)}"
+    )
+    return 0
+
+
+def _cached_architectures(name: str | None) -> list[str]:
+    """The ``architectures`` of the model ``name``'s config when it is a local folder or in the Hub cache, else none
+    (the verifier entry of a speculators config may leave them out)."""
+    if not name:
+        return []
+    from transformers import PretrainedConfig
+
+    try:
+        config, _ = PretrainedConfig.get_config_dict(name, local_files_only=True)
+    except (OSError, ValueError):  # neither here nor cached: nothing is downloaded for a list of names
+        return []
+    return list(config.get("architectures") or [])
 
 
 def _serve_eagle(fmt: str, eagle3: bool, out) -> str:

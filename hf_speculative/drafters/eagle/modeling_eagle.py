@@ -664,10 +664,15 @@ def load_public_checkpoint(path, dtype: torch.dtype | str | None = None) -> Eagl
     full one). An embedding table in the checkpoint is ignored (the target's is shared); an all-zero ``fc.bias``
     (SGLang's EAGLE-1 ``fc`` always has one) is no bias. The variant is read from the keys; EAGLE-3's target layers
     from ``eagle_aux_hidden_state_layer_ids`` / ``eagle_config`` when given, else resolved when the target is
-    attached.
+    attached. A folder in vllm-project/speculators' EAGLE-3 layout (``speculators_model_type: eagle3``; ``export
+    --format speculators`` writes one) is read the same way, its config through `speculators.public_fields`.
     """
     folder = Path(path)
     raw = json.loads((folder / "config.json").read_text())
+    if "speculators_model_type" in raw:
+        from .speculators import public_fields
+
+        raw = public_fields(raw)
     state, eagle3 = _public_state(folder, raw)
     fields = _public_config_fields(raw, state, eagle3)
     drafter = EagleDrafter(EagleConfig(variant="eagle3" if eagle3 else "eagle1", **fields))

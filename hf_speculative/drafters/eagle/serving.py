@@ -41,7 +41,14 @@ import torch
 from ..serving import save_server_folder
 from .configuration_eagle import eagle3_feature_layers
 
-__all__ = ["server_architecture", "server_config", "server_state_dict", "save_for_server"]
+__all__ = [
+    "server_architecture",
+    "server_config",
+    "server_state_dict",
+    "save_for_server",
+    "check_exportable",
+    "rope_fields",
+]
 
 _ARCHITECTURES = {
     ("vllm", False): "EagleLlamaForCausalLM",
@@ -69,7 +76,8 @@ def _custom_feature_layers(drafter) -> list[int] | None:
     return None if list(c.target_layers) == default else list(c.target_layers)
 
 
-def _check_exportable(drafter, fmt: str) -> None:
+def check_exportable(drafter, fmt: str) -> None:
+    """A `ValueError` naming everything of ``drafter`` that engine ``fmt``'s EAGLE layer cannot hold (see above)."""
     server_architecture(fmt, drafter.config.is_eagle3)  # a known format
     c = drafter.config
     server = "vLLM" if fmt == "vllm" else "SGLang"
@@ -97,7 +105,7 @@ def _check_exportable(drafter, fmt: str) -> None:
         raise ValueError(f"this EagleDrafter cannot be exported for {server}: " + "; ".join(problems))
 
 
-def _rope_fields(config) -> dict:
+def rope_fields(config) -> dict:
     """``rope_theta`` and ``rope_scaling`` as a Llama config.json writes them (what the engines' transformers reads)."""
     rope = dict(getattr(config, "rope_parameters", None) or {})
     theta = rope.pop("rope_theta", getattr(config, "rope_theta", 10000.0))
@@ -107,7 +115,7 @@ def _rope_fields(config) -> dict:
 
 def server_config(drafter, fmt: str) -> dict:
     """The ``config.json`` engine ``fmt`` reads for ``drafter`` (an `EagleDrafter`)."""
-    _check_exportable(drafter, fmt)
+    check_exportable(drafter, fmt)
     c = drafter.config
     dtype = drafter.fc.weight.dtype
     config = {
@@ -123,7 +131,7 @@ def server_config(drafter, fmt: str) -> dict:
         "rms_norm_eps": c.rms_norm_eps,
         "max_position_embeddings": c.max_position_embeddings,
         "vocab_size": c.vocab_size,
-        **_rope_fields(c),
+        **rope_fields(c),
         "attention_bias": bool(c.attention_bias),
         "mlp_bias": bool(c.mlp_bias),
         "tie_word_embeddings": False,
@@ -146,7 +154,7 @@ def server_config(drafter, fmt: str) -> dict:
 
 def server_state_dict(drafter, fmt: str) -> dict[str, torch.Tensor]:
     """The weights under the names engine ``fmt`` loads (see the module docstring)."""
-    _check_exportable(drafter, fmt)
+    check_exportable(drafter, fmt)
     state = {k: v.detach() for k, v in drafter.state_dict().items()}
     bias = state.pop("fc.bias", None)  # non-zero only where the engine has one (checked above)
     if fmt == "sglang" and not drafter.config.is_eagle3:
