@@ -90,9 +90,29 @@ def add_train_args(
     )
 
 
-def run_control(args) -> dict:
-    """The checkpointing settings of a ``train`` command, for the method's ``train_*`` function (``**training``)."""
-    return {"save_steps": args.save_steps or None, "resume": not args.restart}
+def add_conversation_training_args(p, **train) -> None:
+    """The arguments of a ``train`` command on ``--data``'s conversations (or target-labelled shards):
+    `add_model_args`, `add_data_arg` and `add_train_args` (``train``: its per-command defaults)."""
+    add_model_args(p)
+    add_data_arg(p)
+    add_train_args(p, **train)
+
+
+def training_args(args) -> dict:
+    """The keyword arguments every method's training function (``train_*``, ``fit_*``) takes from a ``train``
+    command's options (`add_train_args`, ``--seed``): the Trainer's scratch folder ``OUT/trainer_state``, the
+    schedule, the checkpointing and the seed."""
+    return {
+        "output_dir": str(Path(args.out) / "trainer_state"),
+        "num_epochs": args.epochs,
+        "max_steps": args.max_steps,
+        "learning_rate": args.lr,
+        "batch_size": args.batch_size,
+        "time_budget": args.time_budget,
+        "save_steps": args.save_steps or None,
+        "resume": not args.restart,
+        "seed": args.seed,
+    }
 
 
 def add_shard_args(p, holdout_help: str) -> None:
@@ -101,6 +121,16 @@ def add_shard_args(p, holdout_help: str) -> None:
         "--labelled", action="append", required=True, help="target-labelled shard folder(s) (hf-speculative label)"
     )
     p.add_argument("--labelled-holdout", type=int, default=40, help=holdout_help)
+
+
+def add_shard_training_args(p, lr: float, holdout_help: str) -> None:
+    """The arguments of a drafter trained on target-labelled shards in chunks (EAGLE, SPIRe): `add_model_args`,
+    `add_shard_args`, `add_train_args` (chunks per step), the chunk length and the dtype of the saved weights."""
+    add_model_args(p)
+    add_shard_args(p, holdout_help=holdout_help)
+    add_train_args(p, lr=lr, batch_size=4, batch_help="chunks per step")
+    p.add_argument("--max-length", type=int, default=512, help="tokens per training chunk")
+    p.add_argument("--save-dtype", default="bfloat16", help="dtype of the saved weights (default bfloat16)")
 
 
 def setup_torch(args) -> None:
@@ -296,17 +326,20 @@ def draft_vocab_source(states):
     return states.labels
 
 
+def set_frequent_draft_vocab(drafter, token_ids, size: int) -> None:
+    """FR-Spec: ``drafter`` drafts on the ``size`` most frequent of ``token_ids`` (`frequent_tokens`)."""
+    from ..drafters.draft_vocab import frequent_tokens
+
+    drafter.set_draft_vocab(frequent_tokens(token_ids, size, vocab_size=drafter.config.vocab_size))
+
+
 def draft_vocab_and_calibration(drafter, vocab_source, hold_states, args, calibrate, accuracies, key: str) -> None:
     """After training: the FR-Spec draft vocabulary from ``vocab_source`` (answer-token ids; None: keep what the
     drafter has) when ``--draft-vocab-size`` is set, then the calibrated tree from the held-out states
     (``calibrate(drafter, states, num_nodes=...)``), or only the held-out top-i accuracies under ``key`` when
     ``--calibrate-nodes 0``."""
     if args.draft_vocab_size and vocab_source is not None:
-        from ..drafters.draft_vocab import frequent_tokens
-
-        drafter.set_draft_vocab(
-            frequent_tokens(vocab_source, args.draft_vocab_size, vocab_size=drafter.config.vocab_size)
-        )
+        set_frequent_draft_vocab(drafter, vocab_source, args.draft_vocab_size)
     if hold_states is None:
         return
     if args.calibrate_nodes:
@@ -318,6 +351,34 @@ def draft_vocab_and_calibration(drafter, vocab_source, hold_states, args, calibr
         )
     else:
         drafter.config.calibration = {key: [[round(a, 4) for a in r] for r in accuracies(drafter, hold_states)]}
+
+
+def training_states(args):
+    """``(model, tokenizer, train states, held-out states, counts)``: the cached final hidden states of ``--data``'s
+    conversations (`split_hidden_states`), or with ``--labelled`` the target-labelled shards
+    (`labelled_training_states`: teacher top-k for the KD loss; the held-out conversations' labels become the
+    target's greedy tokens, so calibrated accuracies are acceptance rates)."""
+    if args.labelled:
+        return labelled_training_states(args)
+    model, tokenizer, records = load_model_and_records(args)
+    return (model, tokenizer, *split_hidden_states(model, tokenizer, records, args))
+
+
+def curve_callbacks(args, curve_class, drafter, hold_states, default_nodes: int, **per_step) -> list:
+    """With held-out states and ``--curve-points``: ``[curve_class(...)]``, the callback that records the learning
+    curve of ``drafter`` (its calibrated tree of ``--calibrate-nodes``, else ``default_nodes``, at ``--curve-points``
+    points, saved in ``--curve-checkpoints``; ``per_step``: the training tokens a step sees); else none."""
+    if hold_states is None or not args.curve_points:
+        return []
+    curve = curve_class(
+        drafter,
+        hold_states,
+        num_nodes=args.calibrate_nodes or default_nodes,
+        num_points=args.curve_points,
+        save_dir=args.curve_checkpoints,
+        **per_step,
+    )
+    return [curve]
 
 
 def split_hidden_states(model, tokenizer, records, args):
@@ -389,7 +450,38 @@ def batch_report(args) -> dict:
     }  # data-parallel: per process
 
 
+def states_training_report(args, counts: dict, train_states, seconds: float, callbacks: list) -> dict:
+    """The ``config.training`` entries every ``train`` command on hidden states records (`training_states`): the
+    data, the conversation ``counts``, answer tokens, epochs, the batch, seconds, the learning curve (a callback's
+    ``curve``) and the command."""
+    return {
+        "data": ", ".join(args.labelled) if args.labelled else str(args.data),
+        **counts,
+        "train_answer_tokens": train_states.num_train_tokens,
+        "epochs": args.epochs,
+        "max_steps": args.max_steps,
+        **batch_report(args),
+        "train_seconds": round(seconds, 1),
+        "learning_curve": next((c.curve for c in callbacks if hasattr(c, "curve")), None),
+        "command": command_line(args),
+    }
+
+
+def final_train_loss(trainer) -> float:
+    """The mean training loss a Trainer logs at its end (NaN when none was logged), to 4 places."""
+    return round(float(trainer.state.log_history[-1].get("train_loss", float("nan"))), 4)
+
+
 def finish_drafter(args, drafter, write_card, report: dict) -> int:
     """`finish_folder` for ``drafter`` saved in ``--save-dtype`` with ``write_card(drafter, folder)``."""
     drafter.to(parse_dtype(args.save_dtype))
     return finish_folder(args.out, drafter.save_pretrained, lambda out: write_card(drafter, out), report)
+
+
+def finish_shard_drafter(args, drafter, method: str, states, trainer, seconds: float) -> int:
+    """End of a drafter trained on ``--labelled`` shards in chunks: its ``config.training`` record
+    (`shard_training_report`), then `finish_drafter` with its model card."""
+    from ..model_card import write_drafter_card
+
+    drafter.config.training = shard_training_report(args, method, states, trainer, seconds)
+    return finish_drafter(args, drafter, write_drafter_card, drafter.config.training)

@@ -10,26 +10,22 @@ from __future__ import annotations
 import time
 
 from .common import (
-    add_model_args,
-    add_shard_args,
-    add_train_args,
-    finish_drafter,
+    add_shard_training_args,
+    finish_shard_drafter,
     frozen_target,
     record_reference_base,
-    run_control,
+    set_frequent_draft_vocab,
     setup_torch,
     shard_states,
-    shard_training_report,
+    training_args,
 )
 
 
 def add_parser(subparsers) -> None:
     """Register ``train eagle`` on ``subparsers`` (the ``train`` sub-parsers)."""
     p = subparsers.add_parser("eagle", help="EAGLE-1/2/3 drafter on the target's cached features (labelled shards)")
-    add_model_args(p)
+    add_shard_training_args(p, lr=1e-3, holdout_help="the last N conversations of each folder are not trained on")
     p.add_argument("--variant", default="eagle3", choices=["eagle1", "eagle2", "eagle3"])
-    add_shard_args(p, holdout_help="the last N conversations of each folder are not trained on")
-    add_train_args(p, lr=1e-3, batch_size=4, batch_help="chunks per step")
     p.add_argument(
         "--draft-vocab-size", type=int, default=8192, help="EAGLE-3: the draft vocabulary (most frequent tokens)"
     )
@@ -39,9 +35,7 @@ def add_parser(subparsers) -> None:
         default=None,
         help="unrolled training-time-test steps (default: 4 for EAGLE-3, 1 for EAGLE-1/2)",
     )
-    p.add_argument("--max-length", type=int, default=512, help="tokens per training chunk")
     p.add_argument("--feature-noise", type=float, default=0.0, help="EAGLE Sec. 4.3 uniform feature noise half width")
-    p.add_argument("--save-dtype", default="bfloat16", help="dtype of the saved weights (default bfloat16)")
     p.add_argument("--total-tokens", type=int, default=24, help="dynamic tree: nodes kept per step")
     p.add_argument("--tree-depth", type=int, default=5)
     p.add_argument("--tree-top-k", type=int, default=4)
@@ -50,10 +44,8 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     setup_torch(args)
-    from ..drafters.draft_vocab import frequent_tokens
     from ..drafters.eagle.modeling_eagle import EagleDrafter
     from ..drafters.eagle.training_eagle import train_eagle
-    from ..model_card import write_drafter_card
 
     model = frozen_target(args)
     drafter = EagleDrafter.from_base_model(
@@ -71,27 +63,12 @@ def run(args) -> int:
     states, _ = shard_states(args, [i for i in layers if i != L])
     print(f"labelled: {len(states)} conversations, {int(states.input_ids.numel())} tokens; feature layers {layers}")
     if drafter.config.is_eagle3:  # EAGLE-3's draft vocabulary: the most frequent tokens the target produces
-        drafter.set_draft_vocab(
-            frequent_tokens(states.topk_ids[:, 0].long(), args.draft_vocab_size, model.config.vocab_size)
-        )
+        set_frequent_draft_vocab(drafter, states.topk_ids[:, 0], args.draft_vocab_size)
     start = time.perf_counter()
     trainer = train_eagle(
-        drafter,
-        states,
-        output_dir=str(args.out) + "/trainer_state",
-        steps=args.ttt_steps,
-        num_epochs=args.epochs,
-        max_steps=args.max_steps,
-        batch_size=args.batch_size,
-        max_length=args.max_length,
-        learning_rate=args.lr,
-        time_budget=args.time_budget,
-        **run_control(args),
-        final_layer=L,
-        seed=args.seed,
+        drafter, states, steps=args.ttt_steps, max_length=args.max_length, final_layer=L, **training_args(args)
     )
     method = f"{args.variant} on target-labelled shards (KD on the target's top-k" + (
         ", training-time test)" if drafter.config.is_eagle3 else ", feature regression)"
     )
-    drafter.config.training = shard_training_report(args, method, states, trainer, time.perf_counter() - start)
-    return finish_drafter(args, drafter, write_drafter_card, drafter.config.training)
+    return finish_shard_drafter(args, drafter, method, states, trainer, time.perf_counter() - start)

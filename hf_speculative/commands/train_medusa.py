@@ -13,30 +13,29 @@ from pathlib import Path
 
 from .common import (
     add_calibrated_training_args,
-    add_data_arg,
+    add_conversation_training_args,
     add_labelled_args,
-    add_model_args,
-    add_train_args,
-    batch_report,
     command_line,
+    curve_callbacks,
     draft_vocab_and_calibration,
+    draft_vocab_source,
+    final_train_loss,
     finish_folder,
-    labelled_training_states,
     load_model_and_records,
     record_reference_base,
-    run_control,
+    set_frequent_draft_vocab,
     setup_torch,
-    split_hidden_states,
     split_records,
+    states_training_report,
+    training_args,
+    training_states,
 )
 
 
 def add_parser(subparsers) -> None:
     """Register ``train medusa`` on ``subparsers`` (the ``train`` sub-parsers)."""
     p = subparsers.add_parser("medusa", help="Medusa-1 heads on a frozen backbone (hidden states cached once)")
-    add_model_args(p)
-    add_data_arg(p)
-    add_train_args(
+    add_conversation_training_args(
         p,
         lr=1e-3,
         epochs=2.0,
@@ -81,12 +80,40 @@ def run(args) -> int:
         return run_medusa2(args)
     args.batch_size = args.batch_size or 64
     setup_torch(args)
-    from ..drafters.medusa.modeling_medusa import MedusaHeadsModel
     from ..drafters.medusa.training_medusa import train_medusa
-    from ..drafters.medusa.tree_calibration import calibrate_tree, head_accuracies
+    from ..drafters.medusa.tree_calibration import MedusaCurveCallback, calibrate_tree, head_accuracies
     from ..model_card import write_drafter_card
 
-    model, tokenizer, train_states, hold_states, counts = _training_states(args)
+    model, tokenizer, train_states, hold_states, counts = training_states(args)
+    heads = _new_heads(model, args)
+    callbacks = curve_callbacks(args, MedusaCurveCallback, heads, hold_states, 32, batch_size=args.batch_size)
+    if args.draft_vocab_size and args.labelled:  # FR-Spec on the target's own greedy tokens; KD then trains in it
+        set_frequent_draft_vocab(heads, draft_vocab_source(train_states), args.draft_vocab_size)
+    t0 = time.perf_counter()
+    trainer = train_medusa(
+        heads, train_states, max_positions=args.max_train_tokens, callbacks=callbacks, **training_args(args)
+    )
+    train_s = time.perf_counter() - t0
+    # FR-Spec on the most frequent answer tokens (with --labelled it was set before training, so KD ran in it)
+    vocab_source = None if args.labelled else train_states.labels
+    draft_vocab_and_calibration(
+        heads, vocab_source, hold_states, args, calibrate_tree, head_accuracies, "head_top_i_accuracy"
+    )
+    heads.config.training = {
+        "method": "medusa-1 (frozen backbone)" + (", KD on target-labelled shards" if args.labelled else ""),
+        **states_training_report(args, counts, train_states, train_s, callbacks),
+        "steps": trainer.state.global_step,
+        "max_train_tokens": args.max_train_tokens,
+        "final_loss": final_train_loss(trainer),
+    }
+    out = Path(args.out)
+    return finish_folder(out, heads.save_pretrained, lambda o: write_drafter_card(heads, o), heads.config.training)
+
+
+def _new_heads(model, args):
+    """Fresh Medusa heads on ``model`` from the command line, the reference model recorded as their base."""
+    from ..drafters.medusa.modeling_medusa import MedusaHeadsModel
+
     heads = MedusaHeadsModel.from_base_model(
         model,
         num_heads=args.num_heads,
@@ -95,106 +122,17 @@ def run(args) -> int:
         acceptance=args.acceptance,
     )
     record_reference_base(heads.config, args.model)
-    callbacks = _curve_callbacks(args, heads, hold_states)
-    if args.draft_vocab_size and args.labelled:  # FR-Spec on the target's own greedy tokens; KD then trains in it
-        _set_labelled_draft_vocab(args, heads, train_states)
-    t0 = time.perf_counter()
-    trainer = train_medusa(
-        heads,
-        train_states,
-        output_dir=str(Path(args.out) / "trainer_state"),
-        num_epochs=args.epochs,
-        max_steps=args.max_steps,
-        time_budget=args.time_budget,
-        **run_control(args),
-        learning_rate=args.lr,
-        batch_size=args.batch_size,
-        max_positions=args.max_train_tokens,
-        seed=args.seed,
-        callbacks=callbacks,
-    )
-    train_s = time.perf_counter() - t0
-    # FR-Spec on the most frequent answer tokens (with --labelled it was set before training, so KD ran in it)
-    vocab_source = None if args.labelled else train_states.labels
-    draft_vocab_and_calibration(
-        heads, vocab_source, hold_states, args, calibrate_tree, head_accuracies, "head_top_i_accuracy"
-    )
-    heads.config.training = _training_report(args, counts, train_states, train_s, trainer, callbacks)
-    out = Path(args.out)
-    return finish_folder(out, heads.save_pretrained, lambda o: write_drafter_card(heads, o), heads.config.training)
-
-
-def _curve_callbacks(args, heads, hold_states) -> list:
-    """With held-out states and ``--curve-points``: the callback that records the learning curve (the calibrated
-    tree's acceptance during training); else none."""
-    if hold_states is None or not args.curve_points:
-        return []
-    from ..drafters.medusa.tree_calibration import MedusaCurveCallback
-
-    curve = MedusaCurveCallback(
-        heads,
-        hold_states,
-        num_nodes=args.calibrate_nodes or 32,
-        num_points=args.curve_points,
-        save_dir=args.curve_checkpoints,
-        batch_size=args.batch_size,
-    )
-    return [curve]
-
-
-def _set_labelled_draft_vocab(args, heads, train_states) -> None:
-    """FR-Spec's draft vocabulary: the ``--draft-vocab-size`` tokens the target predicts most often (its greedy
-    token on the labelled shards' answer positions)."""
-    from ..drafters.draft_vocab import frequent_tokens
-
-    answer = train_states.labels != -100
-    heads.set_draft_vocab(
-        frequent_tokens(train_states.topk_ids[answer, 0], args.draft_vocab_size, vocab_size=heads.config.vocab_size)
-    )
-
-
-def _training_report(args, counts: dict, train_states, train_s: float, trainer, callbacks: list) -> dict:
-    """The config's ``training`` entry of a Medusa-1 run."""
-    return {
-        "method": "medusa-1 (frozen backbone)" + (", KD on target-labelled shards" if args.labelled else ""),
-        "data": ", ".join(args.labelled) if args.labelled else str(args.data),
-        **counts,
-        "train_answer_tokens": train_states.num_train_tokens,
-        "epochs": args.epochs,
-        "steps": trainer.state.global_step,
-        **batch_report(args),
-        "max_train_tokens": args.max_train_tokens,
-        "train_seconds": round(train_s, 1),
-        "final_loss": round(float(trainer.state.log_history[-1].get("train_loss", float("nan"))), 4),
-        "learning_curve": callbacks[0].curve if callbacks else None,
-        "command": command_line(args),
-    }
-
-
-def _training_states(args):
-    """(model, tokenizer, train states, held-out states, counts): cached hidden states of ``--data``'s
-    conversations, or with ``--labelled`` the target-labelled shards (teacher top-k for the KD loss; the held-out
-    conversations' labels become the target's greedy tokens, so calibrated accuracies are acceptance rates)."""
-    if args.labelled:
-        return labelled_training_states(args)
-    model, tokenizer, records = load_model_and_records(args)
-    return (model, tokenizer, *split_hidden_states(model, tokenizer, records, args))
+    return heads
 
 
 def _medusa2_heads(model, args):
     """The Medusa heads to train jointly: warm-started from ``--init-heads`` (stage 1) or fresh on ``model``."""
     from ..drafters.medusa.modeling_medusa import MedusaHeadsModel
 
-    if args.init_heads:  # heads warm-up, stage 1: trained Medusa-1 heads
-        heads = MedusaHeadsModel.from_pretrained(args.init_heads, base_model=model).to(model.device)
-    else:
-        heads = MedusaHeadsModel.from_base_model(
-            model,
-            num_heads=args.num_heads,
-            num_layers=args.num_layers,
-            share_lm_head=not args.own_lm_head,
-            acceptance=args.acceptance,
-        )
+    if not args.init_heads:
+        return _new_heads(model, args)
+    # heads warm-up, stage 1: trained Medusa-1 heads
+    heads = MedusaHeadsModel.from_pretrained(args.init_heads, base_model=model).to(model.device)
     record_reference_base(heads.config, args.model)
     return heads
 
@@ -255,7 +193,7 @@ def _medusa2_training_report(args, heads, train_records, held_out, run, targets,
         "processes": num_processes(),  # data-parallel: the batch size is per process
         "gradient_accumulation_steps": args.grad_accum,
         "train_seconds": round(run.seconds, 1),
-        "final_loss": round(float(history[-1].get("train_loss", float("nan"))), 4),
+        "final_loss": final_train_loss(run.trainer),
         "log": [
             {k: v for k, v in h.items() if k.startswith("loss") or k in ("step", "lambda0")}
             for h in history
@@ -283,26 +221,19 @@ def run_medusa2(args) -> int:
         heads,
         tokenizer,
         train_records,
-        str(Path(args.out) / "trainer_state"),
         lora_r=args.lora_r,
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,
         lora_targets=targets,
         max_length=args.max_length,
-        num_epochs=args.epochs,
-        max_steps=args.max_steps,
-        learning_rate=args.lr,
         heads_lr_ratio=args.heads_lr_ratio,
-        batch_size=args.batch_size,
         gradient_accumulation_steps=args.grad_accum,
         lambda0=args.lambda0,
         lambda0_warmup=args.lambda0_warmup,
         lambda0_kind=args.lambda0_schedule,
         lm_loss=args.lm_loss,
         max_head_positions=args.head_positions,
-        time_budget=args.time_budget,
-        **run_control(args),
-        seed=args.seed,
+        **training_args(args),
     )
     print(f"train: {len(run.dataset)} conversations, {run.dataset.num_answer_tokens} answer tokens", file=sys.stderr)
     hold_set = Medusa2Dataset(tokenizer, held_out, max_length=args.max_length) if held_out else None

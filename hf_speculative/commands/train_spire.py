@@ -12,16 +12,14 @@ import sys
 import time
 
 from .common import (
-    add_model_args,
-    add_shard_args,
-    add_train_args,
-    finish_drafter,
+    add_shard_training_args,
+    finish_shard_drafter,
     frozen_target,
     record_reference_base,
-    run_control,
+    set_frequent_draft_vocab,
     setup_torch,
     shard_states,
-    shard_training_report,
+    training_args,
 )
 
 
@@ -32,13 +30,12 @@ def _int_list(text: str) -> list[int]:
 def add_parser(subparsers) -> None:
     """Register ``train spire`` on ``subparsers`` (the ``train`` sub-parsers)."""
     p = subparsers.add_parser("spire", help="SPIRe drafter: pruned init, sparse KV, feedback memory (labelled shards)")
-    add_model_args(p)
-    add_shard_args(
+    add_shard_training_args(
         p,
+        lr=3e-4,
         holdout_help="the last N conversations of each folder are held out (the per-depth acceptance in "
         "the config's calibration)",
     )
-    add_train_args(p, lr=3e-4, batch_size=4, batch_help="chunks per step")
     p.add_argument("--num-layers", type=int, default=2, help="drafter layers: the target's last N (SPIRe Sec. 3.2)")
     p.add_argument(
         "--layers",
@@ -54,17 +51,13 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--draft-vocab-size", type=int, default=None, help="FR-Spec draft vocabulary (most frequent target tokens)"
     )
-    p.add_argument("--max-length", type=int, default=512, help="rows per training chunk")
-    p.add_argument("--save-dtype", default="bfloat16", help="dtype of the saved weights (default bfloat16)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     setup_torch(args)
-    from ..drafters.draft_vocab import frequent_tokens
     from ..drafters.spire.modeling_spire import SpireDrafter
     from ..drafters.spire.training_spire import SpireDataset, depth_accuracies, train_spire
-    from ..model_card import write_drafter_card
 
     model = frozen_target(args)
     drafter = SpireDrafter.from_base_model(
@@ -85,26 +78,11 @@ def run(args) -> int:
         file=sys.stderr,
     )
     if args.draft_vocab_size:
-        drafter.set_draft_vocab(
-            frequent_tokens(states.topk_ids[:, 0].long(), args.draft_vocab_size, model.config.vocab_size)
-        )
+        set_frequent_draft_vocab(drafter, states.topk_ids[:, 0], args.draft_vocab_size)
     held_set = SpireDataset(held, layers, args.sinks, args.max_length) if held is not None else None
     before = depth_accuracies(drafter, held_set) if held_set is not None else None
     start = time.perf_counter()
-    trainer = train_spire(
-        drafter,
-        states,
-        output_dir=str(args.out) + "/trainer_state",
-        omega=args.omega,
-        num_epochs=args.epochs,
-        max_steps=args.max_steps,
-        batch_size=args.batch_size,
-        max_length=args.max_length,
-        learning_rate=args.lr,
-        time_budget=args.time_budget,
-        **run_control(args),
-        seed=args.seed,
-    )
+    trainer = train_spire(drafter, states, omega=args.omega, max_length=args.max_length, **training_args(args))
     seconds = time.perf_counter() - start
     if held_set is not None:
         after = depth_accuracies(drafter, held_set)
@@ -117,5 +95,4 @@ def run(args) -> int:
             file=sys.stderr,
         )
     method = f"SPIRe MixedLoss (omega {args.omega}) on target-labelled shards, {args.k} passes per chunk"
-    drafter.config.training = shard_training_report(args, method, states, trainer, seconds)
-    return finish_drafter(args, drafter, write_drafter_card, drafter.config.training)
+    return finish_shard_drafter(args, drafter, method, states, trainer, seconds)

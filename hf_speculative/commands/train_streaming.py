@@ -16,20 +16,19 @@ import time
 from pathlib import Path
 
 from .common import (
-    add_data_arg,
+    add_conversation_training_args,
     add_labelled_args,
-    add_model_args,
-    add_train_args,
-    batch_report,
-    command_line,
     draft_vocab_source,
+    final_train_loss,
     finish_folder,
     labelled_training_states,
     load_model_and_records,
     record_reference_base,
-    run_control,
+    set_frequent_draft_vocab,
     setup_torch,
     split_records,
+    states_training_report,
+    training_args,
 )
 
 
@@ -39,7 +38,7 @@ def add_parser(subparsers) -> None:
         "streaming",
         help="Speculative Streaming: lossless (frozen base, MSA-layer inputs cached) or shared (LoRA base + streams, joint forward)",
     )
-    add_model_args(p)
+    add_segment_training_args(p, lr=2e-3, batch_size=2)
     p.add_argument(
         "--mode",
         choices=("lossless", "shared"),
@@ -48,8 +47,6 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--lora-rank", type=int, default=8, help="shared mode: rank of the PEFT LoRA adapters on the base")
     p.add_argument("--lora-alpha", type=float, default=16.0, help="shared mode: LoRA alpha")
-    add_data_arg(p)
-    add_segment_training_args(p, lr=2e-3, batch_size=2)
     p.add_argument("--num-streams", type=int, default=3, help="gamma")
     p.add_argument("--num-msa-layers", type=int, default=4, help="N_s")
     p.add_argument("--adapter-rank", type=int, default=8, help="rank of the stream-row adapters on the MSA layers")
@@ -80,9 +77,11 @@ def add_parser(subparsers) -> None:
 
 
 def add_segment_training_args(p, lr: float, batch_size: int, max_train_tokens: bool = True) -> None:
-    """The training arguments both streaming commands share (`add_train_args`, segments of conversations, one
-    held-out split)."""
-    add_train_args(p, lr=lr, batch_size=batch_size, batch_help="segments per step", max_train_tokens=max_train_tokens)
+    """The arguments both streaming commands share (`add_conversation_training_args`, segments of conversations,
+    one held-out split)."""
+    add_conversation_training_args(
+        p, lr=lr, batch_size=batch_size, batch_help="segments per step", max_train_tokens=max_train_tokens
+    )
     p.add_argument("--segment-length", type=int, default=256)
     p.add_argument("--max-length", type=int, default=1024, help="tokens per conversation")
     p.add_argument("--limit", type=int, default=None, help="use the first N conversations")
@@ -105,25 +104,17 @@ def _training_report(
     base_params = sum(p.numel() for p in model.parameters())
     return {
         "method": _training_method(args, shared),
-        "data": ", ".join(args.labelled) if args.labelled else str(args.data),
-        **counts,
-        "train_answer_tokens": train_states.num_train_tokens,
-        "epochs": args.epochs,
-        "max_steps": args.max_steps,
+        **states_training_report(args, counts, train_states, train_s, callbacks),
         "steps_done": trainer.state.global_step,
         "time_budget_s": args.time_budget,
-        **batch_report(args),
         "segment_length": args.segment_length,
-        "train_seconds": round(train_s, 1),
-        "final_loss": round(float(trainer.state.log_history[-1].get("train_loss", float("nan"))), 4),
+        "final_loss": final_train_loss(trainer),
         "stream_parameters": ss.num_stream_parameters(),
         "lora_parameters": sum(p.numel() for p in ss.trainable_parameters()) - ss.num_stream_parameters()
         if shared
         else 0,
         "base_parameters": base_params,
         "extra_parameter_share": round(ss.num_stream_parameters() / base_params, 6),
-        "learning_curve": next((c.curve for c in callbacks if hasattr(c, "curve")), None),
-        "command": command_line(args),
     }
 
 
@@ -159,21 +150,14 @@ def run(args) -> int:
     trainer = train_speculative_streaming(
         ss,
         train_states,
-        output_dir=str(Path(args.out) / "trainer_state"),
-        num_epochs=args.epochs,
-        learning_rate=args.lr,
-        batch_size=args.batch_size,
         segment_length=args.segment_length,
         max_tokens=args.max_train_tokens,
-        max_steps=args.max_steps,
-        seed=args.seed,
         callbacks=callbacks,
-        time_budget=args.time_budget,
-        **run_control(args),
+        **training_args(args),
     )
     train_s = time.perf_counter() - t0
-    if args.draft_vocab_size:
-        _set_draft_vocab(args, ss, train_states)
+    if args.draft_vocab_size:  # FR-Spec: the streams draft on the most frequent answer tokens of the training data
+        set_frequent_draft_vocab(ss, draft_vocab_source(train_states), args.draft_vocab_size)
     if hold_states is not None:  # held-out accuracies; with --calibrate-nodes the calibrated tree replaces the default
         calibrate_stream_tree(ss, hold_states, args.calibrate_nodes)
     ss.config.training = _training_report(args, ss, model, train_states, trainer, train_s, counts, callbacks, shared)
@@ -235,15 +219,6 @@ def _curve_callbacks(args, ss, hold_states) -> list:
             ss, curve_states, args.calibrate_nodes or 16, args.curve_points, args.batch_size * args.segment_length
         )
     ]
-
-
-def _set_draft_vocab(args, ss, train_states) -> None:
-    """FR-Spec: the streams draft on the ``--draft-vocab-size`` most frequent answer tokens of the training data."""
-    from ..drafters.draft_vocab import frequent_tokens
-
-    ss.set_draft_vocab(
-        frequent_tokens(draft_vocab_source(train_states), args.draft_vocab_size, vocab_size=ss.config.vocab_size)
-    )
 
 
 def _save(args, ss, shared: bool) -> int:

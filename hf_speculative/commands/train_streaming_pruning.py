@@ -3,17 +3,13 @@ Streaming Sec. 3.1.3) to trained streams."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from .common import (
-    add_data_arg,
-    add_model_args,
     command_line,
     finish_folder,
     load_model_and_records,
-    run_control,
     setup_torch,
     split_records,
+    training_args,
 )
 from .train_streaming import add_segment_training_args
 
@@ -23,9 +19,7 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "streaming-pruning", help="add a parallel-tree-pruning early exit (Sec. 3.1.3) to trained streams"
     )
-    add_model_args(p)
     p.add_argument("--streams", required=True, help="trained Speculative Streaming folder")
-    add_data_arg(p)
     add_segment_training_args(p, lr=1e-3, batch_size=4, max_train_tokens=False)
     p.add_argument("--pruning-layer", type=int, required=True, help="l: the early exit reads the state after l layers")
     p.add_argument("--pruning-rank", type=int, default=8, help="theta")
@@ -52,16 +46,9 @@ def run(args) -> int:
         tokenizer,
         train_records,
         held_out,
-        str(Path(args.out) / "trainer_state"),
         max_length=args.max_length,
-        learning_rate=args.lr,
-        batch_size=args.batch_size,
         segment_length=args.segment_length,
-        num_epochs=args.epochs,
-        max_steps=args.max_steps,
-        time_budget=args.time_budget,
-        **run_control(args),
-        seed=args.seed,
+        **training_args(args),
     )
     ss.config.pruning = {
         "method": "parallel tree pruning (Sec. 3.1.3): early exit after layer l, rank-theta adapter, next-token CE",
