@@ -194,7 +194,7 @@ def run(args) -> int:
     if args.shapes:
         return _run_shapes(args)
     from ..bench.harness import run_benchmark
-    from ..bench.prompts import describe_prompts, first_per_category, load_prompts, spread_over_categories
+    from ..bench.prompts import first_per_category, load_prompts, spread_over_categories
     from ..bench.reference import resolve_model
     from ..bench.report import plot_results, write_json
 
@@ -216,19 +216,12 @@ def run(args) -> int:
         records,
         methods,
         options,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
         repeats=args.repeats,
-        seed=args.seed,
-        device=args.device,
         save_text=args.save_text,
-        extra_setting={
-            "model": str(args.model),
-            "prompts": describe_prompts(args.prompts),
-            "command": "hf-speculative " + " ".join(getattr(args, "argv", None) or sys.argv[1:]),
-        },
+        extra_setting=_setting(args),
         checkpoint=(lambda partial: write_json(partial, args.output)) if args.output else None,
         numerics_floor=args.numerics_floor,
+        **_generation(args),
     )
     _print_summary(result, args.repeats)
     return _write_outputs(
@@ -277,7 +270,7 @@ def _run_shapes(args) -> int:
     except ValueError as err:
         print(f"hf-speculative bench: error: {err}", file=sys.stderr)
         return 2
-    result["setting"]["command"] = "hf-speculative " + " ".join(getattr(args, "argv", None) or sys.argv[1:])
+    result["setting"]["command"] = _command(args)
     print()
     print(shapes_markdown(result))
     if not args.output:
@@ -293,7 +286,6 @@ def _run_shapes(args) -> int:
 
 def _run_batched(args, model, tokenizer, records, methods, options) -> int:
     from ..bench.batch import BATCH_UNSUPPORTED, batch_table, plot_batch_speedup, run_batch_benchmark
-    from ..bench.prompts import describe_prompts
 
     sizes = [int(b) for b in str(args.batch_size).split(",") if b.strip()]
     if not sizes or min(sizes) < 1:
@@ -301,28 +293,34 @@ def _run_batched(args, model, tokenizer, records, methods, options) -> int:
     skipped = [m for m in methods if m in BATCH_UNSUPPORTED]
     if skipped:
         print(f"skipping {', '.join(skipped)}: transformers runs them on one sequence only")
-    result = run_batch_benchmark(
-        model,
-        tokenizer,
-        records,
-        methods,
-        sizes,
-        options,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        seed=args.seed,
-        device=args.device,
-    )
-    result["setting"].update(
-        {
-            "model": str(args.model),
-            "prompts": describe_prompts(args.prompts),
-            "command": "hf-speculative " + " ".join(getattr(args, "argv", None) or sys.argv[1:]),
-        }
-    )
+    result = run_batch_benchmark(model, tokenizer, records, methods, sizes, options, **_generation(args))
+    result["setting"].update(_setting(args))
     print()
     print(batch_table(result))
     return _write_outputs(args, result, len(records), lambda path, title: plot_batch_speedup(result, path, title=title))
+
+
+def _generation(args) -> dict:
+    """How every prompt is generated, from the command line: the harness's keyword arguments."""
+    return {
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "seed": args.seed,
+        "device": args.device,
+    }
+
+
+def _command(args) -> str:
+    """The command as typed."""
+    return "hf-speculative " + " ".join(getattr(args, "argv", None) or sys.argv[1:])
+
+
+def _setting(args) -> dict:
+    """What a result's ``setting`` records of the command line besides the harness's own: the model, the prompt set
+    and the command."""
+    from ..bench.prompts import describe_prompts
+
+    return {"model": str(args.model), "prompts": describe_prompts(args.prompts), "command": _command(args)}
 
 
 def _write_outputs(args, result: dict, num_prompts: int, plot) -> int:
