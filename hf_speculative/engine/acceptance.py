@@ -131,33 +131,29 @@ def accept_greedy_all(tree: DraftTree, logits: torch.Tensor) -> AcceptanceResult
 
 def accept_greedy(tree: DraftTree, node_scores: NodeScores) -> AcceptanceResult:
     """Follow the target's argmax through the tree (speculative decoding notes, Appendix A)."""
-    tokens = tree.tokens.tolist()
-    node, path, out, scores = 0, [0], [], []
-    while True:
-        s = node_scores(node)
-        best = int(torch.argmax(s))
-        out.append(best)
-        scores.append(s)
-        child = next((c for c in tree.children[node] if tokens[c] == best), None)
-        if child is None:
-            return AcceptanceResult(path, out, scores)
-        path.append(child)
-        node = child
+    return _follow_target(tree, node_scores, lambda node, s: int(torch.argmax(s)))
 
 
 def accept_keyed(tree: DraftTree, node_scores: NodeScores, noise, row: int, position: int) -> AcceptanceResult:
     """Exact sampling keyed by position (`hf_speculative.engine.sampling_noise`): at each node the target's token is
     ``argmax(scores + G)``, ``G`` the noise of that node's position; the child holding it is accepted, else it is the
     bonus token. Every committed token is the one plain sampling with the same noise would draw."""
-    tokens = tree.tokens.tolist()
     depths = tree.depths.tolist()
+    return _follow_target(tree, node_scores, lambda node, s: int(noise.sample(row, position + depths[node], s)))
+
+
+def _follow_target(tree: DraftTree, node_scores: NodeScores, choose) -> AcceptanceResult:
+    """The path of the target's own tokens through the tree: from the root, the target's token at a node is
+    ``choose(node, scores)``; the child holding it is accepted, else that token is the bonus token and the path
+    ends."""
+    tokens = tree.tokens.tolist()
     node, path, out, scores = 0, [0], [], []
     while True:
         s = node_scores(node)
-        drawn = int(noise.sample(row, position + depths[node], s))
-        out.append(drawn)
+        token = choose(node, s)
+        out.append(token)
         scores.append(s)
-        child = next((c for c in tree.children[node] if tokens[c] == drawn), None)
+        child = next((c for c in tree.children[node] if tokens[c] == token), None)
         if child is None:
             return AcceptanceResult(path, out, scores)
         path.append(child)
