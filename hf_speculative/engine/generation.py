@@ -59,34 +59,25 @@ class SpeculativeGenerationMixin:
         speculative_tree = kwargs.pop("speculative_tree", None)
         speculative_acceptance = kwargs.pop("speculative_acceptance", None)
         speculative_pricing = kwargs.pop("speculative_pricing", None)
+        speculative = {}  # transformers' own generate without a drafter, else the tree speculative loop
         if assistant_model is None and not hasattr(self, "get_self_drafter"):
             if speculative_tree is not None or speculative_acceptance is not None or speculative_pricing is not None:
                 raise ValueError(
                     "speculative_tree / speculative_acceptance / speculative_pricing need an assistant_model (a drafter)"
                 )
-            return super().generate(
-                inputs,
-                generation_config,
-                logits_processor,
-                stopping_criteria,
-                prefix_allowed_tokens_fn,
-                synced_gpus,
-                assistant_model,
-                streamer,
-                **kwargs,
+        else:
+            _check_one_sequence(generation_config if generation_config is not None else self.generation_config, kwargs)
+            _check_not_empty(inputs if inputs is not None else kwargs.get("input_ids"))
+            check_tree_attention(self)
+            drafter = resolve_drafter(self, assistant_model)
+            speculative["custom_generate"] = functools.partial(
+                tree_speculative_decoding,
+                drafter=drafter,
+                tree=speculative_tree,
+                acceptance=AcceptanceSettings.resolve(speculative_acceptance, getattr(assistant_model, "config", None)),
+                streamer=streamer,  # generate only forwards custom arguments to a custom decoding callable
+                pricing=speculative_pricing,
             )
-        _check_one_sequence(generation_config if generation_config is not None else self.generation_config, kwargs)
-        _check_not_empty(inputs if inputs is not None else kwargs.get("input_ids"))
-        check_tree_attention(self)
-        drafter = resolve_drafter(self, assistant_model)
-        decoding = functools.partial(
-            tree_speculative_decoding,
-            drafter=drafter,
-            tree=speculative_tree,
-            acceptance=AcceptanceSettings.resolve(speculative_acceptance, getattr(assistant_model, "config", None)),
-            streamer=streamer,  # generate only forwards custom arguments to a custom decoding callable
-            pricing=speculative_pricing,
-        )
         return super().generate(
             inputs,
             generation_config,
@@ -94,9 +85,9 @@ class SpeculativeGenerationMixin:
             stopping_criteria,
             prefix_allowed_tokens_fn,
             synced_gpus,
-            None,
+            None,  # assistant_model: none given, or the drafter, which the tree speculative loop runs instead
             streamer,
-            custom_generate=decoding,
+            **speculative,
             **kwargs,
         )
 
