@@ -294,7 +294,7 @@ class _EngineMethod(BenchMethod):
 
     def tree_for_batch(self, batch_size: int):
         """The tree a call over ``batch_size`` rows verifies (for the report)."""
-        if self.call_tree is not None or isinstance(self, (_LayerCutEngineMethod, TreePromptLookupMethod)):
+        if self.call_tree is not None or isinstance(self, _LayerCutEngineMethod):
             return self.call_tree or self.tree
         from hf_speculative.engine.resolve import resolve_drafter
 
@@ -343,25 +343,33 @@ class ChainLayerCutMethod(_LayerCutEngineMethod):
         return hfs.TreeSpec.chain(self.options.chain_length)
 
 
+class _BuiltDraftMethod(_EngineMethod):
+    """The engine's loop over a drafter built from the options (`_build_draft`), verifying ``--tree``, else the
+    drafter's default tree; its settings are the drafter's (`_drafter_settings`) and the tree's."""
+
+    def setup(self):
+        super().setup()
+        self.draft = self._build_draft()
+        self.call_tree = self.tree = parse_tree(self.options.tree) or self.draft.default_tree
+
+    def settings(self):
+        return {**self._drafter_settings(), **self._tree_settings()}
+
+
 @register_method
-class TreePromptLookupMethod(_EngineMethod):
+class TreePromptLookupMethod(_BuiltDraftMethod):
     name = "tree-prompt-lookup"
     description = "hf_speculative tree loop, n-gram (prompt lookup) tree drafter: no draft model"
 
-    def setup(self):
+    def _build_draft(self):
         import hf_speculative as hfs
 
-        super().setup()
-        self.draft = hfs.PromptLookupDrafter(max_ngram_size=self.options.max_matching_ngram)
-        self.tree = parse_tree(self.options.tree) or self.draft.default_tree
+        return hfs.PromptLookupDrafter(max_ngram_size=self.options.max_matching_ngram)
 
-    def settings(self):
-        return {
-            "max_ngram_size": self.draft.max_ngram_size,
-            "max_candidates": self.draft.max_candidates,
-            "budget": "at most tree_nodes nodes, tree depth levels",
-            **self._tree_settings(),
-        }
+    def _drafter_settings(self):
+        d = self.draft
+        budget = "at most tree_nodes nodes, tree depth levels"
+        return {"max_ngram_size": d.max_ngram_size, "max_candidates": d.max_candidates, "budget": budget}
 
 
 @register_method
@@ -392,32 +400,29 @@ class EngineOnlyMethod(_EngineMethod):
 
 
 @register_method
-class MagicDecMethod(_EngineMethod):
+class MagicDecMethod(_BuiltDraftMethod):
     name = "magicdec"
     description = "hf_speculative tree loop, MagicDec: the target drafts for itself over a StreamingLLM sparse KV cache"
 
-    def setup(self):
+    def _build_draft(self):
         import hf_speculative as hfs
 
-        super().setup()
         o = self.options
-        self.draft = hfs.MagicDecDrafter(
+        return hfs.MagicDecDrafter(
             self.model,
             sliding_window=o.magicdec_window,
             num_sink_tokens=o.magicdec_sinks,
             num_draft_tokens=o.chain_length,
             positions=o.magicdec_positions,
         )
-        self.call_tree = self.tree = parse_tree(o.tree) or self.draft.default_tree
 
-    def settings(self):
+    def _drafter_settings(self):
         d = self.draft
         return {
             "sliding_window": d.window,
             "num_sink_tokens": d.sinks,
             "num_draft_tokens": d.num_draft_tokens,
             "positions": d.positions,
-            **self._tree_settings(),
         }
 
 
