@@ -341,15 +341,23 @@ def label_records(
     if not ids:
         raise ValueError("no record with an assistant answer to label")
     cat = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    extra = {i: cat[f"hidden_{i}"] for i in layers if i != final}
+    return _labelled_states(cat, cat[f"hidden_{final}"], extra, offsets, ids)
+
+
+def _labelled_states(cat: dict, hidden: torch.Tensor, layers: dict, offsets: list[int], ids: list[str]) -> HiddenStates:
+    """The `HiddenStates` of labelled conversations: ``cat`` holds their tokens' ``input_ids``, ``labels`` and the
+    teacher's ``topk_ids`` / ``topk_logprobs`` end to end; ``hidden`` and ``layers`` (none when empty) their states;
+    ``offsets`` where each conversation starts, ``ids`` their ids."""
     return HiddenStates(
-        hidden=cat[f"hidden_{final}"],
+        hidden=hidden,
         input_ids=cat["input_ids"].long(),
         labels=cat["labels"].long(),
         offsets=torch.tensor(offsets),
         ids=ids,
         topk_ids=cat["topk_ids"],
         topk_logprobs=cat["topk_logprobs"],
-        layers={i: cat[f"hidden_{i}"] for i in layers if i != final} or None,
+        layers=layers or None,
     )
 
 
@@ -490,13 +498,4 @@ class LabelledShards:
         if not ids:
             raise ValueError("no labelled conversation selected")
         cat = {k: torch.cat(v) for k, v in parts.items()}
-        return HiddenStates(
-            hidden=cat["hidden"],
-            input_ids=cat["input_ids"].long(),
-            labels=cat["labels"].long(),
-            offsets=torch.tensor(offsets),
-            ids=ids,
-            topk_ids=cat["topk_ids"],
-            topk_logprobs=cat["topk_logprobs"],
-            layers={i: cat[i] for i in extra} or None,
-        )
+        return _labelled_states(cat, cat["hidden"], {i: cat[i] for i in extra}, offsets, ids)
