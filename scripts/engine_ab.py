@@ -58,6 +58,8 @@ for line in sys.stdin:
     ids = torch.tensor([job["ids"]])
     out = {}
     for name, drafter in methods.items():
+        if name not in job["methods"]:
+            continue
         kwargs = {} if drafter is None else {"assistant_model": drafter, "return_dict_in_generate": True}
         if name == "engine":
             kwargs["speculative_pricing"] = False
@@ -90,8 +92,8 @@ def _worker(checkout: str, threads: int) -> subprocess.Popen:
     return proc
 
 
-def _ask(proc: subprocess.Popen, ids: list[int], max_new_tokens: int) -> dict:
-    proc.stdin.write(json.dumps({"ids": ids, "max_new_tokens": max_new_tokens}) + "\n")
+def _ask(proc: subprocess.Popen, ids: list[int], max_new_tokens: int, methods: list[str]) -> dict:
+    proc.stdin.write(json.dumps({"ids": ids, "max_new_tokens": max_new_tokens, "methods": methods}) + "\n")
     proc.stdin.flush()
     return json.loads(proc.stdout.readline())
 
@@ -143,7 +145,14 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=1, help="passes over the prompts (the report gives their median)")
     p.add_argument("--output", default=None)
+    p.add_argument(
+        "--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)} (default: all)"
+    )
     args = p.parse_args()
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        p.error(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(METHODS)}")
 
     sys.path.insert(0, os.path.abspath(args.new))
     from hf_speculative.bench.prompts import load_prompts, prepare_prompts, spread_over_categories
@@ -157,7 +166,7 @@ def main() -> int:
     for k in range(args.rounds):
         for i, prompt in enumerate(prompts):
             for name in ("old", "new") if (i + k) % 2 == 0 else ("new", "old"):  # alternate which commit goes first
-                runs[name].append(_ask(workers[name], prompt.input_ids[0].tolist(), args.max_new_tokens))
+                runs[name].append(_ask(workers[name], prompt.input_ids[0].tolist(), args.max_new_tokens, methods))
             print(
                 f"round {k + 1}/{args.rounds}, prompt {i + 1}/{len(prompts)} ({time.perf_counter() - start:.0f} s)",
                 file=sys.stderr,
@@ -173,7 +182,7 @@ def main() -> int:
     identical = all(
         runs["old"][i][m]["output"] == runs["new"][i][m]["output"] == runs["new"][i]["plain"]["output"]
         for i in range(len(runs["new"]))
-        for m in METHODS
+        for m in methods
     )
     report = {
         "old": os.path.abspath(args.old),
@@ -185,7 +194,7 @@ def main() -> int:
         "identical_outputs": identical,
         "peak_resident_kb": peak,
         "machine": _machine(),
-        "methods": {m: {name: _summary(runs[name], m, args.rounds) for name in runs} for m in METHODS},
+        "methods": {m: {name: _summary(runs[name], m, args.rounds) for name in runs} for m in methods},
     }
     text = json.dumps(report, indent=1)
     if args.output:
