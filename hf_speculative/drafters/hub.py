@@ -35,6 +35,24 @@ _RECORDED_COMMANDS = (
 
 
 #: the arguments of ``from_pretrained`` (``AutoModel``'s included) that the Hub download takes
+#: what ``from_pretrained`` takes for loading itself (not a setting of the model-free drafter it builds)
+LOADER_ARGUMENTS = frozenset(
+    {
+        "trust_remote_code",
+        "adapter_kwargs",
+        "cache_dir",
+        "force_download",
+        "local_files_only",
+        "token",
+        "revision",
+        "subfolder",
+        "proxies",
+        "code_revision",
+        "_from_auto",
+        "_from_pipeline",
+        "_commit_hash",
+    }
+)
 _DOWNLOAD_ARGUMENTS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "proxies")
 
 

@@ -53,21 +53,6 @@ __all__ = ["SuffixDrafter"]
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "suffix_index.safetensors"
 #: what ``AutoModel.from_pretrained`` passes besides the config; a drafter with no weights has no use for them
-_LOADER_ARGUMENTS = {
-    "trust_remote_code",
-    "adapter_kwargs",
-    "cache_dir",
-    "force_download",
-    "local_files_only",
-    "token",
-    "revision",
-    "subfolder",
-    "proxies",
-    "code_revision",
-    "_from_auto",
-    "_from_pipeline",
-    "_commit_hash",
-}
 
 
 class SuffixDrafter(TreeDrafter):
@@ -260,11 +245,11 @@ class SuffixDrafter(TreeDrafter):
         Raises ``FileNotFoundError`` for a missing folder, Hub repo or file of it, ``OSError`` for a Hub download that
         fails, ``ValueError`` naming the file for a damaged one (truncated, not safetensors, arrays that disagree, a
         token id outside ``[0, vocab_size)``)."""
-        from ..hub import drafter_folder
+        from ..hub import LOADER_ARGUMENTS, drafter_folder
 
         folder = drafter_folder(pretrained_path, [CONFIG_NAME, WEIGHTS_NAME], "SuffixDecoding drafter", **kwargs)
         config = config if config is not None else SuffixConfig.from_pretrained(folder)
-        overrides = {k: v for k, v in kwargs.items() if k not in _LOADER_ARGUMENTS}
+        overrides = {k: v for k, v in kwargs.items() if k not in LOADER_ARGUMENTS}
         unknown = [k for k in overrides if k not in SuffixConfig().to_dict() or k in ("model_type",)]
         if unknown:
             raise TypeError(f"unknown SuffixDrafter argument(s) {unknown}")

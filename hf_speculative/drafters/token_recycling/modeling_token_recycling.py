@@ -48,21 +48,6 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 DRAFTER_TYPE = TokenRecyclingConfig.model_type
 #: what ``AutoModel.from_pretrained`` passes besides the folder; a drafter with no network has no use for them
-_LOADER_ARGUMENTS = {
-    "trust_remote_code",
-    "adapter_kwargs",
-    "cache_dir",
-    "force_download",
-    "local_files_only",
-    "token",
-    "revision",
-    "subfolder",
-    "proxies",
-    "code_revision",
-    "_from_auto",
-    "_from_pipeline",
-    "_commit_hash",
-}
 
 #: drafted templates whose `tree_levels` a drafter keeps (the call's tree, its refreshes, a hybrid's candidates)
 MAX_TEMPLATES = 8
@@ -261,7 +246,7 @@ class TokenRecyclingDrafter(TreeDrafter):
         Raises ``FileNotFoundError`` for a missing folder or ``config.json``, ``ValueError`` naming the file for a
         damaged one (truncated, not JSON or safetensors) and for a matrix that disagrees with its config or holds a
         token id outside ``[0, vocab_size)``."""
-        from ..hub import drafter_folder
+        from ..hub import LOADER_ARGUMENTS, drafter_folder
 
         folder = drafter_folder(pretrained_path, [CONFIG_NAME, WEIGHTS_NAME], "Token Recycling drafter", **kwargs)
         if config is not None:
@@ -273,7 +258,7 @@ class TokenRecyclingDrafter(TreeDrafter):
         kind = config.get("model_type") or config.get("drafter_type")
         if kind != DRAFTER_TYPE:
             raise ValueError(f"{str(folder)!r} holds a {kind!r} drafter, not Token Recycling")
-        kwargs = {k: v for k, v in kwargs.items() if k not in _LOADER_ARGUMENTS}
+        kwargs = {k: v for k, v in kwargs.items() if k not in LOADER_ARGUMENTS}
         args = {k: config[k] for k in ("num_successors", "max_nodes", "max_depth", "refresh_every") if k in config}
         drafter = cls(**{**args, **kwargs})
         file = folder / WEIGHTS_NAME
