@@ -5,6 +5,7 @@ would catch the fault: interleavings are forced with events and barriers, never 
 
 from __future__ import annotations
 
+import copy
 import threading
 
 import pytest
@@ -182,6 +183,10 @@ def test_one_drafter_in_two_calls_at_once_is_a_clear_error():
         thread.join(WAIT)
     assert torch.equal(first["out"], reference)  # the first call was not disturbed
     assert torch.equal(_plain(model, assistant_model=drafter), reference)  # and the drafter is free again after it
+    used = hfs.PromptLookupDrafter()
+    _plain(model, assistant_model=used)
+    twin = copy.deepcopy(used)  # the fix the error names works on a drafter that has drafted
+    assert torch.equal(_plain(model, assistant_model=twin), reference)
 
 
 # --------------------------------------------------------------------------- seeds

@@ -214,7 +214,7 @@ class SpeedPolicy:
     def drafter_in_use(self, drafter):
         """Marks ``drafter`` in use by one call: a second call with the same drafter object while the first runs
         raises `DrafterInUseError` (a drafter keeps per-call state: its rows, its prices)."""
-        busy = drafter.__dict__.setdefault("_hfs_in_use", threading.Lock()) if hasattr(drafter, "__dict__") else None
+        busy = drafter.__dict__.setdefault("_hfs_in_use", InUseLock()) if hasattr(drafter, "__dict__") else None
         if busy is not None and not busy.acquire(blocking=False):
             raise DrafterInUseError(
                 f"this {type(drafter).__name__} is drafting for another generate() call that has not finished; give "
@@ -293,6 +293,23 @@ def _runtime_state() -> dict:
         _lock=threading.Lock(),
         cost_curves={},
     )
+
+
+class InUseLock:
+    """Whether a drafter is drafting for a call (`SpeedPolicy.drafter_in_use`); a copy or a pickle of the drafter
+    gets a free lock of its own."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+
+    def acquire(self, blocking: bool = True) -> bool:
+        return self._lock.acquire(blocking)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __reduce__(self):
+        return (InUseLock, ())
 
 
 class DrafterInUseError(RuntimeError):
