@@ -149,7 +149,7 @@ class SpeculativeLoop:
         keyed = self.do_sample and self.acceptance.mode == "exact"
         self.noise = PositionNoise.for_call(self.device) if keyed else None
         self.options = DraftingOptions(self.do_sample and not keyed, float(config.temperature or 1.0))
-        self.accept = self.acceptance.acceptor(self.do_sample, noise=self.noise) if self.do_sample else None
+        self.accept = self.acceptance.acceptor(self.do_sample, noise=self.noise)  # walk(tree, scores, row, position)
         self.processors = call.logits_processor
         self.stopping = _stopping_for(call.stopping_criteria, call.streamer, config)
         self.stats = SpeculativeStats()
@@ -293,15 +293,14 @@ class SpeculativeLoop:
         the forward computed them all and no logits processor applies; else the walk over lazily computed rows."""
         batch = self.batch
         logits = [NodeLogits(outputs, self.lazy_head, d, row=a, project=self.project) for a, d in enumerate(drafts)]
-        if self.accept is None and self.lazy_head is None and not self.processors:
+        if not self.do_sample and self.lazy_head is None and not self.processors:
             return [accept_greedy_all(d, outputs.logits[a, : len(d)]) for a, d in enumerate(drafts)], logits
         NodeLogits.prefetch(logits)
-        walk = self.accept or AcceptanceSettings().acceptor(do_sample=False)
         results = []
         for d, lg, r in zip(drafts, logits, batch.active):
             row = batch.rows[r]
             scores = _node_scores(lg, d, row.ids, row_processors(self.processors, r))
-            results.append(walk(d, scores, row=r, position=row.sequence.shape[1]) if self.noise else walk(d, scores))
+            results.append(self.accept(d, scores, row=r, position=row.sequence.shape[1]))
         return results, logits
 
     def rows_going_on(self) -> list[int]:
