@@ -410,6 +410,33 @@ def train_medusa2(
     }
 
 
+def _labelled_states(
+    tuned, tokenizer, train: list[Record], layers: list[int], cfg: DownstreamTrainingConfig, data: str
+):
+    """The EAGLE arm's training data: ``train`` labelled by the merged model ``tuned`` into cached shards
+    (`label_conversations`; keyed by the model's fingerprint, so each adapter has its own folder), read back as
+    `HiddenStates`. A killed run resumes after the last finished shard instead of labelling again."""
+    from hf_speculative.training.labelling import LabelledShards, label_conversations, labelled_cache_dir
+
+    L = tuned.config.num_hidden_layers
+    folder = labelled_cache_dir(tuned, data, cfg.max_length)
+    manifest = label_conversations(
+        tuned,
+        tokenizer,
+        train,
+        folder,
+        layers=sorted({*layers, L}),
+        top_k=EAGLE_TOP_K,
+        max_tokens=cfg.eagle_max_tokens,
+        max_length=cfg.max_length,
+        shard_tokens=32768,
+        progress=cfg.progress,
+        data=data,
+    )
+    print(f"EAGLE labels: {manifest['total_tokens']} tokens in {folder}", file=sys.stderr)
+    return LabelledShards(folder).to_hidden_states(extra_layers=[i for i in layers if i != L])
+
+
 def train_eagle(
     model,
     tokenizer,
@@ -427,7 +454,6 @@ def train_eagle(
     from hf_speculative.drafters.draft_vocab import frequent_tokens
     from hf_speculative.drafters.eagle.modeling_eagle import EagleDrafter
     from hf_speculative.drafters.eagle.training_eagle import train_eagle as fit
-    from hf_speculative.training.labelling import label_records
 
     out = Path(out)
     info = read_downstream_info(adapter_folder)
@@ -444,9 +470,7 @@ def train_eagle(
     drafter.config.base_model_name_or_path = _hub_base_name(base_model)
     L = tuned.config.num_hidden_layers
     layers = [i for i in drafter.config.feature_layers(L) if i != L]
-    states = label_records(
-        tuned, tokenizer, train, layers, top_k=EAGLE_TOP_K, max_tokens=cfg.eagle_max_tokens, max_length=cfg.max_length
-    )
+    states = _labelled_states(tuned, tokenizer, train, layers, cfg, data=f"{Path(adapter_folder).name}-train")
     print(f"EAGLE labelling: {len(states)} sequences, {int(states.input_ids.numel())} tokens", file=sys.stderr)
     drafter.set_draft_vocab(
         frequent_tokens(states.topk_ids[:, 0].long(), drafter.config.draft_vocab_size, tuned.config.vocab_size)
