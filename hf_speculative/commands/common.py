@@ -187,6 +187,27 @@ def frozen_target(args):
     return model
 
 
+def options(args, *names: str) -> dict:
+    """The command-line options ``names`` as keyword arguments of the same names (what a command passes on as is)."""
+    return {name: getattr(args, name) for name in names}
+
+
+def new_drafter(drafter_class, model, args, **settings):
+    """``drafter_class.from_base_model(model, **settings)``, the reference model recorded as its base
+    (`record_reference_base`)."""
+    drafter = drafter_class.from_base_model(model, **settings)
+    record_reference_base(drafter.config, args.model)
+    return drafter
+
+
+def timed_training(train, drafter, states, args, **settings):
+    """``(trainer, seconds)``: ``train(drafter, states, **settings)`` with the ``train`` command's `training_args`,
+    and the seconds it took."""
+    start = time.perf_counter()
+    trainer = train(drafter, states, **settings, **training_args(args))
+    return trainer, time.perf_counter() - start
+
+
 def record_reference_base(config, model_name: str) -> None:
     """Record the Hub id of the reference model (not the local cache path) as the drafter's base model."""
     from ..bench.reference import is_reference
@@ -204,6 +225,13 @@ def split_records(records, holdout: float, seed: int = 0):
     hold = sorted(order[:n_hold])
     train = sorted(order[n_hold:])
     return [records[i] for i in train], [records[i] for i in hold]
+
+
+def split_conversations(records, args):
+    """``(train, held-out)``: `split_records` by ``--holdout`` and ``--seed``, the sizes said on stderr."""
+    train, held_out = split_records(records, args.holdout, args.seed)
+    print(f"{len(records)} conversations: {len(train)} train, {len(held_out)} held out", file=sys.stderr)
+    return train, held_out
 
 
 def command_line(args=None) -> str | None:
@@ -239,12 +267,7 @@ def add_calibrated_training_args(p, calibrate_nodes: int, saved: str) -> None:
     p.add_argument("--max-length", type=int, default=1024, help="tokens per conversation")
     p.add_argument("--limit", type=int, default=None, help="use the first N conversations")
     p.add_argument("--holdout", type=float, default=0.1, help="share of conversations held out for tree calibration")
-    p.add_argument(
-        "--calibrate-nodes",
-        type=int,
-        default=calibrate_nodes,
-        help="node budget of the calibrated tree (0: keep the default)",
-    )
+    add_calibrate_nodes_arg(p, calibrate_nodes)
     p.add_argument("--acceptance", default="exact", choices=["exact", "typical"])
     p.add_argument(
         "--draft-vocab-size",
@@ -252,10 +275,22 @@ def add_calibrated_training_args(p, calibrate_nodes: int, saved: str) -> None:
         default=None,
         help="FR-Spec: draft on the K most frequent answer tokens of the training data (default: full vocabulary)",
     )
+    add_curve_points_arg(p)
+    p.add_argument("--curve-checkpoints", default=None, help=f"also save the {saved} at those points in this folder")
+
+
+def add_calibrate_nodes_arg(p, default: int) -> None:
+    """``--calibrate-nodes``: the node budget of the tree calibrated on the held-out conversations."""
+    p.add_argument(
+        "--calibrate-nodes", type=int, default=default, help="node budget of the calibrated tree (0: keep the default)"
+    )
+
+
+def add_curve_points_arg(p) -> None:
+    """``--curve-points``: how many points of the held-out learning curve a ``train`` command records."""
     p.add_argument(
         "--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training"
     )
-    p.add_argument("--curve-checkpoints", default=None, help=f"also save the {saved} at those points in this folder")
 
 
 def add_labelled_args(p) -> None:
@@ -387,8 +422,7 @@ def split_hidden_states(model, tokenizer, records, args):
     from ..training.distributed import main_process_first
     from ..training.trainer import extract_hidden_states
 
-    train_records, held_out = split_records(records, args.holdout, args.seed)
-    print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
+    train_records, held_out = split_conversations(records, args)
     t0 = time.perf_counter()
     with main_process_first():  # several processes: the main one fills the hidden-state cache, the others read it
         train_states = extract_hidden_states(model, tokenizer, train_records, max_length=args.max_length)

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from .common import add_data_arg, add_model_args, parse_dtype, setup_torch
+from .common import add_data_arg, add_model_args, options, parse_dtype, setup_torch
 
 DEFAULT_LAYERS = (2, 15, 26, 27, -1)  # mirrors hf_speculative.training.labelling.DEFAULT_LAYERS (no torch import here)
 
@@ -58,13 +58,8 @@ def run(args) -> int:
         tokenizer,
         records,
         out,
-        layers=args.layers,
-        top_k=args.top_k,
-        max_tokens=args.max_tokens,
-        max_length=args.max_length,
-        shard_tokens=args.shard_tokens,
-        data=args.data,
         autocast=parse_dtype(args.autocast) if args.autocast else None,
+        **options(args, "layers", "top_k", "max_tokens", "max_length", "shard_tokens", "data"),
     )
     summary = {
         k: manifest[k] for k in ("num_conversations", "total_tokens", "bytes_per_million_tokens", "tokens_per_second")

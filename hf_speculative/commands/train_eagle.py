@@ -7,17 +7,16 @@
 
 from __future__ import annotations
 
-import time
-
 from .common import (
     add_shard_training_args,
     finish_shard_drafter,
     frozen_target,
-    record_reference_base,
+    new_drafter,
+    options,
     set_frequent_draft_vocab,
     setup_torch,
     shard_states,
-    training_args,
+    timed_training,
 )
 
 
@@ -48,27 +47,19 @@ def run(args) -> int:
     from ..drafters.eagle.training_eagle import train_eagle
 
     model = frozen_target(args)
-    drafter = EagleDrafter.from_base_model(
-        model,
-        variant=args.variant,
-        draft_vocab_size=args.draft_vocab_size if args.variant == "eagle3" else None,
-        total_tokens=args.total_tokens,
-        tree_depth=args.tree_depth,
-        tree_top_k=args.tree_top_k,
-        feature_noise=args.feature_noise,
-    )
-    record_reference_base(drafter.config, args.model)
+    draft_vocab_size = args.draft_vocab_size if args.variant == "eagle3" else None
+    settings = options(args, "variant", "total_tokens", "tree_depth", "tree_top_k", "feature_noise")
+    drafter = new_drafter(EagleDrafter, model, args, draft_vocab_size=draft_vocab_size, **settings)
     L = model.config.num_hidden_layers
     layers = drafter.config.feature_layers(L)
     states, _ = shard_states(args, [i for i in layers if i != L])
     print(f"labelled: {len(states)} conversations, {int(states.input_ids.numel())} tokens; feature layers {layers}")
     if drafter.config.is_eagle3:  # EAGLE-3's draft vocabulary: the most frequent tokens the target produces
         set_frequent_draft_vocab(drafter, states.topk_ids[:, 0], args.draft_vocab_size)
-    start = time.perf_counter()
-    trainer = train_eagle(
-        drafter, states, steps=args.ttt_steps, max_length=args.max_length, final_layer=L, **training_args(args)
+    trainer, seconds = timed_training(
+        train_eagle, drafter, states, args, steps=args.ttt_steps, max_length=args.max_length, final_layer=L
     )
     method = f"{args.variant} on target-labelled shards (KD on the target's top-k" + (
         ", training-time test)" if drafter.config.is_eagle3 else ", feature regression)"
     )
-    return finish_shard_drafter(args, drafter, method, states, trainer, time.perf_counter() - start)
+    return finish_shard_drafter(args, drafter, method, states, trainer, seconds)

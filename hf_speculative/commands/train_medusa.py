@@ -8,7 +8,6 @@ model card; ``--medusa2``: LoRA backbone + heads trained jointly (Medusa-2).
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 from .common import (
@@ -22,11 +21,14 @@ from .common import (
     final_train_loss,
     finish_folder,
     load_model_and_records,
+    new_drafter,
+    options,
     record_reference_base,
     set_frequent_draft_vocab,
     setup_torch,
-    split_records,
+    split_conversations,
     states_training_report,
+    timed_training,
     training_args,
     training_states,
 )
@@ -89,11 +91,9 @@ def run(args) -> int:
     callbacks = curve_callbacks(args, MedusaCurveCallback, heads, hold_states, 32, batch_size=args.batch_size)
     if args.draft_vocab_size and args.labelled:  # FR-Spec on the target's own greedy tokens; KD then trains in it
         set_frequent_draft_vocab(heads, draft_vocab_source(train_states), args.draft_vocab_size)
-    t0 = time.perf_counter()
-    trainer = train_medusa(
-        heads, train_states, max_positions=args.max_train_tokens, callbacks=callbacks, **training_args(args)
+    trainer, train_s = timed_training(
+        train_medusa, heads, train_states, args, max_positions=args.max_train_tokens, callbacks=callbacks
     )
-    train_s = time.perf_counter() - t0
     # FR-Spec on the most frequent answer tokens (with --labelled it was set before training, so KD ran in it)
     vocab_source = None if args.labelled else train_states.labels
     draft_vocab_and_calibration(
@@ -114,15 +114,8 @@ def _new_heads(model, args):
     """Fresh Medusa heads on ``model`` from the command line, the reference model recorded as their base."""
     from ..drafters.medusa.modeling_medusa import MedusaHeadsModel
 
-    heads = MedusaHeadsModel.from_base_model(
-        model,
-        num_heads=args.num_heads,
-        num_layers=args.num_layers,
-        share_lm_head=not args.own_lm_head,
-        acceptance=args.acceptance,
-    )
-    record_reference_base(heads.config, args.model)
-    return heads
+    settings = options(args, "num_heads", "num_layers", "acceptance")
+    return new_drafter(MedusaHeadsModel, model, args, share_lm_head=not args.own_lm_head, **settings)
 
 
 def _medusa2_heads(model, args):
@@ -212,27 +205,22 @@ def run_medusa2(args) -> int:
     from ..model_card import write_drafter_card
 
     model, tokenizer, records = load_model_and_records(args)
-    train_records, held_out = split_records(records, args.holdout, args.seed)
-    print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
+    train_records, held_out = split_conversations(records, args)
     heads = _medusa2_heads(model, args)
     targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
+    lora = options(args, "lora_r", "lora_alpha", "lora_dropout")
+    settings = options(args, "max_length", "heads_lr_ratio", "lambda0", "lambda0_warmup", "lm_loss")
     run = fit_medusa2(
         model,
         heads,
         tokenizer,
         train_records,
-        lora_r=args.lora_r,
-        lora_alpha=args.lora_alpha,
-        lora_dropout=args.lora_dropout,
         lora_targets=targets,
-        max_length=args.max_length,
-        heads_lr_ratio=args.heads_lr_ratio,
         gradient_accumulation_steps=args.grad_accum,
-        lambda0=args.lambda0,
-        lambda0_warmup=args.lambda0_warmup,
         lambda0_kind=args.lambda0_schedule,
-        lm_loss=args.lm_loss,
         max_head_positions=args.head_positions,
+        **lora,
+        **settings,
         **training_args(args),
     )
     print(f"train: {len(run.dataset)} conversations, {run.dataset.num_answer_tokens} answer tokens", file=sys.stderr)

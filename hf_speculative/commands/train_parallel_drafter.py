@@ -7,8 +7,6 @@ target's cached final hidden states, a calibrated tree and a model card.
 
 from __future__ import annotations
 
-import time
-
 from .common import (
     add_calibrated_training_args,
     add_conversation_training_args,
@@ -17,10 +15,11 @@ from .common import (
     draft_vocab_and_calibration,
     draft_vocab_source,
     finish_drafter,
-    record_reference_base,
+    new_drafter,
+    options,
     setup_torch,
     states_training_report,
-    training_args,
+    timed_training,
     training_states,
 )
 
@@ -66,27 +65,18 @@ def run(args) -> int:
     model, _, train_states, hold_states, counts = training_states(args)
     for p in model.parameters():
         p.requires_grad_(False)
-    drafter = ParallelDrafter.from_base_model(
-        model,
-        num_mask_tokens=args.num_mask_tokens,
-        num_layers=args.num_layers,
-        init_layer=args.init_layer,
-        use_target_hidden_states=args.target_hidden_states,
-        acceptance=args.acceptance,
-    )
-    record_reference_base(drafter.config, args.model)
+    settings = options(args, "num_mask_tokens", "num_layers", "init_layer", "acceptance")
+    drafter = new_drafter(ParallelDrafter, model, args, use_target_hidden_states=args.target_hidden_states, **settings)
     tokens_per_step = args.batch_size * args.groups_per_sequence
     callbacks = curve_callbacks(args, ParallelCurveCallback, drafter, hold_states, 12, tokens_per_step=tokens_per_step)
-    t0 = time.perf_counter()
-    trainer = train_parallel_drafter(
+    trainer, train_s = timed_training(
+        train_parallel_drafter,
         drafter,
         train_states,
-        groups_per_sequence=args.groups_per_sequence,
-        distill_weight=args.distill_weight,
+        args,
         callbacks=callbacks,
-        **training_args(args),
+        **options(args, "groups_per_sequence", "distill_weight"),
     )
-    train_s = time.perf_counter() - t0
     draft_vocab_and_calibration(
         drafter,
         draft_vocab_source(train_states),

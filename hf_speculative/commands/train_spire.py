@@ -9,17 +9,17 @@ label``), with SPIRe's MixedLoss.
 from __future__ import annotations
 
 import sys
-import time
 
 from .common import (
     add_shard_training_args,
     finish_shard_drafter,
     frozen_target,
-    record_reference_base,
+    new_drafter,
+    options,
     set_frequent_draft_vocab,
     setup_torch,
     shard_states,
-    training_args,
+    timed_training,
 )
 
 
@@ -60,17 +60,16 @@ def run(args) -> int:
     from ..drafters.spire.training_spire import SpireDataset, depth_accuracies, train_spire
 
     model = frozen_target(args)
-    drafter = SpireDrafter.from_base_model(
+    drafter = new_drafter(
+        SpireDrafter,
         model,
-        num_layers=args.num_layers,
-        layers=args.layers,
-        sliding_window=args.sliding_window,
+        args,
         num_sink_tokens=args.sinks,
         num_draft_tokens=args.k,
         tree_top_i=args.top_i,
         mixed_loss_omega=args.omega,
+        **options(args, "num_layers", "layers", "sliding_window"),
     )
-    record_reference_base(drafter.config, args.model)
     layers = drafter.config.target_layers
     states, held = shard_states(args, layers, held_per_folder=8)
     print(
@@ -81,9 +80,7 @@ def run(args) -> int:
         set_frequent_draft_vocab(drafter, states.topk_ids[:, 0], args.draft_vocab_size)
     held_set = SpireDataset(held, layers, args.sinks, args.max_length) if held is not None else None
     before = depth_accuracies(drafter, held_set) if held_set is not None else None
-    start = time.perf_counter()
-    trainer = train_spire(drafter, states, omega=args.omega, max_length=args.max_length, **training_args(args))
-    seconds = time.perf_counter() - start
+    trainer, seconds = timed_training(train_spire, drafter, states, args, omega=args.omega, max_length=args.max_length)
     if held_set is not None:
         after = depth_accuracies(drafter, held_set)
         drafter.config.calibration = {

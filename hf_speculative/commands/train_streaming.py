@@ -16,19 +16,22 @@ import time
 from pathlib import Path
 
 from .common import (
+    add_calibrate_nodes_arg,
     add_conversation_training_args,
+    add_curve_points_arg,
     add_labelled_args,
     draft_vocab_source,
     final_train_loss,
     finish_folder,
     labelled_training_states,
     load_model_and_records,
-    record_reference_base,
+    new_drafter,
+    options,
     set_frequent_draft_vocab,
     setup_torch,
-    split_records,
+    split_conversations,
     states_training_report,
-    training_args,
+    timed_training,
 )
 
 
@@ -52,12 +55,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--adapter-rank", type=int, default=8, help="rank of the stream-row adapters on the MSA layers")
     p.add_argument("--stream-init-rank", type=int, default=0, help="eta (0: identity stream init)")
     p.add_argument("--top-k", type=int, default=2, help="top-k per stream of the default (uncalibrated) tree")
-    p.add_argument(
-        "--calibrate-nodes", type=int, default=16, help="node budget of the calibrated tree (0: keep the default)"
-    )
-    p.add_argument(
-        "--curve-points", type=int, default=0, help="record held-out accuracy / expected tau at N points of training"
-    )
+    add_calibrate_nodes_arg(p, 16)
+    add_curve_points_arg(p)
     p.add_argument(
         "--curve-conversations", type=int, default=10, help="held-out conversations used for the curve points"
     )
@@ -122,19 +121,9 @@ def _build_streams(model, args):
     """The Speculative Streaming drafter on ``model``, configured from the command line."""
     from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
 
-    ss = LlamaForSpeculativeStreaming.from_base_model(
-        model,
-        num_streams=args.num_streams,
-        num_msa_layers=args.num_msa_layers,
-        mode=args.mode,
-        adapter_rank=args.adapter_rank,
-        stream_init_rank=args.stream_init_rank,
-        tree_top_k=args.top_k,
-        lora_rank=args.lora_rank,
-        lora_alpha=args.lora_alpha,
-    )
-    record_reference_base(ss.config, args.model)
-    return ss
+    streams = options(args, "num_streams", "num_msa_layers", "mode", "adapter_rank", "stream_init_rank")
+    lora = options(args, "lora_rank", "lora_alpha")
+    return new_drafter(LlamaForSpeculativeStreaming, model, args, tree_top_k=args.top_k, **streams, **lora)
 
 
 def run(args) -> int:
@@ -146,16 +135,15 @@ def run(args) -> int:
     if args.extract_only:
         return 0
     callbacks = _curve_callbacks(args, ss, hold_states)
-    t0 = time.perf_counter()
-    trainer = train_speculative_streaming(
+    trainer, train_s = timed_training(
+        train_speculative_streaming,
         ss,
         train_states,
+        args,
         segment_length=args.segment_length,
         max_tokens=args.max_train_tokens,
         callbacks=callbacks,
-        **training_args(args),
     )
-    train_s = time.perf_counter() - t0
     if args.draft_vocab_size:  # FR-Spec: the streams draft on the most frequent answer tokens of the training data
         set_frequent_draft_vocab(ss, draft_vocab_source(train_states), args.draft_vocab_size)
     if hold_states is not None:  # held-out accuracies; with --calibrate-nodes the calibrated tree replaces the default
@@ -181,9 +169,8 @@ def _streams_and_states(args, shared: bool):
         model, tokenizer, train_states, hold_states, counts = labelled_training_states(args, layer=layer)
     else:
         model, tokenizer, records = load_model_and_records(args)
-        train_records, held_out = split_records(records, args.holdout, args.seed)
+        train_records, held_out = split_conversations(records, args)
         counts = {"conversations": len(train_records), "held_out_conversations": len(held_out)}
-        print(f"{len(records)} conversations: {len(train_records)} train, {len(held_out)} held out", file=sys.stderr)
     ss = _build_streams(model, args)
     layer = ss.config.first_msa_layer
     t0 = time.perf_counter()
