@@ -512,48 +512,24 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
         """Lossless: the base model's forward (the main stream, unchanged), plus ``stream_inputs`` and, with
         ``output_streams=True``, the streams of every position (``stream_logits``). Shared: `_joint_forward`."""
         self._check_attached()
-        if self.config.mode == "shared":
-            return self._joint_forward(
-                input_ids,
-                inputs_embeds,
-                attention_mask,
-                position_ids,
-                cache,
-                use_cache,
-                logits_to_keep,
-                output_streams,
-                bool(kwargs.get("output_hidden_states")),
-                labels,
-            )
-        return self._lossless_forward(
-            input_ids,
-            attention_mask,
-            position_ids,
+        forward = self._joint_forward if self.config.mode == "shared" else self._lossless_forward
+        return forward(
             cache,
-            inputs_embeds,
-            labels,
-            use_cache,
-            logits_to_keep,
             output_streams,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            labels=labels,
+            use_cache=use_cache,
+            logits_to_keep=logits_to_keep,
             **kwargs,
         )
 
-    def _lossless_forward(
-        self,
-        input_ids,
-        attention_mask,
-        position_ids,
-        cache,
-        inputs_embeds,
-        labels,
-        use_cache,
-        logits_to_keep,
-        output_streams: bool,
-        **kwargs,
-    ) -> SpeculativeStreamingOutput:
+    def _lossless_forward(self, cache, output_streams: bool, **inputs) -> SpeculativeStreamingOutput:
         """`forward` in lossless mode: the base model's forward, the states entering the first MSA layer captured
         by a pre-hook (``stream_inputs``); with ``output_streams`` the streams run on them (on a cache of their own
-        when the call passes none)."""
+        when the call passes none). ``inputs``: the base model's other forward arguments."""
         captured = {}
 
         def capture(module, args, kw):
@@ -561,27 +537,16 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
 
         own_cache = output_streams and cache is None
         if own_cache:
-            cache, use_cache = DynamicCache(config=self.base.config), True
+            cache, inputs["use_cache"] = DynamicCache(config=self.base.config), True
         past_length = cache.get_seq_length() if cache is not None else 0
         handle = self.model.layers[self.config.first_msa_layer].register_forward_pre_hook(capture, with_kwargs=True)
         try:
-            out = LlamaForCausalLM.forward(
-                self,
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                **cache_arg(cache),
-                inputs_embeds=inputs_embeds,
-                labels=labels,
-                use_cache=use_cache,
-                logits_to_keep=logits_to_keep,
-                **kwargs,
-            )
+            out = LlamaForCausalLM.forward(self, **cache_arg(cache), **inputs)
         finally:
             handle.remove()
         stream_logits = None
         if output_streams:
-            h = captured["h"]
+            h, position_ids, attention_mask = captured["h"], inputs["position_ids"], inputs["attention_mask"]
             B, T = h.shape[:2]
             if position_ids is None:
                 position_ids = torch.arange(past_length, past_length + T, device=h.device)[None].expand(B, -1)
@@ -599,16 +564,18 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
 
     def _joint_forward(
         self,
-        input_ids,
-        inputs_embeds,
-        attention_mask,
-        position_ids,
         cache,
-        use_cache,
-        logits_to_keep,
         output_streams: bool,
-        output_hidden_states: bool,
-        labels,
+        *,
+        input_ids: torch.LongTensor | None,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.LongTensor | None,
+        inputs_embeds: torch.FloatTensor | None,
+        labels: torch.LongTensor | None,
+        use_cache: bool | None,
+        logits_to_keep: int | torch.Tensor,
+        output_hidden_states: bool | None = None,
+        **unused,
     ) -> SpeculativeStreamingOutput:
         """`forward` in shared mode (Sec. 3.1.1, Eqs. 1-2): the base layers below N - N_s as usual, then main and streams
         jointly through the MSA layers (`msa_layer` with one main row); the cache gets the main row's keys and
