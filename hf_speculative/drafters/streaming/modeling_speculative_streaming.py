@@ -28,7 +28,6 @@ adapters on the MSA layers' projections that act on the stream rows only.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -49,9 +48,8 @@ from ...engine.placement import match_target
 from ...engine.protocol import OneRowDrafter
 from ...engine.trees import DraftingOptions, DraftTree, TreeSpec
 from ...hub import resolve_name_or_path
-from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
-from ..modeling_drafter import DrafterModel
+from ..modeling_drafter import DepthTreeDrafter, DrafterModel
 from .configuration_speculative_streaming import LORA_TARGET_MODULES, SpeculativeStreamingConfig
 
 __all__ = [
@@ -777,7 +775,7 @@ def load_base_model(name_or_path: str | None) -> PreTrainedModel:
     return model
 
 
-class SpeculativeStreamingDrafter(OneRowDrafter):
+class SpeculativeStreamingDrafter(OneRowDrafter, DepthTreeDrafter):
     """Sec. 3.1.2: the streams at the last accepted node fill the next tree; depth d holds stream d's top-k
     (greedy) or draws from stream d's distribution (sampling, verified by exact tree rejection sampling), so
     the tokens of stream n are the parents of those of stream n + 1.
@@ -790,7 +788,7 @@ class SpeculativeStreamingDrafter(OneRowDrafter):
     """
 
     needs_target_hidden_states = True
-    fills_dynamic_tree = True
+    accuracy_key = "stream_top_i_accuracy"
 
     def __init__(
         self,
@@ -799,20 +797,8 @@ class SpeculativeStreamingDrafter(OneRowDrafter):
         target: PreTrainedModel | None = None,
     ):
         self.model = model
-        self.max_depth = model.config.num_streams
-        self.batch_tree = functools.partial(
-            cost_aware_tree,
-            model.config.tree,
-            model.config,
-            "stream_top_i_accuracy",
-            target,
-            self.draft_cost,
-            self.max_depth,
-        )
-        self.default_tree = self.batch_tree(batch_size=1)
-        self.vocab_size = model.config.vocab_size
-        self.draft_sampling = draft_sampling
         self.logits: torch.Tensor | None = None
+        super().__init__(model.config, model.config.num_streams, draft_sampling, target)
 
     def draft_cost(self, curve) -> float:
         """Drafting cost per step in plain steps, whatever the tree: the gamma streams' vocabulary projection, and
