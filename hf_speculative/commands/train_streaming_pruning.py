@@ -3,14 +3,7 @@ Streaming Sec. 3.1.3) to trained streams."""
 
 from __future__ import annotations
 
-from .common import (
-    command_line,
-    finish_folder,
-    load_model_and_records,
-    setup_torch,
-    split_records,
-    training_args,
-)
+from .common import command_line, finish_folder, load_model_and_records, setup_torch, split_records, training_args
 from .train_streaming import add_segment_training_args
 
 
