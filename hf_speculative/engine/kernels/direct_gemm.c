@@ -6,15 +6,22 @@
  *
  *  - up to SMALL_M rows of x: one weight row at a time, every row of x against it (a row of x per accumulator
  *    set), so the whole weight is one sequential stream through memory, prefetched PF_AHEAD elements ahead;
- *    up to PASSES_M rows, passes of SMALL_M rows each;
- *  - more rows: blocks of BLOCK_N weight rows, K in chunks of KC (the chunk of the block stays in L1 while every
- *    group of up to 6 rows of x passes over it), the next block prefetched while this one is computed.
+ *  - more rows: x is transposed once into a small per-thread buffer (tiles of XT_TILE rows, K x XT_TILE floats
+ *    each: a copy of x, not of W), and every weight element, read in place, is broadcast against the two vectors
+ *    of a tile: 2 x 6 accumulators, the outer-product tile of a packed GEMM without packing W. Groups of XT_GROUP
+ *    weight rows go in chunks of XT_KC along K, so a group's chunk stays in cache while every tile passes over
+ *    it; up to XT_LEFT_ROWS rows past the last full tile go through the dot-product path on the same group;
+ *    bfloat16 groups are widened to float32 (in a per-thread buffer) first.
  *
  * Every product accumulates in float32 (bfloat16 weights are widened exactly); x arrives in float32. Threads
- * (OpenMP, the runtime torch itself loads) split the weight rows. Portable C with GCC/Clang vector extensions,
- * compiled with -march=native on the machine that runs it.
+ * (OpenMP, the runtime torch itself loads) split the weight rows. Portable C with GCC/Clang vector extensions (an
+ * AVX transpose where the CPU has AVX), compiled with -march=native on the machine that runs it.
  */
 #include <stdint.h>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__AVX512F__)
@@ -22,11 +29,7 @@
 #else
 #define VW 8
 #endif
-#define SMALL_M 12  /* up to this many rows of x per pass of the sequential one-weight-row-at-a-time path */
-#define PASSES_M 24 /* up to this many rows: passes of SMALL_M rows; more: the blocked path */
-#define BLOCK_N 12  /* weight rows per block on the blocked path */
-#define KC 256      /* K per chunk on the blocked path */
-#define MAX_M 48    /* rows of x per pass on the blocked path */
+#define SMALL_M 12  /* up to this many rows of x: the sequential one-weight-row-at-a-time path */
 #define ABI_VERSION 1
 #define PF_AHEAD 1024 /* elements of a weight row prefetched ahead on the sequential path */
 
@@ -91,37 +94,134 @@ static inline float hsum(vf v) {
         }                                                                                                 \
     }
 
-/* acc_io[i * NR + j] += x[i, k0:k1] * W[j, k0:k1] lane by lane, i < R, j < NR (rows past nr repeat row 0). */
-#define DEFINE_TILE(NAME, WT, R, NR)                                                                      \
-    static void NAME##_tile##R(const float *x, int64_t K, const WT *W, int64_t nr, int64_t k0, int64_t k1,   \
-                               vf *acc_io) {                                                              \
-        vf acc[R][NR];                                                                                    \
-        const WT *w[NR];                                                                                  \
-        for (int j = 0; j < NR; j++) w[j] = W + (j < nr ? j : 0) * K;                                     \
-        for (int i = 0; i < R; i++)                                                                       \
-            for (int j = 0; j < NR; j++) acc[i][j] = acc_io[i * NR + j];                                  \
-        for (int64_t k = k0; k < k1; k += VW) {                                                           \
-            vf wv[NR];                                                                                    \
-            for (int j = 0; j < NR; j++) wv[j] = load_##NAME(w[j] + k);                                   \
-            for (int i = 0; i < R; i++) {                                                                 \
-                vf xv = load_f32(x + i * K + k);                                                          \
-                for (int j = 0; j < NR; j++) acc[i][j] += xv * wv[j];                                     \
-            }                                                                                             \
-        }                                                                                                 \
-        for (int i = 0; i < R; i++)                                                                       \
-            for (int j = 0; j < NR; j++) acc_io[i * NR + j] = acc[i][j];                                  \
-    }
 
-/* weight rows per tile for r rows of x (r * width accumulators stay in registers) */
-static const int TILE_WIDTH[7] = {0, 4, 4, 4, 3, 2, 2};
+/* ---- the x-transposed path ---- */
+#define XT_TILE (2 * VW) /* rows of x per tile */
+#define XT_ROWS 64     /* rows of x per pass of the x-transposed path (bounds its buffer) */
+#define XT_GROUP 12    /* weight rows per group: 2 tiles of 6 (or 1 of 12) */
+#define XT_KC 512      /* K per chunk of the x-transposed path */
+#define XT_LEFT_ROWS 4 /* up to this many rows past the last full tile go through the dot-product path */
+
+/* one k of a tile: MV vectors of x rows, each of NR weight elements broadcast against them */
+#define XT_STEP(MV, NR, K_)                                                                               \
+    do {                                                                                                  \
+        vf xv[MV];                                                                                        \
+        for (int v = 0; v < MV; v++) xv[v] = load_f32(xt + (K_) * XT_TILE + v * VW);                      \
+        for (int j = 0; j < NR; j++) {                                                                    \
+            float s = w[j][K_];                                                                           \
+            for (int v = 0; v < MV; v++) acc[j][v] += xv[v] * s;                                          \
+        }                                                                                                 \
+    } while (0)
+
+/* acc_io[(j * 2 + v) * VW + l] += sum_{k0 <= k < k1} xt[k * XT_TILE + v * VW + l] * W[j, k], j < NR (rows past nr
+ * repeat row 0) */
+#define DEFINE_XT_TILE(MV, NR)                                                                            \
+    static void xt_tile_##MV##_##NR(const float *xt, int64_t K, const float *W, int nr, int64_t k0,         \
+                                     int64_t k1, float *acc_io) {                                          \
+        vf acc[NR][MV];                                                                                   \
+        const float *w[NR];                                                                               \
+        for (int j = 0; j < NR; j++) w[j] = W + (j < nr ? j : 0) * K;                                     \
+        for (int j = 0; j < NR; j++)                                                                      \
+            for (int v = 0; v < MV; v++) memcpy(&acc[j][v], acc_io + (j * 2 + v) * VW, sizeof(vf));       \
+        int64_t k = k0;                                                                                   \
+        for (; k + 16 <= k1; k += 16) {                                                                   \
+            for (int kk = 0; kk < 16; kk++) XT_STEP(MV, NR, k + kk);                                      \
+        }                                                                                                 \
+        for (; k < k1; k++) XT_STEP(MV, NR, k);                                                           \
+        for (int j = 0; j < NR; j++)                                                                      \
+            for (int v = 0; v < MV; v++) memcpy(acc_io + (j * 2 + v) * VW, &acc[j][v], sizeof(vf));       \
+    }
+DEFINE_XT_TILE(2, 6)
+DEFINE_XT_TILE(1, 12)
+
+/* rows [0, Mt) of x (transposed in xt by tiles, Mt <= XT_ROWS) against gn <= XT_GROUP float32 weight rows
+ * Wg (row stride K): y[m, j] for m < Mt, j < gn (y: the group's first output column, row stride ldy). K goes in
+ * chunks of XT_KC, so that the group's chunk stays in L1 while every tile of rows passes over it. */
+static void xt_group(const float *xt, int64_t Mt, int64_t K, const float *Wg, int64_t gn, float *y,
+                     int64_t ldy) {
+    float acc[(XT_ROWS / VW + 1) * XT_GROUP * VW] __attribute__((aligned(64)));
+    int64_t tiles = (Mt + 2 * VW - 1) / (2 * VW);
+    memset(acc, 0, sizeof(float) * tiles * 2 * XT_GROUP * VW);
+    for (int64_t k0 = 0; k0 < K; k0 += XT_KC) {
+        int64_t k1 = k0 + XT_KC < K ? k0 + XT_KC : K;
+        for (int64_t t = 0; t < tiles; t++) {
+            int mv = (2 * t + 1) * VW < Mt ? 2 : 1, width = mv == 2 ? 6 : 12;
+            for (int64_t j = 0; j < gn; j += width) {
+                int nr = (int)(gn - j < width ? gn - j : width);
+                float *a = acc + (t * XT_GROUP + j) * 2 * VW;
+                if (mv == 2)
+                    xt_tile_2_6(xt + t * K * XT_TILE, K, Wg + j * K, nr, k0, k1, a);
+                else
+                    xt_tile_1_12(xt + t * K * XT_TILE, K, Wg + j * K, nr, k0, k1, a);
+            }
+        }
+    }
+    for (int64_t t = 0; t < tiles; t++)
+        for (int64_t j = 0; j < gn; j++)
+            for (int v = 0; v < 2; v++)
+                for (int l = 0; l < VW; l++) {
+                    int64_t row = (2 * t + v) * VW + l;
+                    if (row < Mt) y[row * ldy + j] = acc[((t * XT_GROUP + j) * 2 + v) * VW + l];
+                }
+}
+
+/* a buffer of at least n floats owned by the calling thread, kept for its next calls (slot 0: x transposed, slot 1:
+ * a widened bfloat16 group); NULL when memory runs out */
+static float *scratch(int slot, size_t n) {
+    static __thread float *buffers[2];
+    static __thread size_t sizes[2];
+    if (sizes[slot] < n) {
+        free(buffers[slot]);
+        buffers[slot] = aligned_alloc(64, (sizeof(float) * n + 63) / 64 * 64);
+        sizes[slot] = buffers[slot] ? n : 0;
+    }
+    return buffers[slot];
+}
+
+/* columns [k0, k0 + 8) of rows [0, Mt) of x into xt, by tiles of XT_TILE rows (K x XT_TILE floats each): x[l, k]
+ * is xt[(l / XT_TILE * K + k) * XT_TILE + l % XT_TILE]; the last tile's lanes past Mt are zero */
+static void xt_pack(const float *x, int64_t Mt, int64_t K, int64_t k0, float *xt) {
+    int64_t l = 0, kn = K - k0 < 8 ? K - k0 : 8;
+#if defined(__AVX__)
+    if (kn == 8)
+        for (; l + 8 <= Mt; l += 8) { /* an 8 x 8 block through registers */
+            const float *src = x + l * K + k0;
+            __m256 r[8], t[8], u[8];
+            for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * K);
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+                t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+                u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+                u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+                u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+            }
+            for (int c = 0; c < 4; c++) {
+                float *dst = xt + (l / XT_TILE * K + k0) * XT_TILE + l % XT_TILE;
+                _mm256_storeu_ps(dst + c * XT_TILE, _mm256_permute2f128_ps(u[c], u[c + 4], 0x20));
+                _mm256_storeu_ps(dst + (c + 4) * XT_TILE, _mm256_permute2f128_ps(u[c], u[c + 4], 0x31));
+            }
+        }
+#endif
+    for (int64_t c = 0; c < kn; c++) {
+        for (int64_t i = l; i < (Mt + XT_TILE - 1) / XT_TILE * XT_TILE; i++)
+            xt[(i / XT_TILE * K + k0 + c) * XT_TILE + i % XT_TILE] = i < Mt ? x[i * K + k0 + c] : 0;
+    }
+}
+
+/* rows of x that go through tiles (the rest, at most XT_LEFT_ROWS, through the dot-product path) */
+static int64_t xt_tiled_rows(int64_t M) {
+    int64_t r = M % (2 * VW);
+    return r <= XT_LEFT_ROWS ? M - r : M;
+}
 
 #define DEFINE_KERNELS(NAME, WT)                                                                          \
     DEFINE_STREAM(NAME, WT, 1, 4) DEFINE_STREAM(NAME, WT, 2, 4) DEFINE_STREAM(NAME, WT, 3, 4)              \
     DEFINE_STREAM(NAME, WT, 4, 3) DEFINE_STREAM(NAME, WT, 5, 2) DEFINE_STREAM(NAME, WT, 6, 2)              \
     DEFINE_STREAM(NAME, WT, 7, 1) DEFINE_STREAM(NAME, WT, 8, 1) DEFINE_STREAM(NAME, WT, 9, 1)              \
     DEFINE_STREAM(NAME, WT, 10, 1) DEFINE_STREAM(NAME, WT, 11, 1) DEFINE_STREAM(NAME, WT, 12, 1)           \
-    DEFINE_TILE(NAME, WT, 1, 4) DEFINE_TILE(NAME, WT, 2, 4) DEFINE_TILE(NAME, WT, 3, 4)                    \
-    DEFINE_TILE(NAME, WT, 4, 3) DEFINE_TILE(NAME, WT, 5, 2) DEFINE_TILE(NAME, WT, 6, 2)                    \
                                                                                                           \
     static void NAME##_stream(int64_t M, const float *x, int64_t K, const WT *W, int64_t nr, float *out,   \
                               int64_t ldo) {                                                              \
@@ -141,73 +241,50 @@ static const int TILE_WIDTH[7] = {0, 4, 4, 4, 3, 2, 2};
         }                                                                                                 \
     }                                                                                                     \
                                                                                                           \
-    static void NAME##_tile(int r, const float *x, int64_t K, const WT *W, int64_t n, int64_t k0, int64_t k1, \
-                            vf *acc) {                                                                    \
-        switch (r) {                                                                                      \
-        case 1: NAME##_tile1(x, K, W, n, k0, k1, acc); break;                                             \
-        case 2: NAME##_tile2(x, K, W, n, k0, k1, acc); break;                                             \
-        case 3: NAME##_tile3(x, K, W, n, k0, k1, acc); break;                                             \
-        case 4: NAME##_tile4(x, K, W, n, k0, k1, acc); break;                                             \
-        case 5: NAME##_tile5(x, K, W, n, k0, k1, acc); break;                                             \
-        default: NAME##_tile6(x, K, W, n, k0, k1, acc); break;                                            \
-        }                                                                                                 \
-    }                                                                                                     \
-                                                                                                          \
-    /* M <= MAX_M rows of x against one block of nr <= BLOCK_N weight rows */                             \
-    static void NAME##_block(int64_t M, const float *x, int64_t K, const WT *W, int64_t nr, const WT *next, \
-                             float *out, int64_t ldo) {                                                   \
-        vf acc[MAX_M * BLOCK_N];                                                                          \
-        int64_t kv = K / VW * VW;                                                                         \
-        memset(acc, 0, sizeof(vf) * M * BLOCK_N);                                                         \
-        for (int64_t k0 = 0; k0 < kv; k0 += KC) {                                                         \
-            int64_t k1 = k0 + KC < kv ? k0 + KC : kv;                                                     \
-            if (next)                                                                                     \
-                for (int64_t j = 0; j < BLOCK_N; j++)                                                     \
-                    for (int64_t k = k0; k < k1; k += 64 / sizeof(WT)) __builtin_prefetch(next + j * K + k); \
-            for (int64_t m = 0; m < M; m += 6) {                                                          \
-                int r = (int)(M - m < 6 ? M - m : 6), wd = TILE_WIDTH[r];                                 \
-                for (int64_t j = 0; j < nr; j += wd)                                                      \
-                    NAME##_tile(r, x + m * K, K, W + j * K, nr - j < wd ? nr - j : wd, k0, k1,            \
-                                acc + m * BLOCK_N + j * r);                                               \
+    /* the x-transposed path: M rows (up to XT_ROWS) */                                                 \
+    static void NAME##_xt(const float *x, int64_t M, int64_t K, const WT *W, int64_t N, float *y, int threads) { \
+        int64_t Mt = xt_tiled_rows(M), groups = (N + XT_GROUP - 1) / XT_GROUP;                            \
+        float *xt = scratch(0, (Mt + XT_TILE - 1) / XT_TILE * XT_TILE * K);                               \
+        if (!xt) return;                                                                                  \
+        _Pragma("omp parallel num_threads(threads)") {                                                    \
+            float *wide = sizeof(WT) == 4 ? 0 : scratch(1, XT_GROUP * K);                                 \
+            _Pragma("omp for schedule(static)") for (int64_t k = 0; k < K; k += 8)                        \
+                xt_pack(x, Mt, K, k, xt);                                                                 \
+            _Pragma("omp for schedule(static)") for (int64_t g = 0; g < groups; g++) {                    \
+                int64_t n0 = g * XT_GROUP, gn = N - n0 < XT_GROUP ? N - n0 : XT_GROUP;                    \
+                const float *Wg = (const float *)(W + n0 * K);                                            \
+                if (sizeof(WT) != 4 && !wide) { /* no memory to widen into: the dot-product path */       \
+                    for (int64_t m = 0; m < M; m += SMALL_M)                                              \
+                        NAME##_stream(M - m < SMALL_M ? M - m : SMALL_M, x + m * K, K, W + n0 * K, gn,     \
+                                      y + m * N + n0, N);                                                 \
+                    continue;                                                                             \
+                }                                                                                         \
+                if (sizeof(WT) != 4) {                                                                    \
+                    for (int64_t t = 0; t < gn * K; t++) wide[t] = one_##NAME(W[n0 * K + t]);             \
+                    Wg = wide;                                                                            \
+                }                                                                                         \
+                xt_group(xt, Mt, K, Wg, gn, y + n0, N);                                                   \
+                if (Mt < M) f32_stream(M - Mt, x + Mt * K, K, Wg, gn, y + Mt * N + n0, N);                \
             }                                                                                             \
-        }                                                                                                 \
-        for (int64_t m = 0; m < M; m += 6) {                                                              \
-            int r = (int)(M - m < 6 ? M - m : 6), wd = TILE_WIDTH[r];                                     \
-            for (int64_t j = 0; j < nr; j += wd)                                                          \
-                for (int i = 0; i < r; i++)                                                               \
-                    for (int64_t q = 0; q < wd && j + q < nr; q++) {                                      \
-                        const float *xr = x + (m + i) * K;                                                \
-                        const WT *wr = W + (j + q) * K;                                                   \
-                        float s = hsum(acc[m * BLOCK_N + j * r + i * wd + q]);                            \
-                        for (int64_t t = kv; t < K; t++) s += xr[t] * one_##NAME(wr[t]);                  \
-                        out[(m + i) * ldo + j + q] = s;                                                   \
-                    }                                                                                     \
         }                                                                                                 \
     }                                                                                                     \
                                                                                                           \
     void hfs_direct_##NAME(const float *x, int64_t M, int64_t K, const WT *W, int64_t N, const float *bias,   \
                            float *y, int threads) {                                                       \
-        if (M > SMALL_M && M <= PASSES_M) {                                                               \
-            for (int64_t m = 0; m < M; m += SMALL_M)                                                      \
-                hfs_direct_##NAME(x + m * K, M - m < SMALL_M ? M - m : SMALL_M, K, W, N, bias, y + m * N, threads); \
-            return;                                                                                       \
+        if (M > SMALL_M) {                                                                                \
+            for (int64_t m = 0; m < M; m += XT_ROWS)                                                      \
+                NAME##_xt(x + m * K, M - m < XT_ROWS ? M - m : XT_ROWS, K, W, N, y + m * N, threads);     \
+        } else {                                                                                          \
+            int64_t blocks = (N + 15) / 16;                                                               \
+            _Pragma("omp parallel for schedule(static) num_threads(threads)")                            \
+            for (int64_t b = 0; b < blocks; b++) {                                                        \
+                int64_t n0 = b * 16;                                                                      \
+                NAME##_stream(M, x, K, W + n0 * K, N - n0 < 16 ? N - n0 : 16, y + n0, N);                 \
+            }                                                                                             \
         }                                                                                                 \
-        int64_t nb = M <= SMALL_M ? 16 : BLOCK_N, blocks = (N + nb - 1) / nb;                             \
-        _Pragma("omp parallel for schedule(static) num_threads(threads)")                                \
-        for (int64_t b = 0; b < blocks; b++) {                                                            \
-            int64_t n0 = b * nb, nr = N - n0 < nb ? N - n0 : nb;                                          \
-            if (M <= SMALL_M)                                                                             \
-                NAME##_stream(M, x, K, W + n0 * K, nr, y + n0, N);                                        \
-            else                                                                                          \
-                for (int64_t m = 0; m < M; m += MAX_M) {                                                  \
-                    const WT *next = m == 0 && N - n0 - nb >= nb ? W + (n0 + nb) * K : 0;                 \
-                    NAME##_block(M - m < MAX_M ? M - m : MAX_M, x + m * K, K, W + n0 * K, nr, next,       \
-                                 y + m * N + n0, N);                                                      \
-                }                                                                                         \
-            if (bias)                                                                                     \
-                for (int64_t m = 0; m < M; m++)                                                           \
-                    for (int64_t j = 0; j < nr; j++) y[m * N + n0 + j] += bias[n0 + j];                   \
-        }                                                                                                 \
+        if (bias)                                                                                         \
+            for (int64_t m = 0; m < M; m++)                                                               \
+                for (int64_t j = 0; j < N; j++) y[m * N + j] += bias[j];                                  \
     }
 
 DEFINE_KERNELS(f32, float)

@@ -140,6 +140,8 @@ VERIFY_SHAPES = (
     (5, 37, 1003, True),
     (7, 64, 32, False),
     (13, 96, 130, True),
+    (20, 70, 517, True),
+    (27, 29, 200, False),
     (64, 50, 333, True),
 )
 #: largest |kernel - reference| allowed, relative to the reference's largest |value|: float32 summation order only
