@@ -51,6 +51,31 @@ def _ss(arch="llama", seed=0, num_streams=3, num_msa_layers=2, **kw):
 # --------------------------------------------------------------------------- construction
 
 
+def test_stream_embeddings_start_from_the_token_embeddings_at_the_residual_streams_scale():
+    """P_j: the mean token embedding's direction at the median norm of the states entering layer N - N_s on the
+    probe, distinct per stream; ``"random"`` keeps the normal start of std ``initializer_range``."""
+    from hf_speculative.drafters.streaming.modeling_speculative_streaming import PROBE_LENGTH
+
+    base = tiny_model("llama", seed=1)
+    ss = LlamaForSpeculativeStreaming.from_base_model(base, num_streams=3, num_msa_layers=1)
+    assert ss.config.stream_embedding_init == "token_embeddings"
+    P = ss.streams.stream_embeddings.weight.detach()
+    ids = (torch.arange(PROBE_LENGTH) * 7919 + 13) % base.config.vocab_size
+    with torch.no_grad():
+        states = base.model(input_ids=ids[None], output_hidden_states=True).hidden_states
+    entry = states[base.config.num_hidden_layers - 1][0, 1:]
+    scale = float(entry.norm(dim=-1).median())
+    assert torch.allclose(P.norm(dim=-1), torch.full((3,), scale), rtol=0.05)
+    mean = base.get_input_embeddings().weight.detach().mean(0)
+    assert torch.all(F.cosine_similarity(P, mean[None], dim=-1) > 0.99)
+    assert not torch.equal(P[0], P[1])
+    randomly = LlamaForSpeculativeStreaming.from_base_model(base, num_streams=3, stream_embedding_init="random")
+    std = float(randomly.streams.stream_embeddings.weight.std())
+    assert abs(std - randomly.config.initializer_range) < 0.3 * randomly.config.initializer_range
+    with pytest.raises(ValueError, match="stream_embedding_init"):
+        SpeculativeStreamingConfig(stream_embedding_init="zeros")
+
+
 def test_wraps_the_base_without_copying_and_counts_extra_parameters(arch):
     base, ss = _ss(arch)
     assert ss.model is base.model and ss.lm_head is base.get_output_embeddings()

@@ -54,6 +54,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--num-msa-layers", type=int, default=4, help="N_s")
     p.add_argument("--adapter-rank", type=int, default=8, help="rank of the stream-row adapters on the MSA layers")
     p.add_argument("--stream-init-rank", type=int, default=0, help="eta (0: identity stream init)")
+    p.add_argument(
+        "--stream-embedding-init",
+        choices=("token_embeddings", "random"),
+        default="token_embeddings",
+        help="P_j from the target's token embeddings at the residual stream's scale, or random (std 0.02)",
+    )
     p.add_argument("--top-k", type=int, default=2, help="top-k per stream of the default (uncalibrated) tree")
     add_calibrate_nodes_arg(p, 16)
     add_curve_points_arg(p)
@@ -121,7 +127,9 @@ def _build_streams(model, args):
     """The Speculative Streaming drafter on ``model``, configured from the command line."""
     from ..drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
 
-    streams = options(args, "num_streams", "num_msa_layers", "mode", "adapter_rank", "stream_init_rank")
+    streams = options(
+        args, "num_streams", "num_msa_layers", "mode", "adapter_rank", "stream_init_rank", "stream_embedding_init"
+    )
     lora = options(args, "lora_rank", "lora_alpha")
     return new_drafter(LlamaForSpeculativeStreaming, model, args, tree_top_k=args.top_k, **streams, **lora)
 

@@ -45,6 +45,11 @@ class SpeculativeStreamingConfig(DrafterConfigMixin, LlamaConfig):
         adapter_rank (`int`, defaults to 8): rank of the LoRA-style adapters on the MSA layers' q/k/v/o
             projections, applied only to the stream rows (0: no adapters, only stream embeddings train).
         adapter_alpha (`float`, defaults to 16.0): LoRA scaling numerator (scale = alpha / rank).
+        stream_embedding_init (`str`, defaults to `"token_embeddings"`): how `from_base_model` starts P_j.
+            ``"token_embeddings"``: the target's mean input token embedding (what a token not yet known looks like on
+            average, as a mask token would), scaled to the median norm of the residual stream entering layer
+            N - N_s (on a short probe), plus a little noise per stream; ``"random"``: normal with std
+            ``initializer_range``, about 0.1% of that norm, so the streams start as copies of the main stream.
         stream_design (`str`, defaults to `"embeddings"`): ``"embeddings"`` (identifier embeddings P_j,
             Sec. 3.1.1) or ``"value_rotation"`` (Appendix C.3, not implemented).
         pruning_layer (`int`, *optional*): parallel tree pruning (Sec. 3.1.3): the early exit reads the state
@@ -76,6 +81,7 @@ class SpeculativeStreamingConfig(DrafterConfigMixin, LlamaConfig):
         adapter_rank: int = 8,
         adapter_alpha: float = 16.0,
         stream_design: str = "embeddings",
+        stream_embedding_init: str = "token_embeddings",
         pruning_layer: int | None = None,
         pruning_rank: int = 8,
         pruning_threshold: float = 0.0,
@@ -96,6 +102,10 @@ class SpeculativeStreamingConfig(DrafterConfigMixin, LlamaConfig):
             raise ValueError(f"mode must be 'lossless' or 'shared', got {mode!r}")
         if stream_design not in ("embeddings", "value_rotation"):
             raise ValueError(f"stream_design must be 'embeddings' or 'value_rotation', got {stream_design!r}")
+        if stream_embedding_init not in ("token_embeddings", "random"):
+            raise ValueError(
+                f"stream_embedding_init must be 'token_embeddings' or 'random', got {stream_embedding_init!r}"
+            )
         if num_streams < 1 or num_msa_layers < 1:
             raise ValueError("num_streams and num_msa_layers must be >= 1")
         self.num_streams = num_streams
@@ -105,6 +115,7 @@ class SpeculativeStreamingConfig(DrafterConfigMixin, LlamaConfig):
         self.adapter_rank = adapter_rank
         self.adapter_alpha = adapter_alpha
         self.stream_design = stream_design
+        self.stream_embedding_init = stream_embedding_init
         self.pruning_layer = pruning_layer
         self.pruning_rank = pruning_rank
         self.pruning_threshold = pruning_threshold

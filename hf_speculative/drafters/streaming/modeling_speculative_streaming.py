@@ -107,6 +107,34 @@ def _layer_shapes(config: SpeculativeStreamingConfig) -> dict[str, tuple[int, in
     }
 
 
+#: token ids of the probe that measures the residual stream's scale (any ids of the vocabulary; position 0, the
+#: attention sink, is left out)
+PROBE_LENGTH = 32
+
+
+@torch.no_grad()
+def token_embedding_streams(
+    model: PreTrainedModel, num_streams: int, num_msa_layers: int, noise_like: torch.Tensor
+) -> torch.Tensor:
+    """``(gamma, H)`` stream embeddings P_j from ``model``'s input token embeddings: their mean, scaled to the median
+    norm of the residual stream entering layer N - N_s on a probe of `PROBE_LENGTH` tokens, plus normal noise of
+    1% of that norm per stream (the streams must differ). A P_j of the residual stream's own scale makes the streams
+    differ from the main stream from the first step; a random P_j of std 0.02 is about 0.1% of it."""
+    embeddings = model.get_input_embeddings().weight
+    if embeddings.device.type == "meta":  # nothing to measure: the random start stays
+        return noise_like
+    mean = embeddings.float().mean(0)
+    vocab = embeddings.shape[0]
+    ids = (torch.arange(PROBE_LENGTH, device=embeddings.device) * 7919 + 13) % vocab
+    decoder = getattr(model, model.base_model_prefix)
+    out = decoder(input_ids=ids[None], output_hidden_states=True, use_cache=False)
+    entry = out.hidden_states[len(decoder.layers) - num_msa_layers][0, 1:].float()
+    scale = float(entry.norm(dim=-1).median())
+    direction = mean / mean.norm().clamp_min(1e-6)
+    noise = torch.randn(num_streams, mean.numel(), device=mean.device) * (0.01 * scale / mean.numel() ** 0.5)
+    return (direction * scale + noise).to(noise_like.dtype)
+
+
 class SpeculativeStreams(nn.Module):
     """Everything Speculative Streaming adds to the base model: P_j, f_eta and the MSA-layer adapters."""
 
@@ -316,6 +344,13 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
             init.zeros_(module.lora_B)
         elif isinstance(module, StreamEmbeddings):
             init.normal_(module.weight, mean=0.0, std=std)
+
+    @torch.no_grad()
+    def _init_from_base_model(self, model: PreTrainedModel) -> None:
+        """P_j from the target's token embeddings (``config.stream_embedding_init``, see the config)."""
+        if self.config.stream_embedding_init == "token_embeddings":
+            weight = self.streams.stream_embeddings.weight
+            weight.copy_(token_embedding_streams(model, self.config.num_streams, self.config.num_msa_layers, weight))
 
     # ------------------------------------------------------------------ construction
     @classmethod
