@@ -96,18 +96,26 @@ class TreeDrafterConfig(DrafterConfigMixin, PretrainedConfig):
 
 class ModelFreeDrafterConfig(PretrainedConfig):
     r"""The fields of a drafter with no network (SuffixDecoding, Token Recycling): the budget of its trees and the
-    vocabulary of the token ids it stores. A subclass gives the budget's defaults.
+    vocabulary of the token ids it stores. A subclass gives the budget's defaults (``default_max_nodes``,
+    ``default_max_depth``).
 
     Args:
-        max_nodes (`int`):
+        max_nodes (`int`, *optional*):
             Node budget of a step's tree when the call gives no ``speculative_tree`` (the cost curve trims it further).
-        max_depth (`int`):
+        max_depth (`int`, *optional*):
             Depth budget of a step's tree.
         vocab_size (`int`, *optional*):
             Vocabulary of the target the stored token ids belong to (set on first use).
     """
 
-    def __init__(self, *, max_nodes: int, max_depth: int, vocab_size: int | None = None, **kwargs):
+    default_max_nodes: int
+    default_max_depth: int
+
+    def __init__(
+        self, *, max_nodes: int | None = None, max_depth: int | None = None, vocab_size: int | None = None, **kwargs
+    ):
+        max_nodes = self.default_max_nodes if max_nodes is None else max_nodes
+        max_depth = self.default_max_depth if max_depth is None else max_depth
         if max_nodes < 1 or max_depth < 1:
             raise ValueError(f"max_nodes and max_depth must be >= 1, got {max_nodes}, {max_depth}")
         self.max_nodes = int(max_nodes)

@@ -34,6 +34,7 @@ class SuffixConfig(ModelFreeDrafterConfig):
     """
 
     model_type = "suffix_decoding"
+    default_max_nodes, default_max_depth = 24, 16
 
     def __init__(
         self,
@@ -41,12 +42,9 @@ class SuffixConfig(ModelFreeDrafterConfig):
         min_match_length: int = 1,
         alpha: float = 2.0,
         min_probability: float = 0.1,
-        max_nodes: int = 24,
-        max_depth: int = 16,
         max_occurrences: int = 1024,
         max_cache_bytes: int = 64 * 2**20,
         learn_outputs: bool = True,
-        vocab_size: int | None = None,
         **kwargs,
     ):
         if not 1 <= min_match_length <= max_match_length:
@@ -64,4 +62,4 @@ class SuffixConfig(ModelFreeDrafterConfig):
         self.max_occurrences = int(max_occurrences)
         self.max_cache_bytes = int(max_cache_bytes)
         self.learn_outputs = bool(learn_outputs)
-        super().__init__(max_nodes=max_nodes, max_depth=max_depth, vocab_size=vocab_size, **kwargs)
+        super().__init__(**kwargs)

@@ -21,16 +21,11 @@ class TokenRecyclingConfig(ModelFreeDrafterConfig):
     """
 
     model_type = "token_recycling"
+    default_max_nodes, default_max_depth = 48, 8
 
-    def __init__(
-        self,
-        num_successors: int = 8,
-        max_nodes: int = 48,
-        max_depth: int = 8,
-        refresh_every: int = 16,
-        vocab_size: int | None = None,
-        **kwargs,
-    ):
+    def __init__(self, num_successors: int = 8, refresh_every: int = 16, **kwargs):
+        if num_successors < 1 or refresh_every < 1:
+            raise ValueError(f"num_successors and refresh_every must be >= 1, got {num_successors}, {refresh_every}")
         self.num_successors = int(num_successors)
         self.refresh_every = int(refresh_every)
-        super().__init__(max_nodes=max_nodes, max_depth=max_depth, vocab_size=vocab_size, **kwargs)
+        super().__init__(**kwargs)

@@ -60,30 +60,22 @@ class TokenRecyclingDrafter(TreeDrafter):
 
     Args:
         num_successors: k, candidates kept per token (columns of the adjacency matrix; the paper's 8).
-        max_nodes: most drafted nodes of the cost-aware tree.
-        max_depth: deepest level of the cost-aware tree (and of the measured hit-rate table).
-        refresh_every: decoding steps between re-choosing the cost-aware tree from the latest hit rates.
         cost_curve: the target's cost curve ``c(n)`` (a `CostCurve` or a callable); None: the target's cached curve,
             else a documented default (`cost_aware.target_cost_curve`).
+        kwargs: the other `TokenRecyclingConfig` fields, with its defaults: ``max_nodes`` (most drafted nodes of the
+            cost-aware tree), ``max_depth`` (its deepest level, and that of the measured hit-rate table) and
+            ``refresh_every`` (decoding steps between re-choosing it from the latest hit rates).
     """
 
     config_class = TokenRecyclingConfig  # AutoModel.from_pretrained(folder) finds it by the config's model_type
 
-    def __init__(
-        self,
-        num_successors: int = 8,
-        max_nodes: int = 48,
-        max_depth: int = 8,
-        refresh_every: int = 16,
-        cost_curve=None,
-    ):
-        if num_successors < 1 or max_nodes < 1 or max_depth < 1 or refresh_every < 1:
-            raise ValueError("num_successors, max_nodes, max_depth and refresh_every must be >= 1")
-        self.num_successors = int(num_successors)
+    def __init__(self, num_successors: int = 8, cost_curve=None, **kwargs):
+        config = TokenRecyclingConfig(num_successors=num_successors, **kwargs)
+        self.num_successors = config.num_successors
         self.verified_top_k = self.num_successors
-        self.max_nodes = int(max_nodes)
-        self.tree_depth = int(max_depth)
-        self.refresh_every = int(refresh_every)
+        self.max_nodes = config.max_nodes
+        self.tree_depth = config.max_depth
+        self.refresh_every = config.refresh_every
         self.cost_curve = cost_curve
         self.adjacency: torch.Tensor | None = None  # [vocab, k] long, -1 = empty
         self.vocab_size: int | None = None
