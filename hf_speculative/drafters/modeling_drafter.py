@@ -178,7 +178,13 @@ class DepthTreeDrafter(TreeDrafter):
     accuracy_key = "depth_top_i_accuracy"
     fills_dynamic_tree = True  # `DynamicTree.fill` from the per-depth distributions
 
-    def __init__(self, config: TreeDrafterConfig, max_depth: int, draft_sampling: str, target: PreTrainedModel | None):
+    def __init__(
+        self,
+        config: TreeDrafterConfig,
+        max_depth: int,
+        draft_sampling: str = "without_replacement",
+        target: PreTrainedModel | None = None,
+    ):
         self.max_depth = max_depth
         self.batch_tree = functools.partial(
             cost_aware_tree, config.tree, config, self.accuracy_key, target, self.draft_cost, max_depth

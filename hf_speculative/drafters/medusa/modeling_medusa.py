@@ -191,15 +191,11 @@ class MedusaDrafter(DepthTreeDrafter):
     needs_target_hidden_states = True
     accuracy_key = "head_top_i_accuracy"
 
-    def __init__(
-        self,
-        heads: MedusaHeadsModel,
-        draft_sampling: str = "without_replacement",
-        target: PreTrainedModel | None = None,
-    ):
+    def __init__(self, heads: MedusaHeadsModel, **kwargs):
+        """``kwargs``: `DepthTreeDrafter`'s ``draft_sampling`` and ``target``."""
         self.heads = heads
         self.row_hidden: dict[int, torch.Tensor] | None = None  # original row -> h at its last committed token
-        super().__init__(heads.config, heads.config.num_heads, draft_sampling, target)
+        super().__init__(heads.config, heads.config.num_heads, **kwargs)
 
     def draft_cost(self, curve) -> list[float]:
         """Drafting cost per tree depth d in plain steps: d heads' vocabulary projections (one matmul over d rows

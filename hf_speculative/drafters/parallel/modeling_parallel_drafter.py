@@ -210,19 +210,15 @@ class ParallelTreeDrafter(OneRowDrafter, DepthTreeDrafter):
     without replacement) and verified by exact tree rejection sampling (ParallelSpec Algorithm 1).
     """
 
-    def __init__(
-        self,
-        drafter: ParallelDrafter,
-        draft_sampling: str = "without_replacement",
-        target: PreTrainedModel | None = None,
-    ):
+    def __init__(self, drafter: ParallelDrafter, *, target: PreTrainedModel | None = None, **kwargs):
+        """``kwargs``: `DepthTreeDrafter`'s ``draft_sampling``."""
         self.drafter = drafter
         self.k = drafter.config.num_mask_tokens
         self.target_layers = getattr(getattr(target, "config", None), "num_hidden_layers", None)
         self.needs_target_hidden_states = bool(drafter.config.use_target_hidden_states)
         self.cache: DynamicCache | None = None
         self.target_hidden: torch.Tensor | None = None  # (positions, H): the target's final hidden state per position
-        super().__init__(drafter.config, self.k + 1, draft_sampling, target)
+        super().__init__(drafter.config, self.k + 1, target=target, **kwargs)
 
     def draft_cost(self, curve) -> list[float]:
         """Drafting cost per tree depth d in plain steps: the drafter's forward over about k + 2 tokens (its
