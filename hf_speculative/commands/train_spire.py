@@ -80,7 +80,7 @@ def run(args) -> int:
         set_frequent_draft_vocab(drafter, states.topk_ids[:, 0], args.draft_vocab_size)
     held_set = SpireDataset(held, layers, args.sinks, args.max_length) if held is not None else None
     before = depth_accuracies(drafter, held_set) if held_set is not None else None
-    trainer, seconds = timed_training(train_spire, drafter, states, args, omega=args.omega, max_length=args.max_length)
+    trainer, seconds = timed_training(train_spire, drafter, states, args, max_length=args.max_length)
     if held_set is not None:
         after = depth_accuracies(drafter, held_set)
         drafter.config.calibration = {

@@ -59,13 +59,11 @@ class EagleConfig(DrafterConfigMixin, LlamaConfig):
     def __init__(
         self,
         variant: str = "eagle3",
-        draft_vocab_size: int | None = None,
         target_layers: list[int] | None = None,
         target_num_layers: int | None = None,
         target_hidden_size: int | None = None,
         fc_bias: bool = False,
         qkv_bias: bool | None = None,
-        base_model_name_or_path: str | None = None,
         total_tokens: int = 24,
         tree_depth: int = 5,
         tree_top_k: int = 4,
@@ -93,12 +91,7 @@ class EagleConfig(DrafterConfigMixin, LlamaConfig):
         self.feature_noise = float(feature_noise)
         for key in ("bos_token_id", "eos_token_id"):
             kwargs.setdefault(key, None)
-        super().__init__(
-            num_hidden_layers=num_hidden_layers,
-            base_model_name_or_path=base_model_name_or_path,
-            draft_vocab_size=draft_vocab_size,
-            **kwargs,
-        )
+        super().__init__(num_hidden_layers=num_hidden_layers, **kwargs)
 
     @property
     def is_eagle3(self) -> bool:

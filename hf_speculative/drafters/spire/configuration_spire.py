@@ -67,9 +67,7 @@ class SpireConfig(DrafterConfigMixin, LlamaConfig):
         tree_choices: list[list[int]] | None = None,
         memory_init_logit: float = 4.0,
         qkv_bias: bool = False,
-        draft_vocab_size: int | None = None,
         mixed_loss_omega: float = 0.5,
-        base_model_name_or_path: str | None = None,
         calibration: dict | None = None,
         cost_aware_tree: bool = True,
         num_hidden_layers: int = 2,
@@ -102,12 +100,7 @@ class SpireConfig(DrafterConfigMixin, LlamaConfig):
         kwargs.pop("use_sliding_window", None)
         kwargs.pop("layer_types", None)
         kwargs.pop("max_window_layers", None)
-        super().__init__(
-            num_hidden_layers=num_hidden_layers,
-            base_model_name_or_path=base_model_name_or_path,
-            draft_vocab_size=draft_vocab_size,
-            **kwargs,
-        )
+        super().__init__(num_hidden_layers=num_hidden_layers, **kwargs)
 
     @property
     def tree(self) -> TreeSpec:

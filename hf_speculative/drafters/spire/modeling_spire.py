@@ -168,13 +168,12 @@ class SpireDrafter(DraftVocabMixin, SpirePreTrainedModel):
         cls,
         model: PreTrainedModel,
         num_layers: int = 2,
-        sliding_window: int = 64,
-        num_sink_tokens: int = 1,
         layers: list[int] | None = None,
         **config_kwargs,
     ) -> "SpireDrafter":
         """SPIRe's pruned initialization (Sec. 3.2): copies of the target's decoder ``layers`` (default its last
-        ``num_layers``) and final norm; the target's embeddings and ``lm_head`` are shared."""
+        ``num_layers``) and final norm; the target's embeddings and ``lm_head`` are shared. ``config_kwargs``:
+        `SpireConfig` fields (``sliding_window``, ``num_sink_tokens``, ...)."""
         tc = text_config(model)
         L = tc.num_hidden_layers
         layers = list(range(L - num_layers, L)) if layers is None else [int(i) for i in layers]
@@ -184,8 +183,6 @@ class SpireDrafter(DraftVocabMixin, SpirePreTrainedModel):
         config = SpireConfig(
             target_layers=layers,
             target_num_layers=L,
-            sliding_window=sliding_window,
-            num_sink_tokens=num_sink_tokens,
             num_hidden_layers=len(layers),
             qkv_bias=qkv_bias,
             attention_bias=bool(getattr(tc, "attention_bias", False)),

@@ -207,11 +207,11 @@ def train_spire(
     drafter: SpireDrafter,
     states: HiddenStates,
     output_dir: str,
-    omega: float | None = None,
     max_length: int = 512,
     **training,
 ) -> SpireTrainer:
-    """Train ``drafter`` (attached to its target) on labelled ``states`` with the `SpireTrainer`. ``training``: the
+    """Train ``drafter`` (attached to its target) on labelled ``states`` with the `SpireTrainer` (MixedLoss with the
+    config's ``mixed_loss_omega``). ``training``: the
     arguments of `train_eagle`'s ``training`` (``time_budget`` seconds stop it early, with a cosine over the budget);
     defaults `TRAINING_DEFAULTS`, 10 warm-up steps. Returns the trainer."""
     drafter._require_base()
@@ -224,6 +224,5 @@ def train_spire(
         dataset,
         SpireCollator(),
         output_dir,
-        trainer_kwargs={"omega": omega},
         **training_settings(training, warmup_steps=10),
     )
