@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from ..engine.trees import TreeSpec
+from ..engine.trees import TreeSpec, expected_acceptance_length
 
 __all__ = ["DrafterConfigMixin", "ModelFreeDrafterConfig", "TreeDrafterConfig"]
 
@@ -40,8 +40,9 @@ class TreeDrafterConfig(DrafterConfigMixin, PretrainedConfig):
     top-i indices) in ``choices_field`` and sets it with `_set_choices`.
 
     Args:
-        hidden_size (`int`): hidden size of the target.
-        vocab_size (`int`): vocabulary size of the target; the drafter refuses a target with another vocabulary.
+        hidden_size (`int`, *optional*): hidden size of the target (default: the subclass's ``default_hidden_size``).
+        vocab_size (`int`, *optional*): vocabulary size of the target; the drafter refuses a target with another
+            vocabulary (default: the subclass's ``default_vocab_size``).
         acceptance (`str`, defaults to `"exact"`):
             `"exact"`: lossless tree rejection sampling when sampling (greedy decoding is always exact).
             `"typical"`: Medusa's typical acceptance (Sec. 2.3.1) when sampling; lossy, faster at high temperature.
@@ -58,11 +59,14 @@ class TreeDrafterConfig(DrafterConfigMixin, PretrainedConfig):
             environment variable ``HF_SPECULATIVE_COST_AWARE=0`` turns it off everywhere.
     """
 
+    default_hidden_size: int
+    default_vocab_size: int
+
     def __init__(
         self,
         *,
-        hidden_size: int,
-        vocab_size: int,
+        hidden_size: int | None = None,
+        vocab_size: int | None = None,
         acceptance: str = "exact",
         posterior_threshold: float = 0.09,
         posterior_alpha: float = 0.3,
@@ -72,8 +76,8 @@ class TreeDrafterConfig(DrafterConfigMixin, PretrainedConfig):
     ):
         if acceptance not in ("exact", "typical"):
             raise ValueError(f"{type(self).__name__}.acceptance must be 'exact' or 'typical', got {acceptance!r}")
-        self.hidden_size = hidden_size
-        self.vocab_size = vocab_size
+        self.hidden_size = self.default_hidden_size if hidden_size is None else hidden_size
+        self.vocab_size = self.default_vocab_size if vocab_size is None else vocab_size
         self.acceptance = acceptance
         self.posterior_threshold = posterior_threshold
         self.posterior_alpha = posterior_alpha
@@ -87,6 +91,20 @@ class TreeDrafterConfig(DrafterConfigMixin, PretrainedConfig):
         if tree.depth > max_depth:
             raise ValueError(f"{self.choices_field} is {tree.depth} deep but {limit}")
         setattr(self, self.choices_field, tree.to_list())
+
+    def calibrate(self, accuracies: list[list[float]], num_nodes: int, key: str, **record) -> TreeSpec:
+        """Medusa Sec. 2.3.3: the tree of ``num_nodes`` with the largest expected acceptance length for the held-out
+        top-i ``accuracies`` becomes the static tree; ``calibration`` records the accuracies under ``key``, the tree's
+        size and expected acceptance length, and ``record``. Returns the tree."""
+        tree = TreeSpec.optimize(accuracies, num_nodes)
+        setattr(self, self.choices_field, tree.to_list())
+        self.calibration = {
+            **record,
+            key: [[round(a, 4) for a in row] for row in accuracies],
+            "num_nodes": tree.num_nodes,
+            "expected_acceptance_length": round(expected_acceptance_length(tree, accuracies), 4),
+        }
+        return tree
 
     @property
     def tree(self) -> TreeSpec:

@@ -30,7 +30,9 @@ class LearningCurveCallback(TrainerCallback):
     of training, its held-out top-i accuracies (`accuracies`: ``[depth][i]``) and the expected acceptance length of
     the tree calibrated on them for ``num_nodes``, appended to ``curve``; with ``save_dir`` the drafter is also saved
     in ``save_dir/step<N>`` (to measure real tau against training seen afterwards). ``per_step``: what one step
-    trains on (positions, groups, tokens). Subclasses implement `accuracies` and name the point's keys.
+    trains on (positions, groups, tokens), passed as ``per_step=`` or under the subclass's ``per_step_key``
+    (``batch_size=``, ``tokens_per_step=``). Subclasses implement `accuracies`, name the point's keys and give the
+    defaults of ``num_nodes``, ``num_points`` and ``per_step``.
 
     Under a time budget (``budget``: the run's `TimeBudgetCallback`, set by `hf_speculative.training.trainer.train_drafter`)
     the points fall at evenly spaced shares of the budget instead of the planned steps, the last one when training
@@ -40,12 +42,24 @@ class LearningCurveCallback(TrainerCallback):
     FILE = "learning_curve.json"
     seen_key = "train_tokens"  # step x per_step
     top1_key = "top1"  # the per-depth top-1 accuracies
+    per_step_key = "per_step"
+    default_num_nodes, default_num_points, default_per_step = 16, 4, 0
 
     def __init__(
-        self, model, held_out, num_nodes: int, num_points: int = 4, save_dir: str | None = None, per_step: float = 0
+        self,
+        model,
+        held_out,
+        num_nodes: int | None = None,
+        num_points: int | None = None,
+        save_dir: str | None = None,
+        **per_step: float,
     ):
-        self.model, self.held_out, self.num_nodes, self.num_points = model, held_out, num_nodes, num_points
-        self.save_dir, self.per_step = save_dir, per_step
+        if len(per_step) > 1 or set(per_step) - {"per_step", self.per_step_key}:
+            raise TypeError(f"{type(self).__name__} takes per_step or {self.per_step_key}, got {sorted(per_step)}")
+        self.model, self.held_out, self.save_dir = model, held_out, save_dir
+        self.num_nodes = self.default_num_nodes if num_nodes is None else num_nodes
+        self.num_points = self.default_num_points if num_points is None else num_points
+        self.per_step = next(iter(per_step.values()), self.default_per_step)
         self.curve: list[dict] = []
         self.budget = None  # TimeBudgetCallback of a time-budgeted run
         self._marks_passed = 0

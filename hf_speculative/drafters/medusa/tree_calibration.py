@@ -43,34 +43,18 @@ def head_accuracies(heads, states, top: int = 10, batch_size: int = 512) -> list
 
 def calibrate_tree(heads, states, num_nodes: int = 32, top: int = 10) -> TreeSpec:
     """Measure the heads' accuracies on ``states``, build the tree for ``num_nodes`` and store it (and the
-    table) in ``heads.config`` (``medusa_choices``, ``calibration``)."""
+    table) in ``heads.config`` (``medusa_choices``, ``calibration``: `TreeDrafterConfig.calibrate`)."""
     acc = head_accuracies(heads, states, top=top)
-    tree = TreeSpec.optimize(acc, num_nodes)
-    heads.config.medusa_choices = tree.to_list()
-    heads.config.calibration = {
-        "num_nodes": num_nodes,
-        "num_positions": int((states.labels != IGNORE_INDEX).sum()),
-        "head_top_i_accuracy": [[round(a, 4) for a in row] for row in acc],
-        "expected_acceptance_length": round(expected_acceptance_length(tree, acc), 4),
-    }
-    return tree
+    num_positions = int((states.labels != IGNORE_INDEX).sum())
+    return heads.config.calibrate(acc, num_nodes, "head_top_i_accuracy", num_positions=num_positions)
 
 
 class MedusaCurveCallback(LearningCurveCallback):
-    """The heads' learning curve (`LearningCurveCallback`): per-head top-1 accuracy against positions trained on."""
+    """The heads' learning curve (`LearningCurveCallback`): per-head top-1 accuracy against positions trained on
+    (``batch_size`` per step)."""
 
     seen_key, top1_key = "train_positions", "head_top1"
-
-    def __init__(
-        self,
-        heads,
-        held_out,
-        num_nodes: int = 32,
-        num_points: int = 5,
-        save_dir: str | None = None,
-        batch_size: int = 64,
-    ):
-        super().__init__(heads, held_out, num_nodes, num_points, save_dir, per_step=batch_size)
+    per_step_key, default_num_nodes, default_num_points, default_per_step = "batch_size", 32, 5, 64
 
     def accuracies(self) -> list[list[float]]:
         return head_accuracies(self.model, self.held_out)

@@ -318,35 +318,17 @@ def depth_accuracies(
 
 def calibrate_tree(drafter, states, num_nodes: int = 12, top: int = 10):
     """Medusa Sec. 2.3.3 applied to the k + 1 distributions: measure held-out top-i accuracies, build the tree
-    of ``num_nodes`` with the largest expected acceptance length and store it in ``drafter.config``."""
-    from ...engine.trees import TreeSpec, expected_acceptance_length
-
-    acc = depth_accuracies(drafter, states, top=top)
-    tree = TreeSpec.optimize(acc, num_nodes)
-    drafter.config.parallel_choices = tree.to_list()
-    drafter.config.calibration = {
-        "depth_top_i_accuracy": [[round(a, 4) for a in row] for row in acc],
-        "num_nodes": tree.num_nodes,
-        "expected_acceptance_length": round(expected_acceptance_length(tree, acc), 4),
-    }
-    return tree
+    of ``num_nodes`` with the largest expected acceptance length and store it in ``drafter.config``
+    (`TreeDrafterConfig.calibrate`)."""
+    return drafter.config.calibrate(depth_accuracies(drafter, states, top=top), num_nodes, "depth_top_i_accuracy")
 
 
 class ParallelCurveCallback(LearningCurveCallback):
-    """The drafter's learning curve (`LearningCurveCallback`): per-depth top-1 accuracy against groups trained on."""
+    """The drafter's learning curve (`LearningCurveCallback`): per-depth top-1 accuracy against groups trained on
+    (``tokens_per_step``)."""
 
     seen_key, top1_key = "train_groups", "depth_top1"
-
-    def __init__(
-        self,
-        drafter,
-        held_out,
-        num_nodes: int = 12,
-        num_points: int = 4,
-        save_dir: str | None = None,
-        tokens_per_step: float = 0.0,
-    ):
-        super().__init__(drafter, held_out, num_nodes, num_points, save_dir, per_step=tokens_per_step)
+    per_step_key, default_num_nodes, default_num_points, default_per_step = "tokens_per_step", 12, 4, 0.0
 
     def accuracies(self) -> list[list[float]]:
         return depth_accuracies(self.model, self.held_out, groups_per_sequence=48)
