@@ -32,11 +32,9 @@ class MedusaConfig(TreeDrafterConfig):
     it is not copied from a base ``lm_head``) and ``cost_aware_tree`` (on ``calibration["head_top_i_accuracy"]``,
     written by `calibrate_tree`).
 
+    ``hidden_size`` defaults to 4096 and ``vocab_size`` to 32000 (those of the base model).
+
     Args:
-        hidden_size (`int`, defaults to 4096):
-            Hidden size of the base model.
-        vocab_size (`int`, defaults to 32000):
-            Vocabulary size of the base model; the drafter refuses a target with another vocabulary.
         num_heads (`int`, defaults to 4):
             Number of Medusa heads K, i.e. the deepest tree the heads can fill.
         num_layers (`int`, defaults to 1):
@@ -53,12 +51,11 @@ class MedusaConfig(TreeDrafterConfig):
     """
 
     model_type = "medusa_heads"
+    default_hidden_size, default_vocab_size = 4096, 32000
     choices_field = "medusa_choices"
 
     def __init__(
         self,
-        hidden_size: int = 4096,
-        vocab_size: int = 32000,
         num_heads: int = 4,
         num_layers: int = 1,
         share_lm_head: bool = True,
@@ -73,4 +70,4 @@ class MedusaConfig(TreeDrafterConfig):
         if medusa_choices is None:
             medusa_choices = default_medusa_choices(num_heads)
         self._set_choices(medusa_choices, num_heads, f"there are only {num_heads} heads")
-        super().__init__(hidden_size=hidden_size, vocab_size=vocab_size, **kwargs)
+        super().__init__(**kwargs)
