@@ -200,6 +200,13 @@ def new_drafter(drafter_class, model, args, **settings):
     return drafter
 
 
+def new_shard_drafter(drafter_class, args, *names: str, **settings):
+    """A drafter to train on ``--labelled`` shards: `setup_torch`, then `new_drafter` on the `frozen_target` with the
+    command-line options ``names`` (`options`) and ``settings``."""
+    setup_torch(args)
+    return new_drafter(drafter_class, frozen_target(args), args, **options(args, *names), **settings)
+
+
 def timed_training(train, drafter, states, args, **settings):
     """``(trainer, seconds)``: ``train(drafter, states, **settings)`` with the ``train`` command's `training_args`,
     and the seconds it took."""
@@ -453,6 +460,16 @@ def shard_states(args, extra_layers, held_per_folder: int = 0):
         if held_per_folder and hold_idx:
             held.append(shards.to_hidden_states(extra_layers=extra_layers, conversations=hold_idx[:held_per_folder]))
     return HiddenStates.concat(parts), HiddenStates.concat(held) if held else None
+
+
+def labelled_states(args, drafter, layers, what: str, draft_vocab_size: int | None = None, held_per_folder: int = 0):
+    """`shard_states` with the states of ``layers``, announced on stderr (``what`` the layers are); with
+    ``draft_vocab_size``, the drafter's FR-Spec draft vocabulary from the target's top-1 tokens in them."""
+    states, held = shard_states(args, layers, held_per_folder)
+    print(f"labelled: {len(states)} conversations, {int(states.input_ids.numel())} tokens; {what}", file=sys.stderr)
+    if draft_vocab_size:
+        set_frequent_draft_vocab(drafter, states.topk_ids[:, 0], draft_vocab_size)
+    return states, held
 
 
 def shard_training_report(args, method: str, states, trainer, seconds: float) -> dict:

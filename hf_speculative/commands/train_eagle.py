@@ -7,17 +7,7 @@
 
 from __future__ import annotations
 
-from .common import (
-    add_shard_training_args,
-    finish_shard_drafter,
-    frozen_target,
-    new_drafter,
-    options,
-    set_frequent_draft_vocab,
-    setup_torch,
-    shard_states,
-    timed_training,
-)
+from .common import add_shard_training_args, finish_shard_drafter, labelled_states, new_shard_drafter, timed_training
 
 
 def add_parser(subparsers) -> None:
@@ -42,20 +32,18 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    setup_torch(args)
     from ..drafters.eagle.modeling_eagle import EagleDrafter
     from ..drafters.eagle.training_eagle import train_eagle
 
-    model = frozen_target(args)
     draft_vocab_size = args.draft_vocab_size if args.variant == "eagle3" else None
-    settings = options(args, "variant", "total_tokens", "tree_depth", "tree_top_k", "feature_noise")
-    drafter = new_drafter(EagleDrafter, model, args, draft_vocab_size=draft_vocab_size, **settings)
-    L = model.config.num_hidden_layers
+    names = ("variant", "total_tokens", "tree_depth", "tree_top_k", "feature_noise")
+    drafter = new_shard_drafter(EagleDrafter, args, *names, draft_vocab_size=draft_vocab_size)
+    L = drafter.num_target_layers
     layers = drafter.config.feature_layers(L)
-    states, _ = shard_states(args, [i for i in layers if i != L])
-    print(f"labelled: {len(states)} conversations, {int(states.input_ids.numel())} tokens; feature layers {layers}")
-    if drafter.config.is_eagle3:  # EAGLE-3's draft vocabulary: the most frequent tokens the target produces
-        set_frequent_draft_vocab(drafter, states.topk_ids[:, 0], args.draft_vocab_size)
+    # EAGLE-3's draft vocabulary: the most frequent tokens the target produces
+    states, _ = labelled_states(
+        args, drafter, [i for i in layers if i != L], f"feature layers {layers}", draft_vocab_size=draft_vocab_size
+    )
     trainer, seconds = timed_training(
         train_eagle, drafter, states, args, steps=args.ttt_steps, max_length=args.max_length, final_layer=L
     )

@@ -10,17 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from .common import (
-    add_shard_training_args,
-    finish_shard_drafter,
-    frozen_target,
-    new_drafter,
-    options,
-    set_frequent_draft_vocab,
-    setup_torch,
-    shard_states,
-    timed_training,
-)
+from .common import add_shard_training_args, finish_shard_drafter, labelled_states, new_shard_drafter, timed_training
 
 
 def _int_list(text: str) -> list[int]:
@@ -55,29 +45,23 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    setup_torch(args)
     from ..drafters.spire.modeling_spire import SpireDrafter
     from ..drafters.spire.training_spire import SpireDataset, depth_accuracies, train_spire
 
-    model = frozen_target(args)
-    drafter = new_drafter(
+    drafter = new_shard_drafter(
         SpireDrafter,
-        model,
         args,
+        "num_layers",
+        "layers",
+        "sliding_window",
         num_sink_tokens=args.sinks,
         num_draft_tokens=args.k,
         tree_top_i=args.top_i,
         mixed_loss_omega=args.omega,
-        **options(args, "num_layers", "layers", "sliding_window"),
     )
     layers = drafter.config.target_layers
-    states, held = shard_states(args, layers, held_per_folder=8)
-    print(
-        f"labelled: {len(states)} conversations, {int(states.input_ids.numel())} tokens; drafter layers from target layers {layers}",
-        file=sys.stderr,
-    )
-    if args.draft_vocab_size:
-        set_frequent_draft_vocab(drafter, states.topk_ids[:, 0], args.draft_vocab_size)
+    what = f"drafter layers from target layers {layers}"
+    states, held = labelled_states(args, drafter, layers, what, args.draft_vocab_size, held_per_folder=8)
     held_set = SpireDataset(held, layers, args.sinks, args.max_length) if held is not None else None
     before = depth_accuracies(drafter, held_set) if held_set is not None else None
     trainer, seconds = timed_training(train_spire, drafter, states, args, max_length=args.max_length)
