@@ -57,8 +57,9 @@ def test_stream_embeddings_start_from_the_token_embeddings_at_the_residual_strea
     from hf_speculative.drafters.streaming.modeling_speculative_streaming import PROBE_LENGTH
 
     base = tiny_model("llama", seed=1)
-    ss = LlamaForSpeculativeStreaming.from_base_model(base, num_streams=3, num_msa_layers=1)
-    assert ss.config.stream_embedding_init == "token_embeddings"
+    ss = LlamaForSpeculativeStreaming.from_base_model(
+        base, num_streams=3, num_msa_layers=1, stream_embedding_init="token_embeddings"
+    )
     P = ss.streams.stream_embeddings.weight.detach()
     ids = (torch.arange(PROBE_LENGTH) * 7919 + 13) % base.config.vocab_size
     with torch.no_grad():
@@ -69,7 +70,8 @@ def test_stream_embeddings_start_from_the_token_embeddings_at_the_residual_strea
     mean = base.get_input_embeddings().weight.detach().mean(0)
     assert torch.all(F.cosine_similarity(P, mean[None], dim=-1) > 0.99)
     assert not torch.equal(P[0], P[1])
-    randomly = LlamaForSpeculativeStreaming.from_base_model(base, num_streams=3, stream_embedding_init="random")
+    randomly = LlamaForSpeculativeStreaming.from_base_model(base, num_streams=3)
+    assert randomly.config.stream_embedding_init == "random"
     std = float(randomly.streams.stream_embeddings.weight.std())
     assert abs(std - randomly.config.initializer_range) < 0.3 * randomly.config.initializer_range
     with pytest.raises(ValueError, match="stream_embedding_init"):

@@ -518,6 +518,12 @@ def states_training_report(args, counts: dict, train_states, seconds: float, cal
     }
 
 
+def loss_curve(trainer) -> list[list[float]]:
+    """``[step, loss]`` of every loss the Trainer logged (each `logging_steps`), for the ``config.training`` record and
+    its plot."""
+    return [[h["step"], round(float(h["loss"]), 4)] for h in trainer.state.log_history if "loss" in h and "step" in h]
+
+
 def final_train_loss(trainer) -> float:
     """The mean training loss a Trainer logs at its end (NaN when none was logged), to 4 places."""
     return round(float(trainer.state.log_history[-1].get("train_loss", float("nan"))), 4)

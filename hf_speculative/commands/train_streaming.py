@@ -25,6 +25,7 @@ from .common import (
     finish_folder,
     labelled_training_states,
     load_model_and_records,
+    loss_curve,
     new_drafter,
     options,
     set_frequent_draft_vocab,
@@ -56,9 +57,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--stream-init-rank", type=int, default=0, help="eta (0: identity stream init)")
     p.add_argument(
         "--stream-embedding-init",
-        choices=("token_embeddings", "random"),
-        default="token_embeddings",
-        help="P_j from the target's token embeddings at the residual stream's scale, or random (std 0.02)",
+        choices=("random", "token_embeddings"),
+        default="random",
+        help="P_j random (std 0.02), or from the target's mean token embedding at the residual stream's scale",
     )
     p.add_argument("--top-k", type=int, default=2, help="top-k per stream of the default (uncalibrated) tree")
     add_calibrate_nodes_arg(p, 16)
@@ -114,6 +115,7 @@ def _training_report(
         "time_budget_s": args.time_budget,
         "segment_length": args.segment_length,
         "final_loss": final_train_loss(trainer),
+        "loss_curve": loss_curve(trainer),
         "stream_parameters": ss.num_stream_parameters(),
         "lora_parameters": sum(p.numel() for p in ss.trainable_parameters()) - ss.num_stream_parameters()
         if shared
