@@ -78,6 +78,15 @@ def test_stream_embeddings_start_from_the_token_embeddings_at_the_residual_strea
         SpeculativeStreamingConfig(stream_embedding_init="zeros")
 
 
+def test_the_train_command_offers_the_configs_choices():
+    from hf_speculative.commands.train_streaming import CHOICE_ARGS
+    from hf_speculative.drafters.streaming.configuration_speculative_streaming import CHOICES
+
+    assert {name: choices for name, (choices, _) in CHOICE_ARGS.items()} == {k: CHOICES[k] for k in CHOICE_ARGS}
+    assert SpeculativeStreamingConfig().mode == CHOICES["mode"][0]
+    assert SpeculativeStreamingConfig().stream_embedding_init == CHOICES["stream_embedding_init"][0]
+
+
 def test_wraps_the_base_without_copying_and_counts_extra_parameters(arch):
     base, ss = _ss(arch)
     assert ss.model is base.model and ss.lm_head is base.get_output_embeddings()

@@ -456,9 +456,7 @@ class _ModelFreeMethod(_EngineMethod):
 @register_method
 class TokenRecyclingMethod(_ModelFreeMethod):
     name = "token-recycling"
-    description = (
-        "hf_speculative tree loop, Token Recycling (adjacency matrix of the target's verified top-k; no model)"
-    )
+    description = "hf_speculative tree loop, Token Recycling (adjacency matrix of verified top-k; no model)"
     kind, own_tree = "recycling", "cost-aware, re-chosen online"
 
     def _drafter_settings(self):
@@ -468,9 +466,7 @@ class TokenRecyclingMethod(_ModelFreeMethod):
 @register_method
 class SuffixMethod(_ModelFreeMethod):
     name = "suffix"
-    description = (
-        "hf_speculative tree loop, SuffixDecoding (longest suffix match over outputs seen and the context; no model)"
-    )
+    description = "hf_speculative tree loop, SuffixDecoding (suffix match on past outputs and the row; no model)"
     kind, own_tree = "suffix", "budget, sized per step by the match"
 
     def _drafter_settings(self):

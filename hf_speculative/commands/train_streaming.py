@@ -35,6 +35,15 @@ from .common import (
     timed_training,
 )
 
+#: the options that take one of the config's CHOICES (the first the default; a test checks they agree), with their help
+CHOICE_ARGS = {
+    "mode": (("lossless", "shared"), "lossless: streams only; shared: Eq. 1 + LoRA on the base"),
+    "stream_embedding_init": (
+        ("random", "token_embeddings"),
+        "P_j random (std 0.02), or the target's mean token embedding at the residual stream's scale",
+    ),
+}
+
 
 def add_parser(subparsers) -> None:
     """Register ``train streaming`` on ``methods`` (the ``train`` sub-parsers)."""
@@ -43,24 +52,14 @@ def add_parser(subparsers) -> None:
         help="Speculative Streaming: lossless (frozen base, MSA-layer inputs cached) or shared (LoRA base + streams, joint forward)",
     )
     add_segment_training_args(p, lr=2e-3, batch_size=2)
-    p.add_argument(
-        "--mode",
-        choices=("lossless", "shared"),
-        default="lossless",
-        help="lossless: streams only; shared: Eq. 1 + LoRA on the base",
-    )
+    for name, (choices, help_text) in CHOICE_ARGS.items():
+        p.add_argument(f"--{name.replace('_', '-')}", choices=choices, default=choices[0], help=help_text)
     p.add_argument("--lora-rank", type=int, default=8, help="shared mode: rank of the PEFT LoRA adapters on the base")
     p.add_argument("--lora-alpha", type=float, default=16.0, help="shared mode: LoRA alpha")
     p.add_argument("--num-streams", type=int, default=3, help="gamma")
     p.add_argument("--num-msa-layers", type=int, default=4, help="N_s")
     p.add_argument("--adapter-rank", type=int, default=8, help="rank of the stream-row adapters on the MSA layers")
     p.add_argument("--stream-init-rank", type=int, default=0, help="eta (0: identity stream init)")
-    p.add_argument(
-        "--stream-embedding-init",
-        choices=("random", "token_embeddings"),
-        default="random",
-        help="P_j random (std 0.02), or from the target's mean token embedding at the residual stream's scale",
-    )
     p.add_argument("--top-k", type=int, default=2, help="top-k per stream of the default (uncalibrated) tree")
     add_calibrate_nodes_arg(p, 16)
     add_curve_points_arg(p)

@@ -13,6 +13,14 @@ __all__ = ["SpeculativeStreamingConfig", "default_stream_tree"]
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+#: the values each choice of the config takes (the first is the default)
+CHOICES = {
+    "mode": ("lossless", "shared"),
+    "stream_design": ("embeddings", "value_rotation"),
+    "stream_embedding_init": ("random", "token_embeddings"),
+}
+
+
 def default_stream_tree(num_streams: int, top_k: int | list[int] = 2) -> list[list[int]]:
     """Sec. 3.1.2: the top-k tokens of stream n are the parents of the top-k tokens of stream n+1 (a
     Cartesian tree of depth ``num_streams``). ``top_k`` may differ per stream."""
@@ -99,38 +107,28 @@ class SpeculativeStreamingConfig(DrafterConfigMixin, LlamaConfig):
         results: dict | None = None,
         **kwargs,
     ):
-        if mode not in ("lossless", "shared"):
-            raise ValueError(f"mode must be 'lossless' or 'shared', got {mode!r}")
-        if stream_design not in ("embeddings", "value_rotation"):
-            raise ValueError(f"stream_design must be 'embeddings' or 'value_rotation', got {stream_design!r}")
-        if stream_embedding_init not in ("token_embeddings", "random"):
-            raise ValueError(
-                f"stream_embedding_init must be 'token_embeddings' or 'random', got {stream_embedding_init!r}"
-            )
+        for name, value in (
+            ("mode", mode),
+            ("stream_design", stream_design),
+            ("stream_embedding_init", stream_embedding_init),
+        ):
+            if value not in CHOICES[name]:
+                raise ValueError(f"{name} must be one of {', '.join(map(repr, CHOICES[name]))}, got {value!r}")
         if num_streams < 1 or num_msa_layers < 1:
             raise ValueError("num_streams and num_msa_layers must be >= 1")
-        self.num_streams = num_streams
-        self.num_msa_layers = num_msa_layers
-        self.mode = mode
-        self.stream_init_rank = stream_init_rank
-        self.adapter_rank = adapter_rank
-        self.adapter_alpha = adapter_alpha
-        self.stream_design = stream_design
+        # the streams (Sec. 3.1.1), their adapters, tree pruning (Sec. 3.1.3) and shared mode's LoRA (Sec. 3.1.4)
+        self.num_streams, self.num_msa_layers, self.mode = num_streams, num_msa_layers, mode
+        self.stream_design, self.stream_init_rank = stream_design, stream_init_rank
         self.stream_embedding_init = stream_embedding_init
-        self.pruning_layer = pruning_layer
-        self.pruning_rank = pruning_rank
-        self.pruning_threshold = pruning_threshold
-        self.lora_rank = lora_rank
-        self.lora_alpha = lora_alpha
+        self.adapter_rank, self.adapter_alpha = adapter_rank, adapter_alpha
+        self.pruning_layer, self.pruning_rank, self.pruning_threshold = pruning_layer, pruning_rank, pruning_threshold
+        self.lora_rank, self.lora_alpha = lora_rank, lora_alpha
         self.lora_target_modules = (
             list(lora_target_modules) if lora_target_modules is not None else list(LORA_TARGET_MODULES)
         )
-        self.tree_top_k = tree_top_k
+        self.tree_top_k, self.cost_aware_tree = tree_top_k, cost_aware_tree
         self.stream_tree = stream_tree if stream_tree is not None else default_stream_tree(num_streams, tree_top_k)
-        self.cost_aware_tree = cost_aware_tree
-        self.base_architecture = base_architecture
-        self.training = training
-        self.results = results
+        self.base_architecture, self.training, self.results = base_architecture, training, results
         super().__init__(base_model_name_or_path=base_model_name_or_path, draft_vocab_size=draft_vocab_size, **kwargs)
         if self.num_msa_layers > self.num_hidden_layers:
             raise ValueError(

@@ -97,7 +97,7 @@ static inline float hsum(vf v) {
 
 /* ---- the x-transposed path ---- */
 #define XT_TILE (2 * VW) /* rows of x per tile */
-#define XT_ROWS 64     /* rows of x per pass of the x-transposed path (bounds its buffer) */
+#define XT_ROWS 64     /* rows of x per pass at most (bounds the buffer; more rows: even passes) */
 #define XT_GROUP 12    /* weight rows per group: 2 tiles of 6 (or 1 of 12) */
 #define XT_KC 512      /* K per chunk of the x-transposed path */
 #define XT_LEFT_ROWS 4 /* up to this many rows past the last full tile go through the dot-product path */
@@ -272,8 +272,9 @@ static int64_t xt_tiled_rows(int64_t M) {
     void hfs_direct_##NAME(const float *x, int64_t M, int64_t K, const WT *W, int64_t N, const float *bias,   \
                            float *y, int threads) {                                                       \
         if (M > SMALL_M) {                                                                                \
-            for (int64_t m = 0; m < M; m += XT_ROWS)                                                      \
-                NAME##_xt(x + m * K, M - m < XT_ROWS ? M - m : XT_ROWS, K, W, N, y + m * N, threads);     \
+            int64_t passes = (M + XT_ROWS - 1) / XT_ROWS, rows = (M + passes - 1) / passes; /* even passes */ \
+            for (int64_t m = 0; m < M; m += rows)                                                         \
+                NAME##_xt(x + m * K, M - m < rows ? M - m : rows, K, W, N, y + m * N, threads);           \
         } else {                                                                                          \
             int64_t blocks = (N + 15) / 16;                                                               \
             _Pragma("omp parallel for schedule(static) num_threads(threads)")                            \
