@@ -1,8 +1,8 @@
 """Drafters: one folder per method, all meeting the engine through `hf_speculative.engine.protocol.TreeDrafter`.
 
 Importing this package registers every drafter (`hf_speculative.registry`): the single-module drafters below, and
-each folder's own (its ``__init__`` registers it), found by importing the subpackages. Nothing else is imported:
-every name loads on first use."""
+each folder's own (its ``__init__`` registers it with `lazy.lazy_drafter`), found by importing the subpackages.
+Nothing else is imported: every name, a folder's submodules included, loads on first use."""
 
 from __future__ import annotations
 

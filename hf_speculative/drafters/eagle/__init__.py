@@ -1,6 +1,4 @@
-"""EAGLE-1/2/3 drafters (Li et al. 2024, 2024, 2025): configuration (``configuration_eagle``), model and tree drafter
-(``modeling_eagle``) and training (``training_eagle``), all imported on first use. Importing the package registers
-the drafter (`hf_speculative.registry`)."""
+"""EAGLE-1/2/3 drafters (Li et al. 2024, 2024, 2025)."""
 
 from ..lazy import lazy_drafter
 

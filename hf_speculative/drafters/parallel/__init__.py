@@ -1,6 +1,4 @@
-"""ParallelSpec drafter (Xiao et al., 2024): configuration (``configuration_parallel_drafter``), model and tree
-drafter (``modeling_parallel_drafter``) and training (``training_parallel_drafter``), all imported on first use.
-Importing the package registers the drafter (`hf_speculative.registry`)."""
+"""ParallelSpec drafter (Xiao et al., 2024)."""
 
 from ..lazy import lazy_drafter
 

@@ -1,6 +1,4 @@
-"""SPIRe drafter (Neelam et al. 2025): configuration (``configuration_spire``), model and tree drafter
-(``modeling_spire``) and training (``training_spire``), all imported on first use. Importing the package registers
-the drafter (`hf_speculative.registry`)."""
+"""SPIRe drafter (Neelam et al. 2025)."""
 
 from ..lazy import lazy_drafter
 

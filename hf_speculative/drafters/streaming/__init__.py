@@ -1,7 +1,5 @@
 """Speculative Streaming (Bhendawade et al., 2024): multi-stream attention in the target's top layers; the
-target drafts for itself (`LlamaForSpeculativeStreaming`). Configuration (``configuration_speculative_streaming``)
-and model (``modeling_speculative_streaming``) are imported on first use. Importing the package registers the
-drafter (`hf_speculative.registry`)."""
+target drafts for itself (`LlamaForSpeculativeStreaming`)."""
 
 from ..lazy import lazy_drafter
 

@@ -1,6 +1,5 @@
-"""SuffixDecoding (Oliaro et al., arXiv 2411.04975): configuration (``configuration_suffix``), the drafter
-(``modeling_suffix``), its suffix structures (``suffix_index``) and its speculation trees (``speculation_tree``), all
-imported on first use. Importing the package registers the drafter (`hf_speculative.registry`)."""
+"""SuffixDecoding (Oliaro et al., arXiv 2411.04975): the drafter, its suffix structures (``suffix_index``) and its
+speculation trees (``speculation_tree``)."""
 
 from ..lazy import lazy_drafter
 

@@ -1,6 +1,4 @@
-"""Token Recycling (Luo et al., arXiv 2408.08696): configuration (``configuration_token_recycling``) and the drafter
-with its adjacency matrix (``modeling_token_recycling``), imported on first use. Importing the package registers
-the drafter (`hf_speculative.registry`)."""
+"""Token Recycling (Luo et al., arXiv 2408.08696): the drafter with its adjacency matrix."""
 
 from ..lazy import lazy_drafter
 
