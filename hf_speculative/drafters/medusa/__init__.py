@@ -1,6 +1,5 @@
-"""Medusa heads (Cai et al., 2024): configuration (``configuration_medusa``), model and tree drafter
-(``modeling_medusa``), training and tree calibration (``training_medusa``, ``training_medusa2``, ``tree_calibration``),
-all imported on first use. Importing the package registers the drafter (`hf_speculative.registry`)."""
+"""Medusa heads (Cai et al., 2024): Medusa-1 (frozen target, ``training_medusa``), Medusa-2 (LoRA backbone and
+heads jointly, ``training_medusa2``) and tree calibration (``tree_calibration``)."""
 
 from ..lazy import lazy_drafter
 
