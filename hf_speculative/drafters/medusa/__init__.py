@@ -24,6 +24,7 @@ __all__, __getattr__ = lazy_drafter(
             "Medusa2Trainer",
             "medusa2_loss",
             "lambda0_schedule",
+            "Lambda0Schedule",
             "train_medusa2",
             "save_medusa2",
             "load_medusa2",

@@ -44,6 +44,7 @@ from .training_medusa import IGNORE_INDEX, MEDUSA_DECAY, medusa_head_losses
 __all__ = [
     "DEFAULT_LORA_TARGETS",
     "lambda0_schedule",
+    "Lambda0Schedule",
     "medusa2_head_labels",
     "next_token_loss",
     "self_distillation_kl",
@@ -94,6 +95,19 @@ def lambda0_schedule(
         return lambda0
     s = min(1.0, step / warmup_steps)
     return lambda0 * (s if kind == "linear" else math.sin(0.5 * math.pi * s))
+
+
+@dataclass(frozen=True)
+class Lambda0Schedule:
+    """The ``lambda_0`` schedule of the joint loss (Medusa 2.2.2): ``lambda0`` reached after ``warmup`` with a
+    ``kind`` rise (`lambda0_schedule`)."""
+
+    lambda0: float = 0.2
+    warmup: float = 0.0
+    kind: str = "sine"
+
+    def __call__(self, step: int, total_steps: int) -> float:
+        return lambda0_schedule(step, total_steps, self.lambda0, self.warmup, self.kind)
 
 
 def medusa2_head_labels(labels: torch.LongTensor, num_heads: int) -> torch.LongTensor:
@@ -257,9 +271,7 @@ class Medusa2Trainer(DrafterTrainer):
     def __init__(
         self,
         *args,
-        lambda0: float = 0.2,
-        lambda0_warmup: float = 0.0,
-        lambda0_kind: str = "sine",
+        schedule: Lambda0Schedule | None = None,
         heads_lr_ratio: float = 4.0,
         lm_loss: str = "kl",
         decay: float = MEDUSA_DECAY,
@@ -267,14 +279,12 @@ class Medusa2Trainer(DrafterTrainer):
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
-        self.lambda0, self.lambda0_warmup, self.lambda0_kind = lambda0, lambda0_warmup, lambda0_kind
+        self.schedule = schedule or Lambda0Schedule()
         self.heads_lr_ratio, self.lm_loss, self.decay = heads_lr_ratio, lm_loss, decay
         self.max_head_positions = max_head_positions
 
     def current_lambda0(self) -> float:
-        return lambda0_schedule(
-            self.state.global_step, max(1, self.state.max_steps), self.lambda0, self.lambda0_warmup, self.lambda0_kind
-        )
+        return self.schedule(self.state.global_step, max(1, self.state.max_steps))
 
     def create_optimizer(self, model=None):
         if self.optimizer is None:
@@ -369,9 +379,7 @@ def train_medusa2(
     resumable checkpoints in ``output_dir`` (`train_resumable`)."""
     training = training_settings(training, learning_rate=2e-4, batch_size=1)
     trainer_kwargs = {
-        "lambda0": lambda0,
-        "lambda0_warmup": lambda0_warmup,
-        "lambda0_kind": lambda0_kind,
+        "schedule": Lambda0Schedule(lambda0, lambda0_warmup, lambda0_kind),
         "heads_lr_ratio": heads_lr_ratio,
         "lm_loss": lm_loss,
         "max_head_positions": max_head_positions,
