@@ -438,10 +438,12 @@ def _model_free_drafter(kind: str, options: BenchOptions):
 
 class _ModelFreeMethod(_EngineMethod):
     """The engine's loop over a drafter with no model (`_model_free_drafter` of ``kind``): the tree is ``--tree``,
-    else the drafter's own (``own_tree`` says how it is chosen)."""
+    else the drafter's own (``own_tree`` says how it is chosen); its settings are the drafter's ``reported`` ones
+    (attributes of its config, or of the drafter where it keeps none)."""
 
     kind: ClassVar[str]
     own_tree: ClassVar[str]
+    reported: ClassVar[tuple[str, ...]]
 
     def setup(self):
         super().setup()
@@ -452,15 +454,17 @@ class _ModelFreeMethod(_EngineMethod):
         tree = self.own_tree if self.tree is None else self._tree_settings()["tree"]
         return {**self._drafter_settings(), self.kind: getattr(self.options, self.kind), "tree": tree}
 
+    def _drafter_settings(self):
+        source = getattr(self.draft, "config", self.draft)
+        return {name: getattr(source, name) for name in self.reported}
+
 
 @register_method
 class TokenRecyclingMethod(_ModelFreeMethod):
     name = "token-recycling"
     description = "hf_speculative tree loop, Token Recycling (adjacency matrix of verified top-k; no model)"
     kind, own_tree = "recycling", "cost-aware, re-chosen online"
-
-    def _drafter_settings(self):
-        return {"num_successors": self.draft.num_successors, "max_nodes": self.draft.max_nodes}
+    reported = ("num_successors", "max_nodes")
 
 
 @register_method
@@ -468,16 +472,10 @@ class SuffixMethod(_ModelFreeMethod):
     name = "suffix"
     description = "hf_speculative tree loop, SuffixDecoding (suffix match on past outputs and the row; no model)"
     kind, own_tree = "suffix", "budget, sized per step by the match"
+    reported = ("alpha", "max_match_length", "min_probability", "max_nodes")
 
     def _drafter_settings(self):
-        c = self.draft.config
-        return {
-            "alpha": c.alpha,
-            "max_match_length": c.max_match_length,
-            "min_probability": c.min_probability,
-            "max_nodes": c.max_nodes,
-            "warm_outputs": len(self.draft.index),
-        }
+        return {**super()._drafter_settings(), "warm_outputs": len(self.draft.index)}
 
 
 @register_method
