@@ -10,6 +10,7 @@ from conftest import FP32_LAYERS, tiny_model
 import hf_speculative as hfs
 from hf_speculative.drafters.medusa import MedusaHeadsModel
 from hf_speculative.drafters.medusa.training_medusa2 import (
+    Lambda0Schedule,
     Medusa2Model,
     Medusa2Trainer,
     add_lora,
@@ -219,9 +220,7 @@ def test_a_few_training_steps_reduce_the_loss(tmp_path):
         max_steps=12,
         learning_rate=5e-3,
         batch_size=2,
-        lambda0=0.2,
-        lambda0_warmup=4,
-        lambda0_kind="sine",
+        schedule=Lambda0Schedule(lambda0=0.2, warmup=4, kind="sine"),
         lm_loss="ce+kl",
         progress=False,
     )

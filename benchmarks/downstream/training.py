@@ -366,7 +366,12 @@ def train_medusa2(
     """(b) Medusa-2 (the method's `fit_medusa2`, next-token CE on the task's references); the tree calibrated on the
     adapted model's states; saves heads + ``adapter/`` (`save_medusa2`)."""
     from hf_speculative.drafters.medusa.modeling_medusa import MedusaHeadsModel
-    from hf_speculative.drafters.medusa.training_medusa2 import calibrate_adapted_tree, fit_medusa2, save_medusa2
+    from hf_speculative.drafters.medusa.training_medusa2 import (
+        Lambda0Schedule,
+        calibrate_adapted_tree,
+        fit_medusa2,
+        save_medusa2,
+    )
 
     out = Path(out)
     heads = MedusaHeadsModel.from_base_model(model, num_heads=cfg.num_heads)
@@ -385,8 +390,7 @@ def train_medusa2(
         max_steps=cfg.max_steps,
         learning_rate=cfg.learning_rate,
         batch_size=cfg.batch_size,
-        lambda0=cfg.lambda0,
-        lambda0_warmup=LAMBDA0_WARMUP_STEPS if cfg.time_budget else 0.3,
+        schedule=Lambda0Schedule(cfg.lambda0, LAMBDA0_WARMUP_STEPS if cfg.time_budget else 0.3),
         lm_loss="ce",
         seed=cfg.seed,
         progress=cfg.progress,

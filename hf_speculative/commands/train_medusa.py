@@ -201,7 +201,7 @@ def run_medusa2(args) -> int:
     """Medusa-2 (Sec. 2.2.2): LoRA backbone + heads trained jointly (`fit_medusa2`); saves heads + ``adapter/`` + card."""
     args.batch_size = args.batch_size or 1
     setup_torch(args)
-    from ..drafters.medusa.training_medusa2 import Medusa2Dataset, fit_medusa2, save_medusa2
+    from ..drafters.medusa.training_medusa2 import Lambda0Schedule, Medusa2Dataset, fit_medusa2, save_medusa2
     from ..model_card import write_drafter_card
 
     model, tokenizer, records = load_model_and_records(args)
@@ -209,7 +209,8 @@ def run_medusa2(args) -> int:
     heads = _medusa2_heads(model, args)
     targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
     lora = options(args, "lora_r", "lora_alpha", "lora_dropout")
-    settings = options(args, "max_length", "heads_lr_ratio", "lambda0", "lambda0_warmup", "lm_loss")
+    settings = options(args, "max_length", "heads_lr_ratio", "lm_loss")
+    schedule = Lambda0Schedule(args.lambda0, args.lambda0_warmup, args.lambda0_schedule)
     run = fit_medusa2(
         model,
         heads,
@@ -217,7 +218,7 @@ def run_medusa2(args) -> int:
         train_records,
         lora_targets=targets,
         gradient_accumulation_steps=args.grad_accum,
-        lambda0_kind=args.lambda0_schedule,
+        schedule=schedule,
         max_head_positions=args.head_positions,
         **lora,
         **settings,

@@ -364,22 +364,20 @@ def train_medusa2(
     dataset: Dataset,
     output_dir: str,
     heads_lr_ratio: float = 4.0,
-    lambda0: float = 0.2,
-    lambda0_warmup: float = 0.0,
-    lambda0_kind: str = "sine",
+    schedule: Lambda0Schedule = Lambda0Schedule(),
     lm_loss: str = "kl",
     max_head_positions: int | None = None,
     pad_token_id: int = 0,
     **training,
 ) -> Medusa2Trainer:
     """Jointly train the LoRA backbone and the heads of ``model`` on ``dataset`` (`Medusa2Dataset`): the heads at
-    ``heads_lr_ratio`` times the LoRA learning rate, ``lambda0`` rising per `lambda0_schedule`, the backbone's loss
+    ``heads_lr_ratio`` times the LoRA learning rate, ``lambda_0`` rising per ``schedule``, the backbone's loss
     ``lm_loss``. ``training``: the schedule (`hf_speculative.training.trainer.TRAINING_DEFAULTS`; here learning rate
     2e-4, batch 1 conversation); ``time_budget`` stops it (the cosine schedule kept); ``save_steps`` / ``resume``:
     resumable checkpoints in ``output_dir`` (`train_resumable`)."""
     training = training_settings(training, learning_rate=2e-4, batch_size=1)
     trainer_kwargs = {
-        "schedule": Lambda0Schedule(lambda0, lambda0_warmup, lambda0_kind),
+        "schedule": schedule,
         "heads_lr_ratio": heads_lr_ratio,
         "lm_loss": lm_loss,
         "max_head_positions": max_head_positions,
