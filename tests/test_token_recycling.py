@@ -298,3 +298,17 @@ def test_warm_recycling_and_bench_methods(tmp_path, capsys):
     assert data["setting"]["methods"]["hybrid:pl+tr"]["parts"] == ["pl", "tr"]
     for name in ("token-recycling", "hybrid", "hybrid:pl+tr"):
         assert data["methods"][name]["lossless_rate"] == 1.0, name
+
+
+def test_model_free_drafters_refuse_unknown_keywords_by_name():
+    """A misspelled setting is a TypeError naming the settings the drafter takes, not a stray config attribute."""
+    from hf_speculative import SuffixDrafter, TokenRecyclingDrafter
+
+    with pytest.raises(TypeError, match="max_node;.*max_nodes"):
+        TokenRecyclingDrafter(max_node=3)
+    with pytest.raises(TypeError, match="alpah;.*alpha"):
+        SuffixDrafter(alpah=1.0)
+    with pytest.raises(TypeError, match="alpah"):
+        SuffixDrafter(SuffixDrafter().config, alpah=1.0)
+    assert TokenRecyclingDrafter(4, max_nodes=12).max_nodes == 12
+    assert SuffixDrafter(max_nodes=10).config.max_nodes == 10

@@ -4,6 +4,8 @@ drafters that fill a static tree from one distribution per depth: Medusa heads, 
 
 from __future__ import annotations
 
+import inspect
+
 from transformers import PretrainedConfig
 
 from ..engine.trees import TreeSpec, expected_acceptance_length
@@ -140,3 +142,20 @@ class ModelFreeDrafterConfig(PretrainedConfig):
         self.max_depth = int(max_depth)
         self.vocab_size = vocab_size
         super().__init__(**kwargs)
+
+    @classmethod
+    def from_settings(cls, what: str, **settings) -> "ModelFreeDrafterConfig":
+        """The config of a drafter built from keywords (``what(**settings)``): a keyword that is none of the config's
+        fields raises `TypeError` naming the ones it takes, instead of becoming a stray config attribute."""
+        known = {
+            name
+            for klass in cls.__mro__[: cls.__mro__.index(PretrainedConfig)]
+            for name in inspect.signature(klass.__init__).parameters
+            if name not in ("self", "kwargs")
+        }
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise TypeError(
+                f"{what} got unexpected keyword(s) {', '.join(unknown)}; it takes {', '.join(sorted(known))}"
+            )
+        return cls(**settings)

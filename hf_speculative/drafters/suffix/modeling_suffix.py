@@ -72,8 +72,9 @@ class SuffixDrafter(TreeDrafter):
 
     def __init__(self, config: SuffixConfig | None = None, cost_curve=None, **kwargs):
         if config is None:
-            config = SuffixConfig(**kwargs)
+            config = SuffixConfig.from_settings(type(self).__name__, **kwargs)
         else:
+            SuffixConfig.from_settings(type(self).__name__, **kwargs)  # the same check on the keywords given
             for name, value in kwargs.items():
                 setattr(config, name, value)
         self.config = config

@@ -70,7 +70,7 @@ class TokenRecyclingDrafter(TreeDrafter):
     config_class = TokenRecyclingConfig  # AutoModel.from_pretrained(folder) finds it by the config's model_type
 
     def __init__(self, num_successors: int = 8, cost_curve=None, **kwargs):
-        config = TokenRecyclingConfig(num_successors=num_successors, **kwargs)
+        config = TokenRecyclingConfig.from_settings(type(self).__name__, num_successors=num_successors, **kwargs)
         self.num_successors = config.num_successors
         self.verified_top_k = self.num_successors
         self.max_nodes = config.max_nodes
