@@ -34,7 +34,6 @@ _RECORDED_COMMANDS = (
 )
 
 
-#: the arguments of ``from_pretrained`` (``AutoModel``'s included) that the Hub download takes
 #: what ``from_pretrained`` takes for loading itself (not a setting of the model-free drafter it builds)
 LOADER_ARGUMENTS = frozenset(
     {
@@ -53,6 +52,7 @@ LOADER_ARGUMENTS = frozenset(
         "_commit_hash",
     }
 )
+#: the arguments of ``from_pretrained`` (``AutoModel``'s included) that the Hub download takes
 _DOWNLOAD_ARGUMENTS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "proxies")
 
 

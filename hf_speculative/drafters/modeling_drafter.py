@@ -167,8 +167,8 @@ class DrafterModel(DrafterHubMixin, PreTrainedModel):
 
 class DepthTreeDrafter(TreeDrafter):
     """The per-call tree drafter of a model with a `TreeDrafterConfig` (Medusa heads, ParallelSpec) or another config
-    with a ``tree`` and a ``vocab_size`` (Speculative Streaming): one distribution per depth fills the static tree. The default tree is the config's, or with a calibration (its ``accuracy_key``)
-    the cost-aware one (`hf_speculative.drafters.cost_aware`); the vocabulary is the config's (its acceptance settings
+    with a ``tree`` and a ``vocab_size`` (Speculative Streaming): one distribution per depth fills the static tree.
+    The default tree is the config's, or with a calibration (its ``accuracy_key``) the cost-aware one (`hf_speculative.drafters.cost_aware`); the vocabulary is the config's (its acceptance settings
     are the call's default, `hf_speculative.engine.acceptance.AcceptanceSettings.resolve`). A subclass sets what its
     `draft_cost` reads before it calls ``__init__``, and drafts through one path: the batched methods (Medusa heads:
     one head forward over every row) or, mixing in `OneRowDrafter`, the one-row methods (ParallelSpec: a drafter

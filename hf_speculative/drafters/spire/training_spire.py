@@ -211,9 +211,9 @@ def train_spire(
     **training,
 ) -> SpireTrainer:
     """Train ``drafter`` (attached to its target) on labelled ``states`` with the `SpireTrainer` (MixedLoss with the
-    config's ``mixed_loss_omega``). ``training``: the
-    arguments of `train_eagle`'s ``training`` (``time_budget`` seconds stop it early, with a cosine over the budget);
-    defaults `TRAINING_DEFAULTS`, 10 warm-up steps. Returns the trainer."""
+    config's ``mixed_loss_omega``). ``training``: the arguments of `train_eagle`'s ``training`` (``time_budget``
+    seconds stop it early, with a cosine over the budget); defaults `TRAINING_DEFAULTS`, 10 warm-up steps. Returns
+    the trainer."""
     drafter._require_base()
     for p in (drafter.base_embeddings.weight, drafter.base_lm_head.weight):
         p.requires_grad_(False)

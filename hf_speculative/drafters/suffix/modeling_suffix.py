@@ -52,7 +52,6 @@ __all__ = ["SuffixDrafter"]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "suffix_index.safetensors"
-#: what ``AutoModel.from_pretrained`` passes besides the config; a drafter with no weights has no use for them
 
 
 class SuffixDrafter(TreeDrafter):

@@ -47,7 +47,6 @@ __all__ = ["TokenRecyclingDrafter", "tree_levels"]
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 DRAFTER_TYPE = TokenRecyclingConfig.model_type
-#: what ``AutoModel.from_pretrained`` passes besides the folder; a drafter with no network has no use for them
 
 #: drafted templates whose `tree_levels` a drafter keeps (the call's tree, its refreshes, a hybrid's candidates)
 MAX_TEMPLATES = 8

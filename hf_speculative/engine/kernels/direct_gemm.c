@@ -136,7 +136,7 @@ DEFINE_XT_TILE(1, 12)
 
 /* rows [0, Mt) of x (transposed in xt by tiles, Mt <= XT_ROWS) against gn <= XT_GROUP float32 weight rows
  * Wg (row stride K): y[m, j] for m < Mt, j < gn (y: the group's first output column, row stride ldy). K goes in
- * chunks of XT_KC, so that the group's chunk stays in L1 while every tile of rows passes over it. */
+ * chunks of XT_KC, so that the group's chunk stays in cache while every tile of rows passes over it. */
 static void xt_group(const float *xt, int64_t Mt, int64_t K, const float *Wg, int64_t gn, float *y,
                      int64_t ldy) {
     float acc[(XT_ROWS / VW + 1) * XT_GROUP * VW] __attribute__((aligned(64)));
@@ -241,11 +241,21 @@ static int64_t xt_tiled_rows(int64_t M) {
         }                                                                                                 \
     }                                                                                                     \
                                                                                                           \
+    /* any number of rows of x through the dot-product path, SMALL_M at a time (one thread) */              \
+    static void NAME##_stream_rows(int64_t M, const float *x, int64_t K, const WT *W, int64_t nr, float *out, \
+                                   int64_t ldo) {                                                         \
+        for (int64_t m = 0; m < M; m += SMALL_M)                                                          \
+            NAME##_stream(M - m < SMALL_M ? M - m : SMALL_M, x + m * K, K, W, nr, out + m * ldo, ldo);    \
+    }                                                                                                     \
+                                                                                                          \
     /* the x-transposed path: M rows (up to XT_ROWS) */                                                 \
     static void NAME##_xt(const float *x, int64_t M, int64_t K, const WT *W, int64_t N, float *y, int threads) { \
         int64_t Mt = xt_tiled_rows(M), groups = (N + XT_GROUP - 1) / XT_GROUP;                            \
         float *xt = scratch(0, (Mt + XT_TILE - 1) / XT_TILE * XT_TILE * K);                               \
-        if (!xt) return;                                                                                  \
+        if (!xt) { /* no memory for x transposed: the dot-product path */                                 \
+            NAME##_stream_rows(M, x, K, W, N, y, N);                                                      \
+            return;                                                                                       \
+        }                                                                                                 \
         _Pragma("omp parallel num_threads(threads)") {                                                    \
             float *wide = sizeof(WT) == 4 ? 0 : scratch(1, XT_GROUP * K);                                 \
             _Pragma("omp for schedule(static)") for (int64_t k = 0; k < K; k += 8)                        \
@@ -254,9 +264,7 @@ static int64_t xt_tiled_rows(int64_t M) {
                 int64_t n0 = g * XT_GROUP, gn = N - n0 < XT_GROUP ? N - n0 : XT_GROUP;                    \
                 const float *Wg = (const float *)(W + n0 * K);                                            \
                 if (sizeof(WT) != 4 && !wide) { /* no memory to widen into: the dot-product path */       \
-                    for (int64_t m = 0; m < M; m += SMALL_M)                                              \
-                        NAME##_stream(M - m < SMALL_M ? M - m : SMALL_M, x + m * K, K, W + n0 * K, gn,     \
-                                      y + m * N + n0, N);                                                 \
+                    NAME##_stream_rows(M, x, K, W + n0 * K, gn, y + n0, N);                               \
                     continue;                                                                             \
                 }                                                                                         \
                 if (sizeof(WT) != 4) {                                                                    \
