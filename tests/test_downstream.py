@@ -597,3 +597,37 @@ def test_time_budget_counts_earlier_runs_and_bounds_warmup(tmp_path):
     resumed.spent = 50.0
     resumed.on_step_end(args, state, control)
     assert control.should_training_stop and control.should_save  # the budget ended: stop, with a checkpoint to resume
+
+
+def test_running_clock_leaves_out_the_time_a_process_is_stopped(tmp_path):
+    """A training run paused with SIGSTOP while something else is timed keeps its time budget: its clock does not
+    count the stop."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    if not hasattr(signal, "SIGSTOP"):
+        pytest.skip("no SIGSTOP on this platform")
+    child = (
+        "import sys, time\n"
+        "from hf_speculative.training.callbacks import RunningClock\n"
+        "clock = RunningClock(tick=0.05, gap=0.3)\n"
+        "wall, running = time.monotonic(), clock()\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.readline()\n"
+        "print(time.monotonic() - wall, clock() - running, flush=True)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(1.5)
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(0.2)
+        out, _ = proc.communicate("go\n", timeout=60)
+    finally:
+        proc.kill()
+    wall, running = map(float, out.split())
+    assert wall >= 1.5
+    assert running < wall - 1.2  # the 1.5 s stop is left out (less the up-to-0.3 s a stop may go unseen)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from pathlib import Path
 
@@ -12,9 +13,51 @@ from transformers import TrainerCallback
 from ..paths import write_atomically
 from .distributed import process0_value
 
-__all__ = ["LearningCurveCallback", "TimeBudgetCallback", "budget_warmup_steps"]
+__all__ = ["LearningCurveCallback", "TimeBudgetCallback", "RunningClock", "budget_warmup_steps"]
 
 MAX_BUDGET_WARMUP_STEPS = 100
+
+
+class RunningClock:
+    """Seconds this process has been running: wall-clock time less the spans it was stopped (``kill -STOP`` ...
+    ``kill -CONT``, a suspended machine), so that a training run paused while something else is timed keeps its whole
+    time budget. A daemon thread wakes every ``tick`` seconds; a wake-up more than ``gap`` seconds late means the
+    process was stopped, and the lateness is counted as paused. The thread starts with the first clock, not at import.
+    """
+
+    def __init__(self, tick: float = 0.25, gap: float = 2.0):
+        self.tick, self.gap, self.paused = tick, gap, 0.0
+        self._last = time.monotonic()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._watch, name="hf-speculative-running-clock", daemon=True).start()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(self.tick)
+            with self._lock:
+                now = time.monotonic()
+                self.paused, self._last = self._settled(now), now
+
+    def _settled(self, now: float) -> float:
+        """The paused seconds, the stop the watcher has not seen yet included."""
+        late = now - self._last - self.tick
+        return self.paused + (late if late > self.gap else 0.0)
+
+    def __call__(self) -> float:
+        with self._lock:
+            now = time.monotonic()
+            return now - self._settled(now)
+
+
+_CLOCK: RunningClock | None = None
+
+
+def running_clock() -> RunningClock:
+    """The process's one `RunningClock` (started on first use)."""
+    global _CLOCK
+    if _CLOCK is None:
+        _CLOCK = RunningClock()
+    return _CLOCK
 
 
 def budget_warmup_steps(total_steps: int, share: float = 0.05, time_budget: float | None = None) -> int:
@@ -94,9 +137,9 @@ class LearningCurveCallback(TrainerCallback):
         self.model.train(was_training)
 
     def _timed_record(self, step: int) -> None:
-        start = time.perf_counter()
+        start = self.budget.clock()
         self._record(step, self.budget.elapsed())
-        self.budget.start += time.perf_counter() - start  # measuring is not training: the budget gets its seconds back
+        self.budget.start += self.budget.clock() - start  # measuring is not training: the budget gets its seconds back
 
     def on_train_begin(self, args, state, control, **kwargs):
         if self.budget is None:
@@ -138,13 +181,15 @@ class TimeBudgetCallback(TrainerCallback):
     The budget spans resumed runs: each checkpoint records the seconds spent so far (``time_budget.json``), and
     ``spent`` (set from it by `hf_speculative.training.trainer.train_resumable`) counts against the budget. Under
     several processes every one follows process 0's clock (`process0_value`): they stop at the same step (a process
-    that stopped alone would leave the others waiting in the gradient all-reduce) and anneal alike."""
+    that stopped alone would leave the others waiting in the gradient all-reduce) and anneal alike. The clock is a
+    `RunningClock`: seconds the process spent stopped (paused while something else is timed) are not counted."""
 
     FILE = "time_budget.json"
 
     def __init__(self, seconds: float, anneal: bool = True, warmup_steps: int = 5, spent: float = 0.0):
         self.seconds, self.anneal, self.warmup_steps, self.spent = seconds, anneal, warmup_steps, spent
-        self.start = time.perf_counter()
+        self.clock = running_clock()
+        self.start = self.clock()
         self.base: list[float] | None = None
 
     @classmethod
@@ -154,10 +199,10 @@ class TimeBudgetCallback(TrainerCallback):
         return float(json.loads(path.read_text())["seconds"]) if path.is_file() else 0.0
 
     def elapsed(self) -> float:
-        return self.spent + time.perf_counter() - self.start
+        return self.spent + self.clock() - self.start
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.start = time.perf_counter()
+        self.start = self.clock()
 
     def on_save(self, args, state, control, **kwargs):
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
