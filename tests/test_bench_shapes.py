@@ -115,6 +115,8 @@ def test_shapes_end_to_end_on_tiny(tmp_path, capsys):
     assert (r["shape"], r["dtype"], r["config_class"], r["new_tokens"]) == ("tiny", "float32", "LlamaConfig", 3)
     assert r["plain"]["tokens_per_s"] > 0 and r["plain"]["step_ms"] > 0
     assert r["engine"]["step_over_plain"] > 0 and r["engine"]["tokens_equal_plain"] is True  # float32: token-exact
+    assert r["engine"]["step_over_plain"] == pytest.approx(r["engine"]["step_ms"] / r["plain"]["step_ms"])
+    assert r["plain"]["call_split_step_ms"] > 0 and r["engine"]["call_split_step_over_plain"] > 0
     assert set(r["tree_cost"]["c"]) == {str(n) for n in TREE_NODES} and r["tree_cost"]["one_token_forward_ms"] > 0
     assert r["memory"]["plain_peak_bytes"] > 0 and r["memory"]["speculative_peak_bytes"] > 0
     assert isinstance(r["memory"]["first_call_overhead_s"], float) and r["memory"]["enable_s"] >= 0

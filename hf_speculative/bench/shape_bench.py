@@ -2,16 +2,19 @@
 
 Per shape and dtype (`measure_shape`; the models are built by `hf_speculative.bench.shapes`, one at a time):
 
-* **plain**: tokens/s of plain greedy ``generate()`` over a fixed prompt of random ids, and its step: the seconds of a
-  ``tokens``-token call less those of a one-token call (the prefill), per further token;
-* **engine step**: the same for the engine with nothing drafted (`hf_speculative.bench.root_only`): a one-token step
-  through the engine's kernels, in ms and as x of plain's step;
+* **plain**: tokens/s of plain greedy ``generate()`` over a fixed prompt of random ids;
+* **one-token step**, timed directly (`measure_one_token_step`): one decoding forward after the prompt's cache, with
+  torch's kernels (what plain ``generate()`` runs) and with the engine's, alternated, best of ``repeats``; the engine's
+  step in ms and as x of plain's. The whole calls are timed too (plain, and the engine with nothing drafted,
+  `hf_speculative.bench.root_only`, whose tokens must equal plain's in float32) and their step split out (a
+  ``tokens``-token call less a one-token call, per further token) is kept in the JSON as ``call_split_step_ms``; at a
+  few tokens of a large model the prefill's noise swamps that split, which is why the table shows the direct step;
 * **tree cost** c(N + 1): a verification forward over an N-node tree (root + N tokens) in one-token engine forwards,
   for N = 4, 8, 16, 32, 64 (`hf_speculative.perf_model.measure_cost_curve`, the engine's own cost curve);
 * **memory**: peak resident memory (``VmHWM``) of plain decoding and of speculative decoding (``hfs.enable`` and
   `PromptLookupDrafter`), each in its own fresh process, and the first speculative call's overhead there;
-* **projected speedup** for tau = 1.5, 2, 3, 4 with 8-, 16- and 32-node trees: tau x plain step / tree step, the tree
-  step being the engine's one-token step plus the tree's extra forward cost, (c(N + 1) - 1) one-token forwards. It
+* **projected speedup** for tau = 1.5, 2, 3, 4 with 8-, 16- and 32-node trees: tau x plain step / tree step (the
+  direct steps), the tree step being the engine's one-token step plus the tree's extra forward cost, (c(N + 1) - 1) one-token forwards. It
   leaves out the drafter's own time: an upper bound, labelled projected.
 
 The machine's CPU and its flags (avx2, avx512f, avx512_bf16, amx_bf16) are named with every result: they decide what a
@@ -41,6 +44,7 @@ __all__ = [
     "PROJECTED_TREES",
     "CPU_FLAGS",
     "cpu_info",
+    "measure_one_token_step",
     "measure_shape",
     "run_shape_bench",
     "shapes_markdown",
@@ -96,16 +100,53 @@ def _seconds(call, repeats: int):
 
 
 def _decode_timing(generate, tokens: int, repeats: int) -> tuple[dict, torch.Tensor]:
-    """tokens/s of a ``tokens``-token call and the step (its time less a one-token call's, per further token); and
-    the call's output."""
+    """tokens/s of a ``tokens``-token call and the step split out of whole calls (its time less a one-token call's, per
+    further token); and the call's output."""
     generate(2)  # warm-up
     (full, out), (one, _) = _seconds(lambda: generate(tokens), repeats), _seconds(lambda: generate(1), repeats)
-    return {"tokens_per_s": tokens / full, "step_ms": 1000 * max(full - one, 1e-9) / (tokens - 1), "call_s": full}, out
+    split = 1000 * max(full - one, 1e-9) / (tokens - 1)
+    return {"tokens_per_s": tokens / full, "call_split_step_ms": split, "call_s": full}, out
+
+
+@torch.inference_mode()
+def measure_one_token_step(model, ids: torch.Tensor, repeats: int = 5) -> dict:
+    """The one-token decoding step of an enabled ``model``, timed directly: after a cache of ``ids[:, :-1]``, one
+    forward of the last token (``logits_to_keep=1``, as ``generate()`` runs it) with torch's kernels and with the
+    engine's one-row kernel (`SpeedPolicy.engine_kernels`), alternated (each first in every other round), best of
+    ``repeats`` each after a warm-up round;
+    the new cache column is cropped after every forward."""
+    from transformers import DynamicCache
+
+    from .._compat import cache_arg
+    from ..engine.policy import speed_policy
+
+    policy = speed_policy(model)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=ids[:, :-1], **cache_arg(cache), use_cache=True)
+    best = {"torch": float("inf"), "engine": float("inf")}
+    for round_ in range(repeats + 1):
+        for name in ("torch", "engine") if round_ % 2 else ("engine", "torch"):
+            start = time.perf_counter()
+            if name == "engine":
+                with policy.engine_kernels(model, rows=1):
+                    model(input_ids=ids[:, -1:], **cache_arg(cache), use_cache=True, logits_to_keep=1)
+            else:
+                model(input_ids=ids[:, -1:], **cache_arg(cache), use_cache=True, logits_to_keep=1)
+            best[name] = min(best[name], time.perf_counter() - start)
+            cache.crop(-1)  # a negative count: drop the one new column
+    return {
+        "torch_ms": 1000 * best["torch"],
+        "engine_ms": 1000 * best["engine"],
+        "engine_over_torch": best["engine"] / best["torch"],
+        "kernel_for_one_row": policy.table.kernel_for(1) if policy.table else "torch",
+    }
 
 
 @torch.inference_mode()
 def _step_timings(model, ids, tokens: int, repeats: int) -> dict:
-    """Plain ``generate()`` and the engine with nothing drafted on one prompt; whether their tokens agree."""
+    """Plain ``generate()`` and the engine with nothing drafted on one prompt, whole calls (whether their tokens
+    agree) and the one-token step timed directly (``step_ms``: torch's kernels for plain, the engine's for the
+    engine)."""
     import transformers
 
     import hf_speculative as hfs
@@ -121,7 +162,13 @@ def _step_timings(model, ids, tokens: int, repeats: int) -> dict:
 
     plain_timing, plain_ids = _decode_timing(plain, tokens, repeats)
     engine_timing, engine_ids = _decode_timing(engine, tokens, repeats)
-    engine_timing["step_over_plain"] = engine_timing["step_ms"] / plain_timing["step_ms"]
+    step = measure_one_token_step(model, ids, max(repeats, 3))
+    plain_timing["step_ms"], engine_timing["step_ms"] = step["torch_ms"], step["engine_ms"]
+    engine_timing["step_over_plain"] = step["engine_over_torch"]
+    engine_timing["kernel_for_one_row"] = step["kernel_for_one_row"]
+    engine_timing["call_split_step_over_plain"] = (
+        engine_timing["call_split_step_ms"] / plain_timing["call_split_step_ms"]
+    )
     engine_timing["tokens_equal_plain"] = bool(torch.equal(plain_ids, engine_ids))
     return {"plain": plain_timing, "engine": engine_timing}
 
@@ -255,7 +302,8 @@ def shapes_markdown(result: dict) -> str:
     lines = [
         f"CPU: {m['cpu']} ({_flags_text(m)}), {m['torch_threads']} torch threads, torch {m['torch']}, "
         f"transformers {m['transformers']}; random weights, greedy, a {s['prompt_tokens']}-token prompt of random "
-        f"ids, {s['new_tokens']} new tokens; {s['date']}",
+        f"ids, {s['new_tokens']} new tokens; {s['date']}. The steps are one decoding forward after the prompt, timed "
+        "directly: torch's kernels (what plain `generate()` runs) and the engine's.",
         "",
         "| shape | dtype | parameters | plain tok/s | plain step ms | engine step ms (x plain) | "
         + " | ".join(f"c({n}+1)" for n in TREE_NODES)
