@@ -213,3 +213,23 @@ def test_cost_aware_trees_shrink_as_the_batch_grows(cost_aware):
         assert {s for row in out.speculative_stats.rows for s in row.tree_sizes} == {batch_tree.num_nodes + 1}
     finally:
         set_cost_curve(model, None)
+
+
+def test_without_a_measured_curve_trees_are_sized_with_the_kernel_tables():
+    """No cached cost curve: the curve derived from this machine's kernel table (measured at enable) sizes the trees
+    instead of the built-in default; its ratios are the table kernel's times over its one-row time."""
+    import hf_speculative as hfs
+    from hf_speculative.drafters.cost_aware import target_cost_curve
+    from hf_speculative.engine.kernels.linear import KernelTable
+    from hf_speculative.engine.policy import speed_policy
+    from hf_speculative.perf_model.cost_curve import kernel_table_curve
+
+    model = hfs.enable(tiny_model("llama"))
+    assert kernel_table_curve(model) is None  # a tiny model gets the default table: nothing measured
+    assert target_cost_curve(model).meta["source"] == "default"
+    ms = {"torch": {1: 2.0, 4: 3.0, 16: 9.0}, "direct": {1: 1.0, 4: 1.5, 16: 6.0}}
+    speed_policy(model).table = KernelTable({1: "direct", 4: "direct", 16: "torch"}, ms)
+    curve = target_cost_curve(model)
+    assert curve.meta["source"] == "kernel table"
+    assert curve.nodes == (1, 4, 16) and curve.ratios == pytest.approx((1.0, 1.5, 9.0))
+    assert kernel_table_curve(tiny_model("llama")) is None  # never enabled

@@ -367,3 +367,19 @@ def test_model_keys_take_constant_memory_and_tell_fine_tunes_apart():
 def test_tests_build_into_their_own_cache():
     cache = os.environ.get("HF_SPECULATIVE_CACHE", "")
     assert cache and not cache.startswith(os.path.expanduser("~/.cache")), cache
+
+
+def test_the_prefill_runs_the_kernel_the_table_gives_past_its_largest_bucket(direct_available, monkeypatch):
+    """A prompt longer than the table's largest row bucket runs that bucket's kernel (a prefill through the direct
+    kernel, not torch's), and greedy output stays plain generate()'s."""
+    table = kernels.KernelTable({1: "direct", 64: "direct"})
+    assert table.kernel_for(1000) == "direct"
+    assert kernels.KernelTable({1: "direct", 64: "torch"}).kernel_for(65) == "torch"
+    model = hfs.enable(tiny_model("llama"))
+    assert speed_policy(model).table.kernel_for(80) == "direct"  # the default table: direct up to 64 rows
+    ids = torch.arange(3, 83).remainder(60).unsqueeze(0)  # 80 prompt tokens
+    plain = model.generate(ids, max_new_tokens=8, do_sample=False)
+    calls = _spy(monkeypatch)
+    out = model.generate(ids, max_new_tokens=8, do_sample=False, assistant_model=hfs.PromptLookupDrafter())
+    assert 80 in calls  # the prefill's rows, through the direct kernel
+    assert torch.equal(out, plain)

@@ -53,14 +53,24 @@ DEFAULT_COST_CURVE_POINTS_BF16 = {1: 1.0, 2: 1.02, 4: 1.03, 8: 1.03, 16: 1.06, 3
 
 def target_cost_curve(target, curve=None):
     """``curve`` when given; else the target's cached cost curve (never measured here: `generate` does no hidden
-    work); else the default curve above, with a one-line notice."""
+    work); else the curve of this machine's kernel table, measured at ``hfs.enable``
+    (`hf_speculative.perf_model.cost_curve.kernel_table_curve`, an upper bound); else the default curve above, with
+    a one-line notice."""
     if curve is not None:
         return curve
     from ..perf_model import CostCurve, get_cost_curve
+    from ..perf_model.cost_curve import kernel_table_curve
 
     cached = get_cost_curve(target, measure_if_missing=False)
     if cached is not None:
         return cached
+    derived = kernel_table_curve(target)
+    if derived is not None:
+        logger.info_once(
+            "no measured cost curve for this model: trees are sized with one derived from the kernel table measured at "
+            "enable; measure this machine's once with `hf-speculative calibrate --model M`"
+        )
+        return derived
     logger.warning_once(
         "no measured cost curve for this model: trees are sized with a default one; measure this machine's once with "
         "`hf-speculative calibrate --model M` or `hf_speculative.perf_model.get_cost_curve(model)`"
@@ -108,8 +118,10 @@ def cost_aware_tree(
     if not accuracies or target is None or not cost_aware_enabled(config):
         return saved
     from ..perf_model import get_cost_curve
+    from ..perf_model.cost_curve import kernel_table_curve
 
-    curve = get_cost_curve(target, measure_if_missing=False)  # generate() never measures: no hidden work
+    # generate() never measures (no hidden work): a cached curve, else the kernel table's measured at enable
+    curve = get_cost_curve(target, measure_if_missing=False) or kernel_table_curve(target)
     if curve is None:
         logger.warning_once(
             "no measured cost curve for this model: calibrated drafters keep their saved trees; measure this machine's "

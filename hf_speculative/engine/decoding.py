@@ -163,12 +163,14 @@ class SpeculativeLoop:
     # ------------------------------------------------------------------ the prefill
 
     def prefill(self) -> None:
-        """One target forward over the prompts commits each row's first new token, exactly as plain ``generate()``;
-        the drafter begins from it (with the prompt positions' top-k when it reads them)."""
+        """One target forward over the prompts commits each row's first new token, exactly as plain ``generate()``
+        (through the speed policy's kernel for that many rows); the drafter begins from it (with the prompt positions'
+        top-k when it reads them)."""
         self.batch = _start(self.input_ids, self.model_kwargs, keep_positions=self.masks.window is not None)
         self.stats.rows = [row.stats for row in self.batch.rows]
         top_k = self.drafter.verified_top_k
-        with self.timer("target"):
+        new_tokens = self.input_ids[:, self.cache.get_seq_length() :].numel()
+        with self.timer("target"), self.policy.engine_kernels(self.model, rows=new_tokens):
             outputs = _prefill(self.model, self.input_ids, self.cache, self.model_kwargs, all_logits=bool(top_k))
         first, scores, raw = self.first_tokens(outputs)
         with self.timer("draft"):

@@ -279,6 +279,29 @@ def _fitted_curve(best: dict, nodes: list[int], rows: list[int], meta: dict) -> 
     return CostCurve(tuple(nodes), tuple(ratios), tuple(rows), tuple(proj), meta)
 
 
+def kernel_table_curve(model) -> CostCurve | None:
+    """``c(n)`` from the speed policy's measured kernel table: the time of the table's kernel over its sample of the
+    model's linear layers at n rows, over its time at one row (the table's row buckets, fitted non-decreasing). The
+    linear layers are most of a forward on a CPU, and the forward's other work (attention over a short context,
+    norms, the per-layer overhead) costs about the same at every n and is left out, so this is an upper bound of the
+    measured curve; it is measured on this machine at ``hfs.enable``, where the built-in default curve was measured
+    on another. None when the model is not enabled or its table was not measured (a default table)."""
+    if "_hfs_policy" not in model.__dict__:
+        return None
+    from ..engine.policy import speed_policy
+
+    table = speed_policy(model).table
+    if table is None or not table.milliseconds:
+        return None
+    buckets = sorted(table.choice)
+    times = [table.milliseconds.get(table.kernel_for(b), {}).get(b) for b in buckets]
+    if buckets[0] != 1 or any(t is None or not t < float("inf") or t <= 0 for t in times):
+        return None
+    fitted = _non_decreasing(times)
+    meta = {"source": "kernel table", "dtype": table.meta.get("dtype"), "created": table.meta.get("created")}
+    return CostCurve(tuple(buckets), tuple(t / fitted[0] for t in fitted), meta=meta)
+
+
 # ----------------------------------------------------------------------------- caching
 
 

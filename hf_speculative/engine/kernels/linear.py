@@ -226,17 +226,20 @@ def _onednn_runs(dtype: torch.dtype) -> bool:
 @dataclass
 class KernelTable:
     """The kernel for a forward of r rows: ``choice[b]`` for the smallest bucket ``b >= r`` of `ROW_BUCKETS`;
-    ``"torch"`` above the largest. ``milliseconds[kernel][b]``: what the measurement saw (empty for a default)."""
+    the largest bucket's above it (a prefill: past 64 rows a kernel's time per row stays as it is at 64, the direct
+    kernel running passes of at most 64 rows). ``milliseconds[kernel][b]``: what the measurement saw (empty for a
+    default)."""
 
     choice: dict[int, str]
     milliseconds: dict[str, dict[int, float]] = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
 
     def kernel_for(self, rows: int) -> str:
-        for bucket in sorted(self.choice):
+        buckets = sorted(self.choice)
+        for bucket in buckets:
             if rows <= bucket:
                 return self.choice[bucket]
-        return "torch"
+        return self.choice[buckets[-1]] if buckets else "torch"
 
     def to_dict(self) -> dict:
         return {"choice": self.choice, "milliseconds": self.milliseconds, "meta": self.meta}
