@@ -316,3 +316,22 @@ def test_warm_suffix_and_bench_methods(tmp_path, capsys):
     assert data["setting"]["methods"]["hybrid:pl+sx"]["parts"] == ["pl", "sx"]
     for name in ("suffix", "hybrid:pl+sx"):
         assert data["methods"][name]["lossless_rate"] == 1.0, name
+
+
+def test_scores_never_grow_along_a_path_rounding_included():
+    """A child whose token follows every occurrence of its parent scores exactly its parent's score, never one ulp
+    above it (``s * c / t`` rounds up for some s): the best-first cut keeps each kept node's ancestors."""
+    from hf_speculative.drafters.hybrid import best_nodes
+
+    for seed in range(300):
+        rng = np.random.default_rng(seed)
+        codes = rng.integers(1, 4, size=400)
+        positions = np.flatnonzero(codes == 1)[: int(rng.integers(3, 40))] + 1
+        tokens, parents, scores = expand_speculation_tree(codes, positions, 0, 64, 8, 0.0)
+        assert all(scores[i] <= scores[parents[i]] for i in range(1, len(tokens))), seed
+        depths = [0] * len(tokens)
+        for i in range(1, len(tokens)):
+            depths[i] = depths[parents[i]] + 1
+        for n in range(1, len(tokens)):  # every cut of the best-first order is a tree
+            keep = set(best_nodes(scores, depths, n, 8, lambda k: 1.0 + 0.01 * k))
+            assert all(parents[i] in keep for i in keep if i), (seed, n)

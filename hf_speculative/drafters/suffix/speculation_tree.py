@@ -50,7 +50,7 @@ def expand_speculation_tree(
             return
         total = len(occurrences)
         for count, code, following in _children(codes, occurrences):
-            score = scores[node] * count / total
+            score = scores[node] * (count / total)  # a factor <= 1 first: never above the parent's, rounding included
             if score >= min_probability:
                 heapq.heappush(frontier, (-score, tie, node, code, following))
                 tie += 1
