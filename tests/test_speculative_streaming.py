@@ -838,3 +838,34 @@ def test_cli_trains_shared_mode(tmp_path):
         ss.generate(ids, max_new_tokens=6, do_sample=False),
         ss.generate_autoregressive(ids, max_new_tokens=6, do_sample=False),
     )
+
+
+@pytest.mark.parametrize("mode", ["lossless", "shared"])
+def test_one_token_steps_compute_no_streams(monkeypatch, mode):
+    """When step pricing decodes one-token steps, the self-drafting model runs its main stream only: the streams'
+    MSA layers and vocabulary projection run once per drafted tree, not once per step, and the output is unchanged."""
+    from hf_speculative.engine.step_pricing import StepPricer
+
+    base, ss = _ss(seed=3) if mode == "lossless" else _shared(seed=3)
+    ids = torch.randint(0, 96, (1, 6), generator=torch.Generator().manual_seed(0))
+    ref = ss.generate(ids, max_new_tokens=24, do_sample=False, speculative_pricing=False)
+    steps = {"n": 0, "drafted": 0}
+
+    def draft_this_step(self):  # one drafted step in three
+        steps["n"] += 1
+        drafted = steps["n"] % 3 == 1
+        steps["drafted"] += drafted
+        return drafted
+
+    monkeypatch.setattr(StepPricer, "draft_this_step", draft_this_step)
+    computed = []
+    for name in ("stream_logits", "stream_head"):
+        original = getattr(type(ss), name)
+        monkeypatch.setattr(
+            type(ss), name, lambda self, *a, _f=original, _n=name, **k: computed.append(_n) or _f(self, *a, **k)
+        )
+    out = ss.generate(ids, max_new_tokens=24, do_sample=False, speculative_pricing=True)
+    assert torch.equal(out, ref)
+    assert steps["drafted"] < steps["n"]
+    # lossless: stream_logits once per drafted tree (it projects through stream_head itself)
+    assert computed.count("stream_logits" if mode == "lossless" else "stream_head") == steps["drafted"]

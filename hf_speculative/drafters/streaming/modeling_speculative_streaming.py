@@ -833,6 +833,7 @@ class SpeculativeStreamingDrafter(OneRowDrafter, DepthTreeDrafter):
     ):
         self.model = model
         self.logits: torch.Tensor | None = None
+        self._pending: tuple | None = None  # what the next proposal's stream logits are computed from
         super().__init__(model.config, model.config.num_streams, draft_sampling, target)
 
     def draft_cost(self, curve) -> float:
@@ -848,9 +849,13 @@ class SpeculativeStreamingDrafter(OneRowDrafter, DepthTreeDrafter):
         return msa + curve.projection_cost(config.num_streams, self.model.draft_vocab_share)
 
     def _streams_at(self, target_outputs, node: int) -> None:
+        """Keeps what the streams at ``node`` are computed from; `_stream_logits` computes them when a tree is
+        drafted. A one-token step (step pricing decoding without drafting) then costs no MSA layers and no stream
+        projection: only the main stream's forward, as plain decoding."""
+        self.logits = None
         states = getattr(target_outputs, "stream_states", None)
         if states is not None:  # shared mode: the streams come from the verification forward itself
-            self.logits = self.model.stream_head(states[0, node]).float()  # (gamma, V)
+            self._pending = ("shared", states[0, node].clone())
             return
         hidden = getattr(target_outputs, "hidden_states", None)
         if hidden:  # hidden_states[i] is the input of decoder layer i: any forward of the base model will do
@@ -859,8 +864,20 @@ class SpeculativeStreamingDrafter(OneRowDrafter, DepthTreeDrafter):
             inputs = getattr(target_outputs, "stream_inputs", None)
             if inputs is None:
                 raise ValueError("Speculative Streaming needs the target's hidden states (output_hidden_states=True)")
-        h = inputs[:, node:][:, :1]
-        self.logits = self.model.stream_logits(h, get_cache(target_outputs))[0, 0].float()  # (gamma, V)
+        # the cache is read when the tree is drafted: the engine changes nothing in it between this step's end and
+        # the next step's proposal, so it holds the accepted path then as now
+        self._pending = ("lossless", inputs[:, node:][:, :1].clone(), get_cache(target_outputs))
+
+    def _stream_logits(self) -> torch.Tensor:
+        """The streams' logits ``(gamma, V)`` at the last accepted node (computed once, on the first proposal)."""
+        if self._pending is not None:
+            kind, states, *cache = self._pending
+            if kind == "shared":
+                self.logits = self.model.stream_head(states).float()
+            else:
+                self.logits = self.model.stream_logits(states, cache[0])[0, 0].float()
+            self._pending = None
+        return self.logits
 
     def begin(self, prompt_ids, target_outputs) -> None:
         self._streams_at(target_outputs, -1)
@@ -891,7 +908,7 @@ class SpeculativeStreamingDrafter(OneRowDrafter, DepthTreeDrafter):
 
     @torch.no_grad()
     def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
-        return tree.fill(self.logits, sequence[0, -1], options.scheme(self.draft_sampling), options)
+        return tree.fill(self._stream_logits(), sequence[0, -1], options.scheme(self.draft_sampling), options)
 
     def end(self) -> None:
-        self.logits = None
+        self.logits, self._pending = None, None
