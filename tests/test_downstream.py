@@ -391,10 +391,24 @@ def test_training_free_arm_on_the_lora_model(work, trained, drafter, tmp_path):
     assert result["lossless_rate"] == 1.0 and result["tau"] >= 1.0 and result["extra_parameters"] == 0
     if "suffix" in drafter:  # warmed with the training targets, then each evaluated output learned
         assert result["suffix_structure"]["outputs"] > 3 and sum(result["suffix_match_lengths"].values()) > 0
+    refused = "streaming" if drafter == "hybrid-suffix" else "medusa2"  # a trained drafter merges with suffix only
     with pytest.raises(ValueError, match="applies to a 'lora' folder"):
-        main([*argv[:1], str(trained["medusa2"]), *argv[2:]])
+        main([*argv[:1], str(trained[refused]), *argv[2:]])
     with pytest.raises(SystemExit, match="--write-card"):
         main([*argv, "--write-card"])
+
+
+def test_a_trained_drafter_merged_with_suffix_decoding(work, trained, tmp_path):
+    """``--drafter hybrid-suffix`` on an EAGLE folder: its drafter and SuffixDecoding warmed with the training targets
+    in one tree, exact against the fine-tuned model's plain decoding."""
+    out = tmp_path / "eagle-suffix.json"
+    argv = ["eval", str(trained["eagle"]), "--task", "e2e_nlg", "--data", str(work["e2e_nlg"]), "--limit", "3"]
+    argv += ["--max-new-tokens", "12", "--output", str(out), "--no-progress", "--drafter", "hybrid-suffix"]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["method"] == "eagle" and result["drafter"] == "hybrid (eagle-3 + suffix decoding)"
+    assert result["lossless_rate"] == 1.0 and result["tau"] >= 1.0 and result["extra_parameters"] > 0
+    assert result["suffix_structure"]["outputs"] > 3
 
 
 def test_streaming_arm_with_tree_pruning_and_a_learning_curve(work, trained, tmp_path):

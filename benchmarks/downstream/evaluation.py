@@ -150,7 +150,8 @@ def load_downstream(
 ) -> DownstreamModel:
     """Load a ``downstream train`` folder: its base (``"reference"``: the reference package) and what the folder adds.
     ``drafter``: the training-free drafting of a ``lora`` folder (`TRAINING_FREE`; a suffix drafter is warmed with
-    ``warm_texts``); other folders draft with what they trained. ``pruning_threshold``: a streaming folder with a pruning early exit decodes with this
+    ``warm_texts``); other folders draft with what they trained, and with ``"hybrid-suffix"`` with what they trained
+    and SuffixDecoding in one merged tree (`HybridDrafter`; Medusa-2 and EAGLE folders). ``pruning_threshold``: a streaming folder with a pruning early exit decodes with this
     threshold instead of its own (0: no pruning)."""
     import hf_speculative as hfs
     from hf_speculative.bench.reference import resolve_model
@@ -158,9 +159,11 @@ def load_downstream(
     folder = Path(folder)
     info = read_downstream_info(folder)
     method = info["method"]
-    if drafter != "prompt-lookup" and method != "lora":
+    hybrid_suffix = drafter == "hybrid-suffix" and method in ("medusa2", "eagle")
+    if drafter != "prompt-lookup" and method != "lora" and not hybrid_suffix:
         raise ValueError(
-            f"--drafter {drafter} applies to a 'lora' folder; {folder} drafts with its own {method} drafter"
+            f"--drafter {drafter} applies to a 'lora' folder (and hybrid-suffix to a medusa2 or eagle folder too); "
+            f"{folder} drafts with its own {method} drafter"
         )
     if pruning_threshold is not None and (method != "streaming" or not (info.get("training") or {}).get("pruning")):
         raise ValueError(
@@ -187,6 +190,9 @@ def load_downstream(
     else:  # lora: training-free drafting on the fine-tuned model
         model = _merged(base, folder)
         (drafter, name), extra = _training_free_drafter(drafter, warm_texts, tokenizer), 0
+    if hybrid_suffix:
+        suffix = _suffix_drafter(warm_texts, tokenizer)
+        drafter, name = hfs.HybridDrafter([drafter, suffix]), f"hybrid ({name} + suffix decoding)"
     hfs.enable(model)
     suffix = next((d for d in getattr(drafter, "parts", [drafter]) if isinstance(d, hfs.SuffixDrafter)), None)
     drafting = (
