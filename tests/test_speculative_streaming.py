@@ -859,7 +859,7 @@ def test_one_token_steps_compute_no_streams(monkeypatch, mode):
 
     monkeypatch.setattr(StepPricer, "draft_this_step", draft_this_step)
     computed = []
-    for name in ("stream_logits", "stream_head"):
+    for name in ("stream_states", "stream_head"):
         original = getattr(type(ss), name)
         monkeypatch.setattr(
             type(ss), name, lambda self, *a, _f=original, _n=name, **k: computed.append(_n) or _f(self, *a, **k)
@@ -867,5 +867,6 @@ def test_one_token_steps_compute_no_streams(monkeypatch, mode):
     out = ss.generate(ids, max_new_tokens=24, do_sample=False, speculative_pricing=True)
     assert torch.equal(out, ref)
     assert steps["drafted"] < steps["n"]
-    # lossless: stream_logits once per drafted tree (it projects through stream_head itself)
-    assert computed.count("stream_logits" if mode == "lossless" else "stream_head") == steps["drafted"]
+    # the vocabulary projection once per drafted tree, and in lossless mode the MSA layers too
+    assert computed.count("stream_head") == steps["drafted"]
+    assert computed.count("stream_states") == (steps["drafted"] if mode == "lossless" else 0)

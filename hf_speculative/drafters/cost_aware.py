@@ -117,8 +117,7 @@ def cost_aware_tree(
         accuracies = (getattr(config, "calibration", None) or {}).get(accuracy_key)
     if not accuracies or target is None or not cost_aware_enabled(config):
         return saved
-    from ..perf_model import get_cost_curve
-    from ..perf_model.cost_curve import kernel_table_curve
+    from ..perf_model.cost_curve import get_cost_curve, kernel_table_curve
 
     # generate() never measures (no hidden work): a cached curve, else the kernel table's measured at enable
     curve = get_cost_curve(target, measure_if_missing=False) or kernel_table_curve(target)

@@ -720,16 +720,22 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
             )
         return self.model.norm(streams)
 
-    def stream_logits(self, main_hidden, cache, key_mask=None, position_ids=None) -> torch.Tensor:
-        """Stream logits ``(B, T, gamma, V)`` reading the main stream's keys/values from ``cache`` (read only)."""
+    def cached_keys_values(self, cache, main_hidden, position_ids=None) -> tuple[list, torch.LongTensor]:
+        """Per MSA layer the main stream's ``(keys, values)`` in ``cache`` (the tensors themselves, read only), and
+        the positions of ``main_hidden`` ``(B, T, H)``: given, else the last T cached ones."""
         B, T = main_hidden.shape[:2]
-        if position_ids is None:  # the T positions are the last T cached ones
+        if position_ids is None:
             length = cache.get_seq_length()
             position_ids = torch.arange(length - T, length, device=main_hidden.device)[None].expand(B, -1)
         keys_values = []
         for layer in self.msa_layers:
             cached = cache.layers[layer.self_attn.layer_idx]
             keys_values.append((cached.keys, cached.values))
+        return keys_values, position_ids
+
+    def stream_logits(self, main_hidden, cache, key_mask=None, position_ids=None) -> torch.Tensor:
+        """Stream logits ``(B, T, gamma, V)`` reading the main stream's keys/values from ``cache`` (read only)."""
+        keys_values, position_ids = self.cached_keys_values(cache, main_hidden, position_ids)
         return self.stream_head(self.stream_states(main_hidden, keys_values, key_mask, position_ids))
 
     def stream_head(self, states: torch.Tensor) -> torch.Tensor:
@@ -855,7 +861,7 @@ class SpeculativeStreamingDrafter(OneRowDrafter, DepthTreeDrafter):
         self.logits = None
         states = getattr(target_outputs, "stream_states", None)
         if states is not None:  # shared mode: the streams come from the verification forward itself
-            self._pending = ("shared", states[0, node].clone())
+            self._pending = ("shared", states[0, node].clone(), None, None)
             return
         hidden = getattr(target_outputs, "hidden_states", None)
         if hidden:  # hidden_states[i] is the input of decoder layer i: any forward of the base model will do
@@ -864,18 +870,18 @@ class SpeculativeStreamingDrafter(OneRowDrafter, DepthTreeDrafter):
             inputs = getattr(target_outputs, "stream_inputs", None)
             if inputs is None:
                 raise ValueError("Speculative Streaming needs the target's hidden states (output_hidden_states=True)")
-        # the cache is read when the tree is drafted: the engine changes nothing in it between this step's end and
-        # the next step's proposal, so it holds the accepted path then as now
-        self._pending = ("lossless", inputs[:, node:][:, :1].clone(), get_cache(target_outputs))
+        # the cache's tensors as they are now: before the next proposal the engine may select rows of the cache
+        # (finished rows leave a batch), which makes new tensors and leaves these as they are
+        h = inputs[:, node:][:, :1].clone()
+        self._pending = ("lossless", h, *self.model.cached_keys_values(get_cache(target_outputs), h))
 
     def _stream_logits(self) -> torch.Tensor:
         """The streams' logits ``(gamma, V)`` at the last accepted node (computed once, on the first proposal)."""
         if self._pending is not None:
-            kind, states, *cache = self._pending
-            if kind == "shared":
-                self.logits = self.model.stream_head(states).float()
-            else:
-                self.logits = self.model.stream_logits(states, cache[0])[0, 0].float()
+            kind, states, keys_values, positions = self._pending
+            if kind == "lossless":  # through the MSA layers first
+                states = self.model.stream_states(states, keys_values, None, positions)[0, 0]
+            self.logits = self.model.stream_head(states).float()
             self._pending = None
         return self.logits
 
