@@ -291,7 +291,7 @@ def kernel_table_curve(model) -> CostCurve | None:
     from ..engine.policy import speed_policy
 
     table = speed_policy(model).table
-    if table is None or not table.milliseconds:
+    if table is None or not table.milliseconds or not table.choice:
         return None
     buckets = sorted(table.choice)
     times = [table.milliseconds.get(table.kernel_for(b), {}).get(b) for b in buckets]
