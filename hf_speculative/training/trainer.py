@@ -290,7 +290,8 @@ def drafter_training_args(
         logging_steps=logging_steps,
         save_strategy="steps" if save_steps else "no",
         save_steps=save_steps or 500,
-        save_total_limit=1 if save_steps else None,
+        # two: a run killed while one checkpoint is written or the older one rotated out keeps a complete one
+        save_total_limit=2 if save_steps else None,
         report_to="none",
         use_cpu=not torch.cuda.is_available(),
         dataloader_num_workers=0,
