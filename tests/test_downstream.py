@@ -645,3 +645,53 @@ def test_running_clock_leaves_out_the_time_a_process_is_stopped(tmp_path):
     wall, running = map(float, out.split())
     assert wall >= 1.5
     assert running < wall - 1.2  # the 1.5 s stop is left out (less the up-to-0.3 s a stop may go unseen)
+
+
+# ------------------------------------------------------------------------------------------- self-distilled answers
+
+
+def test_drawn_e2e_prompts_use_training_slots_and_never_a_held_out_prompt():
+    from downstream.self_distilled import e2e_mr, synthetic_e2e_prompts
+
+    from hf_speculative.training.data import E2E_INSTRUCTION, Record
+
+    mrs = ["name[A], food[x], near[B]", "name[B], food[y]", "name[C], area[z], near[A]"]
+    train = [Record(id=str(i), turns=[E2E_INSTRUCTION.format(mr=mr)], answers=["a"]) for i, mr in enumerate(mrs)]
+    held = E2E_INSTRUCTION.format(mr="name[A], food[y], near[C]")
+    drawn = synthetic_e2e_prompts(train, 12, seed=1, exclude={held})
+    assert drawn == synthetic_e2e_prompts(train, 12, seed=1, exclude={held})  # seeded
+    assert 0 < len(drawn) <= 12 and len({r.id for r in drawn}) == len(drawn)
+    values = {"name": {"A", "B", "C"}, "food": {"x", "y"}, "near": {"A", "B"}, "area": {"z"}}
+    shapes = [["name", "food", "near"], ["name", "food"], ["name", "area", "near"]]
+    for r in drawn:
+        assert r.turns[0] not in {held, *(t.turns[0] for t in train)}
+        slots = [s.split("[") for s in e2e_mr(r.turns[0]).rstrip("]").split("], ")]
+        assert [k for k, _ in slots] in shapes
+        assert all(v in values[k] for k, v in slots)
+        assert dict(slots).get("near") != dict(slots)["name"]
+    with pytest.raises(ValueError, match="E2E NLG prompt"):
+        e2e_mr("Write a poem")
+
+
+def test_eagle_trains_on_the_models_own_answers_and_resumes_them(work, trained, tmp_path):
+    from downstream.self_distilled import unique_prompts
+
+    out = tmp_path / "eagle-self"
+    args = ("--max-steps", "2", "--adapter", str(trained["lora"]), "--answers", "self", "--synthetic-prompts", "3")
+    info = _train(work, "e2e_nlg", "eagle", out, *args)
+    assert info["training"]["answers"] == "self"
+    rows = [json.loads(line) for line in (out / "self_distilled.jsonl").read_text().splitlines()]
+    train, calib = calibration_split(load_task("e2e_nlg", work["e2e_nlg"], "train"), 1)
+    own = {r.turns[0] for r in unique_prompts(train)}
+    asked = [r["messages"][0]["content"] for r in rows]
+    assert own <= set(asked) and len(asked) == len(set(asked)) <= len(own) + 3
+    held = {r.turns[0] for r in calib} | {r.turns[0] for r in load_task("e2e_nlg", work["e2e_nlg"], "test")}
+    assert not (set(asked) - own) & held
+    assert 0 < info["training"]["training_prompts"] <= len(rows)
+    before = (out / "self_distilled.jsonl").read_bytes()
+    _train(work, "e2e_nlg", "eagle", out, *args, "--resume")  # the cached answers are read, none is asked again
+    assert (out / "self_distilled.jsonl").read_bytes() == before
+    with pytest.raises(ValueError, match="only method 'eagle'"):
+        _train(work, "e2e_nlg", "lora", tmp_path / "x", "--max-steps", "1", "--answers", "self")
+    with pytest.raises(ValueError, match="synthetic-prompts"):
+        _train(work, "wikisql", "eagle", tmp_path / "y", "--adapter", str(trained["lora"]), "--synthetic-prompts", "2")

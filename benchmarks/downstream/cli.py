@@ -94,6 +94,20 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--num-heads", type=int, default=4, help="medusa2: heads")
     t.add_argument("--eagle-max-tokens", type=int, default=400_000, help="eagle: labelled training tokens")
     t.add_argument(
+        "--answers",
+        choices=("references", "self"),
+        default="references",
+        help="eagle: train on the data set's references, or on the fine-tuned model's own greedy answers to the "
+        "training prompts (self-distilled, cached in OUT/self_distilled.jsonl)",
+    )
+    t.add_argument(
+        "--synthetic-prompts",
+        type=int,
+        default=0,
+        help="eagle with --answers self, e2e_nlg: this many more prompts, meaning representations drawn from the "
+        "training MRs' slots and values (never a test MR)",
+    )
+    t.add_argument(
         "--curve-points",
         type=int,
         default=0,
@@ -213,6 +227,8 @@ def run_train(args) -> int:
         num_msa_layers=args.num_msa_layers,
         num_heads=args.num_heads,
         eagle_max_tokens=args.eagle_max_tokens,
+        answers=args.answers,
+        synthetic_prompts=args.synthetic_prompts,
         curve_points=args.curve_points,
         pruning_layer=args.pruning_layer,
         pruning_threshold=args.pruning_threshold,

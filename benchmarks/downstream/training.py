@@ -73,6 +73,10 @@ class DownstreamTrainingConfig:
             the steps, or under a ``time_budget`` (where the step count is not known) over the first
             `LAMBDA0_WARMUP_STEPS` steps.
         eagle_max_tokens / eagle_draft_vocab: EAGLE-3's labelled training tokens and its draft vocabulary.
+        answers: EAGLE-3's training answers: ``"references"`` (the data set's) or ``"self"`` (the fine-tuned model's
+            own greedy answers to the training prompts, `self_distilled.self_distilled_records`).
+        synthetic_prompts: with ``answers="self"`` on E2E NLG, this many more prompts drawn from the training MRs'
+            slots and values (`self_distilled.synthetic_e2e_prompts`).
         curve_points / curve_examples: streaming: the learning curve (held-out stream accuracies and the expected
             tau of the tree calibrated on them) at that many points of training, on the first ``curve_examples``
             calibration pairs; under a ``time_budget`` the points fall at shares of the budget (tau against
@@ -101,6 +105,8 @@ class DownstreamTrainingConfig:
     lambda0: float = 0.2
     eagle_max_tokens: int = 400_000
     eagle_draft_vocab: int = 8192
+    answers: str = "references"
+    synthetic_prompts: int = 0
     curve_points: int = 0
     curve_examples: int = 64
     pruning_layer: int | None = None
@@ -441,6 +447,37 @@ def _labelled_states(
     return LabelledShards(folder).to_hidden_states(extra_layers=[i for i in layers if i != L])
 
 
+def _eagle_records(
+    tuned,
+    tokenizer,
+    train: list[Record],
+    calib: list[Record],
+    out: Path,
+    cfg: DownstreamTrainingConfig,
+    task: str,
+    data_dir,
+) -> tuple[list[Record], str]:
+    """EAGLE-3's training records and the name of their labelled cache: the training pairs as they are, or (with
+    ``cfg.answers == "self"``) the distinct training prompts and ``cfg.synthetic_prompts`` drawn ones, answered by
+    ``tuned`` itself (`self_distilled`). Calibration and test prompts are never drawn."""
+    if cfg.answers == "references":
+        return train, "train"
+    from .self_distilled import self_distilled_records, synthetic_e2e_prompts, unique_prompts
+    from .tasks import get_task
+
+    spec = get_task(task)
+    prompts = unique_prompts(train)
+    n_own = len(prompts)
+    if cfg.synthetic_prompts:
+        held = {r.turns[0] for r in calib} | {r.turns[0] for r in spec.load(data_dir, "test")}
+        prompts += synthetic_e2e_prompts(train, cfg.synthetic_prompts, seed=cfg.seed, exclude=held)
+    print(f"self-distillation: {n_own} training prompts + {len(prompts) - n_own} drawn ones", file=sys.stderr)
+    records = self_distilled_records(
+        tuned, tokenizer, prompts, out / "self_distilled.jsonl", spec.max_new_tokens, progress=cfg.progress
+    )
+    return records, f"self-{n_own}-{cfg.synthetic_prompts}s{cfg.seed}"
+
+
 def train_eagle(
     model,
     tokenizer,
@@ -450,6 +487,8 @@ def train_eagle(
     cfg: DownstreamTrainingConfig,
     base_model: str,
     adapter_folder: str | Path,
+    task: str = "e2e_nlg",
+    data_dir=None,
 ) -> dict:
     """(d) EAGLE-3 on the frozen model of the ``lora`` folder ``adapter_folder`` (base + adapter, merged); saves the
     drafter (bf16) and, in its config, the path of that adapter relative to ``out`` (no copy: the folders stay small)."""
@@ -474,7 +513,8 @@ def train_eagle(
     drafter.config.base_model_name_or_path = _hub_base_name(base_model)
     L = tuned.config.num_hidden_layers
     layers = [i for i in drafter.config.feature_layers(L) if i != L]
-    states = _labelled_states(tuned, tokenizer, train, layers, cfg, data=f"{Path(adapter_folder).name}-train")
+    records, data = _eagle_records(tuned, tokenizer, train, calib, out, cfg, task, data_dir)
+    states = _labelled_states(tuned, tokenizer, records, layers, cfg, data=f"{Path(adapter_folder).name}-{data}")
     print(f"EAGLE labelling: {len(states)} sequences, {int(states.input_ids.numel())} tokens", file=sys.stderr)
     drafter.set_draft_vocab(
         frequent_tokens(states.topk_ids[:, 0].long(), drafter.config.draft_vocab_size, tuned.config.vocab_size)
@@ -505,6 +545,8 @@ def train_eagle(
     return {
         **record,
         "labelled_tokens": int(states.input_ids.numel()),
+        "answers": cfg.answers,
+        "training_prompts": len(records),
         "adapter_from": str(adapter_folder),
         "adapter_train_seconds": (info.get("training") or {}).get("train_seconds"),
         "extra_parameters": extra,
@@ -581,6 +623,12 @@ def train_arm(
         raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
     if method == "eagle" and adapter_folder is None:
         raise ValueError("method 'eagle' trains on a fine-tuned model: pass the folder of a 'lora' run (--adapter)")
+    if cfg.answers != "references" and method != "eagle":
+        raise ValueError(f"--answers {cfg.answers}: only method 'eagle' trains on self-distilled answers")
+    if cfg.synthetic_prompts and (task != "e2e_nlg" or cfg.answers != "self"):
+        raise ValueError(
+            "--synthetic-prompts draws E2E NLG meaning representations: use it with --answers self on e2e_nlg"
+        )
     spec = get_task(task)
     records = spec.load(data_dir, "train")
     train, calib = calibration_split(records, cfg.calibration_prompts, seed=cfg.seed)
@@ -598,7 +646,9 @@ def train_arm(
         )
     run_cfg = replace(cfg, batch_size=cfg.batch_size // processes)
     if method == "eagle":
-        record = train_eagle(model, tokenizer, train, calib, out, run_cfg, base_model, adapter_folder)
+        record = train_eagle(
+            model, tokenizer, train, calib, out, run_cfg, base_model, adapter_folder, task=task, data_dir=data_dir
+        )
     else:
         fn = {"lora": train_lora, "streaming": train_streaming, "medusa2": train_medusa2}[method]
         record = fn(model, tokenizer, train, calib, out, run_cfg, base_model)
