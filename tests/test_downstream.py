@@ -695,3 +695,17 @@ def test_eagle_trains_on_the_models_own_answers_and_resumes_them(work, trained, 
         _train(work, "e2e_nlg", "lora", tmp_path / "x", "--max-steps", "1", "--answers", "self")
     with pytest.raises(ValueError, match="synthetic-prompts"):
         _train(work, "wikisql", "eagle", tmp_path / "y", "--adapter", str(trained["lora"]), "--synthetic-prompts", "2")
+
+
+def test_eagle_folder_is_calibrated_on_its_calibration_prompts(work, trained):
+    folder = trained["eagle"]
+    cal = json.loads((folder / "downstream.json").read_text())["training"]["calibration"]
+    acc = cal["step_top_i_accuracy"]
+    assert len(acc) == 6 and all(len(row) == 4 and 0 <= min(row) and sum(row) <= 1.0001 for row in acc)
+    assert cal["answers"] == "references" and cal["prompts"] >= 1 and cal["labelled_tokens"] > 0
+    assert json.loads((folder / "config.json").read_text())["calibration"]["step_top_i_accuracy"] == acc
+    assert main(["calibrate", str(folder), "--data", str(work["e2e_nlg"]), "--no-progress"]) == 0  # in place, again
+    again = json.loads((folder / "downstream.json").read_text())["training"]["calibration"]
+    assert again["step_top_i_accuracy"] == acc and "calibrate" in again["command"].split()
+    with pytest.raises(ValueError, match="'eagle' folder"):
+        main(["calibrate", str(trained["lora"]), "--data", str(work["e2e_nlg"]), "--no-progress"])

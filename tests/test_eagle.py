@@ -516,3 +516,40 @@ def test_batched_greedy_equality_with_ragged_prompts(arch, variant):
         ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=20, do_sample=False, pad_token_id=0
     )
     assert torch.equal(out, ref)
+
+
+def test_calibrated_drafter_sizes_its_tree_for_the_machine(monkeypatch):
+    """Held-out accuracies per unrolled step and rank (the calibration) agree with the training metric, and a
+    calibrated drafter's default tree is the cost-aware static tree on the target's curve; greedy stays exact."""
+    from hf_speculative.drafters.eagle.training_eagle import eagle_step_accuracies
+    from hf_speculative.perf_model import CostCurve
+    from hf_speculative.perf_model.cost_curve import set_cost_curve
+
+    model, drafter, states, _ = _trained("llama", "eagle3")
+    dataset = EagleDataset(states, drafter.config.feature_layers(TRAINED_LAYERS), TRAINED_LAYERS)
+    acc = eagle_step_accuracies(drafter, states, steps=3, top=3, batch_size=len(dataset))
+    assert len(acc) == 3 and all(len(row) == 3 and 0 <= min(row) and sum(row) <= 1 + 1e-9 for row in acc)
+    batch = EagleCollator()([dataset[i] for i in range(len(dataset))])
+    vocab_index = torch.full((drafter.config.vocab_size,), -1, dtype=torch.long)
+    vocab_index[drafter.draft_target_ids] = torch.arange(drafter.config.draft_vocab_size)
+    with torch.no_grad():
+        _, parts = eagle_loss(drafter.eval(), batch, steps=3, vocab_index=vocab_index)
+    for s in range(3):  # rank 0 of step s is the training log's top-1 agreement acc_s
+        assert acc[s][0] == pytest.approx(float(parts[f"acc_{s}"]), abs=1e-6)
+    assert acc[0][0] > 0.3  # trained: the test below sizes a real tree
+
+    monkeypatch.setenv("HF_SPECULATIVE_COST_AWARE", "1")  # the suite's default is off (fixed trees)
+    assert isinstance(drafter.get_tree_drafter(model).default_tree, hfs.DynamicTree)  # no calibration: EAGLE-2's
+    drafter.config.calibration = {"step_top_i_accuracy": acc}
+    set_cost_curve(model, CostCurve(nodes=(1, 4, 16, 64), ratios=(1.0, 1.1, 1.3, 2.5)))
+    try:
+        tree_drafter = drafter.get_tree_drafter(model)
+        tree = tree_drafter.default_tree
+        assert isinstance(tree, hfs.TreeSpec) and 1 <= tree.depth <= 3
+        cost = tree_drafter.draft_cost(CostCurve(nodes=(1, 64), ratios=(1.0, 2.0)))
+        assert cost[0] > 0 and cost[2] == pytest.approx(3 * cost[0])  # one drafter forward per depth
+        ref = model.generate(PROMPTS[0], max_new_tokens=24, do_sample=False)
+        out = model.generate(PROMPTS[0], assistant_model=drafter, max_new_tokens=24, do_sample=False)
+        assert torch.equal(out, ref)
+    finally:
+        set_cost_curve(model, None)

@@ -31,11 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROGRAM,
         description="task fine-tuning arms (LoRA, Medusa-2, Speculative Streaming, "
-        "EAGLE-3) of Speculative Streaming's Table 1: train, prune, eval, table",
+        "EAGLE-3) of Speculative Streaming's Table 1: train, prune, calibrate, eval, table",
     )
     sub = p.add_subparsers(dest="downstream_command", required=True)
     _add_train_parser(sub)
     _add_prune_parser(sub)
+    _add_calibrate_parser(sub)
     _add_eval_parser(sub)
     _add_table_parser(sub)
     return p
@@ -162,6 +163,22 @@ def _add_prune_parser(sub) -> None:
     r.set_defaults(func=run_prune)
 
 
+def _add_calibrate_parser(sub) -> None:
+    """Register ``downstream calibrate``."""
+    c = sub.add_parser(
+        "calibrate",
+        help="measure a trained eagle folder's held-out accuracies on its calibration prompts, so that its default "
+        "tree is sized for the machine it decodes on",
+    )
+    c.add_argument("folder", help="a 'downstream train --method eagle' folder (its config.json is rewritten)")
+    c.add_argument("--data", required=True, help="the folder's task data (its calibration prompts)")
+    c.add_argument("--device", default=None)
+    c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--no-progress", action="store_true")
+    c.set_defaults(func=run_calibrate)
+
+
 def _add_eval_parser(sub) -> None:
     """Register ``downstream eval``."""
     e = sub.add_parser(
@@ -272,6 +289,17 @@ def run_prune(args) -> int:
         command=command_line(args),
     )
     print(json.dumps({"folder": args.folder, "pruning": record}, indent=1))
+    return 0
+
+
+def run_calibrate(args) -> int:
+    setup_torch(args)
+    from .training import calibrate_eagle_folder
+
+    record = calibrate_eagle_folder(
+        args.folder, args.data, device=args.device, progress=not args.no_progress, command=command_line(args)
+    )
+    print(json.dumps({"folder": args.folder, "calibration": record}, indent=1))
     return 0
 
 

@@ -51,6 +51,7 @@ __all__ = [
 METHODS = ("lora", "medusa2", "streaming", "eagle")
 LAMBDA0_WARMUP_STEPS = 100
 EAGLE_TOP_K = 8  # the teacher's top-k per token of the EAGLE arm's labelling
+EAGLE_CALIBRATION_DEPTH, EAGLE_CALIBRATION_TOP = 6, 4  # the steps and ranks of the EAGLE arm's tree calibration
 INFO_FILE = "downstream.json"
 ADAPTER_SUBFOLDER = "adapter"  # the PEFT adapter of the lora, medusa2 and eagle folders (streaming: lora/)
 
@@ -478,6 +479,78 @@ def _eagle_records(
     return records, f"self-{n_own}-{cfg.synthetic_prompts}s{cfg.seed}"
 
 
+def calibrate_eagle(
+    drafter,
+    tuned,
+    tokenizer,
+    calib: list[Record],
+    out: Path,
+    cfg: DownstreamTrainingConfig,
+    task: str,
+    adapter_name: str,
+) -> dict:
+    """EAGLE-3's tree calibration on the calibration prompts, never trained on: their answers (the references, or
+    the model's own with ``cfg.answers == "self"``) labelled by ``tuned``, the drafter's held-out accuracies per
+    unrolled step and rank (`eagle_step_accuracies`) stored in ``drafter.config.calibration``; the drafter's default
+    tree is then the cost-aware one for the target's machine (`hf_speculative.drafters.cost_aware`)."""
+    from hf_speculative.drafters.eagle.training_eagle import eagle_step_accuracies
+
+    from .self_distilled import self_distilled_records, unique_prompts
+    from .tasks import get_task
+
+    records = calib
+    if cfg.answers == "self":
+        path = out / "self_distilled_calibration.jsonl"
+        records = self_distilled_records(
+            tuned, tokenizer, unique_prompts(calib), path, get_task(task).max_new_tokens, progress=cfg.progress
+        )
+    L = tuned.config.num_hidden_layers
+    layers = [i for i in drafter.config.feature_layers(L) if i != L]
+    states = _labelled_states(tuned, tokenizer, records, layers, cfg, data=f"{adapter_name}-calib-{cfg.answers}")
+    was = drafter.dtype
+    accuracies = eagle_step_accuracies(
+        drafter.float(), states, steps=EAGLE_CALIBRATION_DEPTH, top=EAGLE_CALIBRATION_TOP
+    )
+    drafter.to(was)
+    drafter.config.calibration = {
+        "step_top_i_accuracy": [[round(a, 4) for a in row] for row in accuracies],
+        "prompts": len(records),
+        "answers": cfg.answers,
+        "labelled_tokens": int(states.input_ids.numel()),
+    }
+    print(f"EAGLE calibration (held-out accuracy per step, top-1): {[row[0] for row in accuracies]}", file=sys.stderr)
+    return drafter.config.calibration
+
+
+def calibrate_eagle_folder(folder, data_dir, device=None, progress: bool = True, command: str | None = None) -> dict:
+    """Calibrate the tree of a trained ``eagle`` folder in place (`calibrate_eagle`) with the settings it was trained
+    with; rewrites its ``config.json`` and records the run in its ``downstream.json``."""
+    from hf_speculative.bench.reference import resolve_model
+    from hf_speculative.drafters.eagle.modeling_eagle import EagleDrafter
+
+    from .evaluation import _merged
+    from .tasks import calibration_split, get_task
+
+    folder = Path(folder)
+    info = read_downstream_info(folder)
+    if info["method"] != "eagle":
+        raise ValueError(f"{folder}: calibrate applies to an 'eagle' folder, this one is {info['method']!r}")
+    known = DownstreamTrainingConfig.__dataclass_fields__
+    settings = {k: v for k, v in (info.get("training") or {}).get("settings", {}).items() if k in known}
+    cfg = replace(DownstreamTrainingConfig(**settings), progress=progress)
+    _, calib = calibration_split(get_task(info["task"]).load(data_dir, "train"), cfg.calibration_prompts, seed=cfg.seed)
+    base, tokenizer = resolve_model(info["base_model"], device=device)
+    adapter = EagleDrafter.config_class.from_pretrained(folder).base_adapter
+    tuned = _merged(base, folder, adapter)
+    drafter = EagleDrafter.from_pretrained(folder, base_model=tuned)
+    adapter_name = Path(info["training"]["adapter_from"]).name
+    record = calibrate_eagle(drafter, tuned, tokenizer, calib, folder, cfg, info["task"], adapter_name)
+    drafter.config.save_pretrained(folder)
+    info["training"]["calibration"] = {**record, "command": command}
+    write_downstream_info(folder, info)
+    return record
+
+
 def train_eagle(
     model,
     tokenizer,
@@ -537,6 +610,7 @@ def train_eagle(
         resume=cfg.resume,
     )
     seconds = time.perf_counter() - t0
+    calibrate_eagle(drafter, tuned, tokenizer, calib, out, cfg, task, Path(adapter_folder).name)
     drafter.config.base_adapter = adapter_path(out, adapter_folder)
     extra = sum(p.numel() for p in drafter.parameters())
     record = _training_record(cfg, trainer, seconds, train, calib)  # before the bf16 cast
@@ -550,6 +624,7 @@ def train_eagle(
         "adapter_from": str(adapter_folder),
         "adapter_train_seconds": (info.get("training") or {}).get("train_seconds"),
         "extra_parameters": extra,
+        "calibration": drafter.config.calibration,
     }
 
 

@@ -21,6 +21,7 @@ so `from_pretrained` reads those layouts as published (`load_public_checkpoint`)
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -356,7 +357,7 @@ class EagleDrafter(EaglePreTrainedModel):
 
     # ------------------------------------------------------------------ drafting
     def _tree_drafter(self, target: PreTrainedModel) -> "EagleTreeDrafter":
-        return EagleTreeDrafter(self)
+        return EagleTreeDrafter(self, target=target)
 
 
 def _copy_target_module(own: nn.Module, target_layer: nn.Module, name: str, target_may_hold_more: bool = False) -> None:
@@ -475,16 +476,39 @@ class EagleTreeDrafter(OneRowDrafter):
 
     needs_target_hidden_states = True
     fills_dynamic_tree = True
+    #: the calibration's held-out accuracies (`training_eagle.eagle_step_accuracies`)
+    accuracy_key = "step_top_i_accuracy"
 
-    def __init__(self, drafter: EagleDrafter, draft_sampling: str = "without_replacement"):
+    def __init__(
+        self, drafter: EagleDrafter, draft_sampling: str = "without_replacement", target: PreTrainedModel | None = None
+    ):
+        from ..cost_aware import cost_aware_tree
+
         self.drafter = drafter
-        self.default_tree = drafter.config.tree
+        self._body_share, self._head_share = _drafting_shares(drafter, target)
+        config = drafter.config
+        self.batch_tree = functools.partial(
+            cost_aware_tree, config.tree, config, self.accuracy_key, target, self.draft_cost
+        )
+        self.default_tree = self.batch_tree(batch_size=1)
         self.vocab_size = drafter.config.vocab_size
         self.draft_sampling = draft_sampling
         self.features: torch.Tensor | None = None
         self.kv: tuple[torch.Tensor, torch.Tensor] | None = None
         self.rows = 0
         self._target_ids = drafter.draft_target_ids
+
+    def draft_cost(self, curve) -> list[float]:
+        """Drafting cost per tree depth D in plain steps: D drafter forwards (the committed rows', then one per inner
+        depth), each the drafter's share of a target step's decoder weights plus its head over the draft vocabulary.
+        Calibrated trees are sized with it (`hf_speculative.drafters.cost_aware`)."""
+        head = curve.projection_cost(1) if hasattr(curve, "projection_cost") else 0.0
+        head = head or self._head_share  # the head's share of a step, measured, else by its weights
+        config = self.drafter.config
+        vocab = (config.draft_vocab_size or config.vocab_size) / config.vocab_size
+        one = self._body_share * (curve(1) - head) + vocab * head
+        depth = max(len((getattr(config, "calibration", None) or {}).get(self.accuracy_key) or []), config.tree_depth)
+        return [d * one for d in range(1, depth + 1)]
 
     # ------------------------------------------------------------------ state
     def begin(self, prompt_ids, target_outputs) -> None:
@@ -603,6 +627,21 @@ class EagleTreeDrafter(OneRowDrafter):
         tokens[list(kids)] = chosen.to(device)
         if probs is not None:
             probs[node] = q.to(device)
+
+
+def _drafting_shares(drafter: EagleDrafter, target: PreTrainedModel | None) -> tuple[float, float]:
+    """``(body, head)``: the drafter's ``fc`` and decoder layer against the target's decoder weights, and the target's
+    ``lm_head`` against all the weights a target step reads (what a memory-bound step costs), from parameter counts
+    only (no values read); ``(0, 0)`` without a target."""
+    if target is None:
+        return 0.0, 0.0
+    own = sum(p.numel() for m in (drafter.fc, drafter.layer) for p in m.parameters())
+    head = output_embeddings(target)
+    head_n = head.weight.numel() if head is not None else 0
+    body = target.num_parameters(exclude_embeddings=True)
+    tied = head is not None and head.weight is getattr(input_embeddings(target), "weight", None)
+    body -= 0 if tied else head_n
+    return own / max(body, 1), head_n / max(body + head_n, 1)
 
 
 # ---------------------------------------------------------------------- public checkpoints

@@ -34,6 +34,7 @@ __all__ = [
     "EagleCollator",
     "EagleTrainer",
     "eagle_loss",
+    "eagle_step_accuracies",
     "train_eagle",
     "scale_fc_to_features",
     "hidden_states_from_model",
@@ -168,16 +169,10 @@ def _unrolled_attention(
     return attn.o_proj(out.transpose(1, 2).reshape(B, Tq, -1))
 
 
-def eagle_loss(
-    drafter: EagleDrafter,
-    batch: dict,
-    steps: int = 1,
-    w_cls: float = W_CLS,
-    vocab_index: torch.Tensor | None = None,
-    feature_noise: float = 0.0,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The EAGLE loss of one padded batch (see the module docstring) and its named parts (``reg``, ``kd_<s>``,
-    ``acc_<s>``: top-1 agreement with the target at unrolled step s)."""
+def _unrolled_steps(drafter: EagleDrafter, batch: dict, steps: int, feature_noise: float = 0.0):
+    """The training-time test (module docstring), step by step: yields ``(s, rows, logits, teacher_ids,
+    teacher_logprobs)`` for unrolled step s, over the rows that predict an answer token (``rows``: the drafter's
+    outputs, ``logits`` over its vocabulary, the teacher's top-k ids and log-probabilities of those rows)."""
     ids_all, feats_all = batch["input_ids"], batch["features"]
     B, T = ids_all.shape
     R = T - 1  # rows j = 0 .. T - 2 pair x_{j+1} with f_j
@@ -187,8 +182,6 @@ def eagle_loss(
         feats = feats + (torch.rand_like(feats) * 2 - 1) * feature_noise
     layer, attn = drafter.layer, drafter.layer.self_attn
     mask0 = causal_mask(R, dtype, feats.device)
-    parts: dict[str, torch.Tensor] = {}
-    total = feats.new_zeros((), dtype=torch.float32)
     keys, values, hidden = [], [], None
     for s in range(steps):
         if R - s <= 0:
@@ -206,12 +199,29 @@ def eagle_loss(
         valid, tid, tlp = _teacher_at_step(batch, s, R, x.device)
         flat = valid.reshape(-1)
         rows = hidden.reshape(B * R, -1)[flat]
-        logits = drafter.compute_logits(rows)
-        kd = kd_loss(logits, tid.reshape(B * R, -1)[flat], tlp.reshape(B * R, -1)[flat], vocab_index=vocab_index)
+        yield s, rows, drafter.compute_logits(rows), tid.reshape(B * R, -1)[flat], tlp.reshape(B * R, -1)[flat]
+
+
+def eagle_loss(
+    drafter: EagleDrafter,
+    batch: dict,
+    steps: int = 1,
+    w_cls: float = W_CLS,
+    vocab_index: torch.Tensor | None = None,
+    feature_noise: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The EAGLE loss of one padded batch (see the module docstring) and its named parts (``reg``, ``kd_<s>``,
+    ``acc_<s>``: top-1 agreement with the target at unrolled step s)."""
+    parts: dict[str, torch.Tensor] = {}
+    total = batch["features"].new_zeros((), dtype=torch.float32)
+    for s, rows, logits, tid, tlp in _unrolled_steps(drafter, batch, steps, feature_noise):
+        kd = kd_loss(logits, tid, tlp, vocab_index=vocab_index)
         weight = STEP_DECAY**s
         if not drafter.config.is_eagle3:
             if s == 0:  # EAGLE Sec. 4.3: regress the next feature
-                target = batch["final"][:, 1:].to(dtype).reshape(B * R, -1)[flat]
+                B, T = batch["input_ids"].shape
+                valid, _, _ = _teacher_at_step(batch, 0, T - 1, rows.device)
+                target = batch["final"][:, 1:].to(rows.dtype).reshape(B * (T - 1), -1)[valid.reshape(-1)]
                 reg = F.smooth_l1_loss(rows.float(), target.float()) if rows.shape[0] else rows.sum() * 0.0
                 parts["reg"] = reg.detach()
                 total = total + reg
@@ -220,8 +230,43 @@ def eagle_loss(
             total = total + weight * kd
         parts[f"kd_{s}"] = kd.detach()
         if rows.shape[0]:
-            parts[f"acc_{s}"] = _top1_agreement(drafter, logits, tid.reshape(B * R, -1)[flat][:, 0])
+            parts[f"acc_{s}"] = _top1_agreement(drafter, logits, tid[:, 0])
     return total, parts
+
+
+@torch.no_grad()
+def eagle_step_accuracies(
+    drafter: EagleDrafter,
+    states: HiddenStates,
+    steps: int = 6,
+    top: int = 4,
+    batch_size: int = 8,
+    max_length: int = 512,
+    final_layer: int | None = None,
+) -> list[list[float]]:
+    """The drafter's held-out accuracies for its tree calibration (Medusa Sec. 2.3.3, for a drafter that drafts
+    depth by depth): ``accuracies[s][i]`` is the share of answer positions of ``states`` where the i-th ranked draft
+    of unrolled step s + 1 is the target's greedy token, the drafter fed the true tokens before it and its own
+    outputs (the training-time test, EAGLE-3 Sec. 3.2): depth s + 1's accuracy given the path to it is right, as
+    `TreeSpec.optimize` multiplies them along a path."""
+    final_layer = final_layer or drafter.num_target_layers
+    dataset = EagleDataset(states, drafter.config.feature_layers(drafter.num_target_layers), final_layer, max_length)
+    collate, device = EagleCollator(), drafter.fc.weight.device
+    hits, counts = torch.zeros(steps, top, dtype=torch.float64), torch.zeros(steps, dtype=torch.float64)
+    was_training = drafter.training
+    drafter.eval()
+    for b in range(0, len(dataset), batch_size):
+        batch = collate([dataset[i] for i in range(b, min(b + batch_size, len(dataset)))])
+        batch = {k: v.to(device) for k, v in batch.items()}
+        for s, _rows, logits, tid, _tlp in _unrolled_steps(drafter, batch, steps):
+            ranked = torch.topk(logits.float(), min(top, logits.shape[-1]), dim=-1).indices
+            if drafter.config.is_eagle3:
+                ranked = drafter.draft_to_target_ids(ranked)
+            hit = (ranked == tid[:, :1]).double().sum(0)
+            hits[s, : hit.shape[0]] += hit.cpu()
+            counts[s] += tid.shape[0]
+    drafter.train(was_training)
+    return (hits / counts.clamp_min(1)[:, None]).tolist()
 
 
 def _teacher_at_step(batch: dict, s: int, R: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
