@@ -362,7 +362,7 @@ def test_eval_json_is_complete_and_lossless(work, trained, method, tmp_path):
     assert "E2E NLG" in card and f"| {result['tau']:.2f} |" in card and "run_downstream.py train" in card
 
 
-@pytest.mark.parametrize("drafter", ["token-recycling", "hybrid", "suffix", "hybrid-suffix"])
+@pytest.mark.parametrize("drafter", ["token-recycling", "hybrid", "suffix", "hybrid-suffix", "engine"])
 def test_training_free_arm_on_the_lora_model(work, trained, drafter, tmp_path):
     """Arm (e): the LoRA folder's model with Token Recycling, SuffixDecoding warmed with the training targets, or
     prompt lookup merged with either into one tree, exact against that model's plain decoding; refused on a folder
@@ -391,6 +391,9 @@ def test_training_free_arm_on_the_lora_model(work, trained, drafter, tmp_path):
     assert result["lossless_rate"] == 1.0 and result["tau"] >= 1.0 and result["extra_parameters"] == 0
     if "suffix" in drafter:  # warmed with the training targets, then each evaluated output learned
         assert result["suffix_structure"]["outputs"] > 3 and sum(result["suffix_match_lengths"].values()) > 0
+        assert result["warmed_with"] == "training references"
+    if drafter == "engine":  # nothing drafted: one token per target forward
+        assert result["tau"] == 1.0
     refused = "streaming" if drafter == "hybrid-suffix" else "medusa2"  # a trained drafter merges with suffix only
     with pytest.raises(ValueError, match="applies to a 'lora' folder"):
         main([*argv[:1], str(trained[refused]), *argv[2:]])
@@ -709,3 +712,21 @@ def test_eagle_folder_is_calibrated_on_its_calibration_prompts(work, trained):
     assert again["step_top_i_accuracy"] == acc and "calibrate" in again["command"].split()
     with pytest.raises(ValueError, match="'eagle' folder"):
         main(["calibrate", str(trained["lora"]), "--data", str(work["e2e_nlg"]), "--no-progress"])
+
+
+def test_suffix_drafters_warmed_with_the_models_own_answers(work, trained, tmp_path):
+    answers = tmp_path / "answers.jsonl"
+    rows = [
+        {"id": str(i), "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": a}]}
+        for i, a in enumerate(ANSWERS[:4])
+    ]
+    answers.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "warm.json"
+    argv = ["eval", str(trained["lora"]), "--task", "e2e_nlg", "--data", str(work["e2e_nlg"]), "--limit", "2"]
+    argv += ["--max-new-tokens", "8", "--no-progress", "--output", str(out), "--drafter", "suffix"]
+    assert main([*argv, "--warm-answers", str(answers)]) == 0
+    result = json.loads(out.read_text())
+    assert result["warmed_with"] == str(answers) and result["lossless_rate"] == 1.0
+    assert result["suffix_structure"]["outputs"] == 4 + 1 + 2  # the four answers, the warm-up and the two outputs
+    with pytest.raises(ValueError, match="warms a suffix drafter"):
+        main([*argv[:-1], "prompt-lookup", "--warm-answers", str(answers)])

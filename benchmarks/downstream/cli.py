@@ -196,9 +196,15 @@ def _add_eval_parser(sub) -> None:
     e.add_argument(
         "--drafter",
         default="prompt-lookup",
-        choices=("prompt-lookup", "token-recycling", "hybrid", "suffix", "hybrid-suffix", "hf-prompt-lookup"),
+        choices=("prompt-lookup", "token-recycling", "hybrid", "suffix", "hybrid-suffix", "hf-prompt-lookup", "engine"),
         help="a lora folder's training-free drafting (arm e; suffix and hybrid-suffix are warmed with the task's "
-        "training targets); other folders draft with what they trained",
+        "training targets; engine: the engine's loop with nothing drafted); other folders draft with what they trained",
+    )
+    e.add_argument(
+        "--warm-answers",
+        default=None,
+        help="suffix, hybrid-suffix: warm SuffixDecoding with the assistant turns of this chat jsonl instead of the "
+        "training references (e.g. an eagle folder's self_distilled.jsonl: the model's own answers to training prompts)",
     )
     e.add_argument(
         "--pruning-threshold",
@@ -321,6 +327,7 @@ def run_eval(args) -> int:
         progress=not args.no_progress,
         drafter=args.drafter,
         pruning_threshold=args.pruning_threshold,
+        warm_answers=args.warm_answers,
     )
     result["threads"] = args.threads
     result["command"] = command_line(args)

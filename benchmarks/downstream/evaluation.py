@@ -24,6 +24,7 @@ speculative greedy output equals the plain one token for token; the metric is co
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +60,15 @@ def _merged(base, folder: Path, adapter: str = ADAPTER_SUBFOLDER):
 
 
 #: training-free drafting of a ``lora`` folder (arm e): ``--drafter`` of ``downstream eval``
-TRAINING_FREE = ("prompt-lookup", "token-recycling", "hybrid", "suffix", "hybrid-suffix", "hf-prompt-lookup")
+TRAINING_FREE = (
+    "prompt-lookup",
+    "token-recycling",
+    "hybrid",
+    "suffix",
+    "hybrid-suffix",
+    "hf-prompt-lookup",
+    "engine",
+)
 #: transformers' own prompt lookup (a chain of this many tokens), the baseline beside the tree drafters
 HF_PROMPT_LOOKUP_TOKENS = 10
 #: the drafters warmed with the task's training targets (never its test set)
@@ -71,6 +80,17 @@ def training_targets(task: str, data_dir) -> list[str]:
     from .tasks import get_task
 
     return [answer for r in get_task(task).load(data_dir, "train") for answer in (r.answers or [])[:1] if answer]
+
+
+def chat_answers(path) -> list[str]:
+    """The last assistant turn of every record of a chat jsonl (``self_distilled.jsonl``: a model's own answers)."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            messages = json.loads(line)["messages"]
+            if messages and messages[-1]["role"] == "assistant" and messages[-1]["content"]:
+                out.append(messages[-1]["content"])
+    return out
 
 
 def _suffix_drafter(texts: list[str] | None, tokenizer):
@@ -99,10 +119,14 @@ def _training_free_drafter(name: str, warm_texts: list[str] | None = None, token
     if name in SUFFIX_DRAFTERS:
         suffix = _suffix_drafter(warm_texts, tokenizer)
         if name == "suffix":
-            return suffix, f"suffix decoding (warmed with {len(suffix.index)} training targets)"
+            return suffix, f"suffix decoding (warmed with {len(suffix.index)} training answers)"
         return hfs.HybridDrafter([hfs.PromptLookupDrafter(), suffix]), "hybrid (prompt lookup + suffix decoding)"
     if name == "prompt-lookup":
         return hfs.PromptLookupDrafter(), "tree prompt lookup"
+    if name == "engine":  # the engine's loop with nothing drafted: what speculation adds is measured against it
+        from hf_speculative.bench.root_only import RootOnlyDrafter
+
+        return RootOnlyDrafter(), "engine, nothing drafted"
     if name == "hf-prompt-lookup":  # no drafter of ours: generate(prompt_lookup_num_tokens=...)
         return None, f"transformers prompt lookup ({HF_PROMPT_LOOKUP_TOKENS} tokens)"
     if name == "token-recycling":
@@ -278,18 +302,25 @@ def evaluate_folder(
     progress: bool = True,
     drafter: str = "prompt-lookup",
     pruning_threshold: float | None = None,
+    warm_answers=None,
 ) -> dict:
     """Decode the test prompts of ``task`` with the folder's plain and speculative greedy decoding, interleaved per
     prompt (the order alternates from prompt to prompt; one warm-up prompt first, not counted); returns the eval
     record (`hf_speculative.commands.downstream` writes it as JSON). The training time is the folder's, a pruning
-    early exit's extraction and training included."""
+    early exit's extraction and training included. ``warm_answers``: a chat jsonl whose assistant turns warm the
+    suffix drafters instead of the task's training references (the fine-tuned model's own answers to training
+    prompts, an EAGLE folder's ``self_distilled.jsonl``)."""
     from hf_speculative.bench.harness import machine_info
     from hf_speculative.training.data import encode_chat
 
     from .tasks import get_task
 
     spec = get_task(task)
-    warm_texts = training_targets(task, data_dir) if drafter in SUFFIX_DRAFTERS else None
+    warm_texts = None
+    if warm_answers is not None and drafter not in SUFFIX_DRAFTERS:
+        raise ValueError(f"--warm-answers warms a suffix drafter ({', '.join(SUFFIX_DRAFTERS)}), not {drafter!r}")
+    if drafter in SUFFIX_DRAFTERS:
+        warm_texts = chat_answers(warm_answers) if warm_answers else training_targets(task, data_dir)
     loaded = load_downstream(
         folder, device=device, drafter=drafter, pruning_threshold=pruning_threshold, warm_texts=warm_texts
     )
@@ -314,6 +345,7 @@ def evaluate_folder(
         "method": loaded.info["method"],
         "folder": str(folder),
         "drafter": loaded.drafter,
+        "warmed_with": (str(warm_answers) if warm_answers else "training references") if warm_texts else None,
         "n": len(records),
         "tau": round(sum(accepted) / len(accepted), 4) if accepted else None,
         "speedup": round(spec_tps / plain_tps, 4),
