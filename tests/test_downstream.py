@@ -660,18 +660,23 @@ def test_drawn_e2e_prompts_use_training_slots_and_never_a_held_out_prompt():
 
     mrs = ["name[A], food[x], near[B]", "name[B], food[y]", "name[C], area[z], near[A]"]
     train = [Record(id=str(i), turns=[E2E_INSTRUCTION.format(mr=mr)], answers=["a"]) for i, mr in enumerate(mrs)]
-    held = E2E_INSTRUCTION.format(mr="name[A], food[y], near[C]")
-    drawn = synthetic_e2e_prompts(train, 12, seed=1, exclude={held})
-    assert drawn == synthetic_e2e_prompts(train, 12, seed=1, exclude={held})  # seeded
-    assert 0 < len(drawn) <= 12 and len({r.id for r in drawn}) == len(drawn)
+    held = E2E_INSTRUCTION.format(mr="name[A], food[y], near[The Fox]")
     values = {"name": {"A", "B", "C"}, "food": {"x", "y"}, "near": {"A", "B"}, "area": {"z"}}
     shapes = [["name", "food", "near"], ["name", "food"], ["name", "area", "near"]]
-    for r in drawn:
-        assert r.turns[0] not in {held, *(t.turns[0] for t in train)}
-        slots = [s.split("[") for s in e2e_mr(r.turns[0]).rstrip("]").split("], ")]
-        assert [k for k, _ in slots] in shapes
-        assert all(v in values[k] for k, v in slots)
-        assert dict(slots).get("near") != dict(slots)["name"]
+    made_up = 0
+    for share in (0.0, 0.5):
+        drawn = synthetic_e2e_prompts(train, 40, seed=1, exclude={held}, new_names=share)
+        assert drawn == synthetic_e2e_prompts(train, 40, seed=1, exclude={held}, new_names=share)  # seeded
+        assert 0 < len(drawn) <= 40 and len({r.id for r in drawn}) == len(drawn)
+        for r in drawn:
+            assert r.turns[0] not in {held, *(t.turns[0] for t in train)}
+            slots = [s.split("[") for s in e2e_mr(r.turns[0]).rstrip("]").split("], ")]
+            assert [k for k, _ in slots] in shapes
+            for k, v in slots:  # a training value, or (name slots, with a share) a made-up name never held out
+                assert v in values[k] or (share and k in ("name", "near") and v not in ("The Fox", "y"))
+                made_up += v not in values[k]
+            assert dict(slots).get("near") != dict(slots)["name"]
+    assert made_up > 0
     with pytest.raises(ValueError, match="E2E NLG prompt"):
         e2e_mr("Write a poem")
 

@@ -52,26 +52,176 @@ def unique_prompts(records: list[Record]) -> list[Record]:
     return list(seen.values())
 
 
-def synthetic_e2e_prompts(train: list[Record], n: int, seed: int = 0, exclude: set[str] | None = None) -> list[Record]:
+#: word lists of `made_up_name`: venue names that occur in no E2E NLG file (a made-up name equal to a held-out MR's
+#: value is never used)
+_ADJECTIVES = (
+    "Amber",
+    "Brass",
+    "Copper",
+    "Crooked",
+    "Drunken",
+    "Dusty",
+    "Fat",
+    "Flying",
+    "Happy",
+    "Hidden",
+    "Hungry",
+    "Iron",
+    "Jolly",
+    "Lazy",
+    "Lucky",
+    "Merry",
+    "Northern",
+    "Painted",
+    "Quiet",
+    "Rusty",
+    "Salty",
+    "Sleepy",
+    "Smoky",
+    "Velvet",
+    "Wandering",
+    "Whistling",
+    "Wild",
+    "Wooden",
+)
+_NOUNS = (
+    "Anchor",
+    "Badger",
+    "Barrel",
+    "Bell",
+    "Bridge",
+    "Candle",
+    "Compass",
+    "Dragon",
+    "Falcon",
+    "Fiddle",
+    "Fox",
+    "Garden",
+    "Hare",
+    "Harbour",
+    "Heron",
+    "Kettle",
+    "Lantern",
+    "Lion",
+    "Magpie",
+    "Mariner",
+    "Meadow",
+    "Oak",
+    "Otter",
+    "Pelican",
+    "Pepper",
+    "Pigeon",
+    "Raven",
+    "Saddle",
+    "Spoon",
+    "Stag",
+    "Swan",
+    "Teapot",
+    "Thistle",
+    "Tiger",
+    "Walrus",
+    "Willow",
+)
+_SURNAMES = (
+    "Abbott",
+    "Barlow",
+    "Carver",
+    "Dalton",
+    "Ellis",
+    "Fletcher",
+    "Garner",
+    "Hollis",
+    "Ingram",
+    "Jarvis",
+    "Keller",
+    "Lomax",
+    "Marlowe",
+    "Norris",
+    "Osborne",
+    "Pryce",
+    "Quincy",
+    "Rowan",
+    "Sutton",
+    "Thorne",
+    "Underwood",
+    "Vance",
+    "Whitaker",
+    "Yates",
+)
+_KINDS = ("Kitchen", "Bistro", "Grill", "Tavern", "Diner", "Brasserie", "Canteen", "Eatery", "Inn", "Cafe", "Arms")
+_FOREIGN = (
+    "Bellavista",
+    "Casa Nostra",
+    "Chez Margot",
+    "El Faro",
+    "Il Giardino",
+    "La Cantina",
+    "La Luna",
+    "Le Petit Four",
+    "Osteria Sole",
+    "Sakura",
+    "Shanghai Garden",
+    "Taj Mahal Palace",
+    "Trattoria Roma",
+    "Little Saigon",
+    "Wasabi Bar",
+)
+
+
+def made_up_name(rng: random.Random) -> str:
+    """A venue name in one of a few shapes ("The Lazy Otter", "Marlowe's Kitchen", "Harbour Grill", "La Luna", "The
+    Fox and Lantern"), from the word lists above."""
+    shape = rng.randrange(6)
+    if shape == 0:
+        return f"The {rng.choice(_ADJECTIVES)} {rng.choice(_NOUNS)}"
+    if shape == 1:
+        return f"{rng.choice(_SURNAMES)}'s {rng.choice(_KINDS)}"
+    if shape == 2:
+        return f"{rng.choice(_NOUNS)} {rng.choice(_KINDS)}"
+    if shape == 3:
+        return rng.choice(_FOREIGN)
+    if shape == 4:
+        return f"The {rng.choice(_NOUNS)} and {rng.choice(_NOUNS)}"
+    return f"The {rng.choice(_NOUNS)}"
+
+
+#: the slots whose values are names (open sets: a test MR names venues no training MR has)
+NAME_SLOTS = ("name", "near")
+
+
+def synthetic_e2e_prompts(
+    train: list[Record],
+    n: int,
+    seed: int = 0,
+    exclude: set[str] | None = None,
+    new_names: float = 0.5,
+) -> list[Record]:
     """``n`` new E2E NLG prompts: each takes the slot set (in order) of a random training MR and fills every slot
-    with a value drawn from that slot's values over the training MRs (``near`` never equals ``name``). Prompts
-    equal to a training prompt or to one in ``exclude`` (the test prompts) are not returned."""
+    with a value drawn from that slot's values over the training MRs; a name slot (`NAME_SLOTS`) takes a
+    `made_up_name` instead with probability ``new_names``, so that a drafter learns to copy names from the prompt
+    rather than to remember the training set's twenty (``near`` never equals ``name``). Prompts equal to a training
+    prompt or to one in ``exclude`` (the calibration and test prompts) are not returned, nor made-up names that
+    occur in ``exclude``."""
     mrs = [_slots(e2e_mr(r.turns[0])) for r in unique_prompts(train)]
     values: dict[str, list[str]] = {}
     for slots in mrs:
         for k, v in slots:
             values.setdefault(k, []).append(v)
+    held_values = {v for p in exclude or () for _, v in _slots(e2e_mr(p))}
     taken = {r.turns[0] for r in train} | set(exclude or ())
     rng = random.Random(seed)
     out: list[Record] = []
     for _ in range(50 * n):
         if len(out) >= n:
             break
-        filled = []
+        filled: list[tuple[str, str]] = []
         for k, _v in rng.choice(mrs):
-            v = rng.choice(values[k])
-            while k == "near" and filled and v == filled[0][1] and len(set(values[k])) > 1:
-                v = rng.choice(values[k])
+            v, tries = None, 0
+            while v is None or (k == "near" and filled and v == filled[0][1] and tries < 100):
+                v, tries = rng.choice(values[k]), tries + 1
+                if k in NAME_SLOTS and rng.random() < new_names:
+                    v = made_up_name(rng)
+                    v = None if v in held_values else v
             filled.append((k, v))
         prompt = E2E_INSTRUCTION.format(mr=", ".join(f"{k}[{v}]" for k, v in filled))
         if prompt not in taken:
