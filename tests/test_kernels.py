@@ -383,3 +383,31 @@ def test_the_prefill_runs_the_kernel_the_table_gives_past_its_largest_bucket(dir
     out = model.generate(ids, max_new_tokens=8, do_sample=False, assistant_model=hfs.PromptLookupDrafter())
     assert 80 in calls  # the prefill's rows, through the direct kernel
     assert torch.equal(out, plain)
+
+
+def test_a_drafter_network_runs_the_engine_kernel_while_it_drafts(direct_available, monkeypatch):
+    """EAGLE's decoder layer and head run the table's kernel while it drafts, torch's own outside the engine; greedy
+    output is the target's either way."""
+    from hf_speculative.drafters.eagle import EagleDrafter
+
+    model = hfs.enable(tiny_model("llama"))
+    speed_policy(model).table = kernels.KernelTable({1: "direct", 64: "direct"})
+    drafter = EagleDrafter.from_base_model(model, variant="eagle3", draft_vocab_size=50)
+    ids = torch.tensor([[5, 17, 33, 2] * 3])
+    ref = model.generate(ids, max_new_tokens=12, do_sample=False)
+    seen = []  # (module, whether the engine's kernel ran it)
+    original = EngineLinearForward.__call__
+
+    def spy(self, x):
+        seen.append((id(self.module), self.policy.thread_kernel() is not None))
+        return original(self, x)
+
+    monkeypatch.setattr(EngineLinearForward, "__call__", spy)
+    out = model.generate(ids, max_new_tokens=12, do_sample=False, assistant_model=drafter)
+    assert torch.equal(out, ref)
+    own = {id(m) for m in kernels.linear_layers(drafter)}
+    assert own and own <= {m for m, on in seen if on}  # every linear layer of the drafter ran the engine's kernel
+    seen.clear()
+    with torch.no_grad():
+        drafter.fc(torch.randn(1, drafter.fc.in_features))  # outside the engine: torch's own product
+    assert seen == [(id(drafter.fc), False)]

@@ -136,6 +136,9 @@ class HybridDrafter(TreeDrafter):
             trees.append(candidates if candidates is not None else drafter.tree_for_batch(batch_size))
         return trees
 
+    def draft_modules(self) -> tuple:
+        return tuple(m for drafter in self.drafters for m in drafter.draft_modules())
+
     def _drafting_cost(self) -> float:
         """The parts' drafting cost per step in plain steps (`TreeDrafter.draft_cost`: a number or one per depth)."""
         total = 0.0

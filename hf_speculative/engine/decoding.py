@@ -264,7 +264,8 @@ class SpeculativeLoop:
         sequences = self.batch.sequences()
         if not drafting:
             return [DraftTree(tokens=seq[0, -1:].clone(), parents=(-1,)) for seq in sequences]
-        drafts = self.drafter.propose_batch(sequences, list(self.batch.active), self.tree, self.options)
+        with self.policy.drafting_kernels(self.drafter):
+            drafts = self.drafter.propose_batch(sequences, list(self.batch.active), self.tree, self.options)
         check_drafts(self.drafter, drafts, sequences, self.vocab_size)
         return drafts
 

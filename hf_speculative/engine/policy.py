@@ -37,7 +37,14 @@ from .kernels.linear import (
 )
 from .step_pricing import PRICING_ENV, StepPricer
 
-__all__ = ["KERNELS_ENV", "DrafterInUseError", "EngineLinearForward", "SpeedPolicy", "speed_policy"]
+__all__ = [
+    "KERNELS_ENV",
+    "DrafterInUseError",
+    "EngineLinearForward",
+    "SpeedPolicy",
+    "engine_product",
+    "speed_policy",
+]
 
 KERNELS_ENV = "HF_SPECULATIVE_KERNELS"
 #: engine forwards between two scans of a model's modules (a module added later, e.g. an adapter, is found then)
@@ -80,6 +87,8 @@ class SpeedPolicy:
         default_factory=weakref.WeakKeyDictionary, init=False, repr=False, compare=False
     )
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+    #: drafter networks whose linear layers have their `EngineLinearForward` (`drafting_kernels`)
+    _drafting: "weakref.WeakSet" = field(default_factory=weakref.WeakSet, init=False, repr=False, compare=False)
     #: the model's cost curves this process read, measured or was given (`hf_speculative.perf_model.get_cost_curve`)
     cost_curves: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -167,6 +176,28 @@ class SpeedPolicy:
         kernel = self.kernel_for_rows(rows)
         if kernel is not None:
             self._install(model)
+        previous = getattr(self._local, "kernel", None)
+        self._local.kernel = kernel
+        try:
+            yield kernel
+        finally:
+            self._local.kernel = previous
+
+    @contextlib.contextmanager
+    def drafting_kernels(self, drafter):
+        """While ``drafter`` drafts, in this thread: the linear layers of its networks (`TreeDrafter.draft_modules`, on
+        the CPU in a dtype the kernels take) run the table's kernel for one row (drafting runs forwards of a few rows,
+        memory-bound as a one-token step is); torch's own ``F.linear`` everywhere else."""
+        modules = drafter.draft_modules() if self._kernels else ()
+        kernel = self.kernel_for_rows(1) if modules else None
+        if kernel is None:
+            yield None
+            return
+        for module in modules:
+            if module not in self._drafting:
+                for linear in linear_layers(module):
+                    linear.forward = EngineLinearForward(linear, self)
+                self._drafting.add(module)
         previous = getattr(self._local, "kernel", None)
         self._local.kernel = kernel
         try:
@@ -280,7 +311,7 @@ class SpeedPolicy:
         return copy
 
 
-_RUNTIME = ("_kernels", "_linears", "_prepared", "_local", "_pricers", "_lock", "cost_curves")
+_RUNTIME = ("_kernels", "_linears", "_prepared", "_local", "_pricers", "_lock", "_drafting", "cost_curves")
 
 
 def _runtime_state() -> dict:
@@ -291,6 +322,7 @@ def _runtime_state() -> dict:
         _local=threading.local(),
         _pricers=weakref.WeakKeyDictionary(),
         _lock=threading.Lock(),
+        _drafting=weakref.WeakSet(),
         cost_curves={},
     )
 
@@ -338,6 +370,16 @@ class EngineLinearForward(KernelForward):
 
     def __setstate__(self, state):
         self.module, self.policy = state
+
+
+def engine_product(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """``module(x)`` through the engine's kernel when ``module`` is a linear layer with an `EngineLinearForward` and an
+    engine forward or drafting runs in this thread (`SpeedPolicy.drafting_kernels`); None otherwise (the caller then
+    keeps its own product, e.g. `hf_speculative.engine.logits.vocab_logits`)."""
+    forward = module.__dict__.get("forward") if hasattr(module, "__dict__") else None
+    if not isinstance(forward, EngineLinearForward) or forward.policy.thread_kernel() is None:
+        return None
+    return forward(x)
 
 
 def _version(tensor: torch.Tensor) -> int:

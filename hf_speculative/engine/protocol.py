@@ -118,6 +118,11 @@ class TreeDrafter(ABC):  # noqa: B024  (no abstract method: a drafter implements
         drafter offers its own tree, `tree_for_batch`."""
         return None
 
+    def draft_modules(self) -> tuple[torch.nn.Module, ...]:
+        """The networks this drafter runs while it drafts (EAGLE's decoder layer and head): the engine runs their linear
+        layers through its kernels, as it runs the target's (`SpeedPolicy.drafting_kernels`). Default: none."""
+        return ()
+
     def draft_cost(self, curve) -> float | Sequence[float]:
         """This drafter's cost per step in plain target steps on the target's cost curve (a
         `hf_speculative.perf_model.CostCurve`): a number, or one number per tree depth (index: depth - 1). The

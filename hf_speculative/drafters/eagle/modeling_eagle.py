@@ -35,6 +35,7 @@ from transformers.utils import ModelOutput
 
 from ..._compat import takes_cache
 from ...engine.logits import vocab_logits
+from ...engine.policy import engine_product
 from ...engine.protocol import OneRowDrafter
 from ...engine.trees import DraftingOptions, DraftTree, DynamicTree, TreeSpec, fill_children
 from ..base import input_embeddings, output_embeddings
@@ -319,8 +320,13 @@ class EagleDrafter(EaglePreTrainedModel):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """EAGLE-3: ``lm_head(norm(g))`` over the draft vocabulary; EAGLE-1/2: the target's ``lm_head(g)``."""
         if self.config.is_eagle3:
-            return vocab_logits(self.norm(hidden), self.lm_head.weight)
+            x = self.norm(hidden)
+            fast = engine_product(self.lm_head, x)  # while the engine drafts: its kernel
+            return fast if fast is not None else vocab_logits(x, self.lm_head.weight)
         self._require_base()
+        fast = engine_product(self.base_lm_head, hidden) if getattr(self.base_lm_head, "bias", None) is None else None
+        if fast is not None:
+            return fast
         logits = vocab_logits(hidden, self.base_lm_head.weight.detach())
         return logits + self.base_lm_head.bias if getattr(self.base_lm_head, "bias", None) is not None else logits
 
@@ -497,6 +503,9 @@ class EagleTreeDrafter(OneRowDrafter):
         self.kv: tuple[torch.Tensor, torch.Tensor] | None = None
         self.rows = 0
         self._target_ids = drafter.draft_target_ids
+
+    def draft_modules(self) -> tuple[nn.Module, ...]:
+        return (self.drafter,)
 
     def draft_cost(self, curve) -> list[float]:
         """Drafting cost per tree depth D in plain steps: D drafter forwards (the committed rows', then one per inner
