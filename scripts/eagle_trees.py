@@ -7,7 +7,8 @@ alternate per prompt; one warm-up prompt first.
         --trees default,dynamic,chain3,chain5 --threads 2 --output out.json
 
 ``default`` is the folder's own tree (the cost-aware one when calibrated), ``dynamic`` EAGLE-2's tree of its config,
-``chainN`` a chain of N, ``cartesian:4,2,1`` a full tree with that many children per depth.
+``chainN`` a chain of N, ``cartesian:4,2,1`` a full tree with that many children per depth; a name ending in
+``+torch-drafting`` drafts that tree with the drafter's linear layers on torch's own kernels instead of the engine's.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 def _tree(name: str, drafter):
     import hf_speculative as hfs
 
+    name = name.removesuffix("+torch-drafting")
     if name == "default":
         return None
     if name == "dynamic":
@@ -57,7 +59,7 @@ def main() -> None:
     import hf_speculative as hfs
     from hf_speculative.bench.harness import machine_info
     from hf_speculative.bench.reference import resolve_model
-    from hf_speculative.drafters.eagle.modeling_eagle import EagleDrafter
+    from hf_speculative.drafters.eagle.modeling_eagle import EagleDrafter, EagleTreeDrafter
     from hf_speculative.training.data import encode_chat
 
     folder = Path(args.folder)
@@ -91,6 +93,9 @@ def main() -> None:
                 out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new, do_sample=False)
                 seq, stats = out, None
             else:
+                torch_drafting = name.endswith("+torch-drafting")
+                if torch_drafting:  # the drafter's networks left to torch's kernels
+                    EagleTreeDrafter.draft_modules = lambda self: ()
                 res = model.generate(
                     ids,
                     attention_mask=torch.ones_like(ids),
@@ -100,6 +105,8 @@ def main() -> None:
                     speculative_tree=trees[name],
                     return_dict_in_generate=True,
                 )
+                if torch_drafting:
+                    del EagleTreeDrafter.draft_modules
                 seq, stats = res.sequences, res.speculative_stats
             dt = time.perf_counter() - t0
             if i == 0:
