@@ -176,6 +176,12 @@ class SpeedPolicy:
         kernel = self.kernel_for_rows(rows)
         if kernel is not None:
             self._install(model)
+        with self._in_thread(kernel):
+            yield kernel
+
+    @contextlib.contextmanager
+    def _in_thread(self, kernel: LinearKernel | None):
+        """``kernel`` is this thread's (`thread_kernel`) inside the block, the previous one again after it."""
         previous = getattr(self._local, "kernel", None)
         self._local.kernel = kernel
         try:
@@ -198,12 +204,8 @@ class SpeedPolicy:
                 for linear in linear_layers(module):
                     linear.forward = EngineLinearForward(linear, self)
                 self._drafting.add(module)
-        previous = getattr(self._local, "kernel", None)
-        self._local.kernel = kernel
-        try:
+        with self._in_thread(kernel):
             yield kernel
-        finally:
-            self._local.kernel = previous
 
     def thread_kernel(self) -> LinearKernel | None:
         """The kernel of the engine forward running in this thread (None: torch's own)."""
