@@ -522,6 +522,18 @@ def calibrate_eagle(
     return drafter.config.calibration
 
 
+def _folder_settings(info: dict, data_dir, **overrides) -> tuple[DownstreamTrainingConfig, tuple[list, list]]:
+    """The settings a trained folder (its ``downstream.json`` record ``info``) was trained with, ``overrides`` on
+    top, and its task's ``(train, calibration)`` split of ``data_dir`` under them."""
+    from .tasks import calibration_split, get_task
+
+    known = DownstreamTrainingConfig.__dataclass_fields__
+    settings = {k: v for k, v in (info.get("training") or {}).get("settings", {}).items() if k in known}
+    cfg = replace(DownstreamTrainingConfig(**settings), **overrides)
+    records = get_task(info["task"]).load(data_dir, "train")
+    return cfg, calibration_split(records, cfg.calibration_prompts, seed=cfg.seed)
+
+
 def calibrate_eagle_folder(folder, data_dir, device=None, progress: bool = True, command: str | None = None) -> dict:
     """Calibrate the tree of a trained ``eagle`` folder in place (`calibrate_eagle`) with the settings it was trained
     with; rewrites its ``config.json`` and records the run in its ``downstream.json``."""
@@ -529,16 +541,12 @@ def calibrate_eagle_folder(folder, data_dir, device=None, progress: bool = True,
     from hf_speculative.drafters.eagle.modeling_eagle import EagleDrafter
 
     from .evaluation import _merged
-    from .tasks import calibration_split, get_task
 
     folder = Path(folder)
     info = read_downstream_info(folder)
     if info["method"] != "eagle":
         raise ValueError(f"{folder}: calibrate applies to an 'eagle' folder, this one is {info['method']!r}")
-    known = DownstreamTrainingConfig.__dataclass_fields__
-    settings = {k: v for k, v in (info.get("training") or {}).get("settings", {}).items() if k in known}
-    cfg = replace(DownstreamTrainingConfig(**settings), progress=progress)
-    _, calib = calibration_split(get_task(info["task"]).load(data_dir, "train"), cfg.calibration_prompts, seed=cfg.seed)
+    cfg, (_, calib) = _folder_settings(info, data_dir, progress=progress)
     base, tokenizer = resolve_model(info["base_model"], device=device)
     adapter = EagleDrafter.config_class.from_pretrained(folder).base_adapter
     tuned = _merged(base, folder, adapter)
@@ -645,26 +653,20 @@ def prune_folder(
     from hf_speculative.bench.reference import resolve_model
     from hf_speculative.drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
 
-    from .tasks import calibration_split, get_task
-
     folder = Path(folder)
     info = read_downstream_info(folder)
     if info["method"] != "streaming":
         raise ValueError(
             f"{folder}: tree pruning is Speculative Streaming's (a 'streaming' folder), this one is {info['method']!r}"
         )
-    known = DownstreamTrainingConfig.__dataclass_fields__
-    settings = {k: v for k, v in (info.get("training") or {}).get("settings", {}).items() if k in known}
-    cfg = replace(
-        DownstreamTrainingConfig(**settings),
+    cfg, (train, calib) = _folder_settings(
+        info,
+        data_dir,
         pruning_layer=layer,
         pruning_threshold=threshold,
         pruning_budget=budget,
         pruning_examples=examples,
         progress=progress,
-    )
-    train, calib = calibration_split(
-        get_task(info["task"]).load(data_dir, "train"), cfg.calibration_prompts, seed=cfg.seed
     )
     base, tokenizer = resolve_model(info["base_model"], device=device)
     ss = LlamaForSpeculativeStreaming.from_pretrained(folder, base_model=base)

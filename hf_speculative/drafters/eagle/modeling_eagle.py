@@ -645,12 +645,11 @@ def _drafting_shares(drafter: EagleDrafter, target: PreTrainedModel | None) -> t
     if target is None:
         return 0.0, 0.0
     own = sum(p.numel() for m in (drafter.fc, drafter.layer) for p in m.parameters())
-    head = output_embeddings(target)
-    head_n = head.weight.numel() if head is not None else 0
-    body = target.num_parameters(exclude_embeddings=True)
-    tied = head is not None and head.weight is getattr(input_embeddings(target), "weight", None)
-    body -= 0 if tied else head_n
-    return own / max(body, 1), head_n / max(body + head_n, 1)
+    head = output_embeddings(target).weight
+    body = target.num_parameters(exclude_embeddings=True)  # an untied lm_head is not an embedding: take it out
+    if head is not getattr(input_embeddings(target), "weight", None):
+        body -= head.numel()
+    return own / max(body, 1), head.numel() / max(body + head.numel(), 1)
 
 
 # ---------------------------------------------------------------------- public checkpoints

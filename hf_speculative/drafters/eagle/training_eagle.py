@@ -171,8 +171,9 @@ def _unrolled_attention(
 
 def _unrolled_steps(drafter: EagleDrafter, batch: dict, steps: int, feature_noise: float = 0.0):
     """The training-time test (module docstring), step by step: yields ``(s, rows, logits, teacher_ids,
-    teacher_logprobs)`` for unrolled step s, over the rows that predict an answer token (``rows``: the drafter's
-    outputs, ``logits`` over its vocabulary, the teacher's top-k ids and log-probabilities of those rows)."""
+    teacher_logprobs, index)`` for unrolled step s, over the rows that predict an answer token (``rows``: the
+    drafter's outputs, ``logits`` over its vocabulary, the teacher's top-k ids and log-probabilities of those rows;
+    ``index``: which of the batch's ``B * (T - 1)`` rows they are)."""
     ids_all, feats_all = batch["input_ids"], batch["features"]
     B, T = ids_all.shape
     R = T - 1  # rows j = 0 .. T - 2 pair x_{j+1} with f_j
@@ -199,7 +200,7 @@ def _unrolled_steps(drafter: EagleDrafter, batch: dict, steps: int, feature_nois
         valid, tid, tlp = _teacher_at_step(batch, s, R, x.device)
         flat = valid.reshape(-1)
         rows = hidden.reshape(B * R, -1)[flat]
-        yield s, rows, drafter.compute_logits(rows), tid.reshape(B * R, -1)[flat], tlp.reshape(B * R, -1)[flat]
+        yield s, rows, drafter.compute_logits(rows), tid.reshape(B * R, -1)[flat], tlp.reshape(B * R, -1)[flat], flat
 
 
 def eagle_loss(
@@ -214,14 +215,13 @@ def eagle_loss(
     ``acc_<s>``: top-1 agreement with the target at unrolled step s)."""
     parts: dict[str, torch.Tensor] = {}
     total = batch["features"].new_zeros((), dtype=torch.float32)
-    for s, rows, logits, tid, tlp in _unrolled_steps(drafter, batch, steps, feature_noise):
+    for s, rows, logits, tid, tlp, index in _unrolled_steps(drafter, batch, steps, feature_noise):
         kd = kd_loss(logits, tid, tlp, vocab_index=vocab_index)
         weight = STEP_DECAY**s
         if not drafter.config.is_eagle3:
             if s == 0:  # EAGLE Sec. 4.3: regress the next feature
-                B, T = batch["input_ids"].shape
-                valid, _, _ = _teacher_at_step(batch, 0, T - 1, rows.device)
-                target = batch["final"][:, 1:].to(rows.dtype).reshape(B * (T - 1), -1)[valid.reshape(-1)]
+                final = batch["final"][:, 1:]
+                target = final.to(rows.dtype).reshape(-1, final.shape[-1])[index]
                 reg = F.smooth_l1_loss(rows.float(), target.float()) if rows.shape[0] else rows.sum() * 0.0
                 parts["reg"] = reg.detach()
                 total = total + reg
@@ -258,7 +258,7 @@ def eagle_step_accuracies(
     for b in range(0, len(dataset), batch_size):
         batch = collate([dataset[i] for i in range(b, min(b + batch_size, len(dataset)))])
         batch = {k: v.to(device) for k, v in batch.items()}
-        for s, _rows, logits, tid, _tlp in _unrolled_steps(drafter, batch, steps):
+        for s, _rows, logits, tid, _tlp, _index in _unrolled_steps(drafter, batch, steps):
             ranked = torch.topk(logits.float(), min(top, logits.shape[-1]), dim=-1).indices
             if drafter.config.is_eagle3:
                 ranked = drafter.draft_to_target_ids(ranked)
