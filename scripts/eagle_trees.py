@@ -8,7 +8,11 @@ alternate per prompt; one warm-up prompt first.
 
 ``default`` is the folder's own tree (the cost-aware one when calibrated), ``dynamic`` EAGLE-2's tree of its config,
 ``chainN`` a chain of N, ``cartesian:4,2,1`` a full tree with that many children per depth; a name ending in
-``+torch-drafting`` drafts that tree with the drafter's linear layers on torch's own kernels instead of the engine's.
+``+torch-drafting`` drafts that tree with the drafter's linear layers on torch's own kernels instead of the engine's,
+one ending in ``+no-context`` without the prompt's tokens in the draft vocabulary (``EagleConfig.context_tokens``).
+
+``--prompts new-names`` (E2E NLG) draws prompts instead, from the training MRs' slots and values with a made-up
+venue name in every name slot (seed 1; never a calibration or test MR): the unseen names test MRs bring.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 def _tree(name: str, drafter):
     import hf_speculative as hfs
 
-    name = name.removesuffix("+torch-drafting")
+    name = name.removesuffix("+torch-drafting").removesuffix("+no-context")
     if name == "default":
         return None
     if name == "dynamic":
@@ -48,6 +52,7 @@ def main() -> None:
     p.add_argument("--trees", default="default,dynamic,chain3")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--output", default=None)
+    p.add_argument("--prompts", choices=("calibration", "new-names"), default="calibration")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -66,7 +71,14 @@ def main() -> None:
     info = read_downstream_info(folder)
     settings = info["training"]["settings"]
     spec = get_task(info["task"])
-    _, calib = calibration_split(spec.load(args.data, "train"), settings["calibration_prompts"], seed=settings["seed"])
+    train, calib = calibration_split(
+        spec.load(args.data, "train"), settings["calibration_prompts"], seed=settings["seed"]
+    )
+    if args.prompts == "new-names":
+        from downstream.self_distilled import synthetic_e2e_prompts
+
+        held = {r.turns[0] for r in calib} | {r.turns[0] for r in spec.load(args.data, "test")}
+        calib = synthetic_e2e_prompts(train, args.limit + 1, seed=1, exclude=held, new_names=1.0)
     base, tok = resolve_model(info["base_model"])
     model = _merged(base, folder, EagleDrafter.config_class.from_pretrained(folder).base_adapter)
     eagle = EagleDrafter.from_pretrained(folder, base_model=model).to(dtype=model.dtype).eval()
@@ -96,6 +108,7 @@ def main() -> None:
                 torch_drafting = name.endswith("+torch-drafting")
                 if torch_drafting:  # the drafter's networks left to torch's kernels
                     EagleTreeDrafter.draft_modules = lambda self: ()
+                eagle.config.context_tokens = not name.endswith("+no-context")
                 res = model.generate(
                     ids,
                     attention_mask=torch.ones_like(ids),
@@ -139,7 +152,7 @@ def main() -> None:
     )
     result = {
         "folder": str(folder),
-        "prompts": "calibration",
+        "prompts": args.prompts,
         "n": len(prompts) - 1,
         "rows": rows,
         "default_tree": default.to_list() if isinstance(default, hfs.TreeSpec) else repr(default),

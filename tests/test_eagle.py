@@ -368,9 +368,41 @@ def test_d2t_mapping():
     draft = td.propose(
         torch.tensor([[1, 2, 3]]), hfs.DynamicTree(total_tokens=12, depth=3, top_k=4), hfs.DraftingOptions()
     )
-    assert set(draft.tokens[1:].tolist()) <= set(ids.tolist())
+    assert set(draft.tokens[1:].tolist()) <= set(ids.tolist()) | {1, 2}  # the prompt's tokens join (next test)
     with pytest.raises(ValueError, match="distinct"):
         drafter.set_draft_vocab(torch.tensor([1, 1, 2, 3, 4]))
+
+
+def test_context_tokens_join_the_draft_vocabulary():
+    """EAGLE-3 with a reduced draft vocabulary drafts the prompt's tokens too, scored with the target's head rows;
+    each call starts from the draft vocabulary again, and greedy output is unchanged."""
+    from hf_speculative.engine.logits import vocab_logits
+
+    model = _target("llama", seed=7)
+    drafter = EagleDrafter.from_base_model(model, variant="eagle3", draft_vocab_size=5)
+    ids = torch.tensor([3, 10, 11, 50, 95])
+    drafter.set_draft_vocab(ids)  # its head rows are the target's: every extended logit is the target head's
+    prompt = torch.tensor([[60, 1, 3, 2, 60]])
+    td = drafter.get_tree_drafter(model)
+    with torch.no_grad():
+        td.begin(prompt, model(prompt, output_hidden_states=True))
+        assert td._target_ids.tolist() == [3, 10, 11, 50, 95, 1, 2, 60]
+        hidden = torch.randn(2, drafter.config.hidden_size)
+        full = vocab_logits(drafter.norm(hidden), model.get_output_embeddings().weight)
+        torch.testing.assert_close(td._logits(hidden), full[:, td._target_ids], rtol=1e-5, atol=1e-5)
+    tree = hfs.DynamicTree(total_tokens=12, depth=3, top_k=4)
+    draft = td.propose(torch.cat([prompt, torch.tensor([[7]])], 1), tree, hfs.DraftingOptions())
+    assert set(draft.tokens[1:].tolist()) <= set(td._target_ids.tolist())
+    td.end()
+    assert td._target_ids.tolist() == ids.tolist() and td._extra_rows is None
+
+    drafter.config.context_tokens = False
+    off_ids, off_rows = drafter.get_tree_drafter(model)._context_vocab(prompt)
+    assert off_ids.tolist() == ids.tolist() and off_rows is None
+    drafter.config.context_tokens = True
+    for p in (prompt, PROMPTS[2]):
+        ref = model.generate(p, max_new_tokens=16, do_sample=False)
+        assert torch.equal(model.generate(p, assistant_model=drafter, max_new_tokens=16, do_sample=False), ref)
 
 
 def test_dynamic_tree_grow_hand_example():

@@ -52,6 +52,9 @@ class EagleConfig(DrafterConfigMixin, LlamaConfig):
         tree_choices (`list[list[int]]`, *optional*): a static tree (Medusa-style paths) to use instead.
         feature_noise (`float`, defaults to 0.0): training only, EAGLE Sec. 4.3: uniform noise of this half width
             added to the target features.
+        context_tokens (`bool`, defaults to `True`): EAGLE-3 with a ``draft_vocab_size``: while drafting, the
+            prompt's tokens outside the draft vocabulary join it, scored with the target's ``lm_head`` rows (names
+            and values a task copies from its prompt stay draftable).
     """
 
     model_type = "eagle_drafter"
@@ -70,6 +73,7 @@ class EagleConfig(DrafterConfigMixin, LlamaConfig):
         tree_choices: list[list[int]] | None = None,
         feature_noise: float = 0.0,
         num_hidden_layers: int = 1,
+        context_tokens: bool = True,
         **kwargs,
     ):
         if variant == "eagle":
@@ -89,6 +93,7 @@ class EagleConfig(DrafterConfigMixin, LlamaConfig):
         self.total_tokens, self.tree_depth, self.tree_top_k = int(total_tokens), int(tree_depth), int(tree_top_k)
         self.tree_choices = None if tree_choices is None else TreeSpec.from_choices(tree_choices).to_list()
         self.feature_noise = float(feature_noise)
+        self.context_tokens = bool(context_tokens)
         for key in ("bos_token_id", "eos_token_id"):
             kwargs.setdefault(key, None)
         super().__init__(num_hidden_layers=num_hidden_layers, **kwargs)

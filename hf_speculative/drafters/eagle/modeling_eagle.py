@@ -317,12 +317,14 @@ class EagleDrafter(EaglePreTrainedModel):
     def layer(self) -> EagleDecoderLayer:
         return self.midlayer if self.config.is_eagle3 else self.layers[0]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """EAGLE-3: ``lm_head(norm(g))`` over the draft vocabulary; EAGLE-1/2: the target's ``lm_head(g)``."""
+    def compute_logits(self, hidden: torch.Tensor, extra_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """EAGLE-3: ``lm_head(norm(g))`` over the draft vocabulary, then ``extra_rows`` (more head rows, e.g. the
+        target's rows of the prompt's tokens outside the draft vocabulary); EAGLE-1/2: the target's ``lm_head(g)``."""
         if self.config.is_eagle3:
             x = self.norm(hidden)
             fast = engine_product(self.lm_head, x)  # while the engine drafts: its kernel
-            return fast if fast is not None else vocab_logits(x, self.lm_head.weight)
+            logits = fast if fast is not None else vocab_logits(x, self.lm_head.weight)
+            return logits if extra_rows is None else torch.cat([logits, vocab_logits(x, extra_rows)], dim=-1)
         self._require_base()
         fast = engine_product(self.base_lm_head, hidden) if getattr(self.base_lm_head, "bias", None) is None else None
         if fast is not None:
@@ -363,7 +365,7 @@ class EagleDrafter(EaglePreTrainedModel):
 
     # ------------------------------------------------------------------ drafting
     def _tree_drafter(self, target: PreTrainedModel) -> "EagleTreeDrafter":
-        return EagleTreeDrafter(self, target=target)
+        return EagleTreeDrafter(self, target=target, context_tokens=self.config.context_tokens)
 
 
 def _copy_target_module(own: nn.Module, target_layer: nn.Module, name: str, target_may_hold_more: bool = False) -> None:
@@ -400,8 +402,9 @@ class _TreeRows:
     """The drafter rows of one step's tree: per expanded node its row index (in the tree segment), its output and
     the keys/values of the rows run so far, on top of the ``committed`` cached rows ``kv``."""
 
-    def __init__(self, drafter: EagleDrafter, kv, committed: int, root_hidden: torch.Tensor):
+    def __init__(self, drafter: EagleDrafter, kv, committed: int, root_hidden: torch.Tensor, logits=None):
         self.drafter = drafter
+        self.logits = logits or drafter.compute_logits  # hidden -> logits over the (extended) draft vocabulary
         self.device = drafter.fc.weight.device
         self.dtype = drafter.fc.weight.dtype
         self.kv = kv
@@ -448,7 +451,7 @@ class _TreeRows:
             self.row_of[node] = self.num_tree_rows + i
             self.hidden_of[node] = out.hidden_states[0, i]
         self.num_tree_rows += n
-        return self.drafter.compute_logits(out.hidden_states[0]).float()  # over the draft vocabulary
+        return self.logits(out.hidden_states[0]).float()  # over the draft vocabulary
 
     def expand(self, depth: int, frontier, cand_tokens, cand_parents) -> torch.Tensor:
         """`DynamicTree.grow`'s expansion: the frontier candidates' rows at ``depth``, as log-probabilities."""
@@ -478,6 +481,11 @@ class EagleTreeDrafter(OneRowDrafter):
     Trees: EAGLE-2's `DynamicTree` (expand the top-k by path confidence, rerank to ``total_tokens``), with fixed
     top-k candidates in every mode; or a static `TreeSpec`, whose children are the top-k (greedy) or drawn
     without replacement from the drafter's distribution (sampling, exact tree rejection sampling).
+
+    Context tokens (``context_tokens=True``, EAGLE-3 with a reduced draft vocabulary): the prompt's tokens outside
+    the draft vocabulary join it for the call, scored with the target's ``lm_head`` rows (the rows EAGLE-3's head
+    starts from). Tasks that copy names and values from the prompt can then draft them; the cost is a few more
+    head rows per drafter forward.
     """
 
     needs_target_hidden_states = True
@@ -486,7 +494,11 @@ class EagleTreeDrafter(OneRowDrafter):
     accuracy_key = "step_top_i_accuracy"
 
     def __init__(
-        self, drafter: EagleDrafter, draft_sampling: str = "without_replacement", target: PreTrainedModel | None = None
+        self,
+        drafter: EagleDrafter,
+        draft_sampling: str = "without_replacement",
+        target: PreTrainedModel | None = None,
+        context_tokens: bool = True,
     ):
         from ..cost_aware import cost_aware_tree
 
@@ -502,7 +514,9 @@ class EagleTreeDrafter(OneRowDrafter):
         self.features: torch.Tensor | None = None
         self.kv: tuple[torch.Tensor, torch.Tensor] | None = None
         self.rows = 0
-        self._target_ids = drafter.draft_target_ids
+        self.context_tokens = context_tokens
+        self._vocab_ids = drafter.draft_target_ids  # the draft vocabulary's target ids (None: the full vocabulary)
+        self._target_ids, self._extra_rows = self._vocab_ids, None  # this call's, with its context tokens
 
     def draft_modules(self) -> tuple[nn.Module, ...]:
         return (self.drafter,)
@@ -525,6 +539,27 @@ class EagleTreeDrafter(OneRowDrafter):
         missing = prompt_ids.shape[1] - feats.shape[0]  # positions prefilled before this call: zeros
         self.features = torch.cat([feats.new_zeros(missing, feats.shape[-1]), feats]) if missing > 0 else feats
         self.kv, self.rows = None, 0
+        self._target_ids, self._extra_rows = self._context_vocab(prompt_ids)
+
+    def _context_vocab(self, prompt_ids: torch.LongTensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``(target ids, extra head rows)`` of this call: the draft vocabulary, then the prompt's tokens outside
+        it with the target's ``lm_head`` rows (assigned fresh per call: `OneRowDrafter` copies the drafter per row)."""
+        base, head = self._vocab_ids, self.drafter.base_lm_head
+        if base is None or not self.context_tokens or not self.drafter.config.is_eagle3 or head is None:
+            return base, None
+        prompt = prompt_ids.reshape(-1).to(base.device)
+        seen = torch.zeros(self.vocab_size, dtype=torch.bool, device=base.device)
+        seen[prompt[(prompt >= 0) & (prompt < self.vocab_size)]] = True
+        seen[base] = False
+        extra = seen.nonzero().reshape(-1)
+        if extra.numel() == 0:
+            return base, None
+        rows = head.weight.detach()[extra.to(head.weight.device)].to(self.drafter.lm_head.weight)
+        return torch.cat([base, extra]), rows
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The drafter's logits over this call's draft vocabulary (its context tokens last)."""
+        return self.drafter.compute_logits(hidden, self._extra_rows)
 
     def advance(self, sequence, draft, result, target_outputs) -> None:
         new = self.drafter.target_features(target_outputs.hidden_states)[0, list(result.path)]
@@ -532,6 +567,7 @@ class EagleTreeDrafter(OneRowDrafter):
 
     def end(self) -> None:
         self.features, self.kv, self.rows = None, None, 0
+        self._target_ids, self._extra_rows = self._vocab_ids, None
 
     # ------------------------------------------------------------------ drafting
     def _full_logits(self, logits: torch.Tensor) -> torch.Tensor:
@@ -563,12 +599,12 @@ class EagleTreeDrafter(OneRowDrafter):
         )
         self.kv, self.rows = out.cache, L - 1
         last = out.hidden_states[:, -1:]
-        return last[0, 0], drafter.compute_logits(last)[0, 0]
+        return last[0, 0], self._logits(last)[0, 0]
 
     @torch.no_grad()
     def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
         root_hidden, root_logits = self._committed_rows(sequence)
-        rows = _TreeRows(self.drafter, self.kv, self.rows, root_hidden)
+        rows = _TreeRows(self.drafter, self.kv, self.rows, root_hidden, self._logits)
         if isinstance(tree, DynamicTree):  # grown by `DynamicTree.grow`, each frontier in one drafter forward
             root_lp = torch.log_softmax(root_logits.float(), dim=-1)
             return tree.grow(root_lp, rows.expand, sequence[0, -1].to(rows.device), vocab_ids=self._target_ids)
