@@ -98,3 +98,18 @@ def test_time_budget_starts_no_batch_that_would_end_after_it(tiny, tmp_path, mon
     monkeypatch.setattr(distill, "_answer_batch", slow_batch)
     stats = self_distill(model, tok, RECORDS, tmp_path / "t.jsonl", batch_size=2, time_budget_s=0.5, progress=False)
     assert stats.written == 2
+
+
+def test_speculative_answers_equal_plain_ones(tiny, tmp_path):
+    """Batched answering through the engine with a drafter gives the answers plain batched decoding gives."""
+    import hf_speculative as hfs
+
+    model, tok = tiny
+    plain, fast = tmp_path / "plain.jsonl", tmp_path / "fast.jsonl"
+    self_distill(model, tok, RECORDS, plain, max_new_tokens=12, batch_size=3, progress=False)
+    texts = [r["messages"][1]["content"] for r in read(plain)[:2]]
+    drafter = hfs.SuffixDrafter().warm([tok(t, add_special_tokens=False)["input_ids"] for t in texts])
+    hfs.enable(model)
+    self_distill(model, tok, RECORDS, fast, max_new_tokens=12, batch_size=3, progress=False, assistant_model=drafter)
+    assert [r["messages"] for r in read(fast)] == [r["messages"] for r in read(plain)]
+    assert drafter.index.num_tokens > sum(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts)
