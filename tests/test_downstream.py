@@ -735,3 +735,25 @@ def test_suffix_drafters_warmed_with_the_models_own_answers(work, trained, tmp_p
     assert result["suffix_structure"]["outputs"] == 4 + 1 + 2  # the four answers, the warm-up and the two outputs
     with pytest.raises(ValueError, match="warms a suffix drafter"):
         main([*argv[:-1], "prompt-lookup", "--warm-answers", str(answers)])
+
+
+def test_compare_runs_every_arm_on_one_model_in_one_process(work, trained, tmp_path):
+    """Plain decoding and each arm per prompt in one process: per-arm speedups over this run's plain tokens/s, the
+    engine-alone ratio, exact outputs; arms on different models are refused."""
+    out = tmp_path / "compare.json"
+    lora, eagle = str(trained["lora"]), str(trained["eagle"])
+    argv = ["compare", f"{lora}:engine", f"{lora}:suffix", eagle, f"{eagle}:hybrid-suffix"]
+    argv += ["--task", "e2e_nlg", "--data", str(work["e2e_nlg"]), "--limit", "3", "--max-new-tokens", "8"]
+    assert main([*argv, "--no-progress", "--output", str(out)]) == 0
+    result = json.loads(out.read_text())
+    arms = result["arms"]
+    assert [a["method"] for a in arms] == ["lora", "lora", "eagle", "eagle"] and result["n"] == 3
+    assert all(a["lossless_rate"] == 1.0 for a in arms)
+    assert arms[0]["over_engine"] == 1.0 and arms[0]["drafter"] == "engine, nothing drafted"
+    for a in arms:
+        assert a["speedup"] == pytest.approx(a["tokens_per_s"] / result["plain_tokens_per_s"], rel=1e-3)
+        assert a["over_engine"] == pytest.approx(a["tokens_per_s"] / arms[0]["tokens_per_s"], rel=1e-3)
+    assert arms[2]["tau"] is not None and "suffix" in arms[3]["drafter"]
+    assert "| plain `generate()` |" in out.with_suffix(".md").read_text()
+    with pytest.raises(ValueError, match="one fine-tuned model"):
+        main(["compare", lora, str(trained["medusa2"]), *argv[5:]])

@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prune_parser(sub)
     _add_calibrate_parser(sub)
     _add_eval_parser(sub)
+    _add_compare_parser(sub)
     _add_table_parser(sub)
     return p
 
@@ -219,6 +220,31 @@ def _add_eval_parser(sub) -> None:
     e.set_defaults(func=run_eval)
 
 
+def _add_compare_parser(sub) -> None:
+    """Register ``downstream compare``."""
+    c = sub.add_parser(
+        "compare",
+        help="several arms on one fine-tuned model in one process, beside its plain decoding (order rotating per prompt)",
+    )
+    c.add_argument(
+        "arms",
+        nargs="+",
+        help="FOLDER (what it drafts with) or FOLDER:DRAFTER (a lora folder's --drafter of 'eval', e.g. :engine, "
+        ":suffix, :hf-prompt-lookup; an eagle folder's :hybrid-suffix); all decode one model",
+    )
+    c.add_argument("--task", required=True, choices=TASKS)
+    c.add_argument("--data", required=True, help="the task's data folder")
+    c.add_argument("--limit", type=int, default=None, help="the first N test prompts")
+    c.add_argument("--max-new-tokens", type=int, default=None, help="default: the task's")
+    c.add_argument("--output", default=None, help="write the JSON here (and the table beside it, .md)")
+    c.add_argument("--warm-answers", default=None, help="warm the suffix drafters with this chat jsonl's answers")
+    c.add_argument("--device", default=None)
+    c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--no-progress", action="store_true")
+    c.set_defaults(func=run_compare)
+
+
 def _add_table_parser(sub) -> None:
     """Register ``downstream table``."""
     b = sub.add_parser("table", help="gather eval JSONs into a Table-1-style markdown table and a plot")
@@ -306,6 +332,32 @@ def run_calibrate(args) -> int:
         args.folder, args.data, device=args.device, progress=not args.no_progress, command=command_line(args)
     )
     print(json.dumps({"folder": args.folder, "calibration": record}, indent=1))
+    return 0
+
+
+def run_compare(args) -> int:
+    setup_torch(args)
+    from .compare import compare_arms, markdown_comparison
+
+    result = compare_arms(
+        args.arms,
+        args.task,
+        args.data,
+        limit=args.limit,
+        max_new_tokens=args.max_new_tokens,
+        device=args.device,
+        progress=not args.no_progress,
+        warm_answers=args.warm_answers,
+    )
+    result["threads"] = args.threads
+    result["command"] = command_line(args)
+    table = markdown_comparison(result)
+    print(table)
+    if args.output:
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        out.with_suffix(".md").write_text(table, encoding="utf-8")
     return 0
 
 
