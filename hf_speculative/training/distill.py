@@ -95,8 +95,10 @@ def _generate_batch(model, tokenizer, conversations, generation_kwargs) -> list[
     return results
 
 
-def _generation_kwargs(model, tokenizer, max_new_tokens: int, temperature: float, top_p: float | None) -> dict:
-    """``generate`` keyword arguments: greedy at ``temperature`` 0, sampling (with ``top_p``) above."""
+def _generation_kwargs(
+    model, tokenizer, max_new_tokens: int, temperature: float, top_p: float | None, assistant_model=None
+) -> dict:
+    """``generate`` keyword arguments: greedy at ``temperature`` 0, sampling (with ``top_p``) above; the drafter."""
     gen_kwargs = dict(
         max_new_tokens=max_new_tokens,
         do_sample=temperature > 0,
@@ -111,6 +113,8 @@ def _generation_kwargs(model, tokenizer, max_new_tokens: int, temperature: float
             gen_kwargs["top_p"] = top_p
     else:
         gen_kwargs.update(temperature=None, top_p=None, top_k=None)
+    if assistant_model is not None:
+        gen_kwargs["assistant_model"] = assistant_model
     return gen_kwargs
 
 
@@ -183,8 +187,7 @@ def self_distill(
         time_budget_s: start no batch after this many seconds, nor one that would end after them if it took as long
             as the batch before it.
         seed: torch seed for sampling.
-        assistant_model: a drafter for ``generate`` (e.g. a warmed `SuffixDrafter` on a model `enable`d): the same
-            answers, sooner (batched speculative decoding is exact row by row).
+        assistant_model: a drafter (e.g. a warmed `SuffixDrafter`; the model `enable`d): the same answers, sooner.
     """
     from tqdm.auto import tqdm
 
@@ -197,9 +200,7 @@ def self_distill(
         todo = todo[: max(0, limit - len(done))]
     if seed is not None:
         torch.manual_seed(seed)
-    gen_kwargs = _generation_kwargs(model, tokenizer, max_new_tokens, temperature, top_p)
-    if assistant_model is not None:
-        gen_kwargs["assistant_model"] = assistant_model
+    gen_kwargs = _generation_kwargs(model, tokenizer, max_new_tokens, temperature, top_p, assistant_model)
 
     model.eval()
     start = time.perf_counter()
