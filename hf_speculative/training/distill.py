@@ -191,8 +191,7 @@ def self_distill(
     """
     from tqdm.auto import tqdm
 
-    output_path = Path(output_path)
-    output_path.parent.mkdir(parents=True, exist_ok=True)
+    (output_path := Path(output_path)).parent.mkdir(parents=True, exist_ok=True)
     done = read_done_ids(output_path)
     todo = [r for r in records if r.id not in done]
     stats = DistillStats(skipped=len(records) - len(todo))
@@ -201,7 +200,6 @@ def self_distill(
     if seed is not None:
         torch.manual_seed(seed)
     gen_kwargs = _generation_kwargs(model, tokenizer, max_new_tokens, temperature, top_p, assistant_model)
-
     model.eval()
     start = time.perf_counter()
     bar = tqdm(total=len(todo), desc="self-distill", disable=not progress, unit="prompt")
