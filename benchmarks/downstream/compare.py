@@ -60,12 +60,14 @@ def _load_arms(arms: list[tuple[str, str]], task: str, data_dir, device, warm_an
     adapters = {str(_target_adapter(Path(folder))) for folder, _ in arms}
     if len(adapters) != 1:
         raise ValueError(f"the arms decode different models (adapters {sorted(adapters)}); compare needs one")
-    loaded = []
+    loaded, target = [], None
     for folder, drafter in arms:
         warm = None
         if drafter in SUFFIX_DRAFTERS:
             warm = chat_answers(warm_answers) if warm_answers else training_targets(task, data_dir)
-        loaded.append(load_downstream(folder, device=device, drafter=drafter, warm_texts=warm))
+        arm = load_downstream(folder, device=device, drafter=drafter, warm_texts=warm, target=target)
+        target = target or (arm.model, arm.tokenizer)  # one copy of the model serves every arm
+        loaded.append(arm)
     return loaded
 
 
@@ -169,8 +171,21 @@ def compare_arms(
         "metric": compute_metric(task, texts, [list(r.reference) for r in records]),
         "warmed_with": str(warm_answers) if warm_answers else "training references",
         "arms": out,
+        "peak_resident_bytes": _peak_resident_bytes(),
         "machine": machine_info(loaded[0].device),
     }
+
+
+def _peak_resident_bytes() -> int | None:
+    """This process's peak resident memory (one copy of the model, every arm's drafter and state), Linux/macOS."""
+    try:
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak if sys.platform == "darwin" else peak * 1024)
+    except (ImportError, OSError):
+        return None
 
 
 def markdown_comparison(result: dict) -> str:
@@ -187,5 +202,10 @@ def markdown_comparison(result: dict) -> str:
         lines.append(
             f"| {r['drafter']} | {tau} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | {over} | "
             f"{r['lossless_rate'] * result['n']:.0f}/{result['n']} | {nodes} |"
+        )
+    if result.get("peak_resident_bytes"):
+        lines.append(
+            f"\nPeak resident memory of the process (one copy of the model, every arm's drafter): "
+            f"{result['peak_resident_bytes'] / 2**30:.2f} GiB."
         )
     return "\n".join(lines) + "\n"

@@ -50,6 +50,7 @@ class DownstreamModel:
     extra_parameters: int
     device: torch.device
     drafter_stats: Callable[[], dict] | None = None
+    model: object = None  # the decoding model (lora and eagle folders: base + adapter, merged)
 
 
 def _merged(base, folder: Path, adapter: str = ADAPTER_SUBFOLDER):
@@ -171,12 +172,14 @@ def load_downstream(
     drafter: str = "prompt-lookup",
     pruning_threshold: float | None = None,
     warm_texts: list[str] | None = None,
+    target: tuple | None = None,
 ) -> DownstreamModel:
     """Load a ``downstream train`` folder: its base (``"reference"``: the reference package) and what the folder adds.
     ``drafter``: the training-free drafting of a ``lora`` folder (`TRAINING_FREE`; a suffix drafter is warmed with
     ``warm_texts``); other folders draft with what they trained, and with ``"hybrid-suffix"`` with what they trained
     and SuffixDecoding in one merged tree (`HybridDrafter`; Medusa-2 and EAGLE folders). ``pruning_threshold``: a streaming folder with a pruning early exit decodes with this
-    threshold instead of its own (0: no pruning)."""
+    threshold instead of its own (0: no pruning). ``target``: ``(model, tokenizer)`` of a ``lora`` or ``eagle``
+    folder already loaded (its adapter merged), shared instead of loading another copy (`compare`)."""
     import hf_speculative as hfs
     from hf_speculative.bench.reference import resolve_model
 
@@ -193,7 +196,9 @@ def load_downstream(
         raise ValueError(
             f"--pruning-threshold applies to a streaming folder trained with --pruning-layer; {folder} has no pruning early exit"
         )
-    base, tokenizer = resolve_model(info["base_model"], dtype=dtype, device=device)
+    if target is not None and method not in ("lora", "eagle"):
+        raise ValueError(f"a shared target serves lora and eagle folders, not {method}")
+    base, tokenizer = target or resolve_model(info["base_model"], dtype=dtype, device=device)
     gen = dict(do_sample=False, return_dict_in_generate=True)
 
     if method == "streaming":
@@ -206,13 +211,12 @@ def load_downstream(
     elif method == "eagle":
         from hf_speculative.drafters.eagle.modeling_eagle import EagleDrafter
 
-        model = _merged(
-            base, folder, getattr(EagleDrafter.config_class.from_pretrained(folder), "base_adapter", ADAPTER_SUBFOLDER)
-        )
+        adapter = getattr(EagleDrafter.config_class.from_pretrained(folder), "base_adapter", ADAPTER_SUBFOLDER)
+        model = base if target is not None else _merged(base, folder, adapter)
         eagle = EagleDrafter.from_pretrained(folder, base_model=model).to(device=model.device, dtype=model.dtype).eval()
         drafter, name, extra = eagle, "eagle-3", sum(p.numel() for p in eagle.parameters())
     else:  # lora: training-free drafting on the fine-tuned model
-        model = _merged(base, folder)
+        model = base if target is not None else _merged(base, folder)
         (drafter, name), extra = _training_free_drafter(drafter, warm_texts, tokenizer), 0
     if hybrid_suffix:
         suffix = _suffix_drafter(warm_texts, tokenizer)
@@ -233,6 +237,7 @@ def load_downstream(
         extra_parameters=extra,
         device=model.device,
         drafter_stats=(lambda: _suffix_stats(suffix)) if suffix is not None else None,
+        model=model,
     )
 
 
