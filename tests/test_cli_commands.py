@@ -85,6 +85,14 @@ def test_cli_distill(model_dir, prompts, tmp_path, capsys):
     assert main(argv[:-6] + ["--max-new-tokens", "4", "--threads", "1", "--device", "cpu"]) == 0
     assert len(out.read_text().splitlines()) == 3
     assert "1 records (2 already done)" in capsys.readouterr().out.replace("wrote ", "")
+    # speculative answering (SuffixDecoding warmed with the answers there): the same answers as plain decoding
+    fast = tmp_path / "fast.jsonl"
+    fast.write_text(out.read_text().splitlines()[0] + "\n")
+    argv_fast = [*argv[:5], "--out", str(fast), "--max-new-tokens", "4", "--threads", "1", "--device", "cpu"]
+    assert main([*argv_fast, "--drafter", "suffix", "--batch-size", "2"]) == 0
+    assert [json.loads(line)["messages"] for line in fast.read_text().splitlines()] == [
+        json.loads(line)["messages"] for line in out.read_text().splitlines()
+    ]
 
 
 def test_cli_bench(model_dir, prompts, tmp_path, capsys):

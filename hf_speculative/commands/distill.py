@@ -19,6 +19,13 @@ def add_parser(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=1, help="prompts per generate() call (left padding)")
     p.add_argument("--all-turns", action="store_true", help="answer every user turn, not only the first")
     p.add_argument(
+        "--drafter",
+        choices=("none", "suffix"),
+        default="none",
+        help="suffix: decode the batches speculatively with SuffixDecoding, warmed with the answers already in --out "
+        "and learning each new one (the same answers; sooner where answers repeat themselves)",
+    )
+    p.add_argument(
         "--time-budget",
         type=float,
         default=None,
@@ -48,6 +55,27 @@ def run(args) -> int:
         limit=args.limit,
         time_budget_s=args.time_budget,
         seed=args.seed,
+        assistant_model=_suffix_drafter(model, tokenizer, args.out) if args.drafter == "suffix" else None,
     )
     print(stats)
     return 0
+
+
+def _suffix_drafter(model, tokenizer, out):
+    """A `SuffixDrafter` warmed with the assistant turns already in ``out``; ``model`` enabled for it."""
+    import json
+    from pathlib import Path
+
+    import hf_speculative as hfs
+
+    answers = []
+    if Path(out).is_file():
+        for line in Path(out).read_text(encoding="utf-8").splitlines():
+            try:
+                messages = json.loads(line)["messages"]
+            except (ValueError, KeyError):
+                continue  # a torn last line: self_distill cuts it off
+            answers += [m["content"] for m in messages if m.get("role") == "assistant"]
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    hfs.enable(model)
+    return hfs.SuffixDrafter().warm([tokenizer(a, add_special_tokens=False)["input_ids"] + eos for a in answers])
