@@ -238,33 +238,15 @@ def self_distilled_records(
     max_new_tokens: int,
     batch_size: int = 32,
     progress: bool = True,
-    warm_texts: list[str] | None = None,
 ) -> list[Record]:
     """``prompts`` answered greedily by ``model`` (cached in the jsonl ``path``; a rerun answers only what is missing),
     as training records whose assistant turn is the model's answer. Answers cut at ``max_new_tokens`` are kept.
-
-    ``warm_texts`` (on CPU): the batches decode speculatively, with SuffixDecoding warmed with these texts (the
-    task's training references) and learning the answers as they come: the same answers, sooner (1.25x the
-    aggregate tok/s of plain batched decoding at batch 32 on WikiSQL prompts, 2-core AMD EPYC, float32)."""
+    Plain batched decoding: at batch 32 it was faster than the engine with SuffixDecoding on WikiSQL prompts (59.5
+    against 51.4 new tok/s, 2-core AMD EPYC, float32, `scripts/self_distill_speed.py`)."""
     from hf_speculative.training.distill import self_distill
 
-    drafter = None
-    if warm_texts and model.device.type == "cpu":
-        import hf_speculative as hfs
-
-        from .evaluation import _suffix_drafter
-
-        drafter = _suffix_drafter(warm_texts, tokenizer)
-        hfs.enable(model)
     stats = self_distill(
-        model,
-        tokenizer,
-        prompts,
-        path,
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        progress=progress,
-        assistant_model=drafter,
+        model, tokenizer, prompts, path, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress
     )
     print(f"self-distilled answers: {stats}", file=sys.stderr)
     answers: dict[str, str] = {}

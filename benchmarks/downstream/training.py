@@ -473,16 +473,8 @@ def _eagle_records(
         held = {r.turns[0] for r in calib} | {r.turns[0] for r in spec.load(data_dir, "test")}
         prompts += synthetic_e2e_prompts(train, cfg.synthetic_prompts, seed=cfg.seed, exclude=held)
     print(f"self-distillation: {n_own} training prompts + {len(prompts) - n_own} drawn ones", file=sys.stderr)
-    from .evaluation import training_targets
-
     records = self_distilled_records(
-        tuned,
-        tokenizer,
-        prompts,
-        out / "self_distilled.jsonl",
-        spec.max_new_tokens,
-        progress=cfg.progress,
-        warm_texts=training_targets(task, data_dir),
+        tuned, tokenizer, prompts, out / "self_distilled.jsonl", spec.max_new_tokens, progress=cfg.progress
     )
     return records, f"self-{n_own}-{cfg.synthetic_prompts}s{cfg.seed}"
 
