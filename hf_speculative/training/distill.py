@@ -187,7 +187,7 @@ def self_distill(
         time_budget_s: start no batch after this many seconds, nor one that would end after them if it took as long
             as the batch before it.
         seed: torch seed for sampling.
-        assistant_model: a drafter (e.g. a warmed `SuffixDrafter`; the model `enable`d): the same answers, sooner.
+        assistant_model: a drafter (a warmed `SuffixDrafter`, the model `enable`d): the same answers; beats plain at batch 8, not at 32.
     """
     from tqdm.auto import tqdm
 
