@@ -21,38 +21,33 @@ from .evaluation import (
     TRAINING_FREE,
     chat_answers,
     compute_metric,
+    folder_adapter,
     load_downstream,
     training_targets,
 )
-from .training import ADAPTER_SUBFOLDER, read_downstream_info
+from .training import read_downstream_info
 
 __all__ = ["parse_arm", "compare_arms", "markdown_comparison"]
-
-_DRAFTERS = (*TRAINING_FREE,)
 
 
 def parse_arm(text: str) -> tuple[str, str]:
     """``FOLDER[:DRAFTER]`` -> ``(folder, drafter)``; the folder's own drafting is ``"prompt-lookup"`` (the default of
     `load_downstream`, which non-``lora`` folders ignore)."""
     folder, sep, drafter = text.rpartition(":")
-    if sep and drafter in _DRAFTERS:
+    if sep and drafter in TRAINING_FREE:
         return folder, drafter
     return text, "prompt-lookup"
 
 
 def _target_adapter(folder: Path) -> Path:
     """The adapter whose merged model a folder decodes: a ``lora`` folder's own, an ``eagle`` folder's ``base_adapter``."""
-    info = read_downstream_info(folder)
-    if info["method"] == "lora":
-        return (folder / ADAPTER_SUBFOLDER).resolve()
-    if info["method"] == "eagle":
-        from hf_speculative.drafters.eagle.configuration_eagle import EagleConfig
-
-        return (folder / getattr(EagleConfig.from_pretrained(folder), "base_adapter", ADAPTER_SUBFOLDER)).resolve()
-    raise ValueError(
-        f"compare runs arms on one fine-tuned model (lora and eagle folders); {folder} is a {info['method']} folder "
-        "with a model of its own: evaluate it with 'downstream eval'"
-    )
+    method = read_downstream_info(folder)["method"]
+    if method not in ("lora", "eagle"):
+        raise ValueError(
+            f"compare runs arms on one fine-tuned model (lora and eagle folders); {folder} is a {method} folder "
+            "with a model of its own: evaluate it with 'downstream eval'"
+        )
+    return (folder / folder_adapter(folder, method)).resolve()
 
 
 def _load_arms(arms: list[tuple[str, str]], task: str, data_dir, device, warm_answers) -> list:
@@ -139,6 +134,7 @@ def compare_arms(
     prompt, one warm-up prompt first; each arm's speedup is over the plain tokens/s of this run, and ``over_engine``
     over the ``engine`` arm's tokens/s when there is one."""
     from hf_speculative.bench.harness import machine_info
+    from hf_speculative.bench.shapes import peak_resident_memory
     from hf_speculative.training.data import encode_chat
 
     from .tasks import get_task
@@ -171,21 +167,9 @@ def compare_arms(
         "metric": compute_metric(task, texts, [list(r.reference) for r in records]),
         "warmed_with": str(warm_answers) if warm_answers else "training references",
         "arms": out,
-        "peak_resident_bytes": _peak_resident_bytes(),
+        "peak_resident_bytes": peak_resident_memory(),
         "machine": machine_info(loaded[0].device),
     }
-
-
-def _peak_resident_bytes() -> int | None:
-    """This process's peak resident memory (one copy of the model, every arm's drafter and state), Linux/macOS."""
-    try:
-        import resource
-        import sys
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(peak if sys.platform == "darwin" else peak * 1024)
-    except (ImportError, OSError):
-        return None
 
 
 def markdown_comparison(result: dict) -> str:

@@ -53,6 +53,15 @@ class DownstreamModel:
     model: object = None  # the decoding model (lora and eagle folders: base + adapter, merged)
 
 
+def folder_adapter(folder: Path, method: str) -> str:
+    """The adapter (relative to ``folder``) whose merged model a ``lora`` or ``eagle`` folder decodes."""
+    if method == "eagle":
+        from hf_speculative.drafters.eagle.configuration_eagle import EagleConfig
+
+        return getattr(EagleConfig.from_pretrained(folder), "base_adapter", ADAPTER_SUBFOLDER)
+    return ADAPTER_SUBFOLDER
+
+
 def _merged(base, folder: Path, adapter: str = ADAPTER_SUBFOLDER):
     """``base`` with the PEFT adapter at ``folder / adapter`` merged (an EAGLE folder names its LoRA folder's adapter)."""
     from peft import PeftModel
@@ -211,8 +220,7 @@ def load_downstream(
     elif method == "eagle":
         from hf_speculative.drafters.eagle.modeling_eagle import EagleDrafter
 
-        adapter = getattr(EagleDrafter.config_class.from_pretrained(folder), "base_adapter", ADAPTER_SUBFOLDER)
-        model = base if target is not None else _merged(base, folder, adapter)
+        model = base if target is not None else _merged(base, folder, folder_adapter(folder, method))
         eagle = EagleDrafter.from_pretrained(folder, base_model=model).to(device=model.device, dtype=model.dtype).eval()
         drafter, name, extra = eagle, "eagle-3", sum(p.numel() for p in eagle.parameters())
     else:  # lora: training-free drafting on the fine-tuned model

@@ -62,20 +62,17 @@ def run(args) -> int:
 
 
 def _suffix_drafter(model, tokenizer, out):
-    """A `SuffixDrafter` warmed with the assistant turns already in ``out``; ``model`` enabled for it."""
-    import json
+    """A `SuffixDrafter` warmed with the assistant turns already in ``out`` (each ended by EOS, as answers end);
+    ``model`` enabled for it."""
     from pathlib import Path
 
     import hf_speculative as hfs
 
-    answers = []
-    if Path(out).is_file():
-        for line in Path(out).read_text(encoding="utf-8").splitlines():
-            try:
-                messages = json.loads(line)["messages"]
-            except (ValueError, KeyError):
-                continue  # a torn last line: self_distill cuts it off
-            answers += [m["content"] for m in messages if m.get("role") == "assistant"]
+    from ..training.data import load_records
+    from ..training.distill import read_done_ids
+
+    read_done_ids(out)  # cuts a torn last line off, as self_distill does
+    answers = [a for r in load_records(out) for a in r.answers] if Path(out).is_file() else []
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     hfs.enable(model)
     return hfs.SuffixDrafter().warm([tokenizer(a, add_special_tokens=False)["input_ids"] + eos for a in answers])
