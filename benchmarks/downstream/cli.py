@@ -197,9 +197,20 @@ def _add_eval_parser(sub) -> None:
     e.add_argument(
         "--drafter",
         default="prompt-lookup",
-        choices=("prompt-lookup", "token-recycling", "hybrid", "suffix", "hybrid-suffix", "hf-prompt-lookup", "engine"),
+        choices=(
+            "prompt-lookup",
+            "token-recycling",
+            "hybrid",
+            "suffix",
+            "hybrid-suffix",
+            "hybrid-suffix-ungated",
+            "hf-prompt-lookup",
+            "engine",
+        ),
         help="a lora folder's training-free drafting (arm e; suffix and hybrid-suffix are warmed with the task's "
-        "training targets; engine: the engine's loop with nothing drafted); other folders draft with what they trained",
+        "training targets; engine: the engine's loop with nothing drafted); other folders draft with what they trained "
+        "(hybrid-suffix on a medusa2 or eagle folder: merged with SuffixDecoding; hybrid-suffix-ungated: the same with "
+        "the trained drafter drafting on every step)",
     )
     e.add_argument(
         "--warm-answers",

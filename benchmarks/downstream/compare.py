@@ -104,7 +104,7 @@ def _arm_record(arm, folder: str, drafter: str, row: dict, plain_tps: float, n: 
     tps = row["tokens"] / max(row["seconds"], 1e-9)
     training = arm.info.get("training") or {}
     return {
-        "arm": f"{folder}:{drafter}" if arm.info["method"] == "lora" or drafter == "hybrid-suffix" else folder,
+        "arm": f"{folder}:{drafter}" if arm.info["method"] == "lora" or drafter.startswith("hybrid-suffix") else folder,
         "method": arm.info["method"],
         "drafter": arm.drafter,
         "tau": round(sum(row["accepted"]) / len(row["accepted"]), 4) if row["accepted"] else None,

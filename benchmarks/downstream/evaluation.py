@@ -76,13 +76,14 @@ TRAINING_FREE = (
     "hybrid",
     "suffix",
     "hybrid-suffix",
+    "hybrid-suffix-ungated",
     "hf-prompt-lookup",
     "engine",
 )
 #: transformers' own prompt lookup (a chain of this many tokens), the baseline beside the tree drafters
 HF_PROMPT_LOOKUP_TOKENS = 10
 #: the drafters warmed with the task's training targets (never its test set)
-SUFFIX_DRAFTERS = ("suffix", "hybrid-suffix")
+SUFFIX_DRAFTERS = ("suffix", "hybrid-suffix", "hybrid-suffix-ungated")
 
 
 def training_targets(task: str, data_dir) -> list[str]:
@@ -112,12 +113,18 @@ def _suffix_drafter(texts: list[str] | None, tokenizer):
     return hfs.SuffixDrafter().warm(encoded)
 
 
-def _suffix_stats(drafter) -> dict:
+def _suffix_stats(drafter, hybrid=None) -> dict:
+    """SuffixDecoding's structure and match lengths; in a hybrid, each part's rows drafted and left out by its gate."""
     index = drafter.index
-    return {
+    stats = {
         "suffix_structure": {"outputs": len(index), "tokens": index.num_tokens, "bytes": index.nbytes},
         "suffix_match_lengths": {str(k): v for k, v in sorted(drafter.match_lengths.items())},
     }
+    if hybrid is not None:
+        parts = [type(d).__name__ for d in hybrid.drafters]
+        stats["hybrid_rows_drafted"] = dict(zip(parts, hybrid.drafted))
+        stats["hybrid_rows_gated_out"] = dict(zip(parts, hybrid.skipped))
+    return stats
 
 
 def _training_free_drafter(name: str, warm_texts: list[str] | None = None, tokenizer=None):
@@ -186,7 +193,8 @@ def load_downstream(
     """Load a ``downstream train`` folder: its base (``"reference"``: the reference package) and what the folder adds.
     ``drafter``: the training-free drafting of a ``lora`` folder (`TRAINING_FREE`; a suffix drafter is warmed with
     ``warm_texts``); other folders draft with what they trained, and with ``"hybrid-suffix"`` with what they trained
-    and SuffixDecoding in one merged tree (`HybridDrafter`; Medusa-2 and EAGLE folders). ``pruning_threshold``: a streaming folder with a pruning early exit decodes with this
+    and SuffixDecoding in one merged tree (`HybridDrafter`; Medusa-2 and EAGLE folders; ``"hybrid-suffix-ungated"``:
+    the same with the hybrid's gate off, the trained drafter drafting for every row on every step). ``pruning_threshold``: a streaming folder with a pruning early exit decodes with this
     threshold instead of its own (0: no pruning). ``target``: ``(model, tokenizer)`` of a ``lora`` or ``eagle``
     folder already loaded (its adapter merged), shared instead of loading another copy (`compare`)."""
     import hf_speculative as hfs
@@ -195,7 +203,7 @@ def load_downstream(
     folder = Path(folder)
     info = read_downstream_info(folder)
     method = info["method"]
-    hybrid_suffix = drafter == "hybrid-suffix" and method in ("medusa2", "eagle")
+    hybrid_suffix = drafter.startswith("hybrid-suffix") and method in ("medusa2", "eagle")
     if drafter != "prompt-lookup" and method != "lora" and not hybrid_suffix:
         raise ValueError(
             f"--drafter {drafter} applies to a 'lora' folder (and hybrid-suffix to a medusa2 or eagle folder too); "
@@ -228,9 +236,12 @@ def load_downstream(
         (drafter, name), extra = _training_free_drafter(drafter, warm_texts, tokenizer), 0
     if hybrid_suffix:
         suffix = _suffix_drafter(warm_texts, tokenizer)
-        drafter, name = hfs.HybridDrafter([drafter, suffix]), f"hybrid ({name} + suffix decoding)"
+        gate = drafter == "hybrid-suffix"  # -ungated: the trained drafter drafts for every row on every step
+        drafter = hfs.HybridDrafter([drafter, suffix], gate=gate)
+        name = f"hybrid ({name} + suffix decoding{'' if gate else ', ungated'})"
     hfs.enable(model)
     suffix = next((d for d in getattr(drafter, "parts", [drafter]) if isinstance(d, hfs.SuffixDrafter)), None)
+    hybrid = drafter if isinstance(drafter, hfs.HybridDrafter) else None
     drafting = (
         {"assistant_model": drafter} if drafter is not None else {"prompt_lookup_num_tokens": HF_PROMPT_LOOKUP_TOKENS}
     )
@@ -244,7 +255,7 @@ def load_downstream(
         drafter=name,
         extra_parameters=extra,
         device=model.device,
-        drafter_stats=(lambda: _suffix_stats(suffix)) if suffix is not None else None,
+        drafter_stats=(lambda: _suffix_stats(suffix, hybrid)) if suffix is not None else None,
         model=model,
     )
 

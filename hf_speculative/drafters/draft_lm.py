@@ -49,6 +49,8 @@ DEFAULT_LM_TREE = TreeSpec.from_choices(
 class CausalLMDrafter(OneRowDrafter):
     """Drafts a tree with a causal LM that shares the target's vocabulary."""
 
+    proposals_optional = True  # its cache holds committed tokens only; a proposal runs the ones not cached yet
+
     def __init__(
         self, model: PreTrainedModel, tree: TreeSpec | None = None, draft_sampling: str = "without_replacement"
     ):

@@ -6,9 +6,17 @@ draft model on the model's own hidden state; their candidates overlap only in pa
 1. **Propose.** Every part drafts its own tree for the rows (its own default tree), with fixed candidates (top-k,
    never sampled: the merged tree is verified with point-mass proposals, which keeps sampling exact whatever the
    candidates are).
+   **Gate.** A part that costs drafting time (a drafter network: EAGLE, Medusa heads, a draft model) and declares
+   its proposals optional (`TreeDrafter.proposals_optional`) drafts for a row only when it pays there: the free
+   parts draft first, and the costly part runs for the rows where the tokens it has been adding beyond the free
+   parts' plan, measured at plans of that quality, are worth its drafting time (`DraftGate`). When SuffixDecoding
+   has found a long copy, EAGLE's forwards are not run at all.
 2. **Score.** Each node of a part's tree gets an estimated chance of lying on the accepted path: the product, along
-   its path, of that part's measured acceptance at each (depth, sibling rank) (`OnlineAccuracy`, updated online
-   from what the engine accepted, starting from a per-part prior).
+   its path, of that part's measured acceptance. A part that scores its own nodes (`DraftTree.scores`:
+   SuffixDecoding's empirical probability, EAGLE's confidence) is measured by that confidence
+   (`ScoreCalibration`: the measured rate per confidence bin), so a copy seen a hundred times outranks a guess; other
+   parts by (depth, sibling rank) (`OnlineAccuracy`). Both are updated online from what the engine accepted,
+   starting from a prior.
 3. **Merge.** The parts' trees become one trie below the common root (a path proposed by several parts appears
    once); a merged node's score is the largest of its sources' scores. Scores never grow along a path, so the best
    nodes always include their ancestors.
@@ -16,7 +24,8 @@ draft model on the model's own hidden state; their candidates overlap only in pa
    per step cost, ``(1 + sum of kept scores) / (c(N + 1) + drafting)``, on the target's cost curve (the parts'
    drafting costs when they state them), within the call's node and depth budget.
 5. **Learn.** After verification every part sees the verified (merged) tree and what was accepted, exactly as when
-   it drafts alone (`advance_batch`), and the hybrid updates each part's acceptance table from the part's own tree.
+   it drafts alone (`advance_batch`), and the hybrid updates each part's acceptance table from the part's own tree
+   (when it drafted one for the row).
 """
 
 from __future__ import annotations
@@ -29,9 +38,10 @@ from ..engine.protocol import TreeDrafter
 from ..engine.rows import TargetRows
 from ..engine.trees import DraftingOptions, DraftTree, TreeSpec, budget_tree
 from .cost_aware import target_cost_curve
-from .online_accuracy import OnlineAccuracy
+from .draft_gate import DraftGate, accepted_depth
+from .online_accuracy import OnlineAccuracy, ScoreCalibration
 
-__all__ = ["HybridDrafter", "merge_drafts", "budget_tree", "best_nodes"]
+__all__ = ["HybridDrafter", "merge_drafts", "budget_tree", "best_nodes", "best_plan"]
 
 #: acceptance prior per sibling rank for a part with no history (the same at every depth)
 PART_PRIOR = [0.4, 0.15, 0.08, 0.05, 0.04, 0.03, 0.02, 0.02] + [0.01] * 56
@@ -65,8 +75,11 @@ def merge_drafts(
     return tokens, parents, scores, depths
 
 
-def best_nodes(scores: list[float], depths: list[int], num_nodes: int, max_depth: int, step_cost) -> list[int]:
-    """The kept nodes (ascending ids, root included): best scores first, as many as maximize tau per step cost."""
+def best_plan(
+    scores: list[float], depths: list[int], num_nodes: int, max_depth: int, step_cost
+) -> tuple[list[int], float]:
+    """The kept nodes (ascending ids, root included), best scores first, as many as maximize expected tokens per step
+    cost, and that ratio: ``(1 + sum of kept scores) / step_cost(kept + 1)``."""
     order = sorted(
         (i for i in range(1, len(scores)) if depths[i] <= max_depth and scores[i] > 0),
         key=lambda i: (-scores[i], depths[i], i),
@@ -77,7 +90,12 @@ def best_nodes(scores: list[float], depths: list[int], num_nodes: int, max_depth
         ratio = tau / step_cost(n + 1)
         if ratio > best_ratio * (1 + 1e-12):
             best_n, best_ratio = n, ratio
-    return sorted([0] + order[:best_n])
+    return sorted([0] + order[:best_n]), best_ratio
+
+
+def best_nodes(scores: list[float], depths: list[int], num_nodes: int, max_depth: int, step_cost) -> list[int]:
+    """The kept nodes of `best_plan`."""
+    return best_plan(scores, depths, num_nodes, max_depth, step_cost)[0]
 
 
 class HybridDrafter(TreeDrafter):
@@ -93,9 +111,11 @@ class HybridDrafter(TreeDrafter):
         max_depth: depth budget.
         cost_curve: the target's cost curve ``c(n)``; None: the cached one, else the documented default
             (`cost_aware.target_cost_curve`).
+        gate: let a costly part draft only for the rows where it pays (step 1's gate); False: every part drafts for
+            every row on every step.
     """
 
-    def __init__(self, parts: list, max_nodes: int = 48, max_depth: int = 10, cost_curve=None):
+    def __init__(self, parts: list, max_nodes: int = 48, max_depth: int = 10, cost_curve=None, gate: bool = True):
         if not parts:
             raise ValueError("HybridDrafter needs at least one drafter")
         if max_nodes < 1 or max_depth < 1:
@@ -105,7 +125,15 @@ class HybridDrafter(TreeDrafter):
         self.default_tree = budget_tree(self.max_nodes, self.tree_depth)
         self.cost_curve = cost_curve
         self.drafters: list[TreeDrafter] = []
+        self.gate = bool(gate)
         self.accuracy = [OnlineAccuracy(self.tree_depth, 8, PART_PRIOR) for _ in self.parts]
+        self.calibration = [ScoreCalibration() for _ in self.parts]
+        #: per part: rows it drafted for and rows the gate left it out of (over this drafter's life)
+        self.drafted = [0] * len(self.parts)
+        self.skipped = [0] * len(self.parts)
+        #: per part: its gate (used when the part costs drafting time and its proposals are optional)
+        self.gates = [DraftGate() for _ in self.parts]
+        self._free: dict[int, tuple] = {}  # row -> the free parts' plan of this step (when a part was gated)
         #: the target the parts were last made drafters for (a weak reference) and those drafters
         self._resolved: tuple[weakref.ref, list[TreeDrafter]] | None = None
         self._part_trees: list[TreeSpec | None] = []  # each part's own tree of the call (set by begin_batch)
@@ -139,64 +167,118 @@ class HybridDrafter(TreeDrafter):
     def draft_modules(self) -> tuple:
         return tuple(m for drafter in self.drafters for m in drafter.draft_modules())
 
-    def _drafting_cost(self) -> float:
-        """The parts' drafting cost per step in plain steps (`TreeDrafter.draft_cost`: a number or one per depth)."""
-        total = 0.0
+    def _part_costs(self) -> list[float]:
+        """Each part's drafting cost per step in plain steps (`TreeDrafter.draft_cost`: a number or one per depth, read
+        at the depth of the part's own tree)."""
+        costs = [0.0] * len(self.drafters)
         if not hasattr(self._curve, "projection_cost"):  # a plain c(n) callable, no CostCurve: no drafting costs
-            return total
-        for drafter, tree in zip(self.drafters, self._part_trees):
+            return costs
+        for i, (drafter, tree) in enumerate(zip(self.drafters, self._part_trees)):
             if tree is None:
                 continue
             cost = drafter.draft_cost(self._curve)
             if isinstance(cost, (int, float)):
-                total += float(cost)
+                costs[i] = float(cost)
             elif len(cost):
-                total += float(cost[min(tree.depth, len(cost)) - 1])
-        return total
+                costs[i] = float(cost[min(tree.depth, len(cost)) - 1])
+        return costs
+
+    def _drafting_cost(self) -> float:
+        """The parts' drafting cost per step in plain steps, all together."""
+        return sum(self._part_costs())
 
     # ------------------------------------------------------------------ the drafter protocol
     def begin_batch(self, prompts: list[torch.LongTensor], target_outputs: TargetRows) -> None:
         if not self.drafters:
             raise RuntimeError("HybridDrafter was not attached to a target (the engine calls attach_target)")
-        self._own = {}
+        self._own, self._free = {}, {}
         batch = len(prompts)
         self._part_trees = self._part_trees_for(batch)
         for drafter in self.drafters:
             drafter.begin_batch(prompts, target_outputs)
-        drafting, curve = self._drafting_cost(), self._curve
-        self._step_cost = lambda n: (curve(batch * n) / curve(batch) if batch > 1 else curve(n)) + drafting
+        self._costs, curve = self._part_costs(), self._curve
+        self._gated = [
+            self.gate and cost > 0 and d.capabilities.proposals_optional for d, cost in zip(self.drafters, self._costs)
+        ]
+        self._verify_cost = lambda n: curve(batch * n) / curve(batch) if batch > 1 else curve(n)
+        self._step_cost = lambda n: self._verify_cost(n) + sum(self._costs)
+
+    def _plan(self, own: list[DraftTree | None], values: list[list[float] | None], tree: TreeSpec, root: int):
+        """Merge the drafts a row has (`merge_drafts`) and keep the best nodes under the cost budget, the drafting of
+        the parts that drafted included: ``(tokens, parents, scores, kept nodes, expected tokens, verification cost)``
+        (tokens, parents and scores over the whole merged trie)."""
+        present = [i for i, draft in enumerate(own) if draft is not None]
+        if not present:  # every part gated out: a one-token step
+            return [root], [-1], [1.0], [0], 1.0, self._verify_cost(1)
+        drafting = sum(self._costs[i] for i in present)
+        tokens, parents, scores, depths = merge_drafts([own[i] for i in present], [values[i] for i in present])
+        keep, ratio = best_plan(scores, depths, tree.num_nodes, tree.depth, lambda n: self._verify_cost(n) + drafting)
+        tau = 1.0 + sum(scores[i] for i in keep[1:])
+        return tokens, parents, scores, keep, tau, tau / ratio - drafting
+
+    def _values(self, part: int, draft: DraftTree) -> list[float]:
+        table = self.calibration[part] if draft.scores is not None else self.accuracy[part]
+        return table.node_values(draft)
 
     @torch.no_grad()
     def propose_batch(self, sequences, rows, tree: TreeSpec, options: DraftingOptions) -> list[DraftTree]:
         fixed = DraftingOptions(False, options.temperature, options.generator)  # candidates, never samples (step 1)
-        per_part = [
-            d.propose_batch(sequences, rows, t if t is not None else tree, fixed)
-            for d, t in zip(self.drafters, self._part_trees)
-        ]
+        own = [[None] * len(self.drafters) for _ in rows]
+        values = [[None] * len(self.drafters) for _ in rows]
+
+        def draft(i, picked):  # part i's drafts for the rows ``picked`` (indices into rows)
+            part_tree = self._part_trees[i] if self._part_trees[i] is not None else tree
+            seqs = [sequences[j] for j in picked]
+            for j, d in zip(picked, self.drafters[i].propose_batch(seqs, [rows[j] for j in picked], part_tree, fixed)):
+                own[j][i], values[j][i] = d, self._values(i, d)
+            self.drafted[i] += len(picked)
+            self.skipped[i] += len(rows) - len(picked)
+
+        everyone = list(range(len(rows)))
+        for i in (i for i, gated in enumerate(self._gated) if not gated):
+            draft(i, everyone)
+        self._free = {}
+        if any(self._gated):
+            free = [self._plan(own[j], values[j], tree, int(sequences[j][0, -1])) for j in everyone]
+            self._free = {rows[j]: plan for j, plan in enumerate(free)}
+            for i in (i for i, gated in enumerate(self._gated) if gated):
+                draft(i, [j for j in everyone if self.gates[i].wants(free[j][4], free[j][5], self._costs[i])])
         drafts = []
         for j, (seq, r) in enumerate(zip(sequences, rows)):
-            own = [part[j] for part in per_part]
-            self._own[r] = own
-            values = [acc.node_values(d) for acc, d in zip(self.accuracy, own)]
-            tokens, parents, scores, depths = merge_drafts(own, values)
-            keep = best_nodes(scores, depths, tree.num_nodes, tree.depth, self._step_cost)
+            self._own[r] = own[j]
+            tokens, parents, scores, keep, _, _ = self._plan(own[j], values[j], tree, int(seq[0, -1]))
             new_id = {old: new for new, old in enumerate(keep)}
             drafts.append(
                 DraftTree(
                     tokens=torch.tensor([tokens[i] for i in keep], dtype=torch.long, device=seq.device),
                     parents=tuple([-1] + [new_id[parents[i]] for i in keep[1:]]),
+                    scores=tuple(scores[i] for i in keep),
                 )
             )
         return drafts
 
+    def _learn_gains(self, r: int, committed: list[int]) -> None:
+        """Each gated part that drafted for row ``r``: the tokens accepted beyond the free plan's (`DraftGate`)."""
+        if r not in self._free:
+            return
+        tokens, parents, _, keep, tau_free, _ = self._free[r]
+        gain = len(committed) - 1 - accepted_depth(tokens, parents, keep, committed)
+        for i, own in enumerate(self._own.get(r, ())):
+            if self._gated[i] and own is not None:
+                self.gates[i].observe(tau_free, gain)
+
     def advance_batch(self, sequences, rows, drafts, results, target_outputs: TargetRows) -> None:
         for r, result in zip(rows, results):
-            for acc, own in zip(self.accuracy, self._own.get(r, ())):
-                acc.observe_tree(own, result.tokens)
+            self._learn_gains(r, result.tokens)
+            for i, own in enumerate(self._own.get(r, ())):
+                if own is not None:
+                    self.accuracy[i].observe_tree(own, result.tokens)
+                    if own.scores is not None:
+                        self.calibration[i].observe_tree(own, result.tokens)
         for drafter in self.drafters:
             drafter.advance_batch(sequences, rows, drafts, results, target_outputs)
 
     def end_batch(self) -> None:
         for drafter in self.drafters:
             drafter.end_batch()
-        self._own = {}
+        self._own, self._free = {}, {}

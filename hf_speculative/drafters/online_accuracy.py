@@ -17,7 +17,24 @@ import torch
 
 from ..engine.trees import DraftTree
 
-__all__ = ["OnlineAccuracy", "sibling_ranks"]
+__all__ = ["OnlineAccuracy", "ScoreCalibration", "sibling_ranks", "tried_nodes"]
+
+
+def tried_nodes(draft: DraftTree, committed: list[int]):
+    """``(node, depth, hit)`` for every node of ``draft`` whose parent was on the committed path and whose depth does
+    not pass the ``committed`` tokens (accepted drafts then the bonus token): the nodes a step tells something about."""
+    tokens = draft.tokens.tolist()
+    depth_of = [0] * len(draft)
+    on_path = {0}  # nodes whose path equals the committed prefix of their depth
+    for node in range(1, len(draft)):
+        parent = draft.parents[node]
+        depth_of[node] = depth = depth_of[parent] + 1
+        if parent not in on_path or depth > len(committed):
+            continue
+        hit = tokens[node] == committed[depth - 1]
+        if hit:
+            on_path.add(node)
+        yield node, depth, hit
 
 
 def sibling_ranks(draft: DraftTree) -> list[int]:
@@ -73,20 +90,11 @@ class OnlineAccuracy:
     def observe_tree(self, draft: DraftTree, committed: list[int]) -> None:
         """Count every node of ``draft`` whose parent was on the committed path (``committed``: the step's committed
         tokens, accepted drafts then the bonus token)."""
-        tokens = draft.tokens.tolist()
         ranks = sibling_ranks(draft)
-        on_path = {0}  # nodes whose path equals the committed prefix of their depth
-        for node in range(1, len(draft)):
-            parent = draft.parents[node]
-            if parent not in on_path:
-                continue
-            depth = len(draft.path_to(node)) - 1
-            if depth > len(committed) or depth > self.max_depth or ranks[node] >= self.max_rank:
-                continue
-            self.trials[depth - 1, ranks[node]] += 1
-            if tokens[node] == committed[depth - 1]:
-                self.hits[depth - 1, ranks[node]] += 1
-                on_path.add(node)
+        for node, depth, hit in tried_nodes(draft, committed):
+            if depth <= self.max_depth and ranks[node] < self.max_rank:
+                self.trials[depth - 1, ranks[node]] += 1
+                self.hits[depth - 1, ranks[node]] += hit
 
     def node_values(self, draft: DraftTree) -> list[float]:
         """Each node's estimated chance of lying on the accepted path: the product of ``acc`` along its path (root 1);
@@ -108,3 +116,57 @@ class OnlineAccuracy:
         hits, trials = state["hits"].to(torch.float64), state["trials"].to(torch.float64)
         d, r = min(hits.shape[0], self.max_depth), min(hits.shape[1], self.max_rank)
         self.hits[:d, :r], self.trials[:d, :r] = hits[:d, :r], trials[:d, :r]
+
+
+class ScoreCalibration:
+    """How often a drafter's nodes are right, by the confidence the drafter gave them (`DraftTree.scores`).
+
+    A node's own confidence is its score over its parent's: the drafter's conditional chance that the token follows
+    its parent (SuffixDecoding's share of the continuations seen, EAGLE's softmax probability). Nodes below a correct
+    parent are counted in ``num_bins`` equal bins of that confidence; each bin starts from its own midpoint as a
+    prior worth ``prior_weight`` observations and moves to the measured rate. ``node_values`` gives each node the
+    product of its path's calibrated rates: a drafter that claims 1.0 on every copy it finds (SuffixDecoding after a
+    single occurrence) gets the rate such copies are actually accepted at.
+
+    Args:
+        num_bins: confidence bins over [0, 1].
+        prior_weight: how many observations each bin's prior is worth.
+    """
+
+    def __init__(self, num_bins: int = 10, prior_weight: float = 8.0):
+        if num_bins < 1:
+            raise ValueError("num_bins must be >= 1")
+        self.num_bins = int(num_bins)
+        self.prior_weight = float(prior_weight)
+        self.prior = (torch.arange(self.num_bins, dtype=torch.float64) + 0.5) / self.num_bins
+        self.hits = torch.zeros(self.num_bins, dtype=torch.float64)
+        self.trials = torch.zeros(self.num_bins, dtype=torch.float64)
+
+    def rates(self) -> list[float]:
+        """Per bin: (hits + prior x weight) / (trials + weight)."""
+        w = self.prior_weight
+        return ((self.hits + w * self.prior) / (self.trials + w)).tolist()
+
+    def _bins(self, draft: DraftTree) -> list[int]:
+        scores, parents, top = draft.scores, draft.parents, self.num_bins - 1
+        bins = [0] * len(draft)
+        for node in range(1, len(draft)):
+            parent_score = scores[parents[node]]
+            own = scores[node] / parent_score if parent_score > 0 else 0.0
+            bins[node] = min(max(int(own * self.num_bins), 0), top)
+        return bins
+
+    def observe_tree(self, draft: DraftTree, committed: list[int]) -> None:
+        """Count the nodes of a scored ``draft`` below the committed path (`tried_nodes`)."""
+        bins = self._bins(draft)
+        for node, _, hit in tried_nodes(draft, committed):
+            self.trials[bins[node]] += 1
+            self.hits[bins[node]] += hit
+
+    def node_values(self, draft: DraftTree) -> list[float]:
+        """Each node's estimated chance of lying on the accepted path: the product of calibrated rates (root 1)."""
+        rates, bins = self.rates(), self._bins(draft)
+        values = [1.0] * len(draft)
+        for node in range(1, len(draft)):
+            values[node] = values[draft.parents[node]] * rates[bins[node]]
+        return values

@@ -63,6 +63,8 @@ class DrafterCapabilities:
     verified_top_k: int
     #: decoder layer whose input states `prune_batch` reads (None: no pruning)
     pruning_layer: int | None
+    #: `propose_batch` may be left out for some rows on some steps (see `TreeDrafter.proposals_optional`)
+    proposals_optional: bool = False
 
 
 class TreeDrafter(ABC):  # noqa: B024  (no abstract method: a drafter implements the batched or the per-row API)
@@ -87,6 +89,10 @@ class TreeDrafter(ABC):  # noqa: B024  (no abstract method: a drafter implements
     #: decoder layer whose input states `prune_batch` reads to drop nodes inside the verification forward (None: no
     #: pruning; Speculative Streaming's parallel tree pruning, Sec. 3.1.3)
     pruning_layer: int | None = None
+    #: the drafter's state follows the committed sequence through `advance_batch` alone (a drafter with its own cache
+    #: catches up on the committed tokens when it next drafts), so a drafter that merges several (`HybridDrafter`) may
+    #: leave out its `propose_batch` for some rows on some steps, when its drafting would not pay
+    proposals_optional: bool = False
 
     def attach_target(self, target) -> None:  # noqa: B027  (optional hook: most drafters ignore the target)
         """Called once per `generate` call, before anything else, with the target model (never to run it: only
@@ -102,6 +108,7 @@ class TreeDrafter(ABC):  # noqa: B024  (no abstract method: a drafter implements
             fills_dynamic_tree=bool(self.fills_dynamic_tree),
             verified_top_k=int(self.verified_top_k),
             pruning_layer=self.pruning_layer,
+            proposals_optional=bool(self.proposals_optional),
         )
 
     def tree_for_batch(self, batch_size: int) -> TreeSpec | DynamicTree | None:

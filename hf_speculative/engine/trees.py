@@ -454,7 +454,8 @@ class DynamicTree:
         node_parents = new_index[all_parents[kept] + 1].tolist()
         root = torch.as_tensor(root_token).reshape(1).cpu()
         tokens = torch.cat([root, all_tokens[kept]]).to(device)
-        return DraftTree(tokens=tokens, parents=tuple([-1] + node_parents))
+        scores = tuple([1.0] + all_scores[kept].exp().tolist())  # path confidence, EAGLE-2's ranking
+        return DraftTree(tokens=tokens, parents=tuple([-1] + node_parents), scores=scores)
 
 
 @dataclass
@@ -469,12 +470,17 @@ class DraftTree:
     * ``"without_replacement"``: the i-th child was drawn from q with the earlier siblings removed
       (Gumbel-top-k sampling).
     * ``"with_replacement"``: every child is an independent draw from q (SpecInfer).
+
+    ``scores[i]``, when the drafter gives them, is its own estimate of the chance that node i lies on the accepted
+    path (the root's 1.0; a child's never above its parent's): SuffixDecoding's empirical path probability, EAGLE's
+    path confidence. Verification never reads them; `HybridDrafter` calibrates them to rank nodes across drafters.
     """
 
     tokens: torch.Tensor  # (n,) long
     parents: tuple[int, ...]
     draft_probs: torch.Tensor | None = None  # (n, vocab) float, rows of leaves unused
     sampling: str = "deterministic"
+    scores: tuple[float, ...] | None = None
     _spec: TreeSpec | None = field(default=None, repr=False)
 
     def __post_init__(self):
@@ -482,6 +488,8 @@ class DraftTree:
             raise ValueError(f"unknown draft sampling scheme {self.sampling!r}")
         if self.tokens.dim() != 1 or self.tokens.numel() != len(self.parents):
             raise ValueError("DraftTree.tokens must be 1-D with one token per node")
+        if self.scores is not None and len(self.scores) != len(self.parents):
+            raise ValueError("DraftTree.scores must hold one score per node")
 
     @classmethod
     def from_spec(cls, spec: TreeSpec, tokens: torch.Tensor, **kwargs) -> "DraftTree":
@@ -515,7 +523,10 @@ class DraftTree:
         index = torch.tensor(keep, dtype=torch.long, device=self.tokens.device)
         probs = None if self.draft_probs is None else self.draft_probs[index.to(self.draft_probs.device)]
         parents = tuple([-1] + [new_index[self.parents[k]] for k in keep[1:]])
-        return DraftTree(tokens=self.tokens[index], parents=parents, draft_probs=probs, sampling=self.sampling)
+        scores = None if self.scores is None else tuple(self.scores[k] for k in keep)
+        return DraftTree(
+            tokens=self.tokens[index], parents=parents, draft_probs=probs, sampling=self.sampling, scores=scores
+        )
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root to ``node``, both included."""

@@ -490,6 +490,7 @@ class EagleTreeDrafter(OneRowDrafter):
 
     needs_target_hidden_states = True
     fills_dynamic_tree = True
+    proposals_optional = True  # the features come from advance; propose runs the uncached committed rows
     #: the calibration's held-out accuracies (`training_eagle.eagle_step_accuracies`)
     accuracy_key = "step_top_i_accuracy"
 
@@ -625,6 +626,7 @@ class EagleTreeDrafter(OneRowDrafter):
         tokens = torch.empty(n, dtype=torch.long, device=device)
         tokens[0] = sequence[0, -1]
         probs = torch.zeros(n, self.vocab_size, device=device) if scheme != "deterministic" else None
+        scores = [1.0] * n  # path confidence: the product of the drafter's probabilities along the path
         depths = tree.depths.tolist()
         parents_of = tree.parents
         for d in range(tree.depth):
@@ -649,8 +651,11 @@ class EagleTreeDrafter(OneRowDrafter):
                 )
                 logits = {i: out[j] for j, i in enumerate(inner)}
             for i in inner:
-                self._fill_static_children(i, tree.children[i], logits[i], tokens, probs, scheme, options)
-        return DraftTree.from_spec(tree, tokens, draft_probs=probs, sampling=scheme)
+                kids = tree.children[i]
+                p = self._fill_static_children(i, kids, logits[i], tokens, probs, scheme, options)
+                for kid, pk in zip(kids, p):
+                    scores[kid] = scores[i] * pk
+        return DraftTree.from_spec(tree, tokens, draft_probs=probs, sampling=scheme, scores=tuple(scores))
 
     def _fill_static_children(
         self,
@@ -661,17 +666,21 @@ class EagleTreeDrafter(OneRowDrafter):
         probs: torch.Tensor | None,
         scheme: str,
         options: DraftingOptions,
-    ) -> None:
-        """A static node's children tokens (and their draft distribution ``q`` when sampled), written in place."""
+    ) -> list[float]:
+        """A static node's children tokens (and their draft distribution ``q`` when sampled), written in place;
+        returns each child's probability under the drafter's distribution."""
         device = tokens.device
         if scheme == "deterministic":  # top-k in the draft vocabulary, mapped to target ids
-            chosen, q = torch.topk(logits, min(len(kids), logits.shape[-1])).indices, None
+            top = torch.topk(torch.softmax(logits.float(), dim=-1), min(len(kids), logits.shape[-1]))
+            chosen, q, chance = top.indices, None, top.values
             chosen = chosen if self._target_ids is None else self._target_ids[chosen]
         else:  # draws from q over the target vocabulary (zero outside the draft vocabulary)
             chosen, q = fill_children(self._full_logits(logits[None])[0], len(kids), scheme, options)
+            chance = q[chosen]
         tokens[list(kids)] = chosen.to(device)
         if probs is not None:
             probs[node] = q.to(device)
+        return chance.tolist()
 
 
 def _drafting_shares(drafter: EagleDrafter, target: PreTrainedModel | None) -> tuple[float, float]:

@@ -189,6 +189,7 @@ class MedusaDrafter(DepthTreeDrafter):
     """
 
     needs_target_hidden_states = True
+    proposals_optional = True  # the heads read the last committed node's state, kept by advance
     accuracy_key = "head_top_i_accuracy"
 
     def __init__(self, heads: MedusaHeadsModel, **kwargs):

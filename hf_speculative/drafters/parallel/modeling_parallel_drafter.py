@@ -210,6 +210,8 @@ class ParallelTreeDrafter(OneRowDrafter, DepthTreeDrafter):
     without replacement) and verified by exact tree rejection sampling (ParallelSpec Algorithm 1).
     """
 
+    proposals_optional = True  # its cache holds committed tokens only; a proposal runs the ones not cached yet
+
     def __init__(self, drafter: ParallelDrafter, *, target: PreTrainedModel | None = None, **kwargs):
         """``kwargs``: `DepthTreeDrafter`'s ``draft_sampling``."""
         self.drafter = drafter

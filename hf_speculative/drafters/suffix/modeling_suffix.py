@@ -191,6 +191,7 @@ class SuffixDrafter(TreeDrafter):
         return DraftTree(
             tokens=torch.tensor([tokens[i] for i in keep], dtype=torch.long, device=sequence.device),
             parents=tuple([-1] + [new_id[parents[i]] for i in keep[1:]]),
+            scores=tuple(scores[i] for i in keep),
         )
 
     def _expand(self, codes: np.ndarray, follow: np.ndarray, root: int, length: int, tree: TreeSpec):
