@@ -401,17 +401,25 @@ def test_training_free_arm_on_the_lora_model(work, trained, drafter, tmp_path):
         main([*argv, "--write-card"])
 
 
-def test_a_trained_drafter_merged_with_suffix_decoding(work, trained, tmp_path):
+@pytest.mark.parametrize("gate", ["", "-ungated"])
+def test_a_trained_drafter_merged_with_suffix_decoding(work, trained, tmp_path, gate):
     """``--drafter hybrid-suffix`` on an EAGLE folder: its drafter and SuffixDecoding warmed with the training targets
-    in one tree, exact against the fine-tuned model's plain decoding."""
+    in one tree, exact against the fine-tuned model's plain decoding; the hybrid's gate counts the rows EAGLE drafted
+    for (``-ungated``: every row)."""
     out = tmp_path / "eagle-suffix.json"
     argv = ["eval", str(trained["eagle"]), "--task", "e2e_nlg", "--data", str(work["e2e_nlg"]), "--limit", "3"]
-    argv += ["--max-new-tokens", "12", "--output", str(out), "--no-progress", "--drafter", "hybrid-suffix"]
+    argv += ["--max-new-tokens", "12", "--output", str(out), "--no-progress", "--drafter", f"hybrid-suffix{gate}"]
     assert main(argv) == 0
     result = json.loads(out.read_text())
-    assert result["method"] == "eagle" and result["drafter"] == "hybrid (eagle-3 + suffix decoding)"
+    name = "hybrid (eagle-3 + suffix decoding" + (", ungated)" if gate else ")")
+    assert result["method"] == "eagle" and result["drafter"] == name
     assert result["lossless_rate"] == 1.0 and result["tau"] >= 1.0 and result["extra_parameters"] > 0
     assert result["suffix_structure"]["outputs"] > 3
+    drafted, skipped = result["hybrid_rows_drafted"], result["hybrid_rows_gated_out"]
+    assert drafted["SuffixDrafter"] > 0 and skipped["SuffixDrafter"] == 0  # the free part drafts every row
+    assert drafted["EagleTreeDrafter"] + skipped["EagleTreeDrafter"] == drafted["SuffixDrafter"]
+    if gate:  # ungated
+        assert skipped["EagleTreeDrafter"] == 0
 
 
 def test_streaming_arm_with_tree_pruning_and_a_learning_curve(work, trained, tmp_path):

@@ -204,6 +204,7 @@ def load_downstream(
     info = read_downstream_info(folder)
     method = info["method"]
     hybrid_suffix = drafter.startswith("hybrid-suffix") and method in ("medusa2", "eagle")
+    gate = drafter != "hybrid-suffix-ungated"  # ungated: the trained drafter drafts for every row on every step
     if drafter != "prompt-lookup" and method != "lora" and not hybrid_suffix:
         raise ValueError(
             f"--drafter {drafter} applies to a 'lora' folder (and hybrid-suffix to a medusa2 or eagle folder too); "
@@ -236,7 +237,6 @@ def load_downstream(
         (drafter, name), extra = _training_free_drafter(drafter, warm_texts, tokenizer), 0
     if hybrid_suffix:
         suffix = _suffix_drafter(warm_texts, tokenizer)
-        gate = drafter == "hybrid-suffix"  # -ungated: the trained drafter drafts for every row on every step
         drafter = hfs.HybridDrafter([drafter, suffix], gate=gate)
         name = f"hybrid ({name} + suffix decoding{'' if gate else ', ungated'})"
     hfs.enable(model)
