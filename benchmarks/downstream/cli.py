@@ -22,6 +22,8 @@ from pathlib import Path
 
 from hf_speculative.commands.common import setup_torch
 
+from .drafter_names import TRAINING_FREE
+
 PROGRAM = "python benchmarks/run_downstream.py"
 TASKS = ("e2e_nlg", "wikisql", "dialogsum")
 METHODS = ("lora", "medusa2", "streaming", "eagle")
@@ -197,16 +199,7 @@ def _add_eval_parser(sub) -> None:
     e.add_argument(
         "--drafter",
         default="prompt-lookup",
-        choices=(
-            "prompt-lookup",
-            "token-recycling",
-            "hybrid",
-            "suffix",
-            "hybrid-suffix",
-            "hybrid-suffix-ungated",
-            "hf-prompt-lookup",
-            "engine",
-        ),
+        choices=TRAINING_FREE,
         help="a lora folder's training-free drafting (arm e; suffix and hybrid-suffix are warmed with the task's "
         "training targets; engine: the engine's loop with nothing drafted); other folders draft with what they trained "
         "(hybrid-suffix on a medusa2 or eagle folder: merged with SuffixDecoding; hybrid-suffix-ungated: the same with "

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import torch
 
+from .drafter_names import SUFFIX_DRAFTERS, TRAINING_FREE
 from .evaluation import (
-    SUFFIX_DRAFTERS,
-    TRAINING_FREE,
     chat_answers,
     compute_metric,
     folder_adapter,

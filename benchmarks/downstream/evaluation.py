@@ -32,6 +32,7 @@ from typing import Callable
 
 import torch
 
+from .drafter_names import SUFFIX_DRAFTERS, TRAINING_FREE
 from .training import ADAPTER_SUBFOLDER, read_downstream_info
 
 __all__ = ["DownstreamModel", "load_downstream", "evaluate_folder", "compute_metric"]
@@ -69,21 +70,8 @@ def _merged(base, folder: Path, adapter: str = ADAPTER_SUBFOLDER):
     return PeftModel.from_pretrained(base, str(folder / adapter)).merge_and_unload().eval()
 
 
-#: training-free drafting of a ``lora`` folder (arm e): ``--drafter`` of ``downstream eval``
-TRAINING_FREE = (
-    "prompt-lookup",
-    "token-recycling",
-    "hybrid",
-    "suffix",
-    "hybrid-suffix",
-    "hybrid-suffix-ungated",
-    "hf-prompt-lookup",
-    "engine",
-)
 #: transformers' own prompt lookup (a chain of this many tokens), the baseline beside the tree drafters
 HF_PROMPT_LOOKUP_TOKENS = 10
-#: the drafters warmed with the task's training targets (never its test set)
-SUFFIX_DRAFTERS = ("suffix", "hybrid-suffix", "hybrid-suffix-ungated")
 
 
 def training_targets(task: str, data_dir) -> list[str]:
