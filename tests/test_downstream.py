@@ -267,6 +267,19 @@ def test_every_arm_trains_and_evaluates_on_the_other_tasks(work, task, tmp_path)
         assert set(result["metric"]) == keys
 
 
+def test_keep_state_lets_a_finished_run_train_on(work, tmp_path, capsys):
+    """``--keep-state`` keeps the checkpoints of a finished run: ``--resume`` with more steps goes on from the last one
+    (the step count adds up); without it the checkpoints are removed at the end."""
+    out = tmp_path / "lora"
+    first = _train(work, "e2e_nlg", "lora", out, "--max-steps", "2", "--save-steps", "1", "--keep-state")
+    assert first["training"]["steps"] == 2 and (out / "trainer_state" / "checkpoint-2").is_dir()
+    capsys.readouterr()
+    more = _train(work, "e2e_nlg", "lora", out, "--max-steps", "3", "--save-steps", "1", "--resume")
+    assert f"resuming from {out / 'trainer_state' / 'checkpoint-2'}" in capsys.readouterr().err
+    assert more["training"]["steps"] == 3 and more["training"]["settings"]["resume"]
+    assert not (out / "trainer_state").exists()
+
+
 def test_resume_restores_trainable_weights(work, tmp_path):
     """A checkpoint holds the trainable tensors only (streams and the base's LoRA); a run stopped at step 2 and
     resumed starts from exactly those weights and continues to the planned step."""

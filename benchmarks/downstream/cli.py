@@ -134,6 +134,11 @@ def _add_train_parser(sub) -> None:
     )
     t.add_argument("--save-steps", type=int, default=200, help="a resumable checkpoint every N steps (0: none)")
     t.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
+    t.add_argument(
+        "--keep-state",
+        action="store_true",
+        help="keep the checkpoints when the run ends, so --resume with a larger --time-budget trains on",
+    )
     t.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     t.add_argument("--threads", type=int, default=None)
     t.add_argument("--seed", type=int, default=0)
@@ -273,6 +278,7 @@ def run_train(args) -> int:
         time_budget=args.time_budget,
         save_steps=args.save_steps or None,
         resume=args.resume,
+        keep_state=args.keep_state,
         max_length=args.max_length or get_task(args.task).max_length,
         calibration_prompts=args.calibration_prompts,
         tree_nodes=args.tree_nodes,

@@ -66,6 +66,8 @@ class DownstreamTrainingConfig:
         batch_size: examples per optimizer step.
         epochs / max_steps: the training length (``max_steps`` > 0 wins); ``time_budget`` (seconds) stops earlier.
         save_steps / resume: a resumable `Trainer` checkpoint every ``save_steps`` steps; continue from the last one.
+        keep_state: keep the checkpoints when the run ends (``OUT/trainer_state``), so a later ``--resume`` with a
+            larger ``time_budget`` or step count goes on training instead of starting again (default: removed).
         max_length: tokens per training example (prompt + answer).
         calibration_prompts: training prompts set aside to calibrate the draft tree (never trained on).
         tree_nodes: node budget of the calibrated tree (Speculative Streaming, Medusa-2).
@@ -97,6 +99,7 @@ class DownstreamTrainingConfig:
     time_budget: float | None = None
     save_steps: int | None = 200
     resume: bool = False
+    keep_state: bool = False
     max_length: int = 512
     calibration_prompts: int = 48
     tree_nodes: int = 16
@@ -744,5 +747,6 @@ def train_arm(
     }
     if is_main_process():  # the other processes trained the same weights
         write_downstream_info(out, info)
-        shutil.rmtree(out / "trainer_state", ignore_errors=True)
+        if not cfg.keep_state:
+            shutil.rmtree(out / "trainer_state", ignore_errors=True)
     return info
