@@ -6,7 +6,7 @@ import pytest
 from conftest import tiny_chat_model
 
 from hf_speculative.training.data import Record, load_records
-from hf_speculative.training.distill import read_done_ids, self_distill
+from hf_speculative.training.distill import order_by_length, read_done_ids, self_distill
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +113,37 @@ def test_speculative_answers_equal_plain_ones(tiny, tmp_path):
     self_distill(model, tok, RECORDS, fast, max_new_tokens=12, batch_size=3, progress=False, assistant_model=drafter)
     assert [r["messages"] for r in read(fast)] == [r["messages"] for r in read(plain)]
     assert drafter.index.num_tokens > sum(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts)
+
+
+def test_prompts_of_similar_lengths_batch_together_and_too_long_ones_are_left_out(tiny, tmp_path):
+    """Each window of records is answered shortest prompt first; prompts over the cap are left out and counted; the
+    answers are the ones of the given order (greedy, batch 1 against batch 2)."""
+    model, tok = tiny
+    lengths = [len(tok(r.prompt, add_special_tokens=False)["input_ids"]) for r in RECORDS]
+    order, left_out = order_by_length(RECORDS, tok, sort_window=3)
+    assert left_out == 0 and sorted(r.id for r in order) == [r.id for r in RECORDS]
+    for w in (order[:3], order[3:]):
+        assert [lengths[int(r.id)] for r in w] == sorted(lengths[int(r.id)] for r in w)
+    assert {r.id for r in order[:3]} == {"0", "1", "2"}  # windows keep their records
+    cap = sorted(lengths)[2]
+    kept, left_out = order_by_length(RECORDS, tok, max_prompt_tokens=cap)
+    assert [r.id for r in kept] == [r.id for r in RECORDS if lengths[int(r.id)] <= cap] and left_out == 5 - len(kept)
+
+    plain, sorted_out = tmp_path / "plain.jsonl", tmp_path / "sorted.jsonl"
+    self_distill(model, tok, RECORDS, plain, max_new_tokens=6, progress=False)
+    stats = self_distill(
+        model,
+        tok,
+        RECORDS,
+        sorted_out,
+        max_new_tokens=6,
+        batch_size=2,
+        sort_window=3,
+        max_prompt_tokens=cap,
+        progress=False,
+    )
+    assert stats.too_long == left_out and stats.written == len(kept) and "left out as too long" in str(stats)
+    by_id = {r["id"]: r["messages"] for r in read(plain)}
+    rows = read(sorted_out)
+    assert {r["id"] for r in rows} == {r.id for r in kept}
+    assert all(r["messages"] == by_id[r["id"]] for r in rows)

@@ -26,6 +26,13 @@ def add_parser(subparsers) -> None:
         "and learning each new one (the same answers; faster than plain at small batches, slower at 32 on CPU)",
     )
     p.add_argument(
+        "--sort-window",
+        type=int,
+        default=0,
+        help="sort each run of N prompts by length, so batches pad to similar lengths (0: the file's order)",
+    )
+    p.add_argument("--max-prompt-tokens", type=int, default=None, help="leave out prompts whose first turn is longer")
+    p.add_argument(
         "--time-budget",
         type=float,
         default=None,
@@ -56,6 +63,8 @@ def run(args) -> int:
         time_budget_s=args.time_budget,
         seed=args.seed,
         assistant_model=_suffix_drafter(model, tokenizer, args.out) if args.drafter == "suffix" else None,
+        sort_window=args.sort_window,
+        max_prompt_tokens=args.max_prompt_tokens,
     )
     print(stats)
     return 0
