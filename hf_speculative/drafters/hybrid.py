@@ -41,7 +41,7 @@ from .cost_aware import target_cost_curve
 from .draft_gate import DraftGate, accepted_depth
 from .online_accuracy import OnlineAccuracy, ScoreCalibration
 
-__all__ = ["HybridDrafter", "merge_drafts", "budget_tree", "best_nodes", "best_plan"]
+__all__ = ["HybridDrafter", "merge_drafts", "budget_tree", "best_nodes", "best_plan", "kept_draft"]
 
 #: acceptance prior per sibling rank for a part with no history (the same at every depth)
 PART_PRIOR = [0.4, 0.15, 0.08, 0.05, 0.04, 0.03, 0.02, 0.02] + [0.01] * 56
@@ -96,6 +96,17 @@ def best_plan(
 def best_nodes(scores: list[float], depths: list[int], num_nodes: int, max_depth: int, step_cost) -> list[int]:
     """The kept nodes of `best_plan`."""
     return best_plan(scores, depths, num_nodes, max_depth, step_cost)[0]
+
+
+def kept_draft(tokens: list[int], parents: list[int], scores: list[float], keep: list[int], device) -> DraftTree:
+    """The draft of the trie nodes ``keep`` (ascending, root first, closed under ancestors), renumbered, with their
+    scores."""
+    new_id = {old: new for new, old in enumerate(keep)}
+    return DraftTree(
+        tokens=torch.tensor([tokens[i] for i in keep], dtype=torch.long, device=device),
+        parents=tuple([-1] + [new_id[parents[i]] for i in keep[1:]]),
+        scores=tuple(scores[i] for i in keep),
+    )
 
 
 class HybridDrafter(TreeDrafter):
@@ -201,7 +212,6 @@ class HybridDrafter(TreeDrafter):
             self.gate and cost > 0 and d.capabilities.proposals_optional for d, cost in zip(self.drafters, self._costs)
         ]
         self._verify_cost = lambda n: curve(batch * n) / curve(batch) if batch > 1 else curve(n)
-        self._step_cost = lambda n: self._verify_cost(n) + sum(self._costs)
 
     def _plan(self, own: list[DraftTree | None], values: list[list[float] | None], tree: TreeSpec, root: int):
         """Merge the drafts a row has (`merge_drafts`) and keep the best nodes under the cost budget, the drafting of
@@ -237,24 +247,20 @@ class HybridDrafter(TreeDrafter):
         everyone = list(range(len(rows)))
         for i in (i for i, gated in enumerate(self._gated) if not gated):
             draft(i, everyone)
+        plans = [None] * len(rows)  # a row's plan, when no gated part drafts for it: the free parts' plan
         self._free = {}
         if any(self._gated):
-            free = [self._plan(own[j], values[j], tree, int(sequences[j][0, -1])) for j in everyone]
-            self._free = {rows[j]: plan for j, plan in enumerate(free)}
+            plans = [self._plan(own[j], values[j], tree, int(sequences[j][0, -1])) for j in everyone]
+            self._free = {rows[j]: plan for j, plan in enumerate(plans)}
             for i in (i for i, gated in enumerate(self._gated) if gated):
-                draft(i, [j for j in everyone if self.gates[i].wants(free[j][4], free[j][5], self._costs[i])])
+                draft(i, [j for j in everyone if self.gates[i].wants(plans[j][4], plans[j][5], self._costs[i])])
         drafts = []
         for j, (seq, r) in enumerate(zip(sequences, rows)):
             self._own[r] = own[j]
-            tokens, parents, scores, keep, _, _ = self._plan(own[j], values[j], tree, int(seq[0, -1]))
-            new_id = {old: new for new, old in enumerate(keep)}
-            drafts.append(
-                DraftTree(
-                    tokens=torch.tensor([tokens[i] for i in keep], dtype=torch.long, device=seq.device),
-                    parents=tuple([-1] + [new_id[parents[i]] for i in keep[1:]]),
-                    scores=tuple(scores[i] for i in keep),
-                )
-            )
+            if plans[j] is None or any(own[j][i] is not None for i, gated in enumerate(self._gated) if gated):
+                plans[j] = self._plan(own[j], values[j], tree, int(seq[0, -1]))
+            tokens, parents, scores, keep, _, _ = plans[j]
+            drafts.append(kept_draft(tokens, parents, scores, keep, seq.device))
         return drafts
 
     def _learn_gains(self, r: int, committed: list[int]) -> None:

@@ -43,7 +43,7 @@ from ...engine.rows import TargetRows
 from ...engine.trees import DraftingOptions, DraftTree, TreeSpec, budget_tree
 from ..cost_aware import target_cost_curve
 from ..hybrid import best_nodes as _best_nodes
-from ..hybrid import merge_drafts
+from ..hybrid import kept_draft, merge_drafts
 from .configuration_suffix import SuffixConfig
 from .speculation_tree import expand_speculation_tree
 from .suffix_index import SuffixIndex, match_in_sequence
@@ -187,12 +187,7 @@ class SuffixDrafter(TreeDrafter):
         drafts = [DraftTree(tokens=torch.tensor(tokens), parents=tuple(parents)) for tokens, parents, _ in candidates]
         tokens, parents, scores, depths = merge_drafts(drafts, [scores for _, _, scores in candidates])
         keep = _best_nodes(scores, depths, tree.num_nodes, tree.depth, self._step_cost)
-        new_id = {old: new for new, old in enumerate(keep)}
-        return DraftTree(
-            tokens=torch.tensor([tokens[i] for i in keep], dtype=torch.long, device=sequence.device),
-            parents=tuple([-1] + [new_id[parents[i]] for i in keep[1:]]),
-            scores=tuple(scores[i] for i in keep),
-        )
+        return kept_draft(tokens, parents, scores, keep, sequence.device)
 
     def _expand(self, codes: np.ndarray, follow: np.ndarray, root: int, length: int, tree: TreeSpec):
         budget = min(tree.num_nodes, math.ceil(self.config.alpha * length))
