@@ -156,7 +156,7 @@ def trained(work):
     folders = {}
     for method in ("lora", "streaming", "medusa2", "eagle"):
         out = work["root"] / f"e2e-{method}"
-        extra = ["--adapter", str(folders["lora"])] if method == "eagle" else []
+        extra = ["--adapter", str(folders["lora"]), "--eagle-draft-vocab", "40"] if method == "eagle" else []
         _train(work, "e2e_nlg", method, out, "--max-steps", "30", *extra)
         folders[method] = out
     return folders
@@ -225,7 +225,9 @@ def test_training_loss_falls(trained, method):
     }[method]
     assert expected <= files
     if method == "eagle":  # the LoRA folder's adapter, named relative to the EAGLE folder (no copy)
-        adapter = json.loads((trained["eagle"] / "config.json").read_text())["base_adapter"]
+        config = json.loads((trained["eagle"] / "config.json").read_text())
+        assert config["draft_vocab_size"] == 40 and record["settings"]["eagle_draft_vocab"] == 40  # --eagle-draft-vocab
+        adapter = config["base_adapter"]
         assert adapter == "../e2e-lora/adapter" and (trained["eagle"] / adapter / "adapter_model.safetensors").is_file()
 
 

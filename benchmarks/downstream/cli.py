@@ -98,6 +98,12 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--num-heads", type=int, default=4, help="medusa2: heads")
     t.add_argument("--eagle-max-tokens", type=int, default=400_000, help="eagle: labelled training tokens")
     t.add_argument(
+        "--eagle-draft-vocab",
+        type=int,
+        default=8192,
+        help="eagle: EAGLE-3's draft vocabulary (the most frequent target tokens of the training answers)",
+    )
+    t.add_argument(
         "--answers",
         choices=("references", "self"),
         default="references",
@@ -286,6 +292,7 @@ def run_train(args) -> int:
         num_msa_layers=args.num_msa_layers,
         num_heads=args.num_heads,
         eagle_max_tokens=args.eagle_max_tokens,
+        eagle_draft_vocab=args.eagle_draft_vocab,
         answers=args.answers,
         synthetic_prompts=args.synthetic_prompts,
         curve_points=args.curve_points,
