@@ -81,6 +81,9 @@ def test_relative_folders_resolve_against_the_current_directory(tmp_path, monkey
     heads = hfs.MedusaHeadsModel.from_pretrained("../heads", base_model=model)
     assert heads.config.num_heads == 2
     assert type(load_drafter("../heads", model)).__name__ == "MedusaHeadsModel"
+    hfs.TokenRecyclingDrafter(num_successors=2).save_pretrained(tmp_path / "recycling")  # a model-free drafter's folder
+    recycling = load_drafter("../recycling", model)  # `bench --drafter` takes it as it is (no .to / .eval)
+    assert type(recycling).__name__ == "TokenRecyclingDrafter" and recycling.num_successors == 2
 
 
 def test_hub_probe_answers_from_a_closed_and_an_open_port(no_network, monkeypatch):

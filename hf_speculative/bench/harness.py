@@ -564,6 +564,8 @@ def load_drafter(path: str, target=None):
         )
     else:
         model = AutoModel.from_pretrained(path)
+    if not isinstance(model, torch.nn.Module):  # a model-free drafter's folder (Token Recycling, SuffixDecoding)
+        return model
     if target is not None:
         model.to(device=target.device, dtype=target.dtype)
     return model.eval()
