@@ -115,3 +115,26 @@ def test_one_token_steps_between_tree_steps_keep_every_drafter_exact(monkeypatch
         ids[:1], max_new_tokens=10, do_sample=False, assistant_model=DRAFTERS[name](model), speculative_pricing=True
     )
     assert torch.equal(single, model.generate(ids[:1], max_new_tokens=10, do_sample=False)), name
+
+
+def test_a_drafter_model_keeps_its_step_prices_across_calls(monkeypatch):
+    """A drafter model makes a new per-call `TreeDrafter` on every call; its step prices live with the model, so the
+    pricer's warm-up (a window of tree steps, then plain probes) is paid once, not by every short generation."""
+    model = hfs.enable(tiny_model("llama"))
+    heads = hfs.MedusaHeadsModel.from_base_model(model, num_heads=2)
+    made, records = [], []
+    post_init, record = StepPricer.__post_init__, StepPricer.record
+    monkeypatch.setattr(StepPricer, "__post_init__", lambda self: (made.append(self), post_init(self))[-1])
+    monkeypatch.setattr(StepPricer, "record", lambda self, *a, **k: (records.append(self), record(self, *a, **k))[-1])
+    prompt = torch.tensor([[5, 17, 33, 2, 9, 41, 7]])
+    kwargs = dict(assistant_model=heads, max_new_tokens=6, do_sample=False, speculative_pricing=True)
+    steps = 0
+    for _ in range(3):
+        steps += (
+            model.generate(prompt, return_dict_in_generate=True, **kwargs).speculative_stats.num_target_forwards - 1
+        )
+    assert len(made) == 1  # one pricer for the three calls: every step of every call was recorded in it
+    assert len(records) == steps and set(map(id, records)) == {id(made[0])}
+    other = hfs.MedusaHeadsModel.from_base_model(model, num_heads=2)
+    model.generate(prompt, **{**kwargs, "assistant_model": other})
+    assert len(made) == 2  # another drafter model prices its own steps

@@ -183,7 +183,8 @@ class SpeculativeLoop:
         self.lazy_head = None if top_k else NodeLogits.lazy_head(self.model, outputs)
         self.project = self.policy.head_projector(self.lazy_head) if self.lazy_head is not None else None
         if self.call.pricing if self.call.pricing is not None else self.policy.pricing:
-            self.pricer = self.policy.step_pricer(self.drafter, self.model, len(self.batch.rows))
+            owner = self.drafter if self.drafter.pricing_owner is None else self.drafter.pricing_owner
+            self.pricer = self.policy.step_pricer(owner, self.model, len(self.batch.rows))
 
     def first_tokens(self, outputs):
         """The prefill's new token per row, drawn as every later token is (argmax, or the keyed noise's draw)."""

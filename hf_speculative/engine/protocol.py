@@ -93,6 +93,9 @@ class TreeDrafter(ABC):  # noqa: B024  (no abstract method: a drafter implements
     #: catches up on the committed tokens when it next drafts), so a drafter that merges several (`HybridDrafter`) may
     #: leave out its `propose_batch` for some rows on some steps, when its drafting would not pay
     proposals_optional: bool = False
+    #: the long-lived object whose step prices (`hf_speculative.engine.step_pricing`) are kept across calls: a drafter
+    #: model makes a new `TreeDrafter` per call, so `resolve_drafter` sets the model here (None: this drafter)
+    pricing_owner: object | None = None
 
     def attach_target(self, target) -> None:  # noqa: B027  (optional hook: most drafters ignore the target)
         """Called once per `generate` call, before anything else, with the target model (never to run it: only

@@ -36,15 +36,15 @@ def resolve_drafter(target, assistant_model) -> TreeDrafter | None:
     (`match_target`: the one rule, with a warning line)."""
     if assistant_model is None:
         self_drafter = getattr(target, "get_self_drafter", None)
-        return self_drafter() if self_drafter is not None else None
+        return _owned(self_drafter(), target) if self_drafter is not None else None
     if isinstance(assistant_model, torch.nn.Module):
         match_target(assistant_model, target)
     if isinstance(assistant_model, TreeDrafter):
         drafter = assistant_model
     elif hasattr(assistant_model, "get_tree_drafter"):
-        drafter = assistant_model.get_tree_drafter(target)
+        drafter = _owned(assistant_model.get_tree_drafter(target), assistant_model)
     else:
-        drafter = _adapted(target, assistant_model)
+        drafter = _owned(_adapted(target, assistant_model), assistant_model)
     target_vocab = _vocab_size(target)
     draft_vocab = drafter.capabilities.vocab_size
     if draft_vocab is not None and target_vocab is not None and draft_vocab != target_vocab:
@@ -52,4 +52,11 @@ def resolve_drafter(target, assistant_model) -> TreeDrafter | None:
             f"vocabulary mismatch: the target predicts {target_vocab} tokens but the drafter {draft_vocab}; "
             "tree speculative decoding needs a drafter with the target's vocabulary"
         )
+    return drafter
+
+
+def _owned(drafter: TreeDrafter, owner) -> TreeDrafter:
+    """``drafter``, made for this call from ``owner`` (a drafter model, a causal LM, a self-drafting target), which keeps
+    its step prices across calls: a short generation then starts from what the earlier calls measured."""
+    drafter.pricing_owner = owner
     return drafter
