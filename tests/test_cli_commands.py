@@ -199,6 +199,7 @@ def test_cli_bench_per_category_and_checkpoint(model_dir, prompts, tmp_path):
     assert data["setting"]["n_prompts"] == 2 and "partial" not in data["setting"]  # one writing, one math
     assert {p["category"] for p in data["prompts"]} == {"writing", "math"}
     assert data["setting"]["command"].startswith("hf-speculative bench --model")
+    assert data["setting"]["machine"]["cpu"] and data["setting"]["peak_resident_bytes"] > 10 * 2**20
 
 
 def test_cli_bench_batch_size(model_dir, prompts, tmp_path, capsys):
@@ -243,3 +244,7 @@ def test_cli_bench_batch_size(model_dir, prompts, tmp_path, capsys):
     assert plot.stat().st_size > 0
     printed = capsys.readouterr().out
     assert "skipping hf-assisted" in printed and "| B | method | tree nodes | new tokens/s |" in printed
+    # where it was measured: the CPU by name with its vector flags, and the run's peak resident memory
+    machine, peak = data["setting"]["machine"], data["setting"]["peak_resident_bytes"]
+    assert machine["cpu"] and set(machine["cpu_flags"]) >= {"avx2", "avx512f"} and peak > 10 * 2**20
+    assert f"measured on: {machine['cpu']} (avx2 " in printed and f"{peak / 2**30:.2f} GiB" in printed

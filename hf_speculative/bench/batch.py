@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .harness import BenchOptions, baselines_first, build_methods, generate_kwargs, synchronize
+from .harness import BenchOptions, baselines_first, build_methods, generate_kwargs, machine_info, synchronize
 from .prompts import prepare_prompts
 
 __all__ = ["run_batch_benchmark", "batch_table", "plot_batch_speedup", "pad_batch", "BATCH_UNSUPPORTED"]
@@ -173,6 +173,7 @@ def run_batch_benchmark(
             "temperature": temperature,
             "n_prompts": len(prompts),
             "threads": torch.get_num_threads(),
+            "machine": machine_info(device),
             "methods": {m.name: {"description": m.description, **m.settings()} for m in bench_methods},
             "timing": "time.perf_counter around each batched generate call; prompts left padded, methods interleaved per batch",
         },

@@ -685,9 +685,14 @@ def machine_info(device) -> dict:
 
     import transformers
 
+    from .shape_bench import cpu_info
+
+    cpu = cpu_info()
     info = {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu": cpu["cpu"],
+        "cpu_flags": cpu["flags"],
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
@@ -699,6 +704,17 @@ def machine_info(device) -> dict:
     if torch.device(device).type == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
     return info
+
+
+def machine_line(setting: dict) -> str:
+    """One line naming where a result was measured: the CPU (or GPU) with its vector flags, threads, and the
+    process's peak resident memory (``setting["peak_resident_bytes"]``) when recorded."""
+    machine = setting.get("machine") or {}
+    flags = ", ".join(f"{f} {'yes' if have else 'no'}" for f, have in (machine.get("cpu_flags") or {}).items())
+    where = machine.get("gpu") or machine.get("cpu") or machine.get("processor", "?")
+    line = f"measured on: {where} ({flags}), {machine.get('torch_threads', '?')} torch threads"
+    peak = setting.get("peak_resident_bytes")
+    return line + (f"; peak resident memory of this process {peak / 2**30:.2f} GiB" if peak else "")
 
 
 def run_benchmark(

@@ -223,6 +223,7 @@ def run(args) -> int:
         numerics_floor=args.numerics_floor,
         **_generation(args),
     )
+    result["setting"].update(peak_resident_bytes=_setting(args)["peak_resident_bytes"])  # after every method ran
     _print_summary(result, args.repeats)
     return _write_outputs(
         args, result, len(records), lambda path, title: plot_results(result["methods"], path, title=title)
@@ -231,6 +232,7 @@ def run(args) -> int:
 
 def _print_summary(result: dict, repeats: int) -> None:
     """The result's tables: every method, speedups, the numerics floor, speedup per category, repeat spread."""
+    from ..bench.harness import machine_line
     from ..bench.report import category_table, floor_lines, markdown_table, speedup_lines
 
     print()
@@ -239,6 +241,7 @@ def _print_summary(result: dict, repeats: int) -> None:
         "generate()'s in the same dtype; first divergence: index of the first differing new token"
     )
     print(markdown_table(result["methods"]))
+    print(machine_line(result["setting"]))
     print(speedup_lines(result["methods"], repeats))
     if "numerics_floor" in result:
         print()
@@ -286,6 +289,7 @@ def _run_shapes(args) -> int:
 
 def _run_batched(args, model, tokenizer, records, methods, options) -> int:
     from ..bench.batch import BATCH_UNSUPPORTED, batch_table, plot_batch_speedup, run_batch_benchmark
+    from ..bench.harness import machine_line
 
     sizes = [int(b) for b in str(args.batch_size).split(",") if b.strip()]
     if not sizes or min(sizes) < 1:
@@ -297,6 +301,7 @@ def _run_batched(args, model, tokenizer, records, methods, options) -> int:
     result["setting"].update(_setting(args))
     print()
     print(batch_table(result))
+    print(machine_line(result["setting"]))
     return _write_outputs(args, result, len(records), lambda path, title: plot_batch_speedup(result, path, title=title))
 
 
@@ -319,8 +324,14 @@ def _setting(args) -> dict:
     """What a result's ``setting`` records of the command line besides the harness's own: the model, the prompt set
     and the command."""
     from ..bench.prompts import describe_prompts
+    from ..bench.shapes import peak_resident_memory
 
-    return {"model": str(args.model), "prompts": describe_prompts(args.prompts), "command": _command(args)}
+    return {
+        "model": str(args.model),
+        "prompts": describe_prompts(args.prompts),
+        "command": _command(args),
+        "peak_resident_bytes": peak_resident_memory(),  # the whole run: the model, every method's drafter
+    }
 
 
 def _write_outputs(args, result: dict, num_prompts: int, plot) -> int:
