@@ -139,3 +139,46 @@ def test_token_recycling_folder_saved_before_it_had_a_model_type_still_loads(tmp
     del config["model_type"]
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert hfs.TokenRecyclingDrafter.from_pretrained(tmp_path).num_successors == 4
+
+
+def _chat_ids(tokenizer, text: str) -> torch.Tensor:
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt"
+    )
+    return ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from hf_speculative.bench import load_reference_model
+
+    model, tokenizer = load_reference_model()
+    return hfs.enable(model), tokenizer
+
+
+@pytest.mark.parametrize(
+    "folder", [f for f in CARDS if (f / "config.json").is_file() and _has_weights(f)], ids=lambda p: p.name
+)
+def test_a_folder_with_weights_decodes_exactly(folder, reference):
+    """Greedy speculative decoding with the folder's drafter, float32, equals plain decoding of the model it drafts for:
+    the reference model, or for a task folder its fine-tuned model (`load_downstream`, as `downstream eval` runs it)."""
+    if (folder / "downstream.json").is_file():
+        from downstream.evaluation import load_downstream
+
+        arm = load_downstream(folder)
+        ids = _chat_ids(
+            arm.tokenizer,
+            "Write one or two sentences describing a restaurant from this meaning representation: name[The Mill], "
+            "eatType[pub], food[Italian], area[riverside]",
+        )
+        plain, speculative = arm.plain(ids, 24).sequences, arm.speculative(ids, 24).sequences
+    else:
+        from hf_speculative.bench.harness import load_drafter
+
+        model, tokenizer = reference
+        ids = _chat_ids(tokenizer, "Name three primary colours and say why they are called primary.")
+        plain = model.generate(ids, max_new_tokens=24, do_sample=False)
+        speculative = model.generate(
+            ids, assistant_model=load_drafter(str(folder), model), max_new_tokens=24, do_sample=False
+        )
+    assert speculative.shape[1] > ids.shape[1] and torch.equal(speculative, plain)
