@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TREE_BUDGET_MIB = 40
 #: The weights under model_cards/ (bfloat16 where trained in float32; scripts/slim_cards.py KEEP): the drafters the
 #: README and the demo use (4.3 MiB), the three task LoRA adapters of docs/downstream.md (4.7 MiB each, 14.1 MiB;
-#: TASK_ADAPTERS), and room for a GPU-trained EAGLE-3 (about 14 MiB with a 4,096-token draft vocabulary;
-#: docs/gpu.md), held meanwhile by the GPU-trained E2E NLG arms (12.6 MiB; GPU_TRAINED): 31.0 MiB today.
+#: TASK_ADAPTERS), and the best trained drafter per task that fits: E2E NLG's EAGLE-3 (12.0 MiB with a 2,048-token draft
+#: vocabulary; TASK_DRAFTERS), in the room the GPU-trained E2E NLG arms held (12.6 MiB): 30.4 MiB today.
 WEIGHTS_BUDGET_MIB = 32
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt")
 
@@ -87,3 +87,21 @@ def test_drafter_folders_load_in_either_stored_dtype(saved_dtype, tmp_path):
     ids = torch.tensor([[1, 5, 9, 5, 9, 5]])
     plain = target.generate(ids, max_new_tokens=12, do_sample=False)
     assert torch.equal(target.generate(ids, assistant_model=heads, max_new_tokens=12, do_sample=False), plain)
+
+
+def test_a_cards_weights_section_is_replaced_wherever_it_stands():
+    """`scripts/slim_cards.py` rewrites a card's ``## Weights`` section in place, the last section of a card too (it
+    used to add a second one there)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("slim_cards", ROOT / "scripts" / "slim_cards.py")
+    slim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(slim)
+    section = f"{slim.MARK}\n\nnew text\n"
+    for card in (
+        "# card\n\nintro\n\n## Weights\n\nold text\n\n## Measured\n\ntable\n",
+        "# card\n\nintro\n\n## Measured\n\ntable\n\n## Weights\n\nold text\n",
+    ):
+        rewritten = slim.with_section(card, section)
+        assert rewritten.count("## Weights") == 1 and "new text" in rewritten and "old text" not in rewritten
+        assert "## Measured\n\ntable" in rewritten
