@@ -52,6 +52,14 @@ def test_questions(questions):
     assert len(load_records(questions, limit=1)) == 1
 
 
+def test_questions_with_an_id_or_none(tmp_path):
+    """A prompt file of ``turns`` whose lines name themselves ``id`` (or nothing: the line number) loads too."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"id": "a", "turns": ["Hi."]}\n{"turns": "Bye."}\n')
+    recs = load_records(path)
+    assert [(r.id, r.turns) for r in recs] == [("a", ["Hi."]), ("2", ["Bye."])]
+
+
 def test_record_conversation_all_turns(questions):
     rec = load_questions(questions)[0]
     conv = rec.conversation(answers=["A poem."])

@@ -173,18 +173,19 @@ def _limit(records: list[Record], limit: int | None) -> list[Record]:
 def load_questions(path: str | Path, limit: int | None = None, categories: Iterable[str] | None = None) -> list[Record]:
     """MT-Bench / Spec-Bench / EAGLE (gsm8k, humaneval) question jsonl.
 
-    Each line: ``{"question_id", "category", "turns": [...], "reference"?: [...]}``. ``Record.turns``
-    holds every turn; ``Record.messages`` the first one.
+    Each line: ``{"question_id", "category", "turns": [...], "reference"?: [...]}`` (``id`` in place of
+    ``question_id`` too; neither: the line number). ``Record.turns`` holds every turn; ``Record.messages`` the first one.
     """
     cats = set(categories) if categories else None
     records = []
-    for row in _read_jsonl(Path(path)):
+    for line, row in enumerate(_read_jsonl(Path(path)), 1):
         cat = row.get("category", "default")
         if cats is not None and cat not in cats:
             continue
         turns = row["turns"] if isinstance(row["turns"], list) else [row["turns"]]
         ref = row.get("reference")
-        records.append(Record(id=str(row["question_id"]), turns=list(turns), category=cat, reference=ref))
+        qid = row.get("question_id", row.get("id", line))
+        records.append(Record(id=str(qid), turns=list(turns), category=cat, reference=ref))
     return _limit(records, limit)
 
 
