@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModel, PretrainedConfig
 
 import hf_speculative as hfs
 from hf_speculative.drafters.hub import rebuild_command, require_weights
+from hf_speculative.training.data import encode_chat
 
 ROOT = Path(__file__).resolve().parents[1]
 CARDS = sorted(p for p in (ROOT / "model_cards").iterdir() if p.is_dir())
@@ -142,10 +143,7 @@ def test_token_recycling_folder_saved_before_it_had_a_model_type_still_loads(tmp
 
 
 def _chat_ids(tokenizer, text: str) -> torch.Tensor:
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt"
-    )
-    return ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+    return torch.tensor([encode_chat(tokenizer, [{"role": "user", "content": text}])])
 
 
 @pytest.fixture(scope="module")

@@ -712,7 +712,7 @@ def machine_line(setting: dict) -> str:
     machine = setting.get("machine") or {}
     flags = ", ".join(f"{f} {'yes' if have else 'no'}" for f, have in (machine.get("cpu_flags") or {}).items())
     where = machine.get("gpu") or machine.get("cpu") or machine.get("processor", "?")
-    line = f"measured on: {where} ({flags}), {machine.get('torch_threads', '?')} torch threads"
+    line = f"measured on: {where}{f' ({flags})' if flags else ''}, {machine.get('torch_threads', '?')} torch threads"
     peak = setting.get("peak_resident_bytes")
     return line + (f"; peak resident memory of this process {peak / 2**30:.2f} GiB" if peak else "")
 

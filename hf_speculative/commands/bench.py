@@ -223,7 +223,7 @@ def run(args) -> int:
         numerics_floor=args.numerics_floor,
         **_generation(args),
     )
-    result["setting"].update(peak_resident_bytes=_setting(args)["peak_resident_bytes"])  # after every method ran
+    _record_peak(result)
     _print_summary(result, args.repeats)
     return _write_outputs(
         args, result, len(records), lambda path, title: plot_results(result["methods"], path, title=title)
@@ -299,6 +299,7 @@ def _run_batched(args, model, tokenizer, records, methods, options) -> int:
         print(f"skipping {', '.join(skipped)}: transformers runs them on one sequence only")
     result = run_batch_benchmark(model, tokenizer, records, methods, sizes, options, **_generation(args))
     result["setting"].update(_setting(args))
+    _record_peak(result)
     print()
     print(batch_table(result))
     print(machine_line(result["setting"]))
@@ -324,14 +325,15 @@ def _setting(args) -> dict:
     """What a result's ``setting`` records of the command line besides the harness's own: the model, the prompt set
     and the command."""
     from ..bench.prompts import describe_prompts
+
+    return {"model": str(args.model), "prompts": describe_prompts(args.prompts), "command": _command(args)}
+
+
+def _record_peak(result: dict) -> None:
+    """The process's peak resident memory once every method ran (the model and every method's drafter)."""
     from ..bench.shapes import peak_resident_memory
 
-    return {
-        "model": str(args.model),
-        "prompts": describe_prompts(args.prompts),
-        "command": _command(args),
-        "peak_resident_bytes": peak_resident_memory(),  # the whole run: the model, every method's drafter
-    }
+    result["setting"]["peak_resident_bytes"] = peak_resident_memory()
 
 
 def _write_outputs(args, result: dict, num_prompts: int, plot) -> int:
