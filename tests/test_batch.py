@@ -449,12 +449,12 @@ def test_batched_sampling_is_lossless_per_row():
     drafter = hfs.CausalLMDrafter(draft, draft_sampling="without_replacement")
     spec = hfs.TreeSpec.cartesian([2, 2])
     torch.manual_seed(2024)
-    n = 2000
+    n, copies = 2000, 25  # samples per row; each call decodes the two rows 25 times over, interleaved (50 rows)
     counts = [{}, {}]
-    for _ in range(n):
+    for _ in range(n // copies):
         out = target.generate(
-            ids,
-            attention_mask=mask,
+            ids.repeat(copies, 1),
+            attention_mask=mask.repeat(copies, 1),
             assistant_model=drafter,
             speculative_tree=spec,
             do_sample=True,
@@ -462,9 +462,8 @@ def test_batched_sampling_is_lossless_per_row():
             pad_token_id=PAD,
             **kw,
         )
-        for b in range(2):
-            seq = tuple(out[b, -NEW:].tolist())
-            counts[b][seq] = counts[b].get(seq, 0) + 1
+        for b, row in enumerate(out[:, -NEW:].tolist()):
+            counts[b % 2][tuple(row)] = counts[b % 2].get(tuple(row), 0) + 1
     for b in range(2):
         assert chi_square_pvalue(counts[b], exact[b], n) > ALPHA, b
     # the rows' distributions differ (a row mixed up with the other would fail)

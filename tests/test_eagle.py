@@ -460,7 +460,7 @@ def test_sampling_matches_target_distribution(tree):
     prompt = torch.tensor([[1, 5, 2]])
     kw = dict(temperature=0.7, top_k=4, top_p=1.0)
     exact = _exact_generate(target, prompt, **kw)
-    n = 3000
+    n = 2000
     torch.manual_seed(1234)
     gen = dict(do_sample=True, max_new_tokens=NEW, top_k=4, temperature=0.7)
     counts = _batched_sample_counts(

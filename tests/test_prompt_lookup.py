@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_model
-from test_sampling import ALPHA, NEW, SETTINGS, _exact_generate, _sample_counts, chi_square_pvalue
+from test_sampling import ALPHA, NEW, SETTINGS, _batched_sample_counts, _exact_generate, chi_square_pvalue
 
 import hf_speculative as hfs
 from hf_speculative.drafters.prompt_lookup import build_trie, ngram_continuations
@@ -103,10 +103,11 @@ def test_sampling_matches_target_distribution():
     assert len(drafter.propose(prompt, spec, hfs.DraftingOptions(do_sample=True))) > 2
     torch.manual_seed(2024)
     n = 3000
-    counts = _sample_counts(
-        lambda: target.generate(
-            prompt, assistant_model=drafter, speculative_tree=spec, do_sample=True, max_new_tokens=NEW
+    counts = _batched_sample_counts(
+        lambda ids, mask: target.generate(
+            ids, attention_mask=mask, assistant_model=drafter, speculative_tree=spec, do_sample=True, max_new_tokens=NEW
         ),
+        prompt,
         n,
     )
     assert chi_square_pvalue(counts, exact, n) > ALPHA

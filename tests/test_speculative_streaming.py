@@ -453,7 +453,7 @@ def test_bad_input_is_refused():
 @pytest.mark.slow
 def test_sampling_is_exact_in_lossless_mode():
     """Chi-square goodness of fit of sampled continuations against the target's exact distribution."""
-    from test_sampling import ALPHA, NEW, SETTINGS, VOCAB, _exact_generate, _sample_counts, chi_square_pvalue
+    from test_sampling import ALPHA, NEW, SETTINGS, VOCAB, _batched_sample_counts, _exact_generate, chi_square_pvalue
 
     target = tiny_model("llama", seed=21, vocab_size=VOCAB, num_layers=2)
     ss = _randomize(LlamaForSpeculativeStreaming.from_base_model(target, num_streams=2, num_msa_layers=1), 0.5, seed=3)
@@ -466,7 +466,7 @@ def test_sampling_is_exact_in_lossless_mode():
     gen = dict(
         do_sample=True, max_new_tokens=NEW, top_k=kw["top_k"], temperature=kw["temperature"], speculative_tree=tree
     )
-    counts = _sample_counts(lambda: ss.generate(prompt, **gen), n)
+    counts = _batched_sample_counts(lambda ids, mask: ss.generate(ids, attention_mask=mask, **gen), prompt, n)
     assert chi_square_pvalue(counts, exact, n) > ALPHA
     # the streams' proposal really differs from the target's distribution two tokens ahead
     with torch.no_grad():

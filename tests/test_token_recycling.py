@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import tiny_model
 from test_batch import PAD, _eos_mid_batch, left_padded
-from test_sampling import ALPHA, NEW, SETTINGS, _exact_generate, _sample_counts, chi_square_pvalue
+from test_sampling import ALPHA, NEW, SETTINGS, _batched_sample_counts, _exact_generate, chi_square_pvalue
 
 import hf_speculative as hfs
 from hf_speculative.drafters.hybrid import best_nodes, budget_tree, merge_drafts
@@ -226,12 +226,15 @@ def test_sampling_matches_target_distribution(make):
     gen_kwargs = dict(do_sample=True, max_new_tokens=NEW, top_k=kw["top_k"], temperature=kw["temperature"])
     sizes = []
 
-    def one():
-        out = target.generate(prompt, assistant_model=drafter, return_dict_in_generate=True, **gen_kwargs)
-        sizes.extend(out.speculative_stats.tree_sizes[1:])
+    def batch(ids, mask):
+        out = target.generate(
+            ids, attention_mask=mask, assistant_model=drafter, return_dict_in_generate=True, **gen_kwargs
+        )
+        for row in out.speculative_stats.rows:  # each row's own trees (a batch's tree_sizes sum the rows')
+            sizes.extend(row.tree_sizes[1:])
         return out.sequences
 
-    counts = _sample_counts(one, n)
+    counts = _batched_sample_counts(batch, prompt, n)
     assert chi_square_pvalue(counts, exact, n) > ALPHA
     assert max(sizes) > 1  # trees were really drafted
 
