@@ -435,6 +435,12 @@ def test_a_trained_drafter_merged_with_suffix_decoding(work, trained, tmp_path, 
     assert drafted["EagleTreeDrafter"] + skipped["EagleTreeDrafter"] == drafted["SuffixDrafter"]
     if gate:  # ungated
         assert skipped["EagleTreeDrafter"] == 0
+    # what the gate weighed: EAGLE costs drafting time, SuffixDecoding none, on a named cost curve
+    cost = result["hybrid_drafting_cost"]
+    assert cost["EagleTreeDrafter"] > 0 and cost["SuffixDrafter"] == 0
+    curve = result["hybrid_cost_curve"]
+    assert curve["source"] in ("measured", "kernel table", "default") and curve["c(1)"] > 0
+    assert curve["c(32)"] >= curve["c(1)"]
 
 
 def test_streaming_arm_with_tree_pruning_and_a_learning_curve(work, trained, tmp_path):

@@ -112,6 +112,14 @@ def _suffix_stats(drafter, hybrid=None) -> dict:
         parts = [type(d).__name__ for d in hybrid.drafters]
         stats["hybrid_rows_drafted"] = dict(zip(parts, hybrid.drafted))
         stats["hybrid_rows_gated_out"] = dict(zip(parts, hybrid.skipped))
+        # what the gate weighed: each part's drafting cost per step (plain steps) on the target's cost curve, and
+        # where that curve came from (a measured curve, the kernel table's or the default)
+        stats["hybrid_drafting_cost"] = dict(zip(parts, [round(c, 4) for c in getattr(hybrid, "_costs", [])]))
+        curve = getattr(hybrid, "_curve", None)
+        stats["hybrid_cost_curve"] = {
+            "source": (getattr(curve, "meta", None) or {}).get("source", "measured"),
+            **({f"c({n})": round(float(curve(n)), 4) for n in (1, 8, 16, 32)} if curve is not None else {}),
+        }
     return stats
 
 
