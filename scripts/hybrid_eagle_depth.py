@@ -37,13 +37,15 @@ def _timed(totals, counts, name, fn):
 
 def drafting_timers(arm, prompts, max_new_tokens) -> dict:
     """ms per decoding step spent in each of EAGLE's drafting methods (EAGLE alone)."""
+    from hf_speculative.drafters.eagle import drafting
     from hf_speculative.drafters.eagle import modeling_eagle as me
 
     totals, counts = collections.defaultdict(float), collections.Counter()
     methods = [
         (me.EagleTreeDrafter, "propose"),
-        (me.EagleTreeDrafter, "_committed_rows"),
-        (me._TreeRows, "run"),
+        (drafting, "committed_rows"),  # a static tree's (`propose_rows`)
+        (me, "committed_rows"),  # a dynamic tree's
+        (drafting.TreeRows, "run"),
         (me.EagleDrafter, "forward"),
         (me.EagleDrafter, "compute_logits"),
     ]

@@ -550,6 +550,44 @@ def test_batched_greedy_equality_with_ragged_prompts(arch, variant):
     assert torch.equal(out, ref)
 
 
+@pytest.mark.parametrize("variant", ["eagle1", "eagle3"])
+def test_batched_drafting_equals_drafting_row_by_row(variant, monkeypatch):
+    """A batch's static top-k trees, drafted for every row in one drafter forward per depth (`propose_rows`: the
+    rows' committed caches padded to one block), are the trees each row drafts alone: same tokens, same path
+    confidences, at every step of ragged rows."""
+    import copy
+
+    from hf_speculative.drafters.eagle import drafting, modeling_eagle
+
+    model = hfs.enable(tiny_model("qwen2", seed=4))
+    drafter = EagleDrafter.from_base_model(model, variant=variant, draft_vocab_size=50 if variant == "eagle3" else None)
+    real, steps = drafting.propose_rows, []
+
+    def checked(drafters, sequences, tree, options):
+        alone = [copy.copy(d) for d in drafters]  # the row state a batched step replaces, not mutates
+        drafts = real(drafters, sequences, tree, options)
+        for one, seq, draft in zip(alone, sequences, drafts):
+            (expected,) = real([one], [seq], tree, options)
+            assert draft.tokens.tolist() == expected.tokens.tolist() and draft.parents == expected.parents
+            torch.testing.assert_close(torch.tensor(draft.scores), torch.tensor(expected.scores))
+        steps.append(len(drafts))
+        return drafts
+
+    monkeypatch.setattr(modeling_eagle, "propose_rows", checked)
+    ids = torch.randint(1, 96, (3, 12), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0
+    mask[2, :2] = 0
+    ids[mask == 0] = 0
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    for tree in (hfs.TreeSpec.cartesian([2, 2, 1]), hfs.TreeSpec.chain(3)):
+        out = model.generate(
+            ids, attention_mask=mask, assistant_model=drafter, speculative_tree=tree, max_new_tokens=12, pad_token_id=0
+        )
+        assert torch.equal(out, ref)
+    assert len(steps) > 4 and max(steps) == 3  # the rows drafted together
+
+
 def test_calibrated_drafter_sizes_its_tree_for_the_machine(monkeypatch):
     """Held-out accuracies per unrolled step and rank (the calibration) agree with the training metric, and a
     calibrated drafter's default tree is the cost-aware static tree on the target's curve; greedy stays exact."""

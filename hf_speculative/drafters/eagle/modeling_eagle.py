@@ -41,6 +41,7 @@ from ...engine.trees import DraftingOptions, DraftTree, DynamicTree, TreeSpec, f
 from ..base import input_embeddings, output_embeddings
 from ..modeling_drafter import DrafterModel, decoder_layer_fields, text_config
 from .configuration_eagle import EagleConfig
+from .drafting import TreeRows, committed_rows, propose_rows
 
 __all__ = [
     "EagleDrafter",
@@ -398,77 +399,9 @@ def causal_mask(T: int, dtype: torch.dtype, device, past: int = 0) -> torch.Tens
     return mask[None, None]
 
 
-class _TreeRows:
-    """The drafter rows of one step's tree: per expanded node its row index (in the tree segment), its output and
-    the keys/values of the rows run so far, on top of the ``committed`` cached rows ``kv``."""
-
-    def __init__(self, drafter: EagleDrafter, kv, committed: int, root_hidden: torch.Tensor, logits=None):
-        self.drafter = drafter
-        self.logits = logits or drafter.compute_logits  # hidden -> logits over the (extended) draft vocabulary
-        self.device = drafter.fc.weight.device
-        self.dtype = drafter.fc.weight.dtype
-        self.kv = kv
-        self.committed = committed
-        self.base_position = committed - 1  # the root row's position (L - 2)
-        self.tree_k: list[torch.Tensor] = []
-        self.tree_v: list[torch.Tensor] = []
-        self.row_of: dict[int, int] = {}
-        self.hidden_of: dict[int, torch.Tensor] = {-1: root_hidden}
-        self.num_tree_rows = 0
-
-    def run(self, nodes: list[int], tokens: list[int], parents: list[int], depths: list[int], chains: list[list[int]]):
-        """Drafter rows for ``nodes`` (ids in the caller's numbering, parent -1 = root); ``chains[i]`` the
-        tree-row indices of node i's expanded ancestors. Returns their logits over the draft vocabulary."""
-        device, dtype, committed, n = self.device, self.dtype, self.committed, len(nodes)
-        ids = torch.tensor(tokens, device=device)[None]
-        hidden = torch.stack([self.hidden_of[p] for p in parents])[None]
-        positions = torch.tensor([self.base_position + d for d in depths], device=device)[None]
-        visible = torch.zeros(n, committed + self.num_tree_rows + n, dtype=torch.bool, device=device)
-        visible[:, :committed] = True
-        for i, chain in enumerate(chains):
-            if chain:
-                visible[i, torch.tensor(chain, device=device) + committed] = True
-            visible[i, committed + self.num_tree_rows + i] = True
-        mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
-        past = (
-            self.kv
-            if not self.tree_k
-            else (torch.cat([self.kv[0], *self.tree_k], 2), torch.cat([self.kv[1], *self.tree_v], 2))
-        )
-        out = self.drafter(
-            ids,
-            hidden=hidden,
-            position_ids=positions,
-            attention_mask=mask[None, None],
-            cache=past,
-            use_cache=True,
-            compute_logits=False,
-        )
-        k, v = out.cache
-        self.tree_k.append(k[:, :, -n:])
-        self.tree_v.append(v[:, :, -n:])
-        for i, node in enumerate(nodes):
-            self.row_of[node] = self.num_tree_rows + i
-            self.hidden_of[node] = out.hidden_states[0, i]
-        self.num_tree_rows += n
-        return self.logits(out.hidden_states[0]).float()  # over the draft vocabulary
-
-    def expand(self, depth: int, frontier, cand_tokens, cand_parents) -> torch.Tensor:
-        """`DynamicTree.grow`'s expansion: the frontier candidates' rows at ``depth``, as log-probabilities."""
-        chains = []
-        for c in frontier:
-            chain, p = [], int(cand_parents[c])
-            while p >= 0:
-                chain.append(self.row_of[p])
-                p = int(cand_parents[p])
-            chains.append(chain)
-        parents = [int(cand_parents[c]) for c in frontier]
-        logits = self.run(frontier, [int(cand_tokens[c]) for c in frontier], parents, [depth] * len(frontier), chains)
-        return torch.log_softmax(logits, dim=-1)
-
-
 class EagleTreeDrafter(OneRowDrafter):
-    """Drafting a tree with an `EagleDrafter` inside the engine (batch 1).
+    """Drafting a tree with an `EagleDrafter` inside the engine: each row of a batch keeps its own state (below);
+    the rows' static trees are drafted together, one drafter forward per depth (`drafting.propose_rows`).
 
     State between steps: the target's features ``f_0 .. f_{L-2}`` of the committed sequence ``x_0 .. x_{L-1}`` (read
     from the prefill and verification forwards the engine already ran: no extra target pass) and the drafter's
@@ -578,84 +511,21 @@ class EagleTreeDrafter(OneRowDrafter):
         full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"), dtype=torch.float32)
         return full.index_copy_(1, self._target_ids.to(logits.device), logits.float())
 
-    @torch.no_grad()
-    def _committed_rows(self, sequence: torch.LongTensor):
-        """Run the uncached committed rows; returns the last row's output and logits (they draft depth 1)."""
-        drafter = self.drafter
-        device = drafter.fc.weight.device
-        L = sequence.shape[1]
-        start = self.rows
-        ids = sequence[0, start + 1 : L].to(device)[None]
-        feats = self.features[start : L - 1].to(device)[None]
-        mask = causal_mask(ids.shape[1], drafter.fc.weight.dtype, device, past=start)
-        positions = torch.arange(start, L - 1, device=device)[None]
-        out = drafter(
-            ids,
-            target_features=feats,
-            position_ids=positions,
-            attention_mask=mask,
-            cache=self.kv,
-            use_cache=True,
-            compute_logits=False,
-        )
-        self.kv, self.rows = out.cache, L - 1
-        last = out.hidden_states[:, -1:]
-        return last[0, 0], self._logits(last)[0, 0]
+    def propose_batch(self, sequences, rows, tree, options: DraftingOptions) -> list[DraftTree]:
+        """A static tree for every row at once, one drafter forward per depth (`drafting.propose_rows`); EAGLE-2's
+        dynamic tree row by row (`propose`)."""
+        if isinstance(tree, TreeSpec):
+            return propose_rows([self.row_drafter(r) for r in rows], sequences, tree, options)
+        return super().propose_batch(sequences, rows, tree, options)
 
     @torch.no_grad()
     def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
-        root_hidden, root_logits = self._committed_rows(sequence)
-        rows = _TreeRows(self.drafter, self.kv, self.rows, root_hidden, self._logits)
-        if isinstance(tree, DynamicTree):  # grown by `DynamicTree.grow`, each frontier in one drafter forward
-            root_lp = torch.log_softmax(root_logits.float(), dim=-1)
-            return tree.grow(root_lp, rows.expand, sequence[0, -1].to(rows.device), vocab_ids=self._target_ids)
-        return self._propose_static(sequence, tree, options, rows, root_logits)
-
-    def _propose_static(
-        self,
-        sequence: torch.LongTensor,
-        tree: TreeSpec,
-        options: DraftingOptions,
-        rows: _TreeRows,
-        root_logits: torch.Tensor,
-    ) -> DraftTree:
-        """A static tree: depth by depth, the inner nodes of the depth are expanded in one drafter forward."""
-        device = rows.device
-        scheme = options.scheme(self.draft_sampling)
-        n = tree.num_nodes + 1
-        tokens = torch.empty(n, dtype=torch.long, device=device)
-        tokens[0] = sequence[0, -1]
-        probs = torch.zeros(n, self.vocab_size, device=device) if scheme != "deterministic" else None
-        scores = [1.0] * n  # path confidence: the product of the drafter's probabilities along the path
-        depths = tree.depths.tolist()
-        parents_of = tree.parents
-        for d in range(tree.depth):
-            inner = [i for i in range(n) if depths[i] == d and tree.children[i]]
-            if d == 0:
-                logits = {0: root_logits.float()}
-            else:
-                chains = []
-                for i in inner:
-                    chain, p = [], parents_of[i]
-                    while p > 0:
-                        chain.append(rows.row_of[p])
-                        p = parents_of[p]
-                    chains.append(chain)
-                node_tokens = tokens[inner].tolist()
-                out = rows.run(
-                    inner,
-                    node_tokens,
-                    [parents_of[i] if parents_of[i] > 0 else -1 for i in inner],
-                    [d] * len(inner),
-                    chains,
-                )
-                logits = {i: out[j] for j, i in enumerate(inner)}
-            for i in inner:
-                kids = tree.children[i]
-                p = self._fill_static_children(i, kids, logits[i], tokens, probs, scheme, options)
-                for kid, pk in zip(kids, p):
-                    scores[kid] = scores[i] * pk
-        return DraftTree.from_spec(tree, tokens, draft_probs=probs, sampling=scheme, scores=tuple(scores))
+        if not isinstance(tree, DynamicTree):
+            return propose_rows([self], [sequence], tree, options)[0]
+        ((root_hidden, root_logits),) = committed_rows([self], [sequence])
+        rows = TreeRows([self], [root_hidden])  # grown by `DynamicTree.grow`, each frontier in one drafter forward
+        root_lp = torch.log_softmax(root_logits.float(), dim=-1)
+        return tree.grow(root_lp, rows.expand, sequence[0, -1].to(rows.device), vocab_ids=self._target_ids)
 
     def _fill_static_children(
         self,
