@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import FP32_LAYERS, tiny_model
+from test_drafter_protocol import begin_one, propose_one
 from test_sampling import ALPHA, NEW, VOCAB, _batched_sample_counts, _exact_generate, chi_square_pvalue
 from transformers import AutoModel, LlamaConfig
 
@@ -288,8 +289,8 @@ def test_public_eagle1_checkpoint(arch, fmt, tmp_path):
     tree_drafter = drafter.get_tree_drafter(model)
     with torch.no_grad():
         prefill = model(seq[:, :-1], output_hidden_states=True)
-    tree_drafter.begin(seq[:, :-1], prefill)
-    draft = tree_drafter.propose(seq, hfs.TreeSpec.chain(1), hfs.DraftingOptions())
+    begin_one(tree_drafter, seq[:, :-1], prefill)
+    draft = propose_one(tree_drafter, seq, hfs.TreeSpec.chain(1), hfs.DraftingOptions())
     assert int(draft.tokens[1]) == int(logits[-1].argmax())
     _check_greedy(model, drafter, PROMPTS[:2], max_new_tokens=16)
 
@@ -342,8 +343,8 @@ def test_public_eagle3_checkpoint(arch, tmp_path):
     tree_drafter = drafter.get_tree_drafter(model)
     with torch.no_grad():
         prefill = model(seq[:, :-1], output_hidden_states=True)
-    tree_drafter.begin(seq[:, :-1], prefill)
-    draft = tree_drafter.propose(seq, hfs.TreeSpec.cartesian([3]), hfs.DraftingOptions())
+    begin_one(tree_drafter, seq[:, :-1], prefill)
+    draft = propose_one(tree_drafter, seq, hfs.TreeSpec.cartesian([3]), hfs.DraftingOptions())
     expected = draft_ids[draft_logits[-1].topk(3).indices]
     assert draft.tokens[1:].tolist() == expected.tolist()
     assert bool(drafter.t2d[draft.tokens[1:]].all())
@@ -364,9 +365,9 @@ def test_d2t_mapping():
     assert torch.equal(out, model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=8, do_sample=False))
     td = drafter.get_tree_drafter(model)
     with torch.no_grad():
-        td.begin(torch.tensor([[1, 2]]), model(torch.tensor([[1, 2]]), output_hidden_states=True))
-    draft = td.propose(
-        torch.tensor([[1, 2, 3]]), hfs.DynamicTree(total_tokens=12, depth=3, top_k=4), hfs.DraftingOptions()
+        begin_one(td, torch.tensor([[1, 2]]), model(torch.tensor([[1, 2]]), output_hidden_states=True))
+    draft = propose_one(
+        td, torch.tensor([[1, 2, 3]]), hfs.DynamicTree(total_tokens=12, depth=3, top_k=4), hfs.DraftingOptions()
     )
     assert set(draft.tokens[1:].tolist()) <= set(ids.tolist()) | {1, 2}  # the prompt's tokens join (next test)
     with pytest.raises(ValueError, match="distinct"):
@@ -385,13 +386,13 @@ def test_context_tokens_join_the_draft_vocabulary():
     prompt = torch.tensor([[60, 1, 3, 2, 60]])
     td = drafter.get_tree_drafter(model)
     with torch.no_grad():
-        td.begin(prompt, model(prompt, output_hidden_states=True))
+        begin_one(td, prompt, model(prompt, output_hidden_states=True))
         assert td._target_ids.tolist() == [3, 10, 11, 50, 95, 1, 2, 60]
         hidden = torch.randn(2, drafter.config.hidden_size)
         full = vocab_logits(drafter.norm(hidden), model.get_output_embeddings().weight)
         torch.testing.assert_close(td._logits(hidden), full[:, td._target_ids], rtol=1e-5, atol=1e-5)
     tree = hfs.DynamicTree(total_tokens=12, depth=3, top_k=4)
-    draft = td.propose(torch.cat([prompt, torch.tensor([[7]])], 1), tree, hfs.DraftingOptions())
+    draft = propose_one(td, torch.cat([prompt, torch.tensor([[7]])], 1), tree, hfs.DraftingOptions())
     assert set(draft.tokens[1:].tolist()) <= set(td._target_ids.tolist())
     td.end()
     assert td._target_ids.tolist() == ids.tolist() and td._extra_rows is None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_model
+from test_drafter_protocol import begin_one, propose_one
 
 import hf_speculative as hfs
 from hf_speculative.drafters import draft_gate
@@ -70,9 +71,9 @@ def test_suffix_and_eagle_drafts_carry_their_own_scores():
     td = EagleDrafter.from_base_model(model, variant="eagle3", draft_vocab_size=40).get_tree_drafter(model)
     prompt = torch.tensor([[1, 5, 7, 9]])
     with torch.no_grad():
-        td.begin(prompt, model(prompt, output_hidden_states=True))
+        begin_one(td, prompt, model(prompt, output_hidden_states=True))
         tree = hfs.TreeSpec([(0,), (1,), (0, 0), (0, 1), (0, 0, 0)])
-        draft = td.propose(prompt, tree, hfs.DraftingOptions())
+        draft = propose_one(td, prompt, tree, hfs.DraftingOptions())
     assert draft.scores[0] == 1.0
     assert all(0 < draft.scores[i] <= draft.scores[draft.parents[i]] for i in range(1, len(draft)))
     assert draft.scores[1] >= draft.scores[2]  # rank 0 is the drafter's most likely child

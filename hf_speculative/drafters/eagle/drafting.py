@@ -11,7 +11,7 @@ depth. Every row drafts the same static tree (the call's `TreeSpec`), so which t
 same for all; only the committed lengths differ, and they are padded: row b's cached keys fill the first ``C_b``
 columns of a ``(B, kv_heads, max C, head_dim)`` block and the additive mask hides the rest. Each row keeps its own
 state in its `EagleTreeDrafter` (its features, its cache of committed rows, its draft vocabulary with the context
-tokens of its prompt). EAGLE-2's dynamic tree (`DynamicTree.grow`) is grown per row with `TreeRows.expand`.
+tokens of its prompt). EAGLE-2's dynamic tree is grown per row (`grow_dynamic`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 
 from ...engine.trees import DraftTree, TreeSpec
 
-__all__ = ["ROOT", "TreeRows", "committed_rows", "propose_rows"]
+__all__ = ["ROOT", "TreeRows", "committed_rows", "grow_dynamic", "propose_rows"]
 
 #: the key of the root (the last committed token) among a step's tree nodes
 ROOT = -1
@@ -198,3 +198,13 @@ def propose_rows(drafters, sequences: list[torch.LongTensor], tree: TreeSpec, op
         )
         for b, seq in enumerate(sequences)
     ]
+
+
+@torch.no_grad()
+def grow_dynamic(drafter, sequence: torch.LongTensor, tree) -> DraftTree:
+    """EAGLE-2's dynamic tree for one row (`DynamicTree.grow`: expand the top-k by path confidence, rerank), each
+    frontier in one drafter forward (`TreeRows.expand`)."""
+    ((root_hidden, root_logits),) = committed_rows([drafter], [sequence])
+    rows = TreeRows([drafter], [root_hidden])
+    root_lp = torch.log_softmax(root_logits.float(), dim=-1)
+    return tree.grow(root_lp, rows.expand, sequence[0, -1].to(rows.device), vocab_ids=drafter._target_ids)

@@ -37,11 +37,11 @@ from ..._compat import takes_cache
 from ...engine.logits import vocab_logits
 from ...engine.policy import engine_product
 from ...engine.protocol import OneRowDrafter
-from ...engine.trees import DraftingOptions, DraftTree, DynamicTree, TreeSpec, fill_children
+from ...engine.trees import DraftingOptions, DraftTree, DynamicTree, fill_children
 from ..base import input_embeddings, output_embeddings
 from ..modeling_drafter import DrafterModel, decoder_layer_fields, text_config
 from .configuration_eagle import EagleConfig
-from .drafting import TreeRows, committed_rows, propose_rows
+from .drafting import grow_dynamic, propose_rows
 
 __all__ = [
     "EagleDrafter",
@@ -511,21 +511,14 @@ class EagleTreeDrafter(OneRowDrafter):
         full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"), dtype=torch.float32)
         return full.index_copy_(1, self._target_ids.to(logits.device), logits.float())
 
-    def propose_batch(self, sequences, rows, tree, options: DraftingOptions) -> list[DraftTree]:
-        """A static tree for every row at once, one drafter forward per depth (`drafting.propose_rows`); EAGLE-2's
-        dynamic tree row by row (`propose`)."""
-        if isinstance(tree, TreeSpec):
-            return propose_rows([self.row_drafter(r) for r in rows], sequences, tree, options)
-        return super().propose_batch(sequences, rows, tree, options)
-
     @torch.no_grad()
-    def propose(self, sequence: torch.LongTensor, tree: TreeSpec, options: DraftingOptions) -> DraftTree:
-        if not isinstance(tree, DynamicTree):
-            return propose_rows([self], [sequence], tree, options)[0]
-        ((root_hidden, root_logits),) = committed_rows([self], [sequence])
-        rows = TreeRows([self], [root_hidden])  # grown by `DynamicTree.grow`, each frontier in one drafter forward
-        root_lp = torch.log_softmax(root_logits.float(), dim=-1)
-        return tree.grow(root_lp, rows.expand, sequence[0, -1].to(rows.device), vocab_ids=self._target_ids)
+    def propose_batch(self, sequences, rows, tree, options: DraftingOptions) -> list[DraftTree]:
+        """The rows' static trees together, one drafter forward per depth (`drafting.propose_rows`); EAGLE-2's
+        dynamic tree row by row (`drafting.grow_dynamic`)."""
+        drafters = [self.row_drafter(r) for r in rows]
+        if isinstance(tree, DynamicTree):
+            return [grow_dynamic(drafter, seq, tree) for drafter, seq in zip(drafters, sequences)]
+        return propose_rows(drafters, sequences, tree, options)
 
     def _fill_static_children(
         self,
