@@ -587,6 +587,9 @@ def test_batched_drafting_equals_drafting_row_by_row(variant, monkeypatch):
         )
         assert torch.equal(out, ref)
     assert len(steps) > 4 and max(steps) == 3  # the rows drafted together
+    # a step where a hybrid's gate left every row out asks for no drafts
+    td = drafter.get_tree_drafter(model)
+    assert td.propose_batch([], [], hfs.TreeSpec.chain(2), hfs.DraftingOptions()) == []
 
 
 def test_calibrated_drafter_sizes_its_tree_for_the_machine(monkeypatch):

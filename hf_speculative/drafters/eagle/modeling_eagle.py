@@ -514,7 +514,9 @@ class EagleTreeDrafter(OneRowDrafter):
     @torch.no_grad()
     def propose_batch(self, sequences, rows, tree, options: DraftingOptions) -> list[DraftTree]:
         """The rows' static trees together, one drafter forward per depth (`drafting.propose_rows`); EAGLE-2's
-        dynamic tree row by row (`drafting.grow_dynamic`)."""
+        dynamic tree row by row (`drafting.grow_dynamic`). No rows (a hybrid's gate left every row out): no drafts."""
+        if not rows:
+            return []
         drafters = [self.row_drafter(r) for r in rows]
         if isinstance(tree, DynamicTree):
             return [grow_dynamic(drafter, seq, tree) for drafter, seq in zip(drafters, sequences)]
