@@ -28,7 +28,9 @@ ROOT = -1
 
 def _padded(parts: list[torch.Tensor | None], lengths: list[int], like: torch.Tensor) -> torch.Tensor:
     """``(B, heads, max length, d)``: each row's ``(1, heads, length, d)`` keys (or values) left-aligned, zeros
-    after them; ``like`` gives the heads, head size, dtype and device."""
+    after them; ``like`` gives the heads, head size, dtype and device. One row: its own tensor (no copy)."""
+    if len(parts) == 1 and parts[0] is not None and parts[0].shape[2] == lengths[0]:
+        return parts[0]
     block = like.new_zeros(len(parts), like.shape[1], max(lengths), like.shape[3])
     for b, (part, n) in enumerate(zip(parts, lengths)):
         if n:
