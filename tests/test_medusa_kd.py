@@ -152,3 +152,30 @@ def test_concat_hidden_states():
         c.offsets.tolist() == [0, 1, 3, 5] and c.ids == ["a", "b", "c"] and c.topk_ids[:, 0].tolist() == [0, 0, 0, 1, 1]
     )
     assert c.select([2]).hidden.tolist() == [[0, 0], [0, 0]]
+
+
+def test_hidden_states_concat_release_joins_the_same_and_empties_the_parts():
+    """``release=True`` (millions of labelled tokens): the same states as a plain concat, each part's tensors given
+    up as they are joined, so the peak is not twice the states."""
+
+    def part(n, value, ids):
+        return HiddenStates(
+            torch.full((n, 2), value),
+            torch.arange(n),
+            torch.arange(n),
+            torch.tensor([0, n]),
+            ids,
+            torch.full((n, 1), int(value)),
+            torch.full((n, 1), value),
+            {2: torch.full((n, 2), value + 10), 5: torch.full((n, 2), value + 20)},
+        )
+
+    kept = HiddenStates.concat([part(1, 0.0, ["a"]), part(2, 1.0, ["b"])])
+    parts = [part(1, 0.0, ["a"]), part(2, 1.0, ["b"])]
+    released = HiddenStates.concat(parts, release=True)
+    for name in ("hidden", "input_ids", "labels", "offsets", "topk_ids", "topk_logprobs"):
+        assert torch.equal(getattr(kept, name), getattr(released, name)), name
+    assert released.ids == ["a", "b"] and sorted(released.layers) == [2, 5]
+    assert all(torch.equal(kept.layers[k], released.layers[k]) for k in (2, 5))
+    assert released.layers[5][:, 0].tolist() == [20.0, 21.0, 21.0]
+    assert all(p.hidden is None and p.topk_ids is None and not p.layers for p in parts)

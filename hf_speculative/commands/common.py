@@ -345,8 +345,8 @@ def labelled_training_states(args, layer: int | None = None):
         train_parts.append(shards.to_hidden_states(layer=layer, conversations=train_idx, max_tokens=budget))
         if hold_idx:
             hold_parts.append(shards.to_hidden_states(layer=layer, conversations=hold_idx).with_teacher_labels())
-    train_states = HiddenStates.concat(train_parts)
-    hold_states = HiddenStates.concat(hold_parts) if hold_parts else None
+    train_states = HiddenStates.concat(train_parts, release=True)
+    hold_states = HiddenStates.concat(hold_parts, release=True) if hold_parts else None
     n_hold = len(hold_states) if hold_states is not None else 0
     print(
         f"labelled shards: {len(train_states)} conversations ({train_states.num_train_tokens} answer tokens) train, "
@@ -459,7 +459,7 @@ def shard_states(args, extra_layers, held_per_folder: int = 0):
         parts.append(shards.to_hidden_states(extra_layers=extra_layers, conversations=train_idx, max_tokens=per_folder))
         if held_per_folder and hold_idx:
             held.append(shards.to_hidden_states(extra_layers=extra_layers, conversations=hold_idx[:held_per_folder]))
-    return HiddenStates.concat(parts), HiddenStates.concat(held) if held else None
+    return HiddenStates.concat(parts, release=True), HiddenStates.concat(held, release=True) if held else None
 
 
 def labelled_states(args, drafter, layers, what: str, draft_vocab_size: int | None = None, held_per_folder: int = 0):

@@ -497,5 +497,6 @@ class LabelledShards:
         parts, offsets, ids = self._read_conversations(self._plan_by_shard(wanted), names, max_tokens)
         if not ids:
             raise ValueError("no labelled conversation selected")
-        cat = {k: torch.cat(v) for k, v in parts.items()}
+        # one key at a time, its pieces dropped once joined: the peak is the states plus one key, not twice them
+        cat = {k: torch.cat(parts.pop(k)) for k in list(parts)}
         return _labelled_states(cat, cat["hidden"], {i: cat[i] for i in extra}, offsets, ids)

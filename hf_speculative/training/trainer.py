@@ -96,23 +96,32 @@ class HiddenStates:
         )
 
     @classmethod
-    def concat(cls, parts: Sequence["HiddenStates"]) -> "HiddenStates":
+    def concat(cls, parts: Sequence["HiddenStates"], release: bool = False) -> "HiddenStates":
         """One `HiddenStates` holding the sequences of ``parts`` in order (teacher and extra layers only when every
-        part has them)."""
+        part has them). ``release``: the parts give up each tensor once it is joined (they are emptied), so the
+        peak is the states plus one tensor, not twice the states (millions of labelled tokens)."""
         if len(parts) == 1:
             return parts[0]
         offsets = [0]
         for part in parts:
             offsets.extend((offsets[-1] + part.offsets[1:]).tolist())
 
+        def join(values):
+            values = list(values)
+            return None if any(v is None for v in values) else torch.cat(values)
+
         def cat(name):
             values = [getattr(p, name) for p in parts]
-            return None if any(v is None for v in values) else torch.cat(values)
+            if release:
+                for p in parts:
+                    setattr(p, name, None)
+            return join(values)
 
         layers = None
         if all(p.layers for p in parts):
             common = set.intersection(*(set(p.layers) for p in parts))
-            layers = {k: torch.cat([p.layers[k] for p in parts]) for k in sorted(common)}
+            pick = (lambda p, k: p.layers.pop(k)) if release else (lambda p, k: p.layers[k])
+            layers = {k: join(pick(p, k) for p in parts) for k in sorted(common)}
         return cls(
             cat("hidden"),
             cat("input_ids"),
