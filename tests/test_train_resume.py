@@ -69,7 +69,29 @@ def test_a_killed_train_command_resumes_and_stops_at_its_budget(tmp_path):
     assert "resuming from" in second.stderr and f"checkpoint-{killed_at}" in second.stderr
     assert _steps(out) == killed_at + 8  # the budget, counted across both runs
     assert (out / "model.safetensors").is_file()
+    assert (out / "training_curve.png").is_file() and not (out / "trainer_state").exists()  # the curve stays
     restarted = subprocess.run(
         _command(base, data, tmp_path / "fresh", steps=4) + ["--restart"], capture_output=True, text=True, timeout=WAIT
     )
     assert restarted.returncode == 0 and "resuming from" not in restarted.stderr  # the negative control
+
+
+def test_training_curve_series_and_plot(tmp_path):
+    from hf_speculative.training.curve_plot import curve_series, plot_training_curve
+
+    log = [
+        {"loss": 5.0, "kd_0": 2.0, "acc_0": 0.1, "acc_1": 0.05, "learning_rate": 1e-3, "step": 10},
+        {"eval_loss": 4.0, "step": 10},
+        {"loss": 3.0, "kd_0": 1.0, "acc_0": 0.4, "acc_1": 0.3, "learning_rate": 9e-4, "step": 20},
+        {"train_loss": 4.0, "step": 20},
+    ]
+    series = curve_series(log)
+    assert series == {
+        "loss": [(10, 5.0), (20, 3.0)],
+        "kd_0": [(10, 2.0), (20, 1.0)],
+        "acc_0": [(10, 0.1), (20, 0.4)],
+        "acc_1": [(10, 0.05), (20, 0.3)],
+    }
+    path = plot_training_curve(log, tmp_path / "curve.png")
+    assert path.is_file() and path.read_bytes()[:4] == b"\x89PNG"
+    assert plot_training_curve([{"train_loss": 1.0, "step": 3}], tmp_path / "none.png") is None  # nothing logged

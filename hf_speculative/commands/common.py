@@ -252,10 +252,12 @@ def command_line(args=None) -> str | None:
 
 
 def finish_folder(out, save, write_card, report: dict) -> int:
-    """End of a ``train`` command: ``save(out)`` (weights + config), ``write_card(out)`` (None: no card), drop the
-    Trainer's scratch folder ``out/trainer_state`` and print ``report`` as JSON; returns the exit code 0.
+    """End of a ``train`` command: ``save(out)`` (weights + config), ``write_card(out)`` (None: no card), keep the
+    training curve's plot (``out/training_curve.png``), drop the Trainer's scratch folder ``out/trainer_state`` and
+    print ``report`` as JSON; returns the exit code 0.
     Under several processes only the main one writes (the others wait for it at the command's end,
     `hf_speculative.training.distributed.end_processes`)."""
+    from ..training.curve_plot import PLOT_NAME
     from ..training.distributed import is_main_process
 
     out = Path(out)
@@ -263,6 +265,8 @@ def finish_folder(out, save, write_card, report: dict) -> int:
         save(out)
         if write_card is not None:
             write_card(out)
+        if (out / "trainer_state" / PLOT_NAME).is_file():  # the training curve stays beside the weights
+            shutil.move(out / "trainer_state" / PLOT_NAME, out / PLOT_NAME)
         shutil.rmtree(out / "trainer_state", ignore_errors=True)
         print(json.dumps(report, indent=1))
     return 0

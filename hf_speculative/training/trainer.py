@@ -466,13 +466,14 @@ def train_drafter(
     Without ``warmup_steps``, ``warmup_ratio`` of the planned steps (`budget_warmup_steps`: capped under a budget).
     ``trainer_kwargs``: the trainer's own arguments (its loss settings, ``optimizers``)."""
     from .callbacks import LearningCurveCallback, TimeBudgetCallback, budget_warmup_steps
+    from .curve_plot import TrainingCurveCallback
 
     if training_args.get("warmup_steps") is None:
         per_step = training_args["batch_size"] * training_args.get("gradient_accumulation_steps", 1)
         steps = planned_steps(len(dataset), per_step, training_args["num_epochs"], training_args.get("max_steps", -1))
         training_args["warmup_steps"] = budget_warmup_steps(steps, warmup_ratio, time_budget)
     args = drafter_training_args(output_dir, time_budget=time_budget if anneal else None, **training_args)
-    callbacks = list(callbacks or [])
+    callbacks = [*(callbacks or []), TrainingCurveCallback()]
     if time_budget:
         budget = TimeBudgetCallback(time_budget, anneal=anneal, warmup_steps=training_args["warmup_steps"])
         for cb in callbacks:
