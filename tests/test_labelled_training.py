@@ -148,3 +148,26 @@ def test_cli_train_streaming_labelled(tmp_path):
     assert ss.config.draft_vocab_size == 16 and ss.draft_to_target.shape == (16,)
     # the cached layer the MSA layers start from is the labelled one (num_hidden_layers - num_msa_layers = 2)
     assert ss.config.first_msa_layer == 2 and 2 in LabelledShards(tmp_path / "shards").layers
+
+
+def test_cli_train_eagle_labelled_calibrates_its_tree(tmp_path):
+    """``train eagle`` measures its drafter's accuracy per drafting step and rank on the first
+    ``--calibrate-conversations`` held-out conversations of each folder: its default tree is then the cost-aware one."""
+    from hf_speculative.drafters.eagle import EagleDrafter, eagle3_feature_layers
+
+    model, tok = tiny_chat_model(num_layers=3)
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    layers = (*sorted(set(eagle3_feature_layers(3))), -1)
+    label_conversations(model, tok, _records(10), tmp_path / "shards", top_k=4, layers=layers, progress=False)
+    argv = ["train", "eagle", "--model", str(tmp_path / "m"), "--labelled", str(tmp_path / "shards")]
+    argv += ["--labelled-holdout", "3", "--calibrate-conversations", "2", "--out", str(tmp_path / "eagle")]
+    argv += ["--draft-vocab-size", "16", "--max-steps", "2", "--batch-size", "2", "--threads", "1", "--device", "cpu"]
+    assert main(argv) == 0
+    drafter = EagleDrafter.from_pretrained(tmp_path / "eagle")
+    calibration = drafter.config.calibration
+    assert calibration["conversations"] == 2 and len(calibration["step_top_i_accuracy"]) == 6
+    assert all(len(row) == 4 and all(0.0 <= a <= 1.0 for a in row) for row in calibration["step_top_i_accuracy"])
+    assert drafter.config.training["conversations"] == 7
+    assert main([*argv[:-6], "--calibrate-conversations", "0", "--out", str(tmp_path / "plain"), *argv[-6:]]) == 0
+    assert not getattr(EagleDrafter.from_pretrained(tmp_path / "plain").config, "calibration", None)  # the control

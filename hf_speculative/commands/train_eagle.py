@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from .common import add_shard_training_args, finish_shard_drafter, labelled_states, new_shard_drafter, timed_training
 
 
@@ -28,6 +30,14 @@ def add_parser(subparsers) -> None:
     p.add_argument("--total-tokens", type=int, default=24, help="dynamic tree: nodes kept per step")
     p.add_argument("--tree-depth", type=int, default=5)
     p.add_argument("--tree-top-k", type=int, default=4)
+    p.add_argument(
+        "--calibrate-conversations",
+        type=int,
+        default=40,
+        help="calibrate the tree on the first N held-out conversations of each folder (--labelled-holdout): the "
+        "drafter's accuracy per drafting step and rank, so its default tree is the cost-aware one of the machine it "
+        "runs on (0: no calibration)",
+    )
     p.set_defaults(func=run)
 
 
@@ -41,13 +51,42 @@ def run(args) -> int:
     L = drafter.num_target_layers
     layers = drafter.config.feature_layers(L)
     # EAGLE-3's draft vocabulary: the most frequent tokens the target produces
-    states, _ = labelled_states(
-        args, drafter, [i for i in layers if i != L], f"feature layers {layers}", draft_vocab_size=draft_vocab_size
+    held_per_folder = min(args.calibrate_conversations, args.labelled_holdout)
+    states, held = labelled_states(
+        args,
+        drafter,
+        [i for i in layers if i != L],
+        f"feature layers {layers}",
+        draft_vocab_size=draft_vocab_size,
+        held_per_folder=held_per_folder,
     )
     trainer, seconds = timed_training(
         train_eagle, drafter, states, args, steps=args.ttt_steps, max_length=args.max_length, final_layer=L
     )
+    if held is not None:
+        calibrate(drafter, held, args.max_length)
     method = f"{args.variant} on target-labelled shards (KD on the target's top-k" + (
         ", training-time test)" if drafter.config.is_eagle3 else ", feature regression)"
     )
     return finish_shard_drafter(args, drafter, method, states, trainer, seconds)
+
+
+CALIBRATION_DEPTH, CALIBRATION_TOP = 6, 4  # drafting steps and ranks measured for the tree calibration
+
+
+def calibrate(drafter, held, max_length: int) -> None:
+    """``drafter.config.calibration``: its accuracy per drafting step and rank on the held-out labelled conversations
+    ``held`` (`eagle_step_accuracies`, in float32); its default tree is then sized for the machine it runs on."""
+    from ..drafters.eagle.training_eagle import eagle_step_accuracies
+
+    was = drafter.dtype
+    accuracies = eagle_step_accuracies(
+        drafter.float(), held, steps=CALIBRATION_DEPTH, top=CALIBRATION_TOP, max_length=max_length
+    )
+    drafter.to(was)
+    drafter.config.calibration = {
+        "step_top_i_accuracy": [[round(a, 4) for a in row] for row in accuracies],
+        "conversations": len(held),
+        "labelled_tokens": int(held.input_ids.numel()),
+    }
+    print(f"EAGLE calibration (held-out accuracy per step, top-1): {[row[0] for row in accuracies]}", file=sys.stderr)
