@@ -10,8 +10,9 @@
 #   2. labelling those answers with the target (hidden states of layers 2, 15, 27 and the final one, top-20
 #      log-probs), cached in $LABELS/chat-self;
 #   3. labelling ShareGPT's own answers until both folders hold TOKENS tokens, cached in $LABELS/chat-sharegpt;
-#   4. training EAGLE-3 on both folders (their last 100 conversations held out each) for TRAIN_BUDGET seconds in all,
-#      checkpointing every 50 steps into $OUT/trainer_state; the learning curve is saved beside it.
+#   4. training EAGLE-3 on both folders (their last 100 conversations held out each) for TRAIN_BUDGET seconds in all
+#      (as many epochs as fit), checkpointing every 50 steps into $OUT/trainer_state, its curve redrawn there as a
+#      plot; then its tree calibrated on 40 held-out conversations of each folder.
 # Settings (environment): OUT, LABELS, DISTILL_BUDGET (2400 s), TOKENS (2,000,000), TRAIN_BUDGET (10,800 s),
 # DRAFT_VOCAB (4096), THREADS (2). Run it at low priority beside other work (nice -n 19) and stop it (kill -STOP)
 # while anything is timed.
@@ -51,4 +52,5 @@ $HFS label --model reference --data sharegpt --output "$LABELS/chat-sharegpt" --
 echo "== 4. training EAGLE-3 (resumes from $OUT/trainer_state)"
 $HFS train eagle --model reference --variant eagle3 --labelled "$LABELS/chat-self" --labelled "$LABELS/chat-sharegpt" \
     --labelled-holdout 100 --out "$OUT/drafter" --draft-vocab-size "$DRAFT_VOCAB" --ttt-steps 4 \
-    --max-length 512 --batch-size 8 --lr 1e-3 --save-steps 50 --time-budget "$TRAIN_BUDGET" --threads "$THREADS"
+    --max-length 512 --batch-size 8 --lr 1e-3 --epochs 100 --save-steps 50 --time-budget "$TRAIN_BUDGET" \
+    --threads "$THREADS"
