@@ -82,7 +82,7 @@ def test_training_curve_series_and_plot(tmp_path):
     log = [
         {"loss": 5.0, "kd_0": 2.0, "acc_0": 0.1, "acc_1": 0.05, "learning_rate": 1e-3, "step": 10},
         {"eval_loss": 4.0, "step": 10},
-        {"loss": 3.0, "kd_0": 1.0, "acc_0": 0.4, "acc_1": 0.3, "learning_rate": 9e-4, "step": 20},
+        {"loss": 3.0, "kd_0": 1.0, "acc_0": 0.4, "acc_1": 0.3, "loss_stream1": 7.0, "learning_rate": 9e-4, "step": 20},
         {"train_loss": 4.0, "step": 20},
     ]
     series = curve_series(log)
@@ -91,6 +91,7 @@ def test_training_curve_series_and_plot(tmp_path):
         "kd_0": [(10, 2.0), (20, 1.0)],
         "acc_0": [(10, 0.1), (20, 0.4)],
         "acc_1": [(10, 0.05), (20, 0.3)],
+        "loss_stream1": [(20, 7.0)],
     }
     path = plot_training_curve(log, tmp_path / "curve.png")
     assert path.is_file() and path.read_bytes()[:4] == b"\x89PNG"

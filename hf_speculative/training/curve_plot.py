@@ -14,12 +14,12 @@ from ..plotting import save_figure
 logger = logging.get_logger(__name__)
 
 PLOT_NAME = "training_curve.png"
-_PART = re.compile(r"^(kd|acc|ce|head|lm|stream)_?(\d+)$")
+_PART = re.compile(r"^(loss_)?(kd|acc|ce|head|lm|stream)_?(\d+)$")  # kd_0, acc_1, loss_stream2, ...
 
 
 def curve_series(log_history: list[dict]) -> dict[str, list[tuple[int, float]]]:
     """``{name: [(step, value), ...]}`` of the logged ``loss`` and of every numbered loss part (``kd_0``,
-    ``acc_1``, ...), from a Trainer's ``log_history``."""
+    ``acc_1``, ``loss_stream2``, ...), from a Trainer's ``log_history``."""
     series: dict[str, list[tuple[int, float]]] = {}
     for entry in log_history:
         step = entry.get("step")

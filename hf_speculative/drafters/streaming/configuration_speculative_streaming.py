@@ -57,8 +57,9 @@ class SpeculativeStreamingConfig(DrafterConfigMixin, LlamaConfig):
             normal with std ``initializer_range``, about 0.1% of the norm of the residual stream entering layer
             N - N_s, so the streams start as copies of the main stream; ``"token_embeddings"``: the target's mean
             input token embedding (what a token not yet known looks like on average, as a mask token would), scaled
-            to that norm (measured on a short probe), plus 1% noise per stream. Not yet the default: in a first
-            4-step run on E2E NLG (SmolLM2-135M) its streams' held-out top-1 was 0 at every point.
+            to that norm (measured on a short probe), plus 1% noise per stream. Not the default: in 40 steps on
+            generic chat (SmolLM2-135M) it started at stream losses near 80 against 11-13 and was still behind in
+            loss and in expected tau at the end (docs/speculative_streaming.md).
         stream_design (`str`, defaults to `"embeddings"`): ``"embeddings"`` (identifier embeddings P_j,
             Sec. 3.1.1) or ``"value_rotation"`` (Appendix C.3, not implemented).
         pruning_layer (`int`, *optional*): parallel tree pruning (Sec. 3.1.3): the early exit reads the state
