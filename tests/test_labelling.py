@@ -182,7 +182,7 @@ def test_label_records_in_memory_equals_the_shards(tiny, tmp_path):
     assert label_records(model, tok, recs, layers=(1,), top_k=4, max_tokens=first_two).ids == ["r0", "r1"]
 
 
-def test_shards_resume(tiny, tmp_path):
+def test_shards_resume(tiny, tmp_path, capsys):
     model, tok = tiny
     recs = _records(8)
     whole = label_conversations(model, tok, recs, tmp_path / "whole", top_k=3, shard_tokens=50, progress=False)
@@ -194,9 +194,14 @@ def test_shards_resume(tiny, tmp_path):
     # ... and a killed run's half-written shard (never in the manifest) are both picked up by a rerun
     (tmp_path / "run" / "shard-00001.safetensors.tmp").write_bytes(b"torn")
     again = label_conversations(
-        model, tok, recs, tmp_path / "run", top_k=3, shard_tokens=50, max_tokens=10_000, progress=False
+        model, tok, recs, tmp_path / "run", top_k=3, shard_tokens=50, max_tokens=10_000, progress=True
     )
     assert again["total_tokens"] == whole["total_tokens"] and again["num_conversations"] == len(recs)
+    said = capsys.readouterr().err  # the rerun says what it found and what it labels again
+    assert f"resuming: {first['total_tokens']:,} tokens in 1 finished shards" in said
+    assert f"labelling again from record {first['next_record']:,} of 8" in said
+    label_conversations(model, tok, recs, tmp_path / "run", top_k=3, shard_tokens=50, max_tokens=10_000)
+    assert "nothing left to label" in capsys.readouterr().err
     a, b = LabelledShards(tmp_path / "whole").to_hidden_states(), LabelledShards(tmp_path / "run").to_hidden_states()
     assert b.ids == a.ids == [r.id for r in recs]  # no duplicates, none lost
     assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.topk_ids, b.topk_ids)

@@ -284,6 +284,8 @@ def label_conversations(
     layers = _resolve_layers(layers, model.config.num_hidden_layers)
     settings = _labelling_settings(model, layers, top_k, max_length, data, autocast, rank, world)
     manifest = _open_manifest(out_dir, settings)
+    if progress and manifest["total_tokens"]:
+        print(_resume_line(manifest, len(records), max_tokens), file=sys.stderr)
 
     bar = _progress_bar(progress, max_tokens, manifest["total_tokens"])
     buf = _ShardBuffer(out_dir, manifest)
@@ -309,6 +311,17 @@ def label_conversations(
         if bar is not None:
             bar.close()
     return manifest
+
+
+def _resume_line(manifest: dict, num_records: int, max_tokens: int | None) -> str:
+    """What a rerun finds in its folder and what it does next (a killed run loses only the shard it was writing)."""
+    found = f"resuming: {manifest['total_tokens']:,} tokens in {len(manifest['shards'])} finished shards"
+    if manifest["next_record"] >= num_records or (max_tokens is not None and manifest["total_tokens"] >= max_tokens):
+        return f"{found}; nothing left to label"
+    return (
+        f"{found}; labelling again from record {manifest['next_record']:,} of {num_records:,} (a shard that was being "
+        "written when the last run stopped is labelled again)"
+    )
 
 
 @torch.no_grad()
