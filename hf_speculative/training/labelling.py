@@ -263,8 +263,7 @@ def label_conversations(
     data: str = "",
     autocast: torch.dtype | None = None,
 ) -> dict:
-    """Label ``records`` with the target ``model`` into shards under ``out_dir`` (see the module docstring) and
-    return the manifest.
+    """Label ``records`` with the target ``model`` into shards under ``out_dir`` (module docstring); the manifest.
 
     Each record's answered turns (:meth:`Record.dialogue`) go through the chat template, cut at ``max_length``
     tokens; records without an answer or without an assistant token are skipped. Labelling stops once the
@@ -284,8 +283,7 @@ def label_conversations(
     layers = _resolve_layers(layers, model.config.num_hidden_layers)
     settings = _labelling_settings(model, layers, top_k, max_length, data, autocast, rank, world)
     manifest = _open_manifest(out_dir, settings)
-    if progress and manifest["total_tokens"]:
-        print(_resume_line(manifest, len(records), max_tokens), file=sys.stderr)
+    _say_resume(progress, manifest, len(records), max_tokens)
 
     bar = _progress_bar(progress, max_tokens, manifest["total_tokens"])
     buf = _ShardBuffer(out_dir, manifest)
@@ -313,15 +311,20 @@ def label_conversations(
     return manifest
 
 
-def _resume_line(manifest: dict, num_records: int, max_tokens: int | None) -> str:
-    """What a rerun finds in its folder and what it does next (a killed run loses only the shard it was writing)."""
+def _say_resume(progress: bool, manifest: dict, num_records: int, max_tokens: int | None) -> None:
+    """On stderr (with ``progress``), what a rerun finds in its folder and what it does next (a killed run loses only
+    the shard it was writing)."""
+    if not (progress and manifest["total_tokens"]):
+        return
     found = f"resuming: {manifest['total_tokens']:,} tokens in {len(manifest['shards'])} finished shards"
     if manifest["next_record"] >= num_records or (max_tokens is not None and manifest["total_tokens"] >= max_tokens):
-        return f"{found}; nothing left to label"
-    return (
-        f"{found}; labelling again from record {manifest['next_record']:,} of {num_records:,} (a shard that was being "
-        "written when the last run stopped is labelled again)"
-    )
+        print(f"{found}; nothing left to label", file=sys.stderr)
+    else:
+        print(
+            f"{found}; labelling again from record {manifest['next_record']:,} of {num_records:,} (a shard that was "
+            "being written when the last run stopped is labelled again)",
+            file=sys.stderr,
+        )
 
 
 @torch.no_grad()
