@@ -51,7 +51,6 @@ __all__ = [
 METHODS = ("lora", "medusa2", "streaming", "eagle")
 LAMBDA0_WARMUP_STEPS = 100
 EAGLE_TOP_K = 8  # the teacher's top-k per token of the EAGLE arm's labelling
-EAGLE_CALIBRATION_DEPTH, EAGLE_CALIBRATION_TOP = 6, 4  # the steps and ranks of the EAGLE arm's tree calibration
 INFO_FILE = "downstream.json"
 ADAPTER_SUBFOLDER = "adapter"  # the PEFT adapter of the lora, medusa2 and eagle folders (streaming: lora/)
 
@@ -496,7 +495,7 @@ def calibrate_eagle(
     the model's own with ``cfg.answers == "self"``) labelled by ``tuned``, the drafter's held-out accuracies per
     unrolled step and rank (`eagle_step_accuracies`) stored in ``drafter.config.calibration``; the drafter's default
     tree is then the cost-aware one for the target's machine (`hf_speculative.drafters.cost_aware`)."""
-    from hf_speculative.drafters.eagle.training_eagle import eagle_step_accuracies
+    from hf_speculative.drafters.eagle.training_eagle import calibrate_tree
 
     from .self_distilled import self_distilled_records, unique_prompts
     from .tasks import get_task
@@ -510,19 +509,10 @@ def calibrate_eagle(
     L = tuned.config.num_hidden_layers
     layers = [i for i in drafter.config.feature_layers(L) if i != L]
     states = _labelled_states(tuned, tokenizer, records, layers, cfg, data=f"{adapter_name}-calib-{cfg.answers}")
-    was = drafter.dtype
-    accuracies = eagle_step_accuracies(
-        drafter.float(), states, steps=EAGLE_CALIBRATION_DEPTH, top=EAGLE_CALIBRATION_TOP
-    )
-    drafter.to(was)
-    drafter.config.calibration = {
-        "step_top_i_accuracy": [[round(a, 4) for a in row] for row in accuracies],
-        "prompts": len(records),
-        "answers": cfg.answers,
-        "labelled_tokens": int(states.input_ids.numel()),
-    }
-    print(f"EAGLE calibration (held-out accuracy per step, top-1): {[row[0] for row in accuracies]}", file=sys.stderr)
-    return drafter.config.calibration
+    calibration = calibrate_tree(drafter, states, prompts=len(records), answers=cfg.answers)
+    top1 = [row[0] for row in calibration["step_top_i_accuracy"]]
+    print(f"EAGLE calibration (held-out accuracy per step, top-1): {top1}", file=sys.stderr)
+    return calibration
 
 
 def _folder_settings(info: dict, data_dir, **overrides) -> tuple[DownstreamTrainingConfig, tuple[list, list]]:

@@ -43,7 +43,7 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     from ..drafters.eagle.modeling_eagle import EagleDrafter
-    from ..drafters.eagle.training_eagle import train_eagle
+    from ..drafters.eagle.training_eagle import calibrate_tree, train_eagle
 
     draft_vocab_size = args.draft_vocab_size if args.variant == "eagle3" else None
     names = ("variant", "total_tokens", "tree_depth", "tree_top_k", "feature_noise")
@@ -64,29 +64,10 @@ def run(args) -> int:
         train_eagle, drafter, states, args, steps=args.ttt_steps, max_length=args.max_length, final_layer=L
     )
     if held is not None:
-        calibrate(drafter, held, args.max_length)
+        calibration = calibrate_tree(drafter, held, args.max_length, conversations=len(held))
+        top1 = [row[0] for row in calibration["step_top_i_accuracy"]]
+        print(f"EAGLE calibration (held-out accuracy per drafting step, top-1): {top1}", file=sys.stderr)
     method = f"{args.variant} on target-labelled shards (KD on the target's top-k" + (
         ", training-time test)" if drafter.config.is_eagle3 else ", feature regression)"
     )
     return finish_shard_drafter(args, drafter, method, states, trainer, seconds)
-
-
-CALIBRATION_DEPTH, CALIBRATION_TOP = 6, 4  # drafting steps and ranks measured for the tree calibration
-
-
-def calibrate(drafter, held, max_length: int) -> None:
-    """``drafter.config.calibration``: its accuracy per drafting step and rank on the held-out labelled conversations
-    ``held`` (`eagle_step_accuracies`, in float32); its default tree is then sized for the machine it runs on."""
-    from ..drafters.eagle.training_eagle import eagle_step_accuracies
-
-    was = drafter.dtype
-    accuracies = eagle_step_accuracies(
-        drafter.float(), held, steps=CALIBRATION_DEPTH, top=CALIBRATION_TOP, max_length=max_length
-    )
-    drafter.to(was)
-    drafter.config.calibration = {
-        "step_top_i_accuracy": [[round(a, 4) for a in row] for row in accuracies],
-        "conversations": len(held),
-        "labelled_tokens": int(held.input_ids.numel()),
-    }
-    print(f"EAGLE calibration (held-out accuracy per step, top-1): {[row[0] for row in accuracies]}", file=sys.stderr)

@@ -35,6 +35,7 @@ __all__ = [
     "EagleTrainer",
     "eagle_loss",
     "eagle_step_accuracies",
+    "calibrate_tree",
     "train_eagle",
     "scale_fc_to_features",
     "hidden_states_from_model",
@@ -267,6 +268,26 @@ def eagle_step_accuracies(
             counts[s] += tid.shape[0]
     drafter.train(was_training)
     return (hits / counts.clamp_min(1)[:, None]).tolist()
+
+
+CALIBRATION_DEPTH, CALIBRATION_TOP = 6, 4  # the drafting steps and ranks a tree calibration measures
+
+
+def calibrate_tree(drafter: EagleDrafter, held_out: HiddenStates, max_length: int = 512, **record) -> dict:
+    """Set and return ``drafter.config.calibration``: its `eagle_step_accuracies` (in float32) on the labelled
+    ``held_out`` states, never trained on, with their token count and ``record``'s entries. The drafter's default tree
+    is then the cost-aware one of the machine it runs on (`hf_speculative.drafters.cost_aware`)."""
+    was = drafter.dtype
+    accuracies = eagle_step_accuracies(
+        drafter.float(), held_out, steps=CALIBRATION_DEPTH, top=CALIBRATION_TOP, max_length=max_length
+    )
+    drafter.to(was)
+    drafter.config.calibration = {
+        "step_top_i_accuracy": [[round(a, 4) for a in row] for row in accuracies],
+        **record,
+        "labelled_tokens": int(held_out.input_ids.numel()),
+    }
+    return drafter.config.calibration
 
 
 def _teacher_at_step(batch: dict, s: int, R: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
