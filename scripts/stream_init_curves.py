@@ -45,8 +45,8 @@ def main() -> None:
     loss_ax, top1_ax = fig.subplots(1, 2)
     for folder, style in zip(args.folders, ("-", "--", ":")):
         folder = Path(folder)
-        training = json.loads((folder / "config.json").read_text())["training"]
-        init = json.loads((folder / "config.json").read_text()).get("stream_embedding_init", folder.name)
+        config = json.loads((folder / "config.json").read_text())
+        training, init = config["training"], config.get("stream_embedding_init", folder.name)
         logs = logged_losses(folder.with_suffix(".log"))
         step_per_log = training["steps_done"] / max(1, len(logs))
         streams = sorted(k for k in logs[0] if k.startswith("loss_stream"))

@@ -509,10 +509,7 @@ def calibrate_eagle(
     L = tuned.config.num_hidden_layers
     layers = [i for i in drafter.config.feature_layers(L) if i != L]
     states = _labelled_states(tuned, tokenizer, records, layers, cfg, data=f"{adapter_name}-calib-{cfg.answers}")
-    calibration = calibrate_tree(drafter, states, prompts=len(records), answers=cfg.answers)
-    top1 = [row[0] for row in calibration["step_top_i_accuracy"]]
-    print(f"EAGLE calibration (held-out accuracy per step, top-1): {top1}", file=sys.stderr)
-    return calibration
+    return calibrate_tree(drafter, states, prompts=len(records), answers=cfg.answers)
 
 
 def _folder_settings(info: dict, data_dir, **overrides) -> tuple[DownstreamTrainingConfig, tuple[list, list]]:

@@ -7,8 +7,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from .common import add_shard_training_args, finish_shard_drafter, labelled_states, new_shard_drafter, timed_training
 
 
@@ -64,9 +62,7 @@ def run(args) -> int:
         train_eagle, drafter, states, args, steps=args.ttt_steps, max_length=args.max_length, final_layer=L
     )
     if held is not None:
-        calibration = calibrate_tree(drafter, held, args.max_length, conversations=len(held))
-        top1 = [row[0] for row in calibration["step_top_i_accuracy"]]
-        print(f"EAGLE calibration (held-out accuracy per drafting step, top-1): {top1}", file=sys.stderr)
+        calibrate_tree(drafter, held, args.max_length, conversations=len(held))
     method = f"{args.variant} on target-labelled shards (KD on the target's top-k" + (
         ", training-time test)" if drafter.config.is_eagle3 else ", feature regression)"
     )

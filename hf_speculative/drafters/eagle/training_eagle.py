@@ -19,6 +19,7 @@ The draft vocabulary (EAGLE-3's ``d2t`` / ``t2d``) is the most frequent target t
 from __future__ import annotations
 
 import math
+import sys
 from typing import Sequence
 
 import torch
@@ -273,10 +274,13 @@ def eagle_step_accuracies(
 CALIBRATION_DEPTH, CALIBRATION_TOP = 6, 4  # the drafting steps and ranks a tree calibration measures
 
 
-def calibrate_tree(drafter: EagleDrafter, held_out: HiddenStates, max_length: int = 512, **record) -> dict:
+def calibrate_tree(
+    drafter: EagleDrafter, held_out: HiddenStates, max_length: int = 512, progress: bool = True, **record
+) -> dict:
     """Set and return ``drafter.config.calibration``: its `eagle_step_accuracies` (in float32) on the labelled
-    ``held_out`` states, never trained on, with their token count and ``record``'s entries. The drafter's default tree
-    is then the cost-aware one of the machine it runs on (`hf_speculative.drafters.cost_aware`)."""
+    ``held_out`` states, never trained on, with their token count and ``record``'s entries; with ``progress`` the top-1
+    accuracy per drafting step on stderr. The drafter's default tree is then the cost-aware one of the machine it runs
+    on (`hf_speculative.drafters.cost_aware`)."""
     was = drafter.dtype
     accuracies = eagle_step_accuracies(
         drafter.float(), held_out, steps=CALIBRATION_DEPTH, top=CALIBRATION_TOP, max_length=max_length
@@ -287,6 +291,9 @@ def calibrate_tree(drafter: EagleDrafter, held_out: HiddenStates, max_length: in
         **record,
         "labelled_tokens": int(held_out.input_ids.numel()),
     }
+    if progress:
+        top1 = [row[0] for row in drafter.config.calibration["step_top_i_accuracy"]]
+        print(f"EAGLE calibration (held-out accuracy per drafting step, top-1): {top1}", file=sys.stderr)
     return drafter.config.calibration
 
 
