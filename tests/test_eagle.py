@@ -411,6 +411,44 @@ def test_context_tokens_join_the_draft_vocabulary():
         assert torch.equal(model.generate(p, assistant_model=drafter, max_new_tokens=16, do_sample=False), ref)
 
 
+def test_context_tokens_are_trained_as_drafting_scores_them():
+    """EAGLE-3 training gives each sequence the columns its drafting has: the draft vocabulary, then its prompt's
+    tokens outside it scored by the target's head rows (as `_logits` scores them while drafting); the teacher's ids
+    map onto those columns and back, and the KD counts a copied token the draft vocabulary lacks."""
+    from hf_speculative.drafters.eagle.training_eagle import _unrolled_steps
+
+    model = _target("llama", seed=7, num_layers=TRAINED_LAYERS)
+    drafter = EagleDrafter.from_base_model(model, variant="eagle3", draft_vocab_size=5)
+    drafter.set_draft_vocab(torch.tensor([3, 10, 11, 50, 95]))
+    layers = sorted(set(eagle3_feature_layers(TRAINED_LAYERS)))
+    seqs = [torch.tensor([60, 1, 3, 2, 60, 7, 3, 10, 60, 2, 11, 50]), torch.tensor([7, 8, 3, 3, 10, 11, 50, 3])]
+    states = hidden_states_from_model(model, seqs, layers)
+    states.labels[:5] = -100  # the first prompt: 60 1 3 2 60
+    states.labels[12:14] = -100  # the second: 7 8
+    dataset = EagleDataset(states, drafter.config.feature_layers(TRAINED_LAYERS), TRAINED_LAYERS)
+    assert [dataset[i]["context_ids"].tolist() for i in range(2)] == [[1, 2, 3, 60], [7, 8]]
+    batch = EagleCollator()([dataset[0], dataset[1]])
+    assert batch["context_ids"].tolist() == [[1, 2, 3, 60], [7, 8, -1, -1]]
+    batch["topk_ids"][0, :, 0] = 60  # the first sequence's teacher copies 60, outside the draft vocabulary
+    head = model.get_output_embeddings().weight
+    with torch.no_grad():
+        for _s, rows, logits, _tid, _tlp, index, columns in _unrolled_steps(drafter.eval(), batch, steps=2):
+            assert logits.shape[-1] == 5 + 3  # the widest sequence's context tokens: 1, 2, 60
+            first = index.nonzero().reshape(-1) < batch["input_ids"].shape[1] - 1  # rows of the first sequence
+            drafting = drafter.compute_logits(rows[first], head[torch.tensor([1, 2, 60])])
+            torch.testing.assert_close(logits[first], drafting, rtol=1e-5, atol=1e-5)
+            assert (logits[~first][:, 5 + 2] == torch.finfo(logits.dtype).min).all()  # its padded column
+            ids = torch.tensor([[60, 3, 7]]).expand(int(first.sum()), 3)
+            assert columns.columns(torch.cat([ids, ids[: int((~first).sum())]]))[0].tolist() == [7, 0, -1]
+            cols = torch.arange(8).expand(rows.shape[0], 8)
+            assert columns.target_ids(cols)[0].tolist() == [3, 10, 11, 50, 95, 1, 2, 60]
+        on, _ = eagle_loss(drafter, batch, steps=2)
+        drafter.config.context_tokens = False
+        off, parts = eagle_loss(drafter, batch, steps=2)
+    assert float(on) > float(off) > 0  # off: the teacher's mass on 60 has no column and is dropped
+    assert "acc_0" in parts
+
+
 def test_dynamic_tree_grow_hand_example():
     """EAGLE-2 Sec. 4 with one distribution per parent. Vocabulary of 4, top_k = 2, depth 3, 5 nodes kept.
 
@@ -609,10 +647,8 @@ def test_calibrated_drafter_sizes_its_tree_for_the_machine(monkeypatch):
     acc = eagle_step_accuracies(drafter, states, steps=3, top=3, batch_size=len(dataset))
     assert len(acc) == 3 and all(len(row) == 3 and 0 <= min(row) and sum(row) <= 1 + 1e-9 for row in acc)
     batch = EagleCollator()([dataset[i] for i in range(len(dataset))])
-    vocab_index = torch.full((drafter.config.vocab_size,), -1, dtype=torch.long)
-    vocab_index[drafter.draft_target_ids] = torch.arange(drafter.config.draft_vocab_size)
     with torch.no_grad():
-        _, parts = eagle_loss(drafter.eval(), batch, steps=3, vocab_index=vocab_index)
+        _, parts = eagle_loss(drafter.eval(), batch, steps=3)
     for s in range(3):  # rank 0 of step s is the training log's top-1 agreement acc_s
         assert acc[s][0] == pytest.approx(float(parts[f"acc_{s}"]), abs=1e-6)
     assert acc[0][0] > 0.3  # trained: the test below sizes a real tree

@@ -33,14 +33,16 @@ def kd_loss(
     ``topk_logprobs (M, k)`` their log-probabilities (renormalized over the k here, so the loss is the
     cross-entropy to the teacher's top-k distribution); ``valid (M,)`` bool rows to use (None: all).
     ``vocab_index (V_target,)``: for a student over a truncated draft vocabulary, the draft index of every
-    target id (-1 where the draft vocabulary lacks it); teacher mass on missing ids is dropped and the rest
-    renormalized. Returns 0 (with a gradient path) when no row is valid.
+    target id (-1 where the draft vocabulary lacks it); without it, ids of -1 mark tokens the student cannot score.
+    Teacher mass on missing ids is dropped and the rest renormalized. Returns 0 (with a gradient path) when no row
+    is valid.
     """
     logits = student_logits.float()
     ids = topk_ids.long()
     p = teacher_probs(topk_logprobs)
     if vocab_index is not None:
         ids = vocab_index.to(ids.device)[ids]
+    if vocab_index is not None or bool((ids < 0).any()):
         present = ids >= 0
         p = p * present
         p = p / p.sum(-1, keepdim=True).clamp_min(1e-12)

@@ -28,6 +28,7 @@ from torch.utils.data import Dataset
 
 from ...training.losses import kd_loss
 from ...training.trainer import DrafterTrainer, HiddenStates, train_drafter, training_settings
+from .draft_columns import DraftColumns, context_vocab
 from .modeling_eagle import EagleDrafter, causal_mask
 
 __all__ = [
@@ -87,7 +88,8 @@ class EagleDataset(Dataset):
     """Sequences of labelled states, cut into chunks of at most ``max_length`` tokens. An item: ``input_ids (T,)``,
     ``features (T, F)`` (the drafter's target features per position), ``final (T, H)`` (the post-norm final
     state, EAGLE-1/2's regression target), ``predict (T,)`` (row t's teacher predicts an answer token),
-    ``topk_ids`` / ``topk_logprobs (T, k)``."""
+    ``topk_ids`` / ``topk_logprobs (T, k)``, ``context_ids`` (the distinct tokens of its prompt positions: what
+    drafting adds to a reduced draft vocabulary, `hf_speculative.drafters.eagle.draft_columns`)."""
 
     def __init__(self, states: HiddenStates, feature_layers: Sequence[int], final_layer: int, max_length: int = 512):
         if not states.has_teacher:
@@ -131,22 +133,23 @@ class EagleDataset(Dataset):
             "predict": predict,
             "topk_ids": st.topk_ids[a:b].long(),
             "topk_logprobs": st.topk_logprobs[a:b],
+            "context_ids": st.input_ids[a:b][labels == -100].unique(),
         }
 
 
 class EagleCollator:
-    """Right-pads a batch of `EagleDataset` items (padded rows never predict)."""
+    """Right-pads a batch of `EagleDataset` items (padded rows never predict; ``context_ids`` padded with -1)."""
 
     def __call__(self, items: list[dict]) -> dict:
-        T = max(x["input_ids"].shape[0] for x in items)
         out = {}
         for key in items[0]:
+            T = max(x[key].shape[0] for x in items)
             rows = []
             for x in items:
                 t = x[key]
                 pad = T - t.shape[0]
                 if pad:
-                    t = torch.cat([t, t.new_zeros((pad, *t.shape[1:]))])
+                    t = torch.cat([t, t.new_full((pad, *t.shape[1:]), -1 if key == "context_ids" else 0)])
                 rows.append(t)
             out[key] = torch.stack(rows)
         return out
@@ -171,11 +174,20 @@ def _unrolled_attention(
     return attn.o_proj(out.transpose(1, 2).reshape(B, Tq, -1))
 
 
+def _context_logits(drafter: EagleDrafter, hidden: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+    """``(B, R, E)``: the context tokens' logits of every row, as drafting scores them (the target's ``lm_head`` rows
+    of each sequence's ``extra`` tokens against the drafter's normed output; -1 columns at the dtype's minimum)."""
+    rows = drafter.base_lm_head.weight.detach()[extra.clamp_min(0)].to(hidden.dtype)
+    logits = torch.bmm(drafter.norm(hidden), rows.transpose(1, 2))
+    return logits.masked_fill((extra < 0)[:, None, :], torch.finfo(logits.dtype).min)
+
+
 def _unrolled_steps(drafter: EagleDrafter, batch: dict, steps: int, feature_noise: float = 0.0):
     """The training-time test (module docstring), step by step: yields ``(s, rows, logits, teacher_ids,
-    teacher_logprobs, index)`` for unrolled step s, over the rows that predict an answer token (``rows``: the
-    drafter's outputs, ``logits`` over its vocabulary, the teacher's top-k ids and log-probabilities of those rows;
-    ``index``: which of the batch's ``B * (T - 1)`` rows they are)."""
+    teacher_logprobs, index, columns)`` for unrolled step s, over the rows that predict an answer token (``rows``:
+    the drafter's outputs, ``logits`` over its vocabulary and each row's context tokens, the teacher's top-k ids
+    and log-probabilities of those rows; ``index``: which of the batch's ``B * (T - 1)`` rows they are;
+    ``columns``: the `DraftColumns` of ``logits``)."""
     ids_all, feats_all = batch["input_ids"], batch["features"]
     B, T = ids_all.shape
     R = T - 1  # rows j = 0 .. T - 2 pair x_{j+1} with f_j
@@ -185,6 +197,7 @@ def _unrolled_steps(drafter: EagleDrafter, batch: dict, steps: int, feature_nois
         feats = feats + (torch.rand_like(feats) * 2 - 1) * feature_noise
     layer, attn = drafter.layer, drafter.layer.self_attn
     mask0 = causal_mask(R, dtype, feats.device)
+    extra = context_vocab(drafter, batch)
     keys, values, hidden = [], [], None
     for s in range(steps):
         if R - s <= 0:
@@ -202,7 +215,12 @@ def _unrolled_steps(drafter: EagleDrafter, batch: dict, steps: int, feature_nois
         valid, tid, tlp = _teacher_at_step(batch, s, R, x.device)
         flat = valid.reshape(-1)
         rows = hidden.reshape(B * R, -1)[flat]
-        yield s, rows, drafter.compute_logits(rows), tid.reshape(B * R, -1)[flat], tlp.reshape(B * R, -1)[flat], flat
+        logits, columns = drafter.compute_logits(rows), DraftColumns(drafter)
+        if extra is not None:
+            context = _context_logits(drafter, hidden, extra).reshape(B * R, -1)[flat]
+            logits = torch.cat([logits, context.to(logits.dtype)], -1)
+            columns = DraftColumns(drafter, extra.repeat_interleave(R, 0)[flat])
+        yield s, rows, logits, tid.reshape(B * R, -1)[flat], tlp.reshape(B * R, -1)[flat], flat, columns
 
 
 def eagle_loss(
@@ -210,15 +228,16 @@ def eagle_loss(
     batch: dict,
     steps: int = 1,
     w_cls: float = W_CLS,
-    vocab_index: torch.Tensor | None = None,
     feature_noise: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The EAGLE loss of one padded batch (see the module docstring) and its named parts (``reg``, ``kd_<s>``,
-    ``acc_<s>``: top-1 agreement with the target at unrolled step s)."""
+    ``acc_<s>``: top-1 agreement with the target at unrolled step s). EAGLE-3's KD runs over the columns drafting
+    scores: the draft vocabulary and, with context tokens, each sequence's prompt tokens outside it (`DraftColumns`);
+    teacher mass on tokens without a column is dropped."""
     parts: dict[str, torch.Tensor] = {}
     total = batch["features"].new_zeros((), dtype=torch.float32)
-    for s, rows, logits, tid, tlp, index in _unrolled_steps(drafter, batch, steps, feature_noise):
-        kd = kd_loss(logits, tid, tlp, vocab_index=vocab_index)
+    for s, rows, logits, tid, tlp, index, columns in _unrolled_steps(drafter, batch, steps, feature_noise):
+        kd = kd_loss(logits, columns.columns(tid), tlp)
         weight = STEP_DECAY**s
         if not drafter.config.is_eagle3:
             if s == 0:  # EAGLE Sec. 4.3: regress the next feature
@@ -232,7 +251,7 @@ def eagle_loss(
             total = total + weight * kd
         parts[f"kd_{s}"] = kd.detach()
         if rows.shape[0]:
-            parts[f"acc_{s}"] = _top1_agreement(drafter, logits, tid[:, 0])
+            parts[f"acc_{s}"] = (columns.target_ids(logits.argmax(-1)) == tid[:, 0]).float().mean()
     return total, parts
 
 
@@ -260,10 +279,8 @@ def eagle_step_accuracies(
     for b in range(0, len(dataset), batch_size):
         batch = collate([dataset[i] for i in range(b, min(b + batch_size, len(dataset)))])
         batch = {k: v.to(device) for k, v in batch.items()}
-        for s, _rows, logits, tid, _tlp, _index in _unrolled_steps(drafter, batch, steps):
-            ranked = torch.topk(logits.float(), min(top, logits.shape[-1]), dim=-1).indices
-            if drafter.config.is_eagle3:
-                ranked = drafter.draft_to_target_ids(ranked)
+        for s, _rows, logits, tid, _tlp, _index, columns in _unrolled_steps(drafter, batch, steps):
+            ranked = columns.target_ids(torch.topk(logits.float(), min(top, logits.shape[-1]), dim=-1).indices)
             hit = (ranked == tid[:, :1]).double().sum(0)
             hits[s, : hit.shape[0]] += hit.cpu()
             counts[s] += tid.shape[0]
@@ -310,14 +327,6 @@ def _teacher_at_step(batch: dict, s: int, R: int, device) -> tuple[torch.Tensor,
     return valid, tid, tlp
 
 
-def _top1_agreement(drafter: EagleDrafter, logits: torch.Tensor, teacher_top1: torch.Tensor) -> torch.Tensor:
-    """Share of rows whose most likely drafted token (in the target's vocabulary) is the teacher's."""
-    top1 = logits.argmax(-1)
-    if drafter.config.is_eagle3:
-        top1 = drafter.draft_to_target_ids(top1)
-    return (top1 == teacher_top1).float().mean()
-
-
 @torch.no_grad()
 def scale_fc_to_features(drafter: EagleDrafter, dataset: "EagleDataset", max_rows: int = 8192, seed: int = 0) -> None:
     """EAGLE-3: a data-dependent init of ``fc`` (our choice, not the paper's): a random projection whose every input
@@ -343,20 +352,15 @@ def scale_fc_to_features(drafter: EagleDrafter, dataset: "EagleDataset", max_row
 
 
 class EagleTrainer(DrafterTrainer):
-    """`DrafterTrainer` with `eagle_loss` (``steps`` unrolled steps; the KD over the draft vocabulary)."""
+    """`DrafterTrainer` with `eagle_loss` (``steps`` unrolled steps; the KD over the draft vocabulary and the
+    context tokens)."""
 
     def __init__(self, *args, steps: int = 1, w_cls: float = W_CLS, feature_noise: float = 0.0, **kwargs):
         super().__init__(*args, **kwargs)
         self.steps, self.w_cls, self.feature_noise = steps, w_cls, feature_noise
-        drafter = self.model
-        self.vocab_index = None
-        if drafter.config.is_eagle3:
-            index = torch.full((drafter.config.vocab_size,), -1, dtype=torch.long)
-            index[drafter.draft_target_ids.cpu()] = torch.arange(drafter.d2t.shape[0])
-            self.vocab_index = index
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        loss, parts = eagle_loss(model, inputs, self.steps, self.w_cls, self.vocab_index, self.feature_noise)
+        loss, parts = eagle_loss(model, inputs, self.steps, self.w_cls, self.feature_noise)
         self.record_parts(parts)
         return (loss, {"loss": loss}) if return_outputs else loss
 
