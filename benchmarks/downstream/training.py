@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from hf_speculative.drafters.streaming.configuration_speculative_streaming import LORA_TARGET_MODULES
+from hf_speculative.training.curve_plot import PLOT_NAME
 from hf_speculative.training.data import Record
 from hf_speculative.training.distributed import is_main_process, num_processes, weights_agree
 
@@ -478,7 +479,8 @@ def _eagle_records(
     records = self_distilled_records(
         tuned, tokenizer, prompts, out / "self_distilled.jsonl", spec.max_new_tokens, progress=cfg.progress
     )
-    return records, f"self-{n_own}-{cfg.synthetic_prompts}s{cfg.seed}"
+    # "w": drawn prompts name invented words too (`made_up_name`); older caches hold other prompts
+    return records, f"self-{n_own}-{cfg.synthetic_prompts}s{cfg.seed}w"
 
 
 def calibrate_eagle(
@@ -734,6 +736,9 @@ def train_arm(
     }
     if is_main_process():  # the other processes trained the same weights
         write_downstream_info(out, info)
+        curve = out / "trainer_state" / PLOT_NAME
+        if curve.is_file():  # the training curve stays beside the weights
+            shutil.copy2(curve, out / PLOT_NAME)
         if not cfg.keep_state:
             shutil.rmtree(out / "trainer_state", ignore_errors=True)
     return info
