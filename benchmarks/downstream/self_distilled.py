@@ -168,41 +168,21 @@ _FOREIGN = (
 )
 
 
-#: the parts of `invented_word`'s syllables
-_ONSETS = ("b", "br", "c", "ch", "d", "dr", "f", "g", "gr", "h", "j", "k", "l", "m", "n", "p", "pr", "qu", "r", "s")
-_ONSETS += ("sh", "st", "t", "tr", "v", "w", "z")
-_VOWELS = ("a", "e", "i", "o", "u", "ai", "ea", "oo", "ou", "y")
-_CODAS = ("", "", "n", "r", "l", "s", "t", "m", "ck", "nd", "rt", "x")
-
-
-def invented_word(rng: random.Random) -> str:
-    """A capitalized word of one to three made-up syllables ("Brouxal", "Zim", "Treandoo"): millions of them, so a
-    drafter cannot remember them and must copy them from the prompt (as it must a test MR's "Zizzi" or "Cocum")."""
-    return "".join(
-        rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(rng.randint(1, 3))
-    ).capitalize()
-
-
 def made_up_name(rng: random.Random) -> str:
-    """A venue name in one of a few shapes: from the word lists above ("The Lazy Otter", "Marlowe's Kitchen", "La
-    Luna") or, five times in eight, from `invented_word` ("Brouxal", "The Zim", "Treandoo Grill", "Vask Moorel",
-    "Shoom's Kitchen")."""
-    shape = rng.randrange(8)
+    """A venue name in one of a few shapes ("The Lazy Otter", "Marlowe's Kitchen", "Harbour Grill", "La Luna", "The
+    Fox and Lantern"), from the word lists above."""
+    shape = rng.randrange(6)
     if shape == 0:
         return f"The {rng.choice(_ADJECTIVES)} {rng.choice(_NOUNS)}"
     if shape == 1:
         return f"{rng.choice(_SURNAMES)}'s {rng.choice(_KINDS)}"
     if shape == 2:
-        return rng.choice(_FOREIGN)
+        return f"{rng.choice(_NOUNS)} {rng.choice(_KINDS)}"
     if shape == 3:
-        return invented_word(rng)
+        return rng.choice(_FOREIGN)
     if shape == 4:
-        return f"The {invented_word(rng)}"
-    if shape == 5:
-        return f"{invented_word(rng)} {rng.choice(_KINDS)}"
-    if shape == 6:
-        return f"{invented_word(rng)} {invented_word(rng)}"
-    return f"{invented_word(rng)}'s {rng.choice(_KINDS)}"
+        return f"The {rng.choice(_NOUNS)} and {rng.choice(_NOUNS)}"
+    return f"The {rng.choice(_NOUNS)}"
 
 
 #: the slots whose values are names (open sets: a test MR names venues no training MR has)

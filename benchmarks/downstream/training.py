@@ -479,8 +479,7 @@ def _eagle_records(
     records = self_distilled_records(
         tuned, tokenizer, prompts, out / "self_distilled.jsonl", spec.max_new_tokens, progress=cfg.progress
     )
-    # "w": drawn prompts name invented words too (`made_up_name`); older caches hold other prompts
-    return records, f"self-{n_own}-{cfg.synthetic_prompts}s{cfg.seed}w"
+    return records, f"self-{n_own}-{cfg.synthetic_prompts}s{cfg.seed}"
 
 
 def calibrate_eagle(
