@@ -10,6 +10,8 @@ mapped onto them (`DraftColumns.columns`). EAGLE-1/2 score the target's whole vo
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 __all__ = ["DraftColumns", "context_vocab", "uses_context_tokens"]
@@ -46,7 +48,8 @@ def context_vocab(drafter, batch: dict) -> torch.Tensor | None:
 
 class DraftColumns:
     """The columns of one unrolled step's logits for its ``M`` rows: the draft vocabulary's ``V_d`` columns, then
-    (EAGLE-3 with context tokens) each row's own context tokens ``extra (M, E)`` (-1: an unused column)."""
+    (EAGLE-3 with context tokens) each row's own context tokens ``extra (M, E)`` (-1: an unused column). Build it
+    once per batch; `with_extra` gives each step's rows their context tokens without rebuilding the index."""
 
     def __init__(self, drafter, extra: torch.Tensor | None = None):
         self.drafter = drafter
@@ -57,6 +60,12 @@ class DraftColumns:
             self.index = torch.full((drafter.config.vocab_size,), -1, dtype=torch.long, device=ids.device)
             self.index[ids] = torch.arange(ids.numel(), device=ids.device)
             self.draft = ids.numel()
+
+    def with_extra(self, extra: torch.Tensor | None) -> "DraftColumns":
+        """The same columns with the rows' context tokens ``extra (M, E)``."""
+        out = copy.copy(self)
+        out.extra = extra
+        return out
 
     def columns(self, target_ids: torch.Tensor) -> torch.Tensor:
         """``(M, k)`` target ids -> the column scoring each (-1 where the row has none)."""

@@ -197,7 +197,7 @@ def _unrolled_steps(drafter: EagleDrafter, batch: dict, steps: int, feature_nois
         feats = feats + (torch.rand_like(feats) * 2 - 1) * feature_noise
     layer, attn = drafter.layer, drafter.layer.self_attn
     mask0 = causal_mask(R, dtype, feats.device)
-    extra = context_vocab(drafter, batch)
+    extra, columns = context_vocab(drafter, batch), DraftColumns(drafter)
     keys, values, hidden = [], [], None
     for s in range(steps):
         if R - s <= 0:
@@ -215,12 +215,12 @@ def _unrolled_steps(drafter: EagleDrafter, batch: dict, steps: int, feature_nois
         valid, tid, tlp = _teacher_at_step(batch, s, R, x.device)
         flat = valid.reshape(-1)
         rows = hidden.reshape(B * R, -1)[flat]
-        logits, columns = drafter.compute_logits(rows), DraftColumns(drafter)
+        logits, step_columns = drafter.compute_logits(rows), columns
         if extra is not None:
             context = _context_logits(drafter, hidden, extra).reshape(B * R, -1)[flat]
             logits = torch.cat([logits, context.to(logits.dtype)], -1)
-            columns = DraftColumns(drafter, extra.repeat_interleave(R, 0)[flat])
-        yield s, rows, logits, tid.reshape(B * R, -1)[flat], tlp.reshape(B * R, -1)[flat], flat, columns
+            step_columns = columns.with_extra(extra.repeat_interleave(R, 0)[flat])
+        yield s, rows, logits, tid.reshape(B * R, -1)[flat], tlp.reshape(B * R, -1)[flat], flat, step_columns
 
 
 def eagle_loss(
