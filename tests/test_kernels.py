@@ -1,5 +1,5 @@
 """The engine's linear-layer kernels and the speed policy that runs them: each kernel equals ``F.linear``; the engine
-runs them only inside its own forwards; they read the weights in place (no copy); the table that chooses them is
+runs them only inside its own forwards; they read the target's weights in place (no copy); the table that chooses them is
 measured, cached and read; every fault in building, loading or checking the native kernel degrades to torch's
 kernels with a warning, never an exception or a wrong token."""
 
@@ -411,3 +411,46 @@ def test_a_drafter_network_runs_the_engine_kernel_while_it_drafts(direct_availab
     with torch.no_grad():
         drafter.fc(torch.randn(1, drafter.fc.in_features))  # outside the engine: torch's own product
     assert seen == [(id(drafter.fc), False)]
+
+
+def test_a_drafter_saved_in_bfloat16_is_read_from_a_bfloat16_copy_with_the_same_products(direct_available):
+    """While it drafts, a drafter layer whose float32 weight bfloat16 holds exactly (saved in bfloat16, widened to the
+    target's float32) is read from a bfloat16 copy: half the bytes, the same products; any other weight in place."""
+    from hf_speculative.engine.policy import DraftingLinearForward
+
+    direct = direct_available["direct"]
+    drafting = kernels.linear.drafting_kernel(direct)
+    assert isinstance(drafting, kernels.linear.DraftingDirectKernel) and drafting.copies
+    gen = torch.Generator().manual_seed(3)
+    saved = torch.randn(96, 64, generator=gen).to(torch.bfloat16).float()  # bfloat16 values in float32
+    full = torch.randn(96, 64, generator=gen)  # float32 values bfloat16 cannot hold
+    x, bias = torch.randn(3, 5, 64, generator=gen), torch.randn(96, generator=gen)
+    copy = drafting.prepare(saved)
+    assert copy.dtype == torch.bfloat16 and copy.nbytes * 2 == saved.nbytes
+    assert drafting.prepare(full) is full
+    for weight, prepared in ((saved, copy), (full, full)):
+        got = drafting.product(prepared, x, 96, bias)
+        assert got.dtype == torch.float32 and got.shape == (3, 5, 96)
+        assert torch.equal(got, direct.product(weight, x, 96, bias))  # what the float32 weight gives, bit for bit
+
+    model = hfs.enable(tiny_model("llama"))
+    policy = speed_policy(model)
+    policy.table = kernels.KernelTable({1: "direct", 64: "direct"})
+    layer = torch.nn.Linear(64, 96)
+    with torch.no_grad():
+        layer.weight.copy_(saved)
+    target_layer = kernels.linear_layers(model)[0]
+    policy._install(model)
+
+    class Drafter:
+        def draft_modules(self):
+            return (layer, model.model.layers[0])
+
+    with torch.no_grad(), policy.drafting_kernels(Drafter()) as kernel:
+        assert type(kernel) is DirectKernel
+        out = layer(x)
+    assert isinstance(layer.__dict__["forward"], DraftingLinearForward)
+    assert type(target_layer.__dict__["forward"]) is EngineLinearForward  # the target's layers keep their forward
+    assert torch.equal(out, kernel.product(saved, x, 96, layer.bias.detach()))
+    (stamp, held), *_ = policy._prepared[layer].values()
+    assert held.dtype == torch.bfloat16

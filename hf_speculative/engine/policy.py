@@ -8,9 +8,11 @@ builds and checks this CPU's kernel, and measures the table in about `SpeedPolic
 model's own layers (or reads the one ``hf-speculative calibrate`` cached). Every forward of the engine then asks it
 for its kernels (`SpeedPolicy.engine_kernels`); plain ``generate()`` and the model's own forward never do.
 
-Memory: the default kernels read the weights in place, so the policy holds no copy of any weight; a kernel that
-needs a copy (oneDNN's reordered layout) is offered only when ``memory_budget`` (a fraction of the model's parameter
-bytes) holds the copy of every weight it would run, and its copies are made on first use and counted.
+Memory: the default kernels read the target's weights in place, so the policy holds no copy of any of them; a kernel
+that needs a copy (oneDNN's reordered layout) is offered only when ``memory_budget`` (a fraction of the model's
+parameter bytes) holds the copy of every weight it would run, and its copies are made on first use and counted. The
+one copy the default kernels make is of a drafter's own weights saved in bfloat16 and widened to a float32 target's
+dtype: a bfloat16 copy of each (half their float32 bytes), read while it drafts (`DraftingLinearForward`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .kernels.linear import (
     LinearKernel,
     available_kernels,
     default_kernel_table,
+    drafting_kernel,
     kernel_table_path,
     linear_layers,
     measure_kernel_table,
@@ -40,6 +43,7 @@ from .step_pricing import PRICING_ENV, StepPricer
 __all__ = [
     "KERNELS_ENV",
     "DrafterInUseError",
+    "DraftingLinearForward",
     "EngineLinearForward",
     "SpeedPolicy",
     "engine_product",
@@ -193,7 +197,9 @@ class SpeedPolicy:
     def drafting_kernels(self, drafter):
         """While ``drafter`` drafts, in this thread: the linear layers of its networks (`TreeDrafter.draft_modules`, on
         the CPU in a dtype the kernels take) run the table's kernel for one row (drafting runs forwards of a few rows,
-        memory-bound as a one-token step is); torch's own ``F.linear`` everywhere else."""
+        memory-bound as a one-token step is), in its drafting variant (`DraftingLinearForward`: a weight saved in
+        bfloat16 read from a bfloat16 copy); torch's own ``F.linear`` everywhere else. A layer the engine already runs
+        as part of a model (`EngineLinearForward`) keeps its forward."""
         modules = drafter.draft_modules() if self._kernels else ()
         kernel = self.kernel_for_rows(1) if modules else None
         if kernel is None:
@@ -202,7 +208,8 @@ class SpeedPolicy:
         for module in modules:
             if module not in self._drafting:
                 for linear in linear_layers(module):
-                    linear.forward = EngineLinearForward(linear, self)
+                    if type(linear.__dict__.get("forward")) is not EngineLinearForward:
+                        linear.forward = DraftingLinearForward(linear, self)
                 self._drafting.add(module)
         with self._in_thread(kernel):
             yield kernel
@@ -365,13 +372,28 @@ class EngineLinearForward(KernelForward):
         kernel = self.policy.thread_kernel()
         if kernel is None or torch.is_grad_enabled() or not kernel.supports(module.weight):
             return torch.nn.Linear.forward(module, x)
-        return self.policy._bound(module, kernel)(x)
+        return self.policy._bound(module, self.kernel(kernel))(x)
+
+    def kernel(self, kernel: LinearKernel) -> LinearKernel:
+        """The kernel this layer runs when the thread's forward runs ``kernel``."""
+        return kernel
 
     def __getstate__(self):
         return (self.module, self.policy)
 
     def __setstate__(self, state):
         self.module, self.policy = state
+
+
+class DraftingLinearForward(EngineLinearForward):
+    """The forward of a drafter's own linear layer (`SpeedPolicy.drafting_kernels`): the drafting variant of the
+    thread's kernel (`hf_speculative.engine.kernels.linear.drafting_kernel`: a weight saved in bfloat16 is read from a
+    bfloat16 copy, half the bytes for the same products)."""
+
+    __slots__ = ()
+
+    def kernel(self, kernel: LinearKernel) -> LinearKernel:
+        return drafting_kernel(kernel)
 
 
 def engine_product(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:

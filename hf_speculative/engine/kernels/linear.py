@@ -10,6 +10,8 @@ bf16 products is several times its memory floor beyond one row. The kernels here
 * ``"direct"``: float32 and bfloat16 weights read in place, as ``nn.Linear`` holds them (``direct_gemm.c``,
   compiled once for this CPU by `build_direct_gemm`, compared with ``F.linear`` before first use by
   `verify_kernel`): no copy, no memory beyond the output;
+* ``"direct-drafting"``: the direct kernel for a drafter's own layers, reading a float32 weight that bfloat16
+  holds exactly (a drafter saved in bfloat16) from a bfloat16 copy (`DraftingDirectKernel`);
 * ``"onednn"``: float32 / bfloat16 / float16 with the weight reordered once into oneDNN's blocked layout (AMX and
   AVX512-BF16 where the CPU has them): a copy of every weight it runs, so the speed policy offers it only when its
   memory budget holds that copy (`hf_speculative.engine.policy.SpeedPolicy.memory_budget`).
@@ -35,12 +37,14 @@ from transformers.utils import logging
 __all__ = [
     "ROW_BUCKETS",
     "DirectKernel",
+    "DraftingDirectKernel",
     "KernelForward",
     "KernelTable",
     "LinearKernel",
     "OneDnnKernel",
     "available_kernels",
     "default_kernel_table",
+    "drafting_kernel",
     "fast_linear",
     "kernel_table_path",
     "linear_layers",
@@ -95,6 +99,11 @@ class DirectKernel(LinearKernel):
         )
 
     def product(self, prepared, x, n, bias):
+        y = self._float32_product(prepared, x, n, bias)
+        return y if prepared.dtype == torch.float32 else y.to(prepared.dtype)
+
+    def _float32_product(self, prepared, x, n, bias) -> torch.Tensor:
+        """``x @ W^T + bias`` in float32 (products accumulate in float32 whatever the weight's dtype)."""
         x = x if x.is_contiguous() and x.dtype == torch.float32 else x.float().contiguous()
         if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
             bias = bias.float().contiguous()
@@ -113,7 +122,32 @@ class DirectKernel(LinearKernel):
                 y.data_ptr(),
                 torch.get_num_threads(),
             )
-        return y if prepared.dtype == torch.float32 else y.to(prepared.dtype)
+        return y
+
+
+class DraftingDirectKernel(DirectKernel):
+    """The direct kernel for a drafter's own layers while it drafts. A float32 weight that bfloat16 holds exactly (a
+    drafter saved in bfloat16 and widened to its float32 target's dtype, `hf_speculative.engine.placement`) is read
+    from a bfloat16 copy: half the bytes for the same values. The kernel widens each weight back to float32 exactly
+    before multiplying, so the products are those of the float32 weight (bit for bit where the input width is a
+    multiple of 8, within float32 rounding elsewhere), in float32. Any other weight is read in place, as by
+    `DirectKernel`. A drafter's forwards over a few rows read its weights from memory each step (the target's
+    forward evicts them from the caches in between), so halving the bytes shortens drafting."""
+
+    name = "direct-drafting"
+    copies = True
+
+    def prepare(self, weight: torch.Tensor):
+        if weight.dtype == torch.float32:
+            half = weight.to(torch.bfloat16)
+            if torch.equal(half.float(), weight):
+                return half
+        return weight
+
+    def product(self, prepared, x, n, bias):
+        if x.dtype == torch.float32 and prepared.dtype == torch.bfloat16:
+            return self._float32_product(prepared, x, n, bias)
+        return super().product(prepared, x, n, bias)
 
 
 class OneDnnKernel(LinearKernel):
@@ -191,6 +225,17 @@ def _direct_kernel() -> DirectKernel | None:
     path = built_direct_gemm()  # built by `hfs.enable` / ``hf-speculative calibrate``, never here
     lib = load_direct_gemm(str(path)) if path is not None else None
     return DirectKernel(lib) if lib is not None else None
+
+
+@functools.lru_cache(maxsize=None)
+def _drafting_direct(lib) -> DraftingDirectKernel:
+    return DraftingDirectKernel(lib)
+
+
+def drafting_kernel(kernel: LinearKernel) -> LinearKernel:
+    """The kernel a drafter's own linear layers run while it drafts, for the kernel the table chose: the direct
+    kernel's drafting variant (`DraftingDirectKernel`), else the same kernel."""
+    return _drafting_direct(kernel.lib) if type(kernel) is DirectKernel else kernel
 
 
 def available_kernels(dtype: torch.dtype, copies: bool = True) -> dict[str, LinearKernel]:
