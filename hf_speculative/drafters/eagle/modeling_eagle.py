@@ -65,10 +65,6 @@ class EagleOutput(ModelOutput):
     cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
-#: torch's scaled_dot_product_attention shares grouped keys and values itself (``enable_gqa``) from torch 2.5
-_SDPA_GROUPS = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
-
-
 class EagleAttention(nn.Module):
     """Llama attention (GQA, RoPE) whose q/k/v read ``input_size`` features (2H for EAGLE-3's midlayer)."""
 
@@ -93,15 +89,10 @@ class EagleAttention(nn.Module):
 
     def attend(self, q, k, v, mask: torch.Tensor | None) -> torch.Tensor:
         """Scaled dot-product attention with an additive float ``mask`` broadcastable to ``(B, heads, Tq, Tk)``. Grouped
-        keys and values are shared by their query heads inside the kernel (``enable_gqa``, torch >= 2.5), not
-        copied per head: a drafting forward over a few rows spent 6% of its time on that copy."""
-        groups = self.num_heads // self.num_kv_heads
-        grouped = {}
-        if groups > 1 and _SDPA_GROUPS:
-            grouped = {"enable_gqa": True}
-        elif groups > 1:
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.to(q.dtype), **grouped)
+        keys and values are shared by their query heads inside the kernel (``enable_gqa``), not copied per head: a
+        drafting forward over a few rows spent 6% of its time on that copy."""
+        mask = None if mask is None else mask.to(q.dtype)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads)
         B, _, T, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
