@@ -413,6 +413,36 @@ def test_a_drafter_network_runs_the_engine_kernel_while_it_drafts(direct_availab
     assert seen == [(id(drafter.fc), False)]
 
 
+def test_a_drafters_bfloat16_copy_counts_against_the_memory_budget(direct_available):
+    """The drafting copies count against the policy's memory budget before any is made: a drafter whose copies fit in
+    what is left drafts from them, one whose copies do not reads its weights in place (the same products)."""
+    from hf_speculative.engine.policy import DraftingLinearForward
+
+    model = tiny_model("llama")
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    layers = [torch.nn.Linear(64, 96), torch.nn.Linear(64, 96)]
+    need = 96 * 64 * 2  # a bfloat16 copy of one float32 weight
+
+    class Drafter:
+        def __init__(self, layer):
+            self.layer = layer
+
+        def draft_modules(self):
+            return (self.layer,)
+
+    policy = hfs.SpeedPolicy(memory_budget=1.5 * need / params)  # room for one copy, not two
+    hfs.enable(model, policy=policy)
+    policy.table = kernels.KernelTable({1: "direct", 64: "direct"})
+    x = torch.randn(2, 64)
+    for layer in layers:
+        with torch.no_grad(), policy.drafting_kernels(Drafter(layer)) as kernel:
+            out = layer(x)
+        assert torch.equal(out, kernel.product(layer.weight.detach(), x, 96, layer.bias.detach()))
+    assert type(layers[0].__dict__["forward"]) is DraftingLinearForward
+    assert type(layers[1].__dict__["forward"]) is EngineLinearForward  # over the budget: read in place
+    assert policy._allowance[1] == need <= policy._allowance[0] < 2 * need
+
+
 def test_a_drafter_saved_in_bfloat16_is_read_from_a_bfloat16_copy_with_the_same_products(direct_available):
     """While it drafts, a drafter layer whose float32 weight bfloat16 holds exactly (saved in bfloat16, widened to the
     target's float32) is read from a bfloat16 copy: half the bytes, the same products; any other weight in place."""

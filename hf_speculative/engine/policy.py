@@ -12,7 +12,9 @@ Memory: the default kernels read the target's weights in place, so the policy ho
 that needs a copy (oneDNN's reordered layout) is offered only when ``memory_budget`` (a fraction of the model's
 parameter bytes) holds the copy of every weight it would run, and its copies are made on first use and counted. The
 one copy the default kernels make is of a drafter's own weights saved in bfloat16 and widened to a float32 target's
-dtype: a bfloat16 copy of each (half their float32 bytes), read while it drafts (`DraftingLinearForward`).
+dtype: a bfloat16 copy of each (half their float32 bytes), read while it drafts (`DraftingLinearForward`); it counts
+against the same budget (`SpeedPolicy.drafting_kernels`), and a drafter whose copy does not fit reads its weights in
+place.
 """
 
 from __future__ import annotations
@@ -67,8 +69,9 @@ class SpeedPolicy:
         kernels: ``"auto"`` (default): each forward's linear layers run the kernel the table chose for its row
             count; ``"torch"``: torch's own ``F.linear`` always (``HF_SPECULATIVE_KERNELS=torch`` at ``enable`` also).
         memory_budget: extra resident memory the kernels may hold, as a fraction of the model's parameter bytes
-            (default 0.10). The default kernels hold none; oneDNN's reordered copies (about 1.0 of the linear
-            weights) are offered only within it.
+            (default 0.10). The default kernels hold none of the model's; oneDNN's reordered copies (about 1.0 of
+            the linear weights) are offered only within it, and a drafter's bfloat16 copies are made only within
+            what is left of it.
         measure_seconds: time the quick kernel measurement at ``enable`` may take (0: use the default table unless
             ``hf-speculative calibrate`` cached one).
         table: the kernel table in force (measured or read by `prepare`; set one to use it as is).
@@ -93,6 +96,8 @@ class SpeedPolicy:
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     #: drafter networks whose linear layers have their `EngineLinearForward` (`drafting_kernels`)
     _drafting: "weakref.WeakSet" = field(default_factory=weakref.WeakSet, init=False, repr=False, compare=False)
+    #: bytes of the memory budget the model's kernels leave for drafters' copies (set by `prepare`), and those held
+    _allowance: list = field(default_factory=lambda: [0, 0], init=False, repr=False, compare=False)
     #: the model's cost curves this process read, measured or was given (`hf_speculative.perf_model.get_cost_curve`)
     cost_curves: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -131,6 +136,15 @@ class SpeedPolicy:
         if self.table is None or not set(self.table.choice.values()) <= set(kernels):
             self.table = self._table_for(model, dtype, kernels)
         self._kernels = kernels
+        self._allowance[:] = [self._drafting_allowance(model), 0]
+
+    def _drafting_allowance(self, model) -> int:
+        """The bytes of the memory budget left for drafters' copies: the budget less the copies the table's kernels
+        make of the model's linear weights."""
+        budget = self.memory_budget * sum(p.numel() * p.element_size() for p in model.parameters())
+        for name in set(self.table.choice.values()) if self.table is not None else ():
+            budget -= sum(self._kernels.get(name, LinearKernel()).copy_bytes(m.weight) for m in linear_layers(model))
+        return max(0, int(budget))
 
     def runs_kernels(self, model) -> bool:
         """Whether the kernels can run this model: on, and every parameter a CPU tensor."""
@@ -177,6 +191,7 @@ class SpeedPolicy:
         plain ``generate()`` or a forward in another thread meanwhile runs torch's own ``F.linear``."""
         if self.table is not None and not self._kernels and self.runs_kernels(model):  # unpickled: load them again
             self._kernels = self.offered_kernels(model, next(model.parameters()).dtype)
+            self._allowance[:] = [self._drafting_allowance(model), 0]
         kernel = self.kernel_for_rows(rows)
         if kernel is not None:
             self._install(model)
@@ -207,12 +222,23 @@ class SpeedPolicy:
             return
         for module in modules:
             if module not in self._drafting:
-                for linear in linear_layers(module):
-                    if type(linear.__dict__.get("forward")) is not EngineLinearForward:
-                        linear.forward = DraftingLinearForward(linear, self)
+                self._install_drafting(module, drafting_kernel(kernel))
                 self._drafting.add(module)
         with self._in_thread(kernel):
             yield kernel
+
+    def _install_drafting(self, module: torch.nn.Module, kernel: LinearKernel) -> None:
+        """Give the linear layers of a drafter network their forward: `DraftingLinearForward` when the copies its
+        drafting ``kernel`` may make (`LinearKernel.copy_bytes`, counted before any is made) fit in what the memory
+        budget has left (`_allowance`), else `EngineLinearForward` (weights read in place). A layer that already has
+        an `EngineLinearForward` (part of the model) keeps it."""
+        layers = [m for m in linear_layers(module) if type(m.__dict__.get("forward")) is not EngineLinearForward]
+        need = sum(kernel.copy_bytes(m.weight) for m in layers)
+        left, held = self._allowance
+        fits = need <= left - held
+        self._allowance[1] += need if fits else 0
+        for linear in layers:
+            linear.forward = (DraftingLinearForward if fits else EngineLinearForward)(linear, self)
 
     def thread_kernel(self) -> LinearKernel | None:
         """The kernel of the engine forward running in this thread (None: torch's own)."""
@@ -320,7 +346,17 @@ class SpeedPolicy:
         return copy
 
 
-_RUNTIME = ("_kernels", "_linears", "_prepared", "_local", "_pricers", "_lock", "_drafting", "cost_curves")
+_RUNTIME = (
+    "_kernels",
+    "_linears",
+    "_prepared",
+    "_local",
+    "_pricers",
+    "_lock",
+    "_drafting",
+    "_allowance",
+    "cost_curves",
+)
 
 
 def _runtime_state() -> dict:
@@ -332,6 +368,7 @@ def _runtime_state() -> dict:
         _pricers=weakref.WeakKeyDictionary(),
         _lock=threading.Lock(),
         _drafting=weakref.WeakSet(),
+        _allowance=[0, 0],
         cost_curves={},
     )
 

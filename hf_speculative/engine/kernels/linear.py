@@ -75,6 +75,10 @@ class LinearKernel:
     def prepare(self, weight: torch.Tensor):
         return weight
 
+    def copy_bytes(self, weight: torch.Tensor) -> int:
+        """The most bytes `prepare` may hold for ``weight`` beside it (0: read in place)."""
+        return weight.nbytes if self.copies else 0
+
     def product(self, prepared, x: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
         """``x @ W^T + bias`` from the prepared weight (``x`` of any leading shape)."""
         return F.linear(x, prepared, bias)
@@ -143,6 +147,9 @@ class DraftingDirectKernel(DirectKernel):
             if torch.equal(half.float(), weight):
                 return half
         return weight
+
+    def copy_bytes(self, weight: torch.Tensor) -> int:
+        return weight.numel() * 2 if weight.dtype == torch.float32 else 0
 
     def product(self, prepared, x, n, bias):
         if x.dtype == torch.float32 and prepared.dtype == torch.bfloat16:
