@@ -6,15 +6,18 @@
 #
 #   bash scripts/train_chat_medusa.sh            # from the repository root
 #
-# Settings (environment): OUT, LABELS, TRAIN_BUDGET (3,600 s of running time), HEADS (4), DRAFT_VOCAB (16,384), THREADS.
+# Settings (environment): OUT, LABELS, TRAIN_BUDGET (3,600 s of running time), HEADS (4), DRAFT_VOCAB (16,384),
+# BATCH (256 positions per step: the heads train on single positions, and a step of a few positions is mostly
+# overhead), THREADS.
 set -euo pipefail
 OUT=${OUT:-outputs/train/chat-medusa}
 LABELS=${LABELS:-${HF_SPECULATIVE_CACHE:-$HOME/.cache/hf_speculative}/labelled}
 TRAIN_BUDGET=${TRAIN_BUDGET:-3600}
 HEADS=${HEADS:-4}
 DRAFT_VOCAB=${DRAFT_VOCAB:-16384}
+BATCH=${BATCH:-256}
 THREADS=${THREADS:-2}
 python -m hf_speculative.cli train medusa --model reference --labelled "$LABELS/chat-self" \
     --labelled "$LABELS/chat-sharegpt" --labelled-holdout 100 --out "$OUT" --num-heads "$HEADS" \
-    --draft-vocab-size "$DRAFT_VOCAB" --calibrate-nodes 16 --epochs 100 --batch-size 8 --save-steps 50 \
+    --draft-vocab-size "$DRAFT_VOCAB" --calibrate-nodes 16 --epochs 100 --batch-size "$BATCH" --save-steps 50 \
     --time-budget "$TRAIN_BUDGET" --threads "$THREADS"
