@@ -141,9 +141,9 @@ class SpeedPolicy:
     def _drafting_allowance(self, model) -> int:
         """The bytes of the memory budget left for drafters' copies: the budget less the copies the table's kernels
         make of the model's linear weights."""
-        budget = self.memory_budget * sum(p.numel() * p.element_size() for p in model.parameters())
+        budget = self.memory_budget * _parameter_bytes(model)
         for name in set(self.table.choice.values()) if self.table is not None else ():
-            budget -= sum(self._kernels.get(name, LinearKernel()).copy_bytes(m.weight) for m in linear_layers(model))
+            budget -= _copy_bytes(self._kernels.get(name, LinearKernel()), model)
         return max(0, int(budget))
 
     def runs_kernels(self, model) -> bool:
@@ -152,10 +152,9 @@ class SpeedPolicy:
 
     def offered_kernels(self, model, dtype: torch.dtype) -> dict[str, LinearKernel]:
         """The kernels this machine runs for ``dtype``, less those whose copies the memory budget cannot hold."""
+        budget = self.memory_budget * _parameter_bytes(model)
         kernels = available_kernels(dtype)
-        params = sum(p.numel() * p.element_size() for p in model.parameters())
-        copies = sum(m.weight.nbytes for m in linear_layers(model))
-        return {n: k for n, k in kernels.items() if not k.copies or copies <= self.memory_budget * params}
+        return {n: k for n, k in kernels.items() if _copy_bytes(k, model) <= budget}
 
     def _table_for(self, model, dtype: torch.dtype, kernels: dict) -> KernelTable:
         """The table ``hf-speculative calibrate`` cached for this machine and model if there is one, else a quick
@@ -441,6 +440,15 @@ def engine_product(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | N
     if not isinstance(forward, EngineLinearForward) or forward.policy.thread_kernel() is None:
         return None
     return forward(x)
+
+
+def _parameter_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _copy_bytes(kernel: LinearKernel, model) -> int:
+    """The bytes ``kernel`` may copy of the model's linear weights (0 for a kernel that reads them in place)."""
+    return sum(kernel.copy_bytes(m.weight) for m in linear_layers(model)) if kernel.copies else 0
 
 
 def _version(tensor: torch.Tensor) -> int:
