@@ -26,21 +26,35 @@ def _steps(pricer: StepPricer, n: int, tokens: float, seconds: float, plain_seco
 
 
 def test_pricer_keeps_drafting_while_trees_pay():
-    plan = _steps(StepPricer(), 200, tokens=3, seconds=1.5, plain_seconds=1.0)
-    assert plan[:6] == [True] * 6 and plan[6:8] == [False, False]  # speculate, then learn the plain price
+    pricer = StepPricer()
+    plan = _steps(pricer, 200, tokens=3, seconds=1.5, plain_seconds=1.0)
+    w = pricer.window
+    assert plan[:w] == [True] * w and plan[w : w + 2] == [False, False]  # speculate, then learn the plain price
     assert sum(plan) >= 190  # one recheck every 48 tree steps
+
+
+def test_a_run_of_unlucky_steps_does_not_stop_a_drafter_that_pays():
+    """Six tree steps that accept nothing, after six that accept two tokens each: over both, speculation pays
+    (2 tokens per 1.3 s against 1 per second), so the pricer keeps drafting instead of backing off."""
+    pricer, plan = StepPricer(), []
+    for i in range(240):
+        drafted = pricer.draft_this_step()
+        plan.append(drafted)
+        tokens = (3 if (i // 6) % 2 == 0 else 1) if drafted else 1
+        pricer.record(drafted, 1.3 if drafted else 1.0, tokens, rows=1)
+    assert sum(plan[40:]) >= 190
 
 
 def test_pricer_backs_off_when_trees_lose_and_tries_again():
     plan = _steps(StepPricer(), 200, tokens=1.4, seconds=1.6, plain_seconds=1.0)  # 1.14 s/token against 1.0
     drafted = sum(plan)
-    assert drafted <= 6 + 6 * 5  # the first window, then one window after each doubling back-off (8, 16, 32, 64)
-    assert plan[-64:].count(True) <= 6
+    assert drafted <= 4 + 4 * 5  # the first window, then one window after each doubling back-off (8, 16, 32, 64)
+    assert plan[-64:].count(True) <= 4
 
 
 def test_pricer_never_drafts_on_when_nothing_is_accepted_however_cheap():
     plan = _steps(StepPricer(), 100, tokens=1, seconds=0.5, plain_seconds=1.0)
-    assert sum(plan) <= 6 * 4 and not any(plan[-18:])  # windows after back-offs of 8, 16 and 32 steps; then 64
+    assert sum(plan) <= 4 * 4 and not any(plan[-18:])  # windows after back-offs of 8, 16 and 32 steps; then 64
 
 
 class WrongTokens(OneRowDrafter):
@@ -76,7 +90,7 @@ def test_a_drafter_that_never_pays_decodes_one_token_per_forward_without_draftin
     assert torch.equal(out.sequences, plain)
     stats = out.speculative_stats
     assert stats.num_target_forwards == 80  # one forward per token (the prefill's included)
-    assert drafter.proposals <= 6 + 6 * 3  # the first window and one after each back-off (8, 16, 32)
+    assert drafter.proposals <= 4 + 4 * 3  # the first window and one after each back-off (8, 16, 32)
     assert stats.tree_sizes[-30:].count(1) >= 24  # the tail is one-token steps: no drafts
     unpriced = WrongTokens(plain[0], model.config.vocab_size)
     model.generate(prompt, assistant_model=unpriced, max_new_tokens=80, do_sample=False, speculative_pricing=False)

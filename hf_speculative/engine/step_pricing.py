@@ -7,10 +7,13 @@ it changes as a generation goes on. The engine measures both as it decodes (`Ste
 
 * it speculates first, for ``window`` steps; then it times ``probe`` one-token steps (no draft: the root alone is
   verified) to learn what plain decoding costs here;
-* from then on it compares tokens per second of the recent tree steps with that of one-token steps; when the tree
-  steps lose (or none of the last ``window`` tree steps accepted a drafted token, which no timing can redeem) it
+* from then on it judges the recent tree steps (up to ``history`` of them) against one-token steps: each tree step
+  gains ``tokens x plain seconds - seconds``, the time it saved over committing its tokens one forward each. Tree
+  steps lose only when that gain is negative with some confidence: its mean plus ``z`` standard errors is below
+  zero (or none of them accepted a drafted token, which no timing can redeem). A handful of steps of a drafter worth
+  1.2x is a noisy sample, and judging on the point estimate stopped such drafters on false losses. When they lose it
   decodes one-token steps for a back-off of ``backoff`` steps, doubling each time speculation loses again (up to
-  ``max_backoff``), then tries ``window`` tree steps again; while tree steps win, a one-token step every
+  ``max_backoff``), then tries ``window`` fresh tree steps again; while tree steps win, a one-token step every
   ``recheck`` steps keeps the plain price current.
 
 A one-token step is an ordinary decoding step through the engine (the same forward, acceptance and cache), so the
@@ -24,6 +27,8 @@ prompt. Turn pricing off with ``generate(..., speculative_pricing=False)``, ``Sp
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -36,20 +41,23 @@ PRICING_ENV = "HF_SPECULATIVE_PRICING"
 class StepPricer:
     """Decides each step whether to draft (see the module docstring); `record` is told what each step did."""
 
-    window: int = 6
+    window: int = 4
+    history: int = 24
+    z: float = 1.0
     probe: int = 2
     backoff: int = 8
     max_backoff: int = 128
     recheck: int = 48
     margin: float = 0.02
-    tree_steps: deque = field(init=False)  # (seconds, tokens per row) of the last `window` tree steps
+    tree_steps: deque = field(init=False)  # (seconds, tokens per row) of the last `history` tree steps
     plain_seconds: deque = field(init=False)  # seconds of the recent one-token steps
     _plan: deque = field(init=False, default_factory=deque)  # the steps decided ahead: True = draft
     _since_plain: int = field(init=False, default=0)
+    _fresh: int = field(init=False, default=0)  # tree steps since the last back-off
     _losses: int = field(init=False, default=0)
 
     def __post_init__(self):
-        self.tree_steps = deque(maxlen=self.window)
+        self.tree_steps = deque(maxlen=max(self.history, self.window))
         self.plain_seconds = deque(maxlen=max(self.probe, 2))
 
     def draft_this_step(self) -> bool:
@@ -64,19 +72,21 @@ class StepPricer:
         if drafted:
             self.tree_steps.append((seconds, tokens / max(rows, 1)))
             self._since_plain += 1
+            self._fresh += 1
         else:
             self.plain_seconds.append(seconds)
             self._since_plain = 0
 
     # ------------------------------------------------------------------ the plan
     def _next_plan(self) -> list[bool]:
-        if len(self.tree_steps) < self.window:
-            return [True] * (self.window - len(self.tree_steps))
+        if self._fresh < self.window:
+            return [True] * (self.window - self._fresh)
         if not self.plain_seconds:
             return [False] * self.probe
         if not self.speculation_pays():
             self._losses += 1
             self.tree_steps.clear()  # judged again on fresh tree steps after the back-off
+            self._fresh = 0
             steps = min(self.backoff * 2 ** (self._losses - 1), self.max_backoff)
             return [False] * steps + [True] * self.window
         self._losses = 0
@@ -85,11 +95,12 @@ class StepPricer:
         return [True]
 
     def speculation_pays(self) -> bool:
-        """Tokens per second of the recent tree steps beat one-token steps' (by ``margin``), and some drafted token
-        was accepted."""
-        tokens = sum(t for _, t in self.tree_steps)
-        if tokens <= len(self.tree_steps):  # one token per step: nothing drafted was ever accepted
+        """Some drafted token was accepted, and the recent tree steps' mean gain over one-token steps (by ``margin``)
+        is not confidently negative (mean + ``z`` standard errors)."""
+        steps = self.tree_steps
+        if sum(t for _, t in steps) <= len(steps):  # one token per step: nothing drafted was ever accepted
             return False
-        seconds_per_token = sum(s for s, _ in self.tree_steps) / tokens
         plain = sorted(self.plain_seconds)[len(self.plain_seconds) // 2]  # the median: one slow step decides nothing
-        return seconds_per_token * (1 + self.margin) < plain
+        gains = [tokens * plain - seconds * (1 + self.margin) for seconds, tokens in steps]
+        error = statistics.pstdev(gains) / math.sqrt(len(gains))
+        return statistics.fmean(gains) + self.z * error > 0
