@@ -10,6 +10,7 @@ import time
 
 from conftest import saved_chat_model_and_data
 
+from hf_speculative.training.callbacks import TimeBudgetCallback
 from hf_speculative.training.trainer import last_complete_checkpoint
 
 WAIT = 240  # seconds
@@ -40,6 +41,8 @@ def _command(base, data, out, steps: int) -> list[str]:
         "1",
         "--calibrate-nodes",
         "0",
+        "--time-budget",
+        "100000",  # never reached: the budget's clock records the seconds each run spent
     ]
 
 
@@ -62,12 +65,15 @@ def test_a_killed_train_command_resumes_and_stops_at_its_budget(tmp_path):
     first.wait(WAIT)
     killed_at = int(last_complete_checkpoint(out / "trainer_state").rsplit("-", 1)[1])
     assert 4 <= killed_at < 4000
+    spent = TimeBudgetCallback.spent_in(last_complete_checkpoint(out / "trainer_state"))
+    assert spent > 0
     second = subprocess.run(
         _command(base, data, out, steps=killed_at + 8), capture_output=True, text=True, timeout=WAIT
     )
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resuming from" in second.stderr and f"checkpoint-{killed_at}" in second.stderr
     assert _steps(out) == killed_at + 8  # the budget, counted across both runs
+    assert json.loads((out / "config.json").read_text())["training"]["train_seconds"] >= round(spent, 1)  # both runs'
     assert (out / "model.safetensors").is_file()
     assert (out / "training_curve.png").is_file() and not (out / "trainer_state").exists()  # the curve stays
     restarted = subprocess.run(

@@ -209,10 +209,13 @@ def new_shard_drafter(drafter_class, args, *names: str, **settings):
 
 def timed_training(train, drafter, states, args, **settings):
     """``(trainer, seconds)``: ``train(drafter, states, **settings)`` with the ``train`` command's `training_args`,
-    and the seconds it took."""
+    and the seconds it took, with those that earlier runs it resumed from spent (`TimeBudgetCallback.spent`)."""
+    from ..training.callbacks import TimeBudgetCallback
+
     start = time.perf_counter()
     trainer = train(drafter, states, **settings, **training_args(args))
-    return trainer, time.perf_counter() - start
+    spent = [cb.spent for cb in trainer.callback_handler.callbacks if isinstance(cb, TimeBudgetCallback)]
+    return trainer, time.perf_counter() - start + (spent[0] if spent else 0.0)
 
 
 def record_reference_base(config, model_name: str) -> None:
@@ -505,15 +508,18 @@ def batch_report(args) -> dict:
     }  # data-parallel: per process
 
 
-def states_training_report(args, counts: dict, train_states, seconds: float, callbacks: list) -> dict:
+def states_training_report(args, counts: dict, train_states, seconds: float, callbacks: list, trainer=None) -> dict:
     """The ``config.training`` entries every ``train`` command on hidden states records (`training_states`): the
-    data, the conversation ``counts``, answer tokens, epochs, the batch, seconds, the learning curve (a callback's
-    ``curve``) and the command."""
+    data, the conversation ``counts``, answer tokens, epochs (those trained, where ``trainer`` says: a time budget
+    stops a run before the epochs asked for), the batch, seconds, the learning curve (a callback's ``curve``) and the
+    command."""
+    trained = getattr(getattr(trainer, "state", None), "epoch", None)
     return {
         "data": ", ".join(args.labelled) if args.labelled else str(args.data),
         **counts,
         "train_answer_tokens": train_states.num_train_tokens,
-        "epochs": args.epochs,
+        "epochs": round(trained, 2) if trained is not None else args.epochs,
+        "epochs_asked": args.epochs,
         "max_steps": args.max_steps,
         **batch_report(args),
         "train_seconds": round(seconds, 1),

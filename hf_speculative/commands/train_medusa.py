@@ -101,7 +101,7 @@ def run(args) -> int:
     )
     heads.config.training = {
         "method": "medusa-1 (frozen backbone)" + (", KD on target-labelled shards" if args.labelled else ""),
-        **states_training_report(args, counts, train_states, train_s, callbacks),
+        **states_training_report(args, counts, train_states, train_s, callbacks, trainer),
         "steps": trainer.state.global_step,
         "max_train_tokens": args.max_train_tokens,
         "final_loss": final_train_loss(trainer),

@@ -96,7 +96,7 @@ def _training_report(args, counts: dict, train_states, train_s: float, trainer, 
     return {
         "method": "ParallelSpec group-wise parallel training (frozen target, shared embeddings and lm_head)"
         + (", on target-labelled shards" if args.labelled else ""),
-        **states_training_report(args, counts, train_states, train_s, callbacks),
+        **states_training_report(args, counts, train_states, train_s, callbacks, trainer),
         "steps": trainer.state.global_step,
         "groups_per_sequence": args.groups_per_sequence,
         "train_groups_seen": trainer.state.global_step * args.batch_size * args.groups_per_sequence,

@@ -109,7 +109,7 @@ def _training_report(
     base_params = sum(p.numel() for p in model.parameters())
     return {
         "method": _training_method(args, shared),
-        **states_training_report(args, counts, train_states, train_s, callbacks),
+        **states_training_report(args, counts, train_states, train_s, callbacks, trainer),
         "steps_done": trainer.state.global_step,
         "time_budget_s": args.time_budget,
         "segment_length": args.segment_length,
