@@ -92,6 +92,7 @@ def test_self_draft_accepts_full_paths():
         max_new_tokens=31,
         do_sample=False,
         return_dict_in_generate=True,
+        speculative_pricing=False,  # every step drafts: a priced run may time a one-token step between them
     )
     lengths = out.speculative_stats.accepted_lengths
     assert lengths == [1] + [5] * 6  # prefill token, then depth 4 + bonus every step
