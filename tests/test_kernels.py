@@ -51,8 +51,8 @@ def isolated_build(monkeypatch, tmp_path):
     _forget_loaded_kernels()  # the next test finds the session's kernel again
 
 
-@pytest.mark.parametrize("rows", [0, 1, 2, 5, 7, 12, 13, 16, 20, 24, 25, 31, 49, 64, 70, 130])
-@pytest.mark.parametrize("shape", [(64, 32), (67, 45), (200, 576)])
+@pytest.mark.parametrize("rows", [0, 1, 2, 5, 7, 9, 11, 12, 13, 16, 20, 24, 25, 31, 49, 64, 70, 130])
+@pytest.mark.parametrize("shape", [(64, 32), (67, 45), (200, 576), (40, 1100)])  # 9-12 rows of 1100: past L1
 @pytest.mark.parametrize("bias", [False, True])
 def test_every_kernel_equals_linear(direct_available, rows, shape, bias):
     torch.manual_seed(rows)

@@ -6,6 +6,8 @@
  *
  *  - up to SMALL_M rows of x: one weight row at a time, every row of x against it (a row of x per accumulator
  *    set), so the whole weight is one sequential stream through memory, prefetched PF_AHEAD elements ahead;
+ *    past STREAM_ANY_K rows only while those rows of x fit a core's L1 data cache (STREAM_X_BYTES): each weight
+ *    row reads every row of x again, and from L2 that costs more than the x-transposed path's padded tile;
  *  - more rows: x is transposed once into a small per-thread buffer (tiles of XT_TILE rows, K x XT_TILE floats
  *    each: a copy of x, not of W), and every weight element, read in place, is broadcast against the two vectors
  *    of a tile: 2 x 6 accumulators, the outer-product tile of a packed GEMM without packing W. Groups of XT_GROUP
@@ -30,6 +32,8 @@
 #define VW 8
 #endif
 #define SMALL_M 12  /* up to this many rows of x: the sequential one-weight-row-at-a-time path */
+#define STREAM_ANY_K 8 /* up to this many rows the sequential path whatever K; from here on only while x fits: */
+#define STREAM_X_BYTES (32 * 1024) /* rows x K of float32 the sequential path may hold (a core's L1 data cache) */
 #define ABI_VERSION 1
 #define PF_AHEAD 1024 /* elements of a weight row prefetched ahead on the sequential path */
 
@@ -279,7 +283,7 @@ static int64_t xt_tiled_rows(int64_t M) {
                                                                                                           \
     void hfs_direct_##NAME(const float *x, int64_t M, int64_t K, const WT *W, int64_t N, const float *bias,   \
                            float *y, int threads) {                                                       \
-        if (M > SMALL_M) {                                                                                \
+        if (M > SMALL_M || (M > STREAM_ANY_K && M * K * (int64_t)sizeof(float) > STREAM_X_BYTES)) {       \
             int64_t passes = (M + XT_ROWS - 1) / XT_ROWS, rows = (M + passes - 1) / passes; /* even passes */ \
             for (int64_t m = 0; m < M; m += rows)                                                         \
                 NAME##_xt(x + m * K, M - m < rows ? M - m : rows, K, W, N, y + m * N, threads);           \
