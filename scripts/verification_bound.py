@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from hf_speculative.engine.kernels.build import build_direct_gemm
-from hf_speculative.engine.kernels.linear import _direct_kernel
+from hf_speculative.engine.kernels.linear import available_kernels
 from hf_speculative.perf_model import machine_description
 
 SHAPES = {  # (in, out) of q+k+v, o, gate, up, down
@@ -61,7 +61,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     rows = sorted({1, 17, *(int(r) for r in args.rows.split(","))})
     build_direct_gemm()
-    direct = _direct_kernel()
+    direct = available_kernels(torch.float32).get("direct")  # built, loaded and checked against F.linear
     peak = square_peak()
     print(f"{machine_description()}; float32 peak on a 1024 x 1024 x 1024 product: {peak / 1e9:.0f} GFLOP/s")
     for name, shapes in SHAPES.items():

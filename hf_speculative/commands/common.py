@@ -214,8 +214,8 @@ def timed_training(train, drafter, states, args, **settings):
 
     start = time.perf_counter()
     trainer = train(drafter, states, **settings, **training_args(args))
-    spent = [cb.spent for cb in trainer.callback_handler.callbacks if isinstance(cb, TimeBudgetCallback)]
-    return trainer, time.perf_counter() - start + (spent[0] if spent else 0.0)
+    spent = next((cb.spent for cb in trainer.callback_handler.callbacks if isinstance(cb, TimeBudgetCallback)), 0.0)
+    return trainer, time.perf_counter() - start + spent
 
 
 def record_reference_base(config, model_name: str) -> None:

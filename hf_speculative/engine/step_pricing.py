@@ -53,7 +53,6 @@ class StepPricer:
     plain_seconds: deque = field(init=False)  # seconds of the recent one-token steps
     _plan: deque = field(init=False, default_factory=deque)  # the steps decided ahead: True = draft
     _since_plain: int = field(init=False, default=0)
-    _fresh: int = field(init=False, default=0)  # tree steps since the last back-off
     _losses: int = field(init=False, default=0)
 
     def __post_init__(self):
@@ -72,21 +71,19 @@ class StepPricer:
         if drafted:
             self.tree_steps.append((seconds, tokens / max(rows, 1)))
             self._since_plain += 1
-            self._fresh += 1
         else:
             self.plain_seconds.append(seconds)
             self._since_plain = 0
 
     # ------------------------------------------------------------------ the plan
     def _next_plan(self) -> list[bool]:
-        if self._fresh < self.window:
-            return [True] * (self.window - self._fresh)
+        if len(self.tree_steps) < self.window:  # cleared at each back-off: the tree steps since then
+            return [True] * (self.window - len(self.tree_steps))
         if not self.plain_seconds:
             return [False] * self.probe
         if not self.speculation_pays():
             self._losses += 1
             self.tree_steps.clear()  # judged again on fresh tree steps after the back-off
-            self._fresh = 0
             steps = min(self.backoff * 2 ** (self._losses - 1), self.max_backoff)
             return [False] * steps + [True] * self.window
         self._losses = 0
