@@ -728,7 +728,7 @@ def test_eagle_trains_on_the_models_own_answers_and_resumes_them(work, trained, 
     before = (out / "self_distilled.jsonl").read_bytes()
     _train(work, "e2e_nlg", "eagle", out, *args, "--resume")  # the cached answers are read, none is asked again
     assert (out / "self_distilled.jsonl").read_bytes() == before
-    with pytest.raises(ValueError, match="only method 'eagle'"):
+    with pytest.raises(ValueError, match="only methods eagle and medusa"):
         _train(work, "e2e_nlg", "lora", tmp_path / "x", "--max-steps", "1", "--answers", "self")
     with pytest.raises(ValueError, match="synthetic-prompts"):
         _train(work, "wikisql", "eagle", tmp_path / "y", "--adapter", str(trained["lora"]), "--synthetic-prompts", "2")
@@ -746,6 +746,32 @@ def test_eagle_folder_is_calibrated_on_its_calibration_prompts(work, trained):
     assert again["step_top_i_accuracy"] == acc and "calibrate" in again["command"].split()
     with pytest.raises(ValueError, match="'eagle' folder"):
         main(["calibrate", str(trained["lora"]), "--data", str(work["e2e_nlg"]), "--no-progress"])
+
+
+def test_medusa_heads_train_on_the_lora_models_labels_and_decode_exactly(work, trained, tmp_path):
+    """Medusa-1 heads on the LoRA folder's model, distilled from the labels the EAGLE arm cached (labelled once for
+    both): an FR-Spec draft vocabulary, a calibrated tree, the adapter named relative to the folder; ``compare``
+    decodes them alone and merged with SuffixDecoding, every output identical to plain decoding."""
+    from hf_speculative.paths import cache_root
+
+    cached = sorted((cache_root() / "labelled").iterdir())
+    out = tmp_path / "medusa"
+    extra = ("--adapter", str(trained["lora"]), "--eagle-draft-vocab", "40", "--batch-size", "16")
+    info = _train(work, "e2e_nlg", "medusa", out, "--max-steps", "40", *extra)  # logged every 20 steps
+    assert sorted((cache_root() / "labelled").iterdir()) == cached  # the EAGLE arm's labels, read again
+    record = info["training"]
+    assert info["method"] == "medusa" and record["steps"] == 40 and record["labelled_tokens"] > 0
+    assert record["last_logged"]["loss"] < record["first_logged"]["loss"] - 0.02
+    config = json.loads((out / "config.json").read_text())
+    assert config["draft_vocab_size"] == 40 and len(config["calibration"]["head_top_i_accuracy"]) == 4
+    assert (out / config["base_adapter"] / "adapter_model.safetensors").is_file()
+    result = tmp_path / "compare.json"
+    argv = ["compare", f"{trained['lora']}:suffix", str(out), f"{out}:hybrid-suffix", "--task", "e2e_nlg"]
+    argv += ["--data", str(work["e2e_nlg"]), "--limit", "2", "--max-new-tokens", "8", "--no-progress"]
+    assert main([*argv, "--output", str(result)]) == 0
+    arms = json.loads(result.read_text())["arms"]
+    assert [a["method"] for a in arms] == ["lora", "medusa", "medusa"]
+    assert all(a["lossless_rate"] == 1.0 for a in arms) and "medusa heads + suffix" in arms[2]["drafter"]
 
 
 def test_suffix_drafters_warmed_with_the_models_own_answers(work, trained, tmp_path):

@@ -26,14 +26,14 @@ from .drafter_names import TRAINING_FREE
 
 PROGRAM = "python benchmarks/run_downstream.py"
 TASKS = ("e2e_nlg", "wikisql", "dialogsum")
-METHODS = ("lora", "medusa2", "streaming", "eagle")
+METHODS = ("lora", "medusa2", "streaming", "eagle", "medusa")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROGRAM,
         description="task fine-tuning arms (LoRA, Medusa-2, Speculative Streaming, "
-        "EAGLE-3) of Speculative Streaming's Table 1: train, prune, calibrate, eval, table",
+        "EAGLE-3, Medusa heads) of Speculative Streaming's Table 1: train, prune, calibrate, eval, table",
     )
     sub = p.add_subparsers(dest="downstream_command", required=True)
     _add_train_parser(sub)
@@ -73,7 +73,9 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--out", required=True, help="output folder (adapter / streams / heads / drafter + downstream.json)")
     t.add_argument("--model", default="reference", help="base model: 'reference' (default), a local folder or a Hub id")
     t.add_argument(
-        "--adapter", default=None, help="--method eagle: the folder of a 'lora' run whose model EAGLE drafts for"
+        "--adapter",
+        default=None,
+        help="--method eagle / medusa: the folder of a 'lora' run whose model the drafter drafts for",
     )
     t.add_argument(
         "--time-budget",
@@ -95,26 +97,26 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--tree-nodes", type=int, default=16, help="node budget of the calibrated tree (streaming, medusa2)")
     t.add_argument("--num-streams", type=int, default=3, help="streaming: gamma")
     t.add_argument("--num-msa-layers", type=int, default=4, help="streaming: N_s")
-    t.add_argument("--num-heads", type=int, default=4, help="medusa2: heads")
-    t.add_argument("--eagle-max-tokens", type=int, default=400_000, help="eagle: labelled training tokens")
+    t.add_argument("--num-heads", type=int, default=4, help="medusa2, medusa: heads")
+    t.add_argument("--eagle-max-tokens", type=int, default=400_000, help="eagle, medusa: labelled training tokens")
     t.add_argument(
         "--eagle-draft-vocab",
         type=int,
         default=8192,
-        help="eagle: EAGLE-3's draft vocabulary (the most frequent target tokens of the training answers)",
+        help="eagle, medusa: the draft vocabulary (the most frequent target tokens of the training answers)",
     )
     t.add_argument(
         "--answers",
         choices=("references", "self"),
         default="references",
-        help="eagle: train on the data set's references, or on the fine-tuned model's own greedy answers to the "
+        help="eagle, medusa: train on the data set's references, or on the fine-tuned model's own greedy answers to the "
         "training prompts (self-distilled, cached in OUT/self_distilled.jsonl)",
     )
     t.add_argument(
         "--synthetic-prompts",
         type=int,
         default=0,
-        help="eagle with --answers self, e2e_nlg: this many more prompts, meaning representations drawn from the "
+        help="eagle or medusa with --answers self, e2e_nlg: this many more prompts, meaning representations drawn from the "
         "training MRs' slots and values (never a test MR)",
     )
     t.add_argument(
@@ -213,7 +215,7 @@ def _add_eval_parser(sub) -> None:
         choices=TRAINING_FREE,
         help="a lora folder's training-free drafting (arm e; suffix and hybrid-suffix are warmed with the task's "
         "training targets; engine: the engine's loop with nothing drafted); other folders draft with what they trained "
-        "(hybrid-suffix on a medusa2 or eagle folder: merged with SuffixDecoding; hybrid-suffix-ungated: the same with "
+        "(hybrid-suffix on a medusa2, eagle or medusa folder: merged with SuffixDecoding; hybrid-suffix-ungated: the same with "
         "the trained drafter drafting on every step)",
     )
     e.add_argument(
@@ -245,7 +247,7 @@ def _add_compare_parser(sub) -> None:
         "arms",
         nargs="+",
         help="FOLDER (what it drafts with) or FOLDER:DRAFTER (a lora folder's --drafter of 'eval', e.g. :engine, "
-        ":suffix, :hf-prompt-lookup; an eagle folder's :hybrid-suffix); all decode one model",
+        ":suffix, :hf-prompt-lookup; an eagle or medusa folder's :hybrid-suffix); all decode one model",
     )
     c.add_argument("--task", required=True, choices=TASKS)
     c.add_argument("--data", required=True, help="the task's data folder")

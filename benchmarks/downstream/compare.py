@@ -5,8 +5,8 @@ Here every test prompt is decoded plainly and by every arm, the order rotating f
 arm's tokens/s and the plain tokens/s come from the same minutes of the same process. An arm is ``FOLDER`` (what
 the folder drafts with) or ``FOLDER:DRAFTER`` (``downstream eval --drafter``): a ``lora`` folder's training-free
 drafting, ``engine`` (nothing drafted: the engine's own share), ``hf-prompt-lookup`` (transformers' own), or an
-``eagle`` folder with ``hybrid-suffix``. Every arm must decode the same model: ``lora`` folders and ``eagle`` folders
-whose ``base_adapter`` is that folder's adapter.
+``eagle`` or ``medusa`` folder with ``hybrid-suffix``. Every arm must decode the same model: ``lora`` folders, and
+``eagle`` and ``medusa`` folders whose ``base_adapter`` is that folder's adapter.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 
 from .drafter_names import SUFFIX_DRAFTERS, TRAINING_FREE
 from .evaluation import (
+    SHARED_TARGET_METHODS,
     chat_answers,
     compute_metric,
     folder_adapter,
@@ -39,11 +40,12 @@ def parse_arm(text: str) -> tuple[str, str]:
 
 
 def _target_adapter(folder: Path) -> Path:
-    """The adapter whose merged model a folder decodes: a ``lora`` folder's own, an ``eagle`` folder's ``base_adapter``."""
+    """The adapter whose merged model a folder decodes: a ``lora`` folder's own, an ``eagle`` or ``medusa`` folder's
+    ``base_adapter``."""
     method = read_downstream_info(folder)["method"]
-    if method not in ("lora", "eagle"):
+    if method not in SHARED_TARGET_METHODS:
         raise ValueError(
-            f"compare runs arms on one fine-tuned model (lora and eagle folders); {folder} is a {method} folder "
+            f"compare runs arms on one fine-tuned model (lora, eagle and medusa folders); {folder} is a {method} folder "
             "with a model of its own: evaluate it with 'downstream eval'"
         )
     return (folder / folder_adapter(folder, method)).resolve()

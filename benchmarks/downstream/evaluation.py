@@ -15,6 +15,7 @@ method         plain                                              speculative
 ``streaming``  ``ss.generate_autoregressive`` (the joint forward,  ``ss.generate``: drafts itself
                one token per forward)
 ``eagle``      base + the lora adapter (merged), ``generate()``    the same model with its EAGLE-3 drafter
+``medusa``     base + the lora adapter (merged), ``generate()``    the same model with its Medusa-1 heads
 =============  =================================================  ===============================================
 
 tau is the mean number of tokens committed per target forward (bonus included); speedup is the speculative
@@ -55,11 +56,15 @@ class DownstreamModel:
 
 
 def folder_adapter(folder: Path, method: str) -> str:
-    """The adapter (relative to ``folder``) whose merged model a ``lora`` or ``eagle`` folder decodes."""
+    """The adapter (relative to ``folder``) whose merged model a ``lora``, ``eagle`` or ``medusa`` folder decodes."""
     if method == "eagle":
         from hf_speculative.drafters.eagle.configuration_eagle import EagleConfig
 
         return getattr(EagleConfig.from_pretrained(folder), "base_adapter", ADAPTER_SUBFOLDER)
+    if method == "medusa":
+        from hf_speculative.drafters.medusa.configuration_medusa import MedusaConfig
+
+        return getattr(MedusaConfig.from_pretrained(folder), "base_adapter", None) or ADAPTER_SUBFOLDER
     return ADAPTER_SUBFOLDER
 
 
@@ -69,6 +74,9 @@ def _merged(base, folder: Path, adapter: str = ADAPTER_SUBFOLDER):
 
     return PeftModel.from_pretrained(base, str(folder / adapter)).merge_and_unload().eval()
 
+
+#: the methods whose folders decode the model of a ``lora`` folder (base + its adapter), so one loaded copy serves them
+SHARED_TARGET_METHODS = ("lora", "eagle", "medusa")
 
 #: transformers' own prompt lookup (a chain of this many tokens), the baseline beside the tree drafters
 HF_PROMPT_LOOKUP_TOKENS = 10
@@ -199,19 +207,20 @@ def load_downstream(
     folder = Path(folder)
     info = read_downstream_info(folder)
     method = info["method"]
-    hybrid_suffix = drafter.startswith("hybrid-suffix") and method in ("medusa2", "eagle")
+    hybrid_suffix = drafter.startswith("hybrid-suffix") and method in ("medusa2", "eagle", "medusa")
     gate = drafter != "hybrid-suffix-ungated"  # ungated: the trained drafter drafts for every row on every step
     if drafter != "prompt-lookup" and method != "lora" and not hybrid_suffix:
         raise ValueError(
-            f"--drafter {drafter} applies to a 'lora' folder (and hybrid-suffix to a medusa2 or eagle folder too); "
+            f"--drafter {drafter} applies to a 'lora' folder (and hybrid-suffix to a medusa2, medusa or eagle folder "
+            "too); "
             f"{folder} drafts with its own {method} drafter"
         )
     if pruning_threshold is not None and (method != "streaming" or not (info.get("training") or {}).get("pruning")):
         raise ValueError(
             f"--pruning-threshold applies to a streaming folder trained with --pruning-layer; {folder} has no pruning early exit"
         )
-    if target is not None and method not in ("lora", "eagle"):
-        raise ValueError(f"a shared target serves lora and eagle folders, not {method}")
+    if target is not None and method not in SHARED_TARGET_METHODS:
+        raise ValueError(f"a shared target serves lora, eagle and medusa folders, not {method}")
     base, tokenizer = target or resolve_model(info["base_model"], dtype=dtype, device=device)
     gen = dict(do_sample=False, return_dict_in_generate=True)
 
@@ -228,6 +237,14 @@ def load_downstream(
         model = base if target is not None else _merged(base, folder, folder_adapter(folder, method))
         eagle = EagleDrafter.from_pretrained(folder, base_model=model).to(device=model.device, dtype=model.dtype).eval()
         drafter, name, extra = eagle, "eagle-3", sum(p.numel() for p in eagle.parameters())
+    elif method == "medusa":
+        from hf_speculative.drafters.medusa.modeling_medusa import MedusaHeadsModel
+
+        model = base if target is not None else _merged(base, folder, folder_adapter(folder, method))
+        heads = MedusaHeadsModel.from_pretrained(folder)
+        heads.attach_base_model(model)
+        heads = heads.to(device=model.device, dtype=model.dtype).eval()
+        drafter, name, extra = heads, "medusa heads", sum(p.numel() for p in heads.parameters())
     else:  # lora: training-free drafting on the fine-tuned model
         model = base if target is not None else _merged(base, folder)
         (drafter, name), extra = _training_free_drafter(drafter, warm_texts, tokenizer), 0

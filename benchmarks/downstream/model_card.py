@@ -24,6 +24,7 @@ _DECODING = {
     "medusa2": "the merged LoRA model; speculative: its Medusa-2 heads as `assistant_model`",
     "streaming": "plain: the joint forward one token at a time (`ss.generate_autoregressive`); speculative: `ss.generate` (drafts for itself)",
     "eagle": "the merged LoRA model of the `lora` arm; speculative: this EAGLE-3 drafter as `assistant_model`",
+    "medusa": "the merged LoRA model of the `lora` arm; speculative: these Medusa-1 heads as `assistant_model`",
 }
 
 

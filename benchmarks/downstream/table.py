@@ -15,6 +15,7 @@ ARM_NAMES = {
     "lora": "LoRA fine-tuning (+ training-free drafting)",
     "medusa2": "Medusa-2",
     "eagle": "EAGLE-3 (on the LoRA model)",
+    "medusa": "Medusa heads (on the LoRA model)",
     "streaming": "Speculative Streaming (shared)",
 }
 REQUIRED = ("task", "method", "tau", "speedup", "lossless_rate", "metric", "extra_parameters", "n")

@@ -10,6 +10,8 @@ library's own training code, with one PEFT LoRA setup and one wall-time budget f
   CE on the task's references plus ``lambda_0 * L_Medusa``; tree calibrated on the adapted model's states.
 * ``eagle``: EAGLE-3 (Li et al., 2025) trained on the frozen model of a ``lora`` folder (base + its adapter merged),
   on that model's features and top-k over the task's training sequences.
+* ``medusa``: Medusa-1 heads (Cai et al., 2024, Sec. 2.2.1) on the same frozen model, distilled from the same
+  labelled data as ``eagle`` (one cache serves both: the final hidden state and the model's top-k per position).
 
 A trained folder holds what the arm adds to the base and ``downstream.json`` (task, method, base, training record);
 the base itself is never saved (``"reference"`` comes from the reference package). `write_downstream_info` /
@@ -45,11 +47,14 @@ __all__ = [
     "train_streaming",
     "train_medusa2",
     "train_eagle",
+    "train_medusa_heads",
     "train_arm",
     "prune_folder",
 ]
 
-METHODS = ("lora", "medusa2", "streaming", "eagle")
+METHODS = ("lora", "medusa2", "streaming", "eagle", "medusa")
+#: the methods trained on the frozen model of a ``lora`` folder (``--adapter``), from target-labelled data
+ON_LORA_MODEL = ("eagle", "medusa")
 LAMBDA0_WARMUP_STEPS = 100
 EAGLE_TOP_K = 8  # the teacher's top-k per token of the EAGLE arm's labelling
 INFO_FILE = "downstream.json"
@@ -72,11 +77,12 @@ class DownstreamTrainingConfig:
         calibration_prompts: training prompts set aside to calibrate the draft tree (never trained on).
         tree_nodes: node budget of the calibrated tree (Speculative Streaming, Medusa-2).
         num_streams / num_msa_layers: gamma and N_s of Speculative Streaming (Sec. 3.1.1).
-        num_heads / lambda0: Medusa-2's heads and the final weight of ``L_Medusa``; it rises over the first 30% of
+        num_heads / lambda0: the Medusa(-2) heads and Medusa-2's final weight of ``L_Medusa``; it rises over the first 30% of
             the steps, or under a ``time_budget`` (where the step count is not known) over the first
             `LAMBDA0_WARMUP_STEPS` steps.
-        eagle_max_tokens / eagle_draft_vocab: EAGLE-3's labelled training tokens and its draft vocabulary.
-        answers: EAGLE-3's training answers: ``"references"`` (the data set's) or ``"self"`` (the fine-tuned model's
+        eagle_max_tokens / eagle_draft_vocab: the labelled training tokens and the draft vocabulary of the arms
+            trained on the model's labels (EAGLE-3, Medusa heads).
+        answers: EAGLE-3's and the Medusa heads' training answers: ``"references"`` (the data set's) or ``"self"`` (the fine-tuned model's
             own greedy answers to the training prompts, `self_distilled.self_distilled_records`).
         synthetic_prompts: with ``answers="self"`` on E2E NLG, this many more prompts drawn from the training MRs'
             slots and values (`self_distilled.synthetic_e2e_prompts`).
@@ -425,11 +431,18 @@ def train_medusa2(
 
 
 def _labelled_states(
-    tuned, tokenizer, train: list[Record], layers: list[int], cfg: DownstreamTrainingConfig, data: str
+    tuned,
+    tokenizer,
+    train: list[Record],
+    layers: list[int],
+    cfg: DownstreamTrainingConfig,
+    data: str,
+    read_layers: bool = True,
 ):
-    """The EAGLE arm's training data: ``train`` labelled by the merged model ``tuned`` into cached shards
+    """The EAGLE and Medusa arms' training data: ``train`` labelled by the merged model ``tuned`` into cached shards
     (`label_conversations`; keyed by the model's fingerprint, so each adapter has its own folder), read back as
-    `HiddenStates`. A killed run resumes after the last finished shard instead of labelling again."""
+    `HiddenStates` (the final state, and ``layers`` too with ``read_layers``). A killed run resumes after the last
+    finished shard instead of labelling again."""
     from hf_speculative.training.labelling import LabelledShards, label_conversations, labelled_cache_dir
 
     L = tuned.config.num_hidden_layers
@@ -447,8 +460,8 @@ def _labelled_states(
         progress=cfg.progress,
         data=data,
     )
-    print(f"EAGLE labels: {manifest['total_tokens']} tokens in {folder}", file=sys.stderr)
-    return LabelledShards(folder).to_hidden_states(extra_layers=[i for i in layers if i != L])
+    print(f"labels: {manifest['total_tokens']} tokens in {folder}", file=sys.stderr)
+    return LabelledShards(folder).to_hidden_states(extra_layers=[i for i in layers if i != L] if read_layers else [])
 
 
 def _eagle_records(
@@ -498,6 +511,23 @@ def calibrate_eagle(
     tree is then the cost-aware one for the target's machine (`hf_speculative.drafters.cost_aware`)."""
     from hf_speculative.drafters.eagle.training_eagle import calibrate_tree
 
+    states, prompts = _calibration_states(tuned, tokenizer, calib, out, cfg, task, adapter_name)
+    return calibrate_tree(drafter, states, prompts=prompts, answers=cfg.answers)
+
+
+def _calibration_states(
+    tuned,
+    tokenizer,
+    calib: list[Record],
+    out: Path,
+    cfg: DownstreamTrainingConfig,
+    task: str,
+    adapter_name: str,
+    read_layers: bool = True,
+):
+    """``(states, prompts)``: the calibration prompts' answers (the references, or with ``cfg.answers == "self"`` the
+    model's own, answered once into ``out``) labelled by ``tuned`` with the EAGLE-3 arm's layers (one cache for the
+    EAGLE and Medusa arms), and how many answers there are."""
     from .self_distilled import self_distilled_records, unique_prompts
     from .tasks import get_task
 
@@ -507,10 +537,16 @@ def calibrate_eagle(
         records = self_distilled_records(
             tuned, tokenizer, unique_prompts(calib), path, get_task(task).max_new_tokens, progress=cfg.progress
         )
+    data = f"{adapter_name}-calib-{cfg.answers}"
+    return _labelled_states(tuned, tokenizer, records, _eagle_layers(tuned), cfg, data, read_layers), len(records)
+
+
+def _eagle_layers(tuned) -> list[int]:
+    """The layers the EAGLE-3 arm's labels hold besides the final state (its low, mid and high features)."""
+    from hf_speculative.drafters.eagle.configuration_eagle import eagle3_feature_layers
+
     L = tuned.config.num_hidden_layers
-    layers = [i for i in drafter.config.feature_layers(L) if i != L]
-    states = _labelled_states(tuned, tokenizer, records, layers, cfg, data=f"{adapter_name}-calib-{cfg.answers}")
-    return calibrate_tree(drafter, states, prompts=len(records), answers=cfg.answers)
+    return [i for i in eagle3_feature_layers(L) if i != L]
 
 
 def _folder_settings(info: dict, data_dir, **overrides) -> tuple[DownstreamTrainingConfig, tuple[list, list]]:
@@ -550,6 +586,22 @@ def calibrate_eagle_folder(folder, data_dir, device=None, progress: bool = True,
     return record
 
 
+def _frozen_lora_model(model, adapter_folder, method: str):
+    """``(info, tuned)``: the ``downstream.json`` record of the ``lora`` folder ``adapter_folder`` and ``model`` with
+    its adapter merged, frozen (what ``method`` drafts for)."""
+    from peft import PeftModel
+
+    info = read_downstream_info(adapter_folder)
+    if info["method"] != "lora":
+        raise ValueError(
+            f"--adapter {adapter_folder}: {method} trains on the model of a 'lora' folder, this one is {info['method']!r}"
+        )
+    tuned = PeftModel.from_pretrained(model, str(Path(adapter_folder) / ADAPTER_SUBFOLDER)).merge_and_unload().eval()
+    for p in tuned.parameters():
+        p.requires_grad_(False)
+    return info, tuned
+
+
 def train_eagle(
     model,
     tokenizer,
@@ -564,21 +616,12 @@ def train_eagle(
 ) -> dict:
     """(d) EAGLE-3 on the frozen model of the ``lora`` folder ``adapter_folder`` (base + adapter, merged); saves the
     drafter (bf16) and, in its config, the path of that adapter relative to ``out`` (no copy: the folders stay small)."""
-    from peft import PeftModel
-
     from hf_speculative.drafters.draft_vocab import frequent_tokens
     from hf_speculative.drafters.eagle.modeling_eagle import EagleDrafter
     from hf_speculative.drafters.eagle.training_eagle import train_eagle as fit
 
     out = Path(out)
-    info = read_downstream_info(adapter_folder)
-    if info["method"] != "lora":
-        raise ValueError(
-            f"--adapter {adapter_folder}: EAGLE trains on the model of a 'lora' folder, this one is {info['method']!r}"
-        )
-    tuned = PeftModel.from_pretrained(model, str(Path(adapter_folder) / ADAPTER_SUBFOLDER)).merge_and_unload().eval()
-    for p in tuned.parameters():
-        p.requires_grad_(False)
+    info, tuned = _frozen_lora_model(model, adapter_folder, "EAGLE")
     drafter = EagleDrafter.from_base_model(
         tuned, variant="eagle3", draft_vocab_size=min(cfg.eagle_draft_vocab, tuned.config.vocab_size)
     )
@@ -624,6 +667,72 @@ def train_eagle(
         "adapter_train_seconds": (info.get("training") or {}).get("train_seconds"),
         "extra_parameters": extra,
         "calibration": drafter.config.calibration,
+    }
+
+
+def train_medusa_heads(
+    model,
+    tokenizer,
+    train: list[Record],
+    calib: list[Record],
+    out: str | Path,
+    cfg: DownstreamTrainingConfig,
+    base_model: str,
+    adapter_folder: str | Path,
+    task: str = "e2e_nlg",
+    data_dir=None,
+) -> dict:
+    """(e) Medusa-1 heads (Sec. 2.2.1) on the frozen model of the ``lora`` folder ``adapter_folder``, distilled from
+    that model's top-k on the EAGLE-3 arm's labelled data (the same answers and cache: labelled once for both). The
+    heads draft on an FR-Spec vocabulary of ``cfg.eagle_draft_vocab`` of the model's most frequent answer tokens, so
+    drafting costs a few small products; ``cfg.batch_size`` counts positions here. The tree is calibrated on the
+    calibration prompts' labels. Saves the heads (bf16) and, in their config, the adapter's path relative to ``out``."""
+    from hf_speculative.drafters.draft_vocab import frequent_tokens
+    from hf_speculative.drafters.medusa.modeling_medusa import MedusaHeadsModel
+    from hf_speculative.drafters.medusa.training_medusa import train_medusa
+    from hf_speculative.drafters.medusa.tree_calibration import calibrate_tree
+
+    out = Path(out)
+    info, tuned = _frozen_lora_model(model, adapter_folder, "Medusa")
+    heads = MedusaHeadsModel.from_base_model(tuned, num_heads=cfg.num_heads)
+    heads.config.base_model_name_or_path = _hub_base_name(base_model)
+    records, data = _eagle_records(tuned, tokenizer, train, calib, out, cfg, task, data_dir)
+    name = Path(adapter_folder).name
+    states = _labelled_states(tuned, tokenizer, records, _eagle_layers(tuned), cfg, f"{name}-{data}", read_layers=False)
+    vocab = tuned.config.vocab_size
+    greedy = states.topk_ids[states.labels != -100, 0].long()  # the model's own answer tokens (FR-Spec)
+    heads.set_draft_vocab(frequent_tokens(greedy, min(cfg.eagle_draft_vocab, vocab), vocab))
+    t0 = time.perf_counter()
+    trainer = train_medusa(
+        heads,
+        states,
+        _trainer_dir(out),
+        num_epochs=cfg.epochs,
+        max_steps=cfg.max_steps,
+        batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate,
+        time_budget=cfg.time_budget,
+        seed=cfg.seed,
+        progress=cfg.progress,
+        save_steps=cfg.save_steps,
+        resume=cfg.resume,
+    )
+    seconds = time.perf_counter() - t0
+    calib_states, _ = _calibration_states(tuned, tokenizer, calib, out, cfg, task, name, read_layers=False)
+    calibrate_tree(heads, calib_states, num_nodes=cfg.tree_nodes)
+    heads.config.base_adapter = adapter_path(out, adapter_folder)
+    record = _training_record(cfg, trainer, seconds, train, calib)
+    if is_main_process():
+        heads.to(torch.bfloat16).save_pretrained(out)
+    return {
+        **record,
+        "labelled_tokens": int(states.input_ids.numel()),
+        "answers": cfg.answers,
+        "training_prompts": len(records),
+        "adapter_from": str(adapter_folder),
+        "adapter_train_seconds": (info.get("training") or {}).get("train_seconds"),
+        "extra_parameters": sum(p.numel() for p in heads.parameters()),
+        "calibration": heads.config.calibration,
     }
 
 
@@ -689,10 +798,12 @@ def train_arm(
 
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
-    if method == "eagle" and adapter_folder is None:
-        raise ValueError("method 'eagle' trains on a fine-tuned model: pass the folder of a 'lora' run (--adapter)")
-    if cfg.answers != "references" and method != "eagle":
-        raise ValueError(f"--answers {cfg.answers}: only method 'eagle' trains on self-distilled answers")
+    if method in ON_LORA_MODEL and adapter_folder is None:
+        raise ValueError(f"method {method!r} trains on a fine-tuned model: pass the folder of a 'lora' run (--adapter)")
+    if cfg.answers != "references" and method not in ON_LORA_MODEL:
+        raise ValueError(
+            f"--answers {cfg.answers}: only methods {' and '.join(ON_LORA_MODEL)} train on self-distilled answers"
+        )
     if cfg.synthetic_prompts and (task != "e2e_nlg" or cfg.answers != "self"):
         raise ValueError(
             "--synthetic-prompts draws E2E NLG meaning representations: use it with --answers self on e2e_nlg"
@@ -713,8 +824,9 @@ def train_arm(
             f"--batch-size {cfg.batch_size} (examples per optimizer step) must divide among the {processes} processes"
         )
     run_cfg = replace(cfg, batch_size=cfg.batch_size // processes)
-    if method == "eagle":
-        record = train_eagle(
+    if method in ON_LORA_MODEL:
+        fit = train_eagle if method == "eagle" else train_medusa_heads
+        record = fit(
             model, tokenizer, train, calib, out, run_cfg, base_model, adapter_folder, task=task, data_dir=data_dir
         )
     else:
