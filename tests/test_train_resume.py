@@ -95,6 +95,25 @@ def test_a_resumed_runs_seconds_count_the_runs_it_resumed_from(monkeypatch):
     assert 0.0 <= alone < 10.0
 
 
+def test_a_checkpoint_cut_before_its_time_budget_file_is_not_resumed_from(tmp_path):
+    """A kill can land after the Trainer wrote a checkpoint and before the time budget wrote its seconds into it:
+    once the run's checkpoints carry that file, one without it is skipped, so the resumed run counts the seconds
+    already spent (a run with no time budget, whose checkpoints never have it, resumes from its newest one)."""
+    for step, seconds in ((4, 30.0), (8, None)):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        (folder / "trainable.safetensors").write_bytes(b"weights")
+        if seconds is not None:
+            (folder / TimeBudgetCallback.FILE).write_text(json.dumps({"seconds": seconds}))
+    marker = TimeBudgetCallback.FILE
+    assert last_complete_checkpoint(tmp_path, marker) == str(tmp_path / "checkpoint-4")
+    assert TimeBudgetCallback.spent_in(last_complete_checkpoint(tmp_path, marker)) == 30.0
+    assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-8")
+    (tmp_path / "checkpoint-4" / marker).unlink()  # no checkpoint has it: not a budgeted run
+    assert last_complete_checkpoint(tmp_path, marker) == str(tmp_path / "checkpoint-8")
+
+
 def test_training_curve_series_and_plot(tmp_path):
     from hf_speculative.training.curve_plot import curve_series, plot_training_curve
 

@@ -374,7 +374,9 @@ def train_resumable(trainer: Trainer, resume: bool = False):
     from .callbacks import TimeBudgetCallback
 
     folder = Path(trainer.args.output_dir)
-    checkpoint = last_complete_checkpoint(folder) if resume and folder.is_dir() else None
+    budgeted = any(isinstance(cb, TimeBudgetCallback) for cb in trainer.callback_handler.callbacks)
+    marker = TimeBudgetCallback.FILE if budgeted else None
+    checkpoint = last_complete_checkpoint(folder, marker) if resume and folder.is_dir() else None
     if checkpoint is not None:
         spent = TimeBudgetCallback.spent_in(checkpoint)
         for cb in trainer.callback_handler.callbacks:
@@ -388,19 +390,25 @@ def train_resumable(trainer: Trainer, resume: bool = False):
     return trainer.train(resume_from_checkpoint=checkpoint)
 
 
-def last_complete_checkpoint(folder: str | Path) -> str | None:
+def last_complete_checkpoint(folder: str | Path, marker: str | None = None) -> str | None:
     """The newest ``checkpoint-N`` in ``folder`` that was written to the end (its trainable weights and a readable
-    trainer state); a run killed while writing one leaves it incomplete, and the one before it is used."""
+    trainer state); a run killed while writing one leaves it incomplete, and the one before it is used. ``marker``: a
+    file a callback writes into each checkpoint after the Trainer's own (the time budget's seconds); once any
+    checkpoint has it, one without it was cut short between the two and counts as incomplete."""
     found = []
     for path in Path(folder).glob("checkpoint-*"):
         suffix = path.name.removeprefix("checkpoint-")
         if path.is_dir() and suffix.isdigit():
             found.append((int(suffix), path))
+    marked = marker is not None and any((path / marker).is_file() for _, path in found)
     for _, path in sorted(found, reverse=True):
         try:
             json.loads((path / "trainer_state.json").read_text())
         except (OSError, ValueError):
             print(f"skipping the incomplete checkpoint {path} (a run was stopped while writing it)", file=sys.stderr)
+            continue
+        if marked and not (path / marker).is_file():
+            print(f"skipping the checkpoint {path}: the run was stopped before its {marker}", file=sys.stderr)
             continue
         if (path / TRAINABLE_CHECKPOINT).is_file():
             return str(path)
