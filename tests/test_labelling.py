@@ -210,6 +210,23 @@ def test_shards_resume(tiny, tmp_path, capsys):
         label_conversations(model, tok, recs, tmp_path / "run", top_k=5, progress=False)
 
 
+def test_a_labelled_folder_knows_its_data_file_under_another_path(tiny, tmp_path, capsys):
+    """The manifest keys a data file by its content too: the same file named from another directory (or copied)
+    resumes the folder; a file with other content is refused, the message naming both."""
+    model, tok = tiny
+    recs = _records(4)
+    first, copy, other = tmp_path / "a" / "answers.jsonl", tmp_path / "b" / "answers.jsonl", tmp_path / "other.jsonl"
+    for path, text in ((first, "the answers\n"), (copy, "the answers\n"), (other, "other answers\n")):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    out = tmp_path / "labels"
+    label_conversations(model, tok, recs, out, top_k=2, progress=False, data=str(first))
+    label_conversations(model, tok, recs, out, top_k=2, data=str(copy))
+    assert "nothing left to label" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="data: .*answers.jsonl' there, .*other.jsonl' here"):
+        label_conversations(model, tok, recs, out, top_k=2, progress=False, data=str(other))
+
+
 def test_shards_by_rank(tiny, tmp_path, monkeypatch):
     model, tok = tiny
     recs = _records(5)

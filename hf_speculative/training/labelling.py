@@ -101,12 +101,37 @@ def _labelling_settings(
         "top_k": top_k,
         "max_length": max_length,
         "data": str(data),
+        "data_fingerprint": data_fingerprint(data),
         "autocast": None if autocast is None else str(autocast).removeprefix("torch."),
         "num_hidden_layers": num_layers,
         "hidden_size": model.config.hidden_size,
         "rank": rank,
         "world_size": world,
     }
+
+
+def data_fingerprint(data) -> str | None:
+    """A data file's size and content hash (read in 1 MiB chunks), so a manifest knows its data under another path
+    (a relative path from another directory, a copy); None for a named data set (``"sharegpt"``) or a missing file."""
+    import hashlib
+
+    path = Path(str(data))
+    if not path.is_file():
+        return None
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return f"{path.stat().st_size}:{digest.hexdigest()}"
+
+
+def _changed_settings(manifest: dict, settings: dict) -> list[str]:
+    """The checked settings that differ; the data counts as the same when its path differs but its content does not."""
+    changed = [k for k in _SETTINGS if manifest.get(k) != settings[k]]
+    same_file = (
+        manifest.get("data_fingerprint") is not None and manifest["data_fingerprint"] == settings["data_fingerprint"]
+    )
+    return [k for k in changed if not (k == "data" and same_file)]
 
 
 def _read_manifest(path: Path) -> dict | None:
@@ -128,11 +153,10 @@ def _open_manifest(out_dir: Path, settings: dict) -> dict:
     manifest_path = out_dir / "manifest.json"
     manifest = _read_manifest(manifest_path) if manifest_path.is_file() else None
     if manifest is not None:
-        changed = [k for k in _SETTINGS if manifest.get(k) != settings[k]]
+        changed = _changed_settings(manifest, settings)
         if changed:
-            raise ValueError(
-                f"{out_dir} holds data labelled with other settings ({', '.join(changed)}); use another folder"
-            )
+            diff = "; ".join(f"{k}: {manifest.get(k)!r} there, {settings[k]!r} here" for k in changed)
+            raise ValueError(f"{out_dir} holds data labelled with other settings ({diff}); use another folder")
     else:
         manifest = {
             **settings,
