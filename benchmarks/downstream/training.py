@@ -77,13 +77,14 @@ class DownstreamTrainingConfig:
         calibration_prompts: training prompts set aside to calibrate the draft tree (never trained on).
         tree_nodes: node budget of the calibrated tree (Speculative Streaming, Medusa-2).
         num_streams / num_msa_layers: gamma and N_s of Speculative Streaming (Sec. 3.1.1).
-        num_heads / lambda0: the Medusa(-2) heads and Medusa-2's final weight of ``L_Medusa``; it rises over the first 30% of
-            the steps, or under a ``time_budget`` (where the step count is not known) over the first
+        num_heads / lambda0: the heads of the Medusa arms, and Medusa-2's final weight of ``L_Medusa``; it rises over
+            the first 30% of the steps, or under a ``time_budget`` (where the step count is not known) over the first
             `LAMBDA0_WARMUP_STEPS` steps.
         eagle_max_tokens / eagle_draft_vocab: the labelled training tokens and the draft vocabulary of the arms
             trained on the model's labels (EAGLE-3, Medusa heads).
-        answers: EAGLE-3's and the Medusa heads' training answers: ``"references"`` (the data set's) or ``"self"`` (the fine-tuned model's
-            own greedy answers to the training prompts, `self_distilled.self_distilled_records`).
+        answers: the training answers of EAGLE-3 and the Medusa heads: ``"references"`` (the data set's) or
+            ``"self"`` (the fine-tuned model's own greedy answers to the training prompts,
+            `self_distilled.self_distilled_records`).
         synthetic_prompts: with ``answers="self"`` on E2E NLG, this many more prompts drawn from the training MRs'
             slots and values (`self_distilled.synthetic_e2e_prompts`).
         curve_points / curve_examples: streaming: the learning curve (held-out stream accuracies and the expected
@@ -511,7 +512,9 @@ def calibrate_eagle(
     tree is then the cost-aware one for the target's machine (`hf_speculative.drafters.cost_aware`)."""
     from hf_speculative.drafters.eagle.training_eagle import calibrate_tree
 
-    states, prompts = _calibration_states(tuned, tokenizer, calib, out, cfg, task, adapter_name)
+    L = tuned.config.num_hidden_layers
+    layers = [i for i in drafter.config.feature_layers(L) if i != L]
+    states, prompts = _calibration_states(tuned, tokenizer, calib, out, cfg, task, adapter_name, layers)
     return calibrate_tree(drafter, states, prompts=prompts, answers=cfg.answers)
 
 
@@ -523,11 +526,12 @@ def _calibration_states(
     cfg: DownstreamTrainingConfig,
     task: str,
     adapter_name: str,
+    layers: list[int],
     read_layers: bool = True,
 ):
     """``(states, prompts)``: the calibration prompts' answers (the references, or with ``cfg.answers == "self"`` the
-    model's own, answered once into ``out``) labelled by ``tuned`` with the EAGLE-3 arm's layers (one cache for the
-    EAGLE and Medusa arms), and how many answers there are."""
+    model's own, answered once into ``out``) labelled by ``tuned`` with ``layers`` besides the final state (the
+    EAGLE-3 arm's, so one cache serves the EAGLE and Medusa arms), and how many answers there are."""
     from .self_distilled import self_distilled_records, unique_prompts
     from .tasks import get_task
 
@@ -538,7 +542,7 @@ def _calibration_states(
             tuned, tokenizer, unique_prompts(calib), path, get_task(task).max_new_tokens, progress=cfg.progress
         )
     data = f"{adapter_name}-calib-{cfg.answers}"
-    return _labelled_states(tuned, tokenizer, records, _eagle_layers(tuned), cfg, data, read_layers), len(records)
+    return _labelled_states(tuned, tokenizer, records, layers, cfg, data, read_layers), len(records)
 
 
 def _eagle_layers(tuned) -> list[int]:
@@ -698,7 +702,8 @@ def train_medusa_heads(
     heads.config.base_model_name_or_path = _hub_base_name(base_model)
     records, data = _eagle_records(tuned, tokenizer, train, calib, out, cfg, task, data_dir)
     name = Path(adapter_folder).name
-    states = _labelled_states(tuned, tokenizer, records, _eagle_layers(tuned), cfg, f"{name}-{data}", read_layers=False)
+    layers = _eagle_layers(tuned)  # labelled as for the EAGLE arm (one cache), read without them
+    states = _labelled_states(tuned, tokenizer, records, layers, cfg, f"{name}-{data}", read_layers=False)
     vocab = tuned.config.vocab_size
     greedy = states.topk_ids[states.labels != -100, 0].long()  # the model's own answer tokens (FR-Spec)
     heads.set_draft_vocab(frequent_tokens(greedy, min(cfg.eagle_draft_vocab, vocab), vocab))
@@ -718,7 +723,7 @@ def train_medusa_heads(
         resume=cfg.resume,
     )
     seconds = time.perf_counter() - t0
-    calib_states, _ = _calibration_states(tuned, tokenizer, calib, out, cfg, task, name, read_layers=False)
+    calib_states, _ = _calibration_states(tuned, tokenizer, calib, out, cfg, task, name, layers, read_layers=False)
     calibrate_tree(heads, calib_states, num_nodes=cfg.tree_nodes)
     heads.config.base_adapter = adapter_path(out, adapter_folder)
     record = _training_record(cfg, trainer, seconds, train, calib)
