@@ -640,36 +640,15 @@ def train_eagle(
     )
     t0 = time.perf_counter()
     trainer = fit(
-        drafter,
-        states,
-        output_dir=_trainer_dir(out),
-        num_epochs=cfg.epochs,
-        max_steps=cfg.max_steps,
-        batch_size=cfg.batch_size,
-        max_length=cfg.max_length,
-        learning_rate=cfg.learning_rate,
-        time_budget=cfg.time_budget,
-        final_layer=L,
-        seed=cfg.seed,
-        progress=cfg.progress,
-        save_steps=cfg.save_steps,
-        resume=cfg.resume,
+        drafter, states, output_dir=_trainer_dir(out), max_length=cfg.max_length, final_layer=L, **_schedule(cfg)
     )
     seconds = time.perf_counter() - t0
     calibrate_eagle(drafter, tuned, tokenizer, calib, out, cfg, task, Path(adapter_folder).name)
-    drafter.config.base_adapter = adapter_path(out, adapter_folder)
-    extra = sum(p.numel() for p in drafter.parameters())
     record = _training_record(cfg, trainer, seconds, train, calib)  # before the bf16 cast
-    if is_main_process():
-        drafter.to(torch.bfloat16).save_pretrained(out)
     return {
         **record,
-        "labelled_tokens": int(states.input_ids.numel()),
-        "answers": cfg.answers,
-        "training_prompts": len(records),
-        "adapter_from": str(adapter_folder),
-        "adapter_train_seconds": (info.get("training") or {}).get("train_seconds"),
-        "extra_parameters": extra,
+        **_save_on_lora_model(drafter, out, adapter_folder, info),
+        **_labelled_data(states, records, cfg),
         "calibration": drafter.config.calibration,
     }
 
@@ -708,36 +687,44 @@ def train_medusa_heads(
     greedy = states.topk_ids[states.labels != -100, 0].long()  # the model's own answer tokens (FR-Spec)
     heads.set_draft_vocab(frequent_tokens(greedy, min(cfg.eagle_draft_vocab, vocab), vocab))
     t0 = time.perf_counter()
-    trainer = train_medusa(
-        heads,
-        states,
-        _trainer_dir(out),
-        num_epochs=cfg.epochs,
-        max_steps=cfg.max_steps,
-        batch_size=cfg.batch_size,
-        learning_rate=cfg.learning_rate,
-        time_budget=cfg.time_budget,
-        seed=cfg.seed,
-        progress=cfg.progress,
-        save_steps=cfg.save_steps,
-        resume=cfg.resume,
-    )
+    trainer = train_medusa(heads, states, _trainer_dir(out), **_schedule(cfg))
     seconds = time.perf_counter() - t0
     calib_states, _ = _calibration_states(tuned, tokenizer, calib, out, cfg, task, name, layers, read_layers=False)
     calibrate_tree(heads, calib_states, num_nodes=cfg.tree_nodes)
-    heads.config.base_adapter = adapter_path(out, adapter_folder)
-    record = _training_record(cfg, trainer, seconds, train, calib)
-    if is_main_process():
-        heads.to(torch.bfloat16).save_pretrained(out)
     return {
-        **record,
+        **_training_record(cfg, trainer, seconds, train, calib),
+        **_save_on_lora_model(heads, out, adapter_folder, info),
+        **_labelled_data(states, records, cfg),
+        "calibration": heads.config.calibration,
+    }
+
+
+def _schedule(cfg: DownstreamTrainingConfig) -> dict:
+    """The training schedule of the arms trained on labelled data (the drafters' ``train_*`` keywords)."""
+    names = ("max_steps", "batch_size", "learning_rate", "time_budget", "seed", "progress", "save_steps", "resume")
+    return {"num_epochs": cfg.epochs, **{name: getattr(cfg, name) for name in names}}
+
+
+def _save_on_lora_model(drafter, out: Path, adapter_folder, info: dict) -> dict:
+    """Save a drafter of a ``lora`` folder's model (bfloat16; its config names that folder's adapter relative to
+    ``out``, no copy) and return the record's fields about its base."""
+    drafter.config.base_adapter = adapter_path(out, adapter_folder)
+    extra = sum(p.numel() for p in drafter.parameters())
+    if is_main_process():
+        drafter.to(torch.bfloat16).save_pretrained(out)
+    return {
+        "adapter_from": str(adapter_folder),
+        "adapter_train_seconds": (info.get("training") or {}).get("train_seconds"),
+        "extra_parameters": extra,
+    }
+
+
+def _labelled_data(states, records: list, cfg: DownstreamTrainingConfig) -> dict:
+    """The record's fields about an arm's labelled data."""
+    return {
         "labelled_tokens": int(states.input_ids.numel()),
         "answers": cfg.answers,
         "training_prompts": len(records),
-        "adapter_from": str(adapter_folder),
-        "adapter_train_seconds": (info.get("training") or {}).get("train_seconds"),
-        "extra_parameters": sum(p.numel() for p in heads.parameters()),
-        "calibration": heads.config.calibration,
     }
 
 
