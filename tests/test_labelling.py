@@ -212,7 +212,8 @@ def test_shards_resume(tiny, tmp_path, capsys):
 
 def test_a_labelled_folder_knows_its_data_file_under_another_path(tiny, tmp_path, capsys):
     """The manifest keys a data file by its content too: the same file named from another directory (or copied)
-    resumes the folder; a file with other content is refused, the message naming both."""
+    resumes the folder, also one labelled before fingerprints were recorded (its recorded path is read); a file with
+    other content is refused, the message naming both."""
     model, tok = tiny
     recs = _records(4)
     first, copy, other = tmp_path / "a" / "answers.jsonl", tmp_path / "b" / "answers.jsonl", tmp_path / "other.jsonl"
@@ -222,6 +223,11 @@ def test_a_labelled_folder_knows_its_data_file_under_another_path(tiny, tmp_path
     out = tmp_path / "labels"
     label_conversations(model, tok, recs, out, top_k=2, progress=False, data=str(first))
     label_conversations(model, tok, recs, out, top_k=2, data=str(copy))
+    assert "nothing left to label" in capsys.readouterr().err
+    manifest = json.loads((out / "manifest.json").read_text())  # as written before fingerprints were recorded
+    del manifest["data_fingerprint"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    label_conversations(model, tok, recs, out, top_k=2, data=str(copy))  # the recorded path still reads: compared
     assert "nothing left to label" in capsys.readouterr().err
     with pytest.raises(ValueError, match="data: .*answers.jsonl' there, .*other.jsonl' here"):
         label_conversations(model, tok, recs, out, top_k=2, progress=False, data=str(other))

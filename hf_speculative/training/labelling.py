@@ -128,9 +128,9 @@ def data_fingerprint(data) -> str | None:
 def _changed_settings(manifest: dict, settings: dict) -> list[str]:
     """The checked settings that differ; the data counts as the same when its path differs but its content does not."""
     changed = [k for k in _SETTINGS if manifest.get(k) != settings[k]]
-    same_file = (
-        manifest.get("data_fingerprint") is not None and manifest["data_fingerprint"] == settings["data_fingerprint"]
-    )
+    # a manifest written before fingerprints were recorded: its data file's own, where that path still reads
+    recorded = manifest.get("data_fingerprint") or data_fingerprint(manifest.get("data") or "")
+    same_file = recorded is not None and recorded == settings["data_fingerprint"]
     return [k for k in changed if not (k == "data" and same_file)]
 
 
