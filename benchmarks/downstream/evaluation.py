@@ -77,6 +77,8 @@ def _merged(base, folder: Path, adapter: str = ADAPTER_SUBFOLDER):
 
 #: the methods whose folders decode the model of a ``lora`` folder (base + its adapter), so one loaded copy serves them
 SHARED_TARGET_METHODS = ("lora", "eagle", "medusa")
+#: the methods whose folders hold a trained drafter that ``hybrid-suffix`` merges with SuffixDecoding
+TRAINED_DRAFTER_METHODS = ("medusa2", "eagle", "medusa")
 
 #: transformers' own prompt lookup (a chain of this many tokens), the baseline beside the tree drafters
 HF_PROMPT_LOOKUP_TOKENS = 10
@@ -207,13 +209,12 @@ def load_downstream(
     folder = Path(folder)
     info = read_downstream_info(folder)
     method = info["method"]
-    hybrid_suffix = drafter.startswith("hybrid-suffix") and method in ("medusa2", "eagle", "medusa")
+    hybrid_suffix = drafter.startswith("hybrid-suffix") and method in TRAINED_DRAFTER_METHODS
     gate = drafter != "hybrid-suffix-ungated"  # ungated: the trained drafter drafts for every row on every step
     if drafter != "prompt-lookup" and method != "lora" and not hybrid_suffix:
         raise ValueError(
-            f"--drafter {drafter} applies to a 'lora' folder (and hybrid-suffix to a medusa2, medusa or eagle folder "
-            "too); "
-            f"{folder} drafts with its own {method} drafter"
+            f"--drafter {drafter} applies to a 'lora' folder (and hybrid-suffix to a {', '.join(TRAINED_DRAFTER_METHODS)} "
+            f"folder too); {folder} drafts with its own {method} drafter"
         )
     if pruning_threshold is not None and (method != "streaming" or not (info.get("training") or {}).get("pruning")):
         raise ValueError(
