@@ -171,3 +171,32 @@ def test_cli_train_eagle_labelled_calibrates_its_tree(tmp_path):
     assert drafter.config.training["conversations"] == 7
     assert main([*argv[:-6], "--calibrate-conversations", "0", "--out", str(tmp_path / "plain"), *argv[-6:]]) == 0
     assert not getattr(EagleDrafter.from_pretrained(tmp_path / "plain").config, "calibration", None)  # the control
+
+
+def test_cli_train_eagle_continues_from_a_trained_folder(tmp_path):
+    """``train eagle --init FOLDER`` starts from that drafter's weights and draft vocabulary (not a fresh drafter, not
+    a new vocabulary) and keeps the earlier run's record under ``training["init"]``."""
+    from safetensors.torch import load_file
+
+    from hf_speculative.drafters.eagle import EagleDrafter, eagle3_feature_layers
+
+    model, tok = tiny_chat_model(num_layers=3)
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    layers = (*sorted(set(eagle3_feature_layers(3))), -1)
+    label_conversations(model, tok, _records(10), tmp_path / "shards", top_k=4, layers=layers, progress=False)
+    argv = ["train", "eagle", "--model", str(tmp_path / "m"), "--labelled", str(tmp_path / "shards")]
+    argv += ["--labelled-holdout", "3", "--calibrate-conversations", "0", "--batch-size", "2", "--threads", "1"]
+    argv += ["--device", "cpu", "--max-steps", "3"]
+    assert main([*argv, "--draft-vocab-size", "16", "--out", str(tmp_path / "first")]) == 0
+    # a learning rate too small to move a bfloat16 weight: the continued run saves the first run's weights
+    more = [*argv, "--draft-vocab-size", "32", "--lr", "1e-12", "--init", str(tmp_path / "first")]
+    assert main([*more, "--out", str(tmp_path / "second")]) == 0
+    first, second = load_file(tmp_path / "first" / "model.safetensors"), load_file(tmp_path / "second" / "model.safetensors")
+    assert first.keys() == second.keys() and "d2t" in first
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+    earlier = EagleDrafter.from_pretrained(tmp_path / "first").config.training
+    record = EagleDrafter.from_pretrained(tmp_path / "second").config.training
+    assert record["init"] == earlier and "continued from" in record["method"] and record["steps"] == 3
+    assert EagleDrafter.from_pretrained(tmp_path / "second").config.draft_vocab_size == 16

@@ -545,10 +545,12 @@ def finish_drafter(args, drafter, write_card, report: dict) -> int:
     return finish_folder(args.out, drafter.save_pretrained, lambda out: write_card(drafter, out), report)
 
 
-def finish_shard_drafter(args, drafter, method: str, states, trainer, seconds: float) -> int:
+def finish_shard_drafter(args, drafter, method: str, states, trainer, seconds: float, earlier: dict | None = None) -> int:
     """End of a drafter trained on ``--labelled`` shards in chunks: its ``config.training`` record
-    (`shard_training_report`), then `finish_drafter` with its model card."""
+    (`shard_training_report`; the record of the run it continued, ``earlier``, under ``init``), then `finish_drafter`
+    with its model card."""
     from ..model_card import write_drafter_card
 
-    drafter.config.training = shard_training_report(args, method, states, trainer, seconds)
+    report = shard_training_report(args, method, states, trainer, seconds)
+    drafter.config.training = {**report, "init": earlier} if earlier else report
     return finish_drafter(args, drafter, write_drafter_card, drafter.config.training)

@@ -7,7 +7,17 @@
 
 from __future__ import annotations
 
-from .common import add_shard_training_args, finish_shard_drafter, labelled_states, new_shard_drafter, timed_training
+import sys
+
+from .common import (
+    add_shard_training_args,
+    finish_shard_drafter,
+    frozen_target,
+    labelled_states,
+    new_shard_drafter,
+    setup_torch,
+    timed_training,
+)
 
 
 def add_parser(subparsers) -> None:
@@ -29,6 +39,13 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tree-depth", type=int, default=5)
     p.add_argument("--tree-top-k", type=int, default=4)
     p.add_argument(
+        "--init",
+        default=None,
+        metavar="FOLDER",
+        help="continue from this trained EAGLE folder's weights, its variant and draft vocabulary (a fresh optimizer "
+        "and schedule; --variant and --draft-vocab-size then do not apply)",
+    )
+    p.add_argument(
         "--calibrate-conversations",
         type=int,
         default=40,
@@ -43,9 +60,14 @@ def run(args) -> int:
     from ..drafters.eagle.modeling_eagle import EagleDrafter
     from ..drafters.eagle.training_eagle import calibrate_tree, train_eagle
 
-    draft_vocab_size = args.draft_vocab_size if args.variant == "eagle3" else None
-    names = ("variant", "total_tokens", "tree_depth", "tree_top_k", "feature_noise")
-    drafter = new_shard_drafter(EagleDrafter, args, *names, draft_vocab_size=draft_vocab_size)
+    earlier = None
+    if args.init:
+        drafter, draft_vocab_size = _initial_drafter(EagleDrafter, args), None
+        earlier = getattr(drafter.config, "training", None)
+    else:
+        draft_vocab_size = args.draft_vocab_size if args.variant == "eagle3" else None
+        names = ("variant", "total_tokens", "tree_depth", "tree_top_k", "feature_noise")
+        drafter = new_shard_drafter(EagleDrafter, args, *names, draft_vocab_size=draft_vocab_size)
     L = drafter.num_target_layers
     layers = drafter.config.feature_layers(L)
     # EAGLE-3's draft vocabulary: the most frequent tokens the target produces
@@ -59,11 +81,34 @@ def run(args) -> int:
         held_per_folder=held_per_folder,
     )
     trainer, seconds = timed_training(
-        train_eagle, drafter, states, args, steps=args.ttt_steps, max_length=args.max_length, final_layer=L
+        train_eagle,
+        drafter,
+        states,
+        args,
+        steps=args.ttt_steps,
+        max_length=args.max_length,
+        final_layer=L,
+        scale_fc=not args.init,  # a trained fc keeps its scale
     )
     if held is not None:
         calibrate_tree(drafter, held, args.max_length, conversations=len(held))
-    method = f"{args.variant} on target-labelled shards (KD on the target's top-k" + (
+    method = f"{drafter.config.variant} on target-labelled shards (KD on the target's top-k" + (
         ", training-time test)" if drafter.config.is_eagle3 else ", feature regression)"
     )
-    return finish_shard_drafter(args, drafter, method, states, trainer, seconds)
+    if args.init:
+        method += f", continued from {args.init}"
+    return finish_shard_drafter(args, drafter, method, states, trainer, seconds, earlier=earlier)
+
+
+def _initial_drafter(drafter_class, args):
+    """``--init``: the trained folder's drafter on the `frozen_target`, in float32 for training, trainable, with the
+    earlier run's record kept under ``config.training["init"]`` once this run's record replaces it."""
+    import torch
+
+    setup_torch(args)
+    drafter = drafter_class.from_pretrained(args.init, base_model=frozen_target(args), dtype=torch.float32)
+    drafter.to(args.device).train()
+    for p in drafter.parameters():
+        p.requires_grad_(True)
+    print(f"continuing from {args.init} ({drafter.config.variant})", file=sys.stderr)
+    return drafter
