@@ -192,7 +192,10 @@ def test_cli_train_eagle_continues_from_a_trained_folder(tmp_path):
     # a learning rate too small to move a bfloat16 weight: the continued run saves the first run's weights
     more = [*argv, "--draft-vocab-size", "32", "--lr", "1e-12", "--init", str(tmp_path / "first")]
     assert main([*more, "--out", str(tmp_path / "second")]) == 0
-    first, second = load_file(tmp_path / "first" / "model.safetensors"), load_file(tmp_path / "second" / "model.safetensors")
+    first, second = (
+        load_file(tmp_path / "first" / "model.safetensors"),
+        load_file(tmp_path / "second" / "model.safetensors"),
+    )
     assert first.keys() == second.keys() and "d2t" in first
     for name in first:
         assert torch.equal(first[name], second[name]), name

@@ -545,7 +545,9 @@ def finish_drafter(args, drafter, write_card, report: dict) -> int:
     return finish_folder(args.out, drafter.save_pretrained, lambda out: write_card(drafter, out), report)
 
 
-def finish_shard_drafter(args, drafter, method: str, states, trainer, seconds: float, earlier: dict | None = None) -> int:
+def finish_shard_drafter(
+    args, drafter, method: str, states, trainer, seconds: float, earlier: dict | None = None
+) -> int:
     """End of a drafter trained on ``--labelled`` shards in chunks: its ``config.training`` record
     (`shard_training_report`; the record of the run it continued, ``earlier``, under ``init``), then `finish_drafter`
     with its model card."""
