@@ -150,17 +150,25 @@ def test_cli_train_streaming_labelled(tmp_path):
     assert ss.config.first_msa_layer == 2 and 2 in LabelledShards(tmp_path / "shards").layers
 
 
-def test_cli_train_eagle_labelled_calibrates_its_tree(tmp_path):
-    """``train eagle`` measures its drafter's accuracy per drafting step and rank on the first
-    ``--calibrate-conversations`` held-out conversations of each folder: its default tree is then the cost-aware one."""
-    from hf_speculative.drafters.eagle import EagleDrafter, eagle3_feature_layers
+def _eagle_labelled(tmp_path) -> list[str]:
+    """A tiny 3-layer model saved in ``tmp_path/m``, 10 conversations labelled with EAGLE-3's feature layers in
+    ``tmp_path/shards``; returns the start of a ``train eagle`` command line on them."""
+    from hf_speculative.drafters.eagle import eagle3_feature_layers
 
     model, tok = tiny_chat_model(num_layers=3)
     model.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
     layers = (*sorted(set(eagle3_feature_layers(3))), -1)
     label_conversations(model, tok, _records(10), tmp_path / "shards", top_k=4, layers=layers, progress=False)
-    argv = ["train", "eagle", "--model", str(tmp_path / "m"), "--labelled", str(tmp_path / "shards")]
+    return ["train", "eagle", "--model", str(tmp_path / "m"), "--labelled", str(tmp_path / "shards")]
+
+
+def test_cli_train_eagle_labelled_calibrates_its_tree(tmp_path):
+    """``train eagle`` measures its drafter's accuracy per drafting step and rank on the first
+    ``--calibrate-conversations`` held-out conversations of each folder: its default tree is then the cost-aware one."""
+    from hf_speculative.drafters.eagle import EagleDrafter
+
+    argv = _eagle_labelled(tmp_path)
     argv += ["--labelled-holdout", "3", "--calibrate-conversations", "2", "--out", str(tmp_path / "eagle")]
     argv += ["--draft-vocab-size", "16", "--max-steps", "2", "--batch-size", "2", "--threads", "1", "--device", "cpu"]
     assert main(argv) == 0
@@ -178,14 +186,9 @@ def test_cli_train_eagle_continues_from_a_trained_folder(tmp_path):
     a new vocabulary) and keeps the earlier run's record under ``training["init"]``."""
     from safetensors.torch import load_file
 
-    from hf_speculative.drafters.eagle import EagleDrafter, eagle3_feature_layers
+    from hf_speculative.drafters.eagle import EagleDrafter
 
-    model, tok = tiny_chat_model(num_layers=3)
-    model.save_pretrained(tmp_path / "m")
-    tok.save_pretrained(tmp_path / "m")
-    layers = (*sorted(set(eagle3_feature_layers(3))), -1)
-    label_conversations(model, tok, _records(10), tmp_path / "shards", top_k=4, layers=layers, progress=False)
-    argv = ["train", "eagle", "--model", str(tmp_path / "m"), "--labelled", str(tmp_path / "shards")]
+    argv = _eagle_labelled(tmp_path)
     argv += ["--labelled-holdout", "3", "--calibrate-conversations", "0", "--batch-size", "2", "--threads", "1"]
     argv += ["--device", "cpu", "--max-steps", "3"]
     assert main([*argv, "--draft-vocab-size", "16", "--out", str(tmp_path / "first")]) == 0
