@@ -101,14 +101,12 @@ def run(args) -> int:
 
 
 def _initial_drafter(drafter_class, args):
-    """``--init``: the trained folder's drafter on the `frozen_target`, in float32 for training, trainable, with the
-    earlier run's record kept under ``config.training["init"]`` once this run's record replaces it."""
+    """``--init``: the trained folder's drafter on the `frozen_target`, in float32 for training (its parameters load
+    trainable; the trainer switches it to training mode)."""
     import torch
 
     setup_torch(args)
     drafter = drafter_class.from_pretrained(args.init, base_model=frozen_target(args), dtype=torch.float32)
-    drafter.to(args.device).train()
-    for p in drafter.parameters():
-        p.requires_grad_(True)
+    drafter.to(args.device)
     print(f"continuing from {args.init} ({drafter.config.variant})", file=sys.stderr)
     return drafter
