@@ -82,6 +82,30 @@ def test_direct_bfloat16_rounds_like_linear(direct_available, rows):
     torch.testing.assert_close(got.float(), exact, rtol=2**-7, atol=2**-7 * float(exact.abs().max()))
 
 
+@pytest.mark.parametrize("rows", [1, 2, 16, 17, 32, 33, 70])
+@pytest.mark.parametrize("shape", [(64, 96), (96, 2048), (80, 64)])  # 80 rows of W: not a multiple of 32
+def test_direct_bfloat16_activations_round_like_linear(direct_available, rows, shape):
+    """bfloat16 x against bfloat16 weights: AMX's tiles where the CPU has them (sizes in multiples of 32), the
+    widened product elsewhere; either way float32 sums of the exact products, rounded once."""
+    kernel = kernels.available_kernels(torch.bfloat16).get("direct")
+    assert kernel is not None
+    torch.manual_seed(rows)
+    module = torch.nn.Linear(shape[1], shape[0]).to(torch.bfloat16)
+    x = torch.randn(rows, 2 * shape[1], dtype=torch.bfloat16)[:, : shape[1]]  # a view, not contiguous
+    with torch.no_grad():
+        got = kernels.fast_linear(module, x, kernel)
+        exact = F.linear(x.float(), module.weight.float(), module.bias.float())
+        tiles = kernel._amx_product(module.weight, x, shape[0], None) if kernel.amx else None
+    assert got.dtype == torch.bfloat16 and got.shape == exact.shape
+    torch.testing.assert_close(got.float(), exact, rtol=2**-7, atol=2**-7 * float(exact.abs().max()))
+    if kernel.amx:  # the tiles ran exactly the sizes they fit
+        assert (tiles is not None) == (shape[0] % 32 == 0 and shape[1] % 32 == 0)
+        if tiles is not None:
+            torch.testing.assert_close(
+                tiles + module.bias.float(), exact, rtol=1e-5, atol=1e-4 * float(exact.abs().max())
+            )
+
+
 def test_onednn_bfloat16_close_to_linear():
     kernel = kernels.available_kernels(torch.bfloat16).get("onednn")
     if kernel is None:

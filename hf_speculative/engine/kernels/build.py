@@ -45,10 +45,17 @@ logger = logging.get_logger(__name__)
 
 SOURCE = Path(__file__).with_name("direct_gemm.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
-ABI_VERSION = 1
+ABI_VERSION = 2
 #: seconds a compile may take before it counts as failed
 BUILD_TIMEOUT = 120.0
-SYMBOLS = ("hfs_direct_f32", "hfs_direct_bf16", "hfs_direct_abi_version", "hfs_direct_vector_width")
+SYMBOLS = (
+    "hfs_direct_f32",
+    "hfs_direct_bf16",
+    "hfs_direct_bf16_amx",
+    "hfs_direct_amx",
+    "hfs_direct_abi_version",
+    "hfs_direct_vector_width",
+)
 
 _FAILED: set[str] = set()  # library paths whose build failed in this process: not tried again
 
@@ -194,6 +201,9 @@ def load_direct_gemm(path: str) -> ctypes.CDLL | None:
     for name in ("hfs_direct_f32", "hfs_direct_bf16"):
         getattr(lib, name).argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]
         getattr(lib, name).restype = None
+    lib.hfs_direct_bf16_amx.argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]
+    lib.hfs_direct_bf16_amx.restype = ctypes.c_int
+    lib.hfs_direct_amx.restype = ctypes.c_int
     lib.hfs_direct_abi_version.restype = ctypes.c_int
     lib.hfs_direct_vector_width.restype = ctypes.c_int
     return lib

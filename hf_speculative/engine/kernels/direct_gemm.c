@@ -8,6 +8,8 @@
  *    set), so the whole weight is one sequential stream through memory, prefetched PF_AHEAD elements ahead;
  *    past STREAM_ANY_K rows only while those rows of x fit a core's L1 data cache (STREAM_X_BYTES): each weight
  *    row reads every row of x again, and from L2 that costs more than the x-transposed path's padded tile;
+ *  - 13-24 rows on AVX-512 (32 vector registers): register blocks of 4 rows of x by 6 weight rows, K along the
+ *    lanes, in chunks of BLOCK_KC so a group's chunk and x's stay in L1: 10 loads for 24 FMAs;
  *  - more rows: x is transposed once into a small per-thread buffer (tiles of XT_TILE rows, K x XT_TILE floats
  *    each: a copy of x, not of W), and every weight element, read in place, is broadcast against the two vectors
  *    of a tile: 2 x 6 accumulators, the outer-product tile of a packed GEMM without packing W. Groups of XT_GROUP
@@ -15,9 +17,13 @@
  *    it; up to XT_LEFT_ROWS rows past the last full tile go through the dot-product path on the same group;
  *    bfloat16 groups are widened to float32 (in a per-thread buffer) first.
  *
- * Every product accumulates in float32 (bfloat16 weights are widened exactly); x arrives in float32. Threads
- * (OpenMP, the runtime torch itself loads) split the weight rows. Portable C with GCC/Clang vector extensions (an
- * AVX transpose where the CPU has AVX), compiled with -march=native on the machine that runs it.
+ * bfloat16 x against bfloat16 weights on a CPU with AMX (and a compiler for it) go through AMX's tiles instead
+ * (hfs_direct_bf16_amx): the weight is the tile A in place, x's pairs a small transposed buffer.
+ *
+ * Every product accumulates in float32 (bfloat16 weights are widened exactly); x arrives in float32 (bfloat16 on
+ * the AMX path). Threads (OpenMP, the runtime torch itself loads) split the weight rows. Portable C with GCC/Clang
+ * vector extensions (an AVX transpose where the CPU has AVX; AVX-512 and AMX intrinsics where it has them),
+ * compiled with -march=native on the machine that runs it.
  */
 #include <stdint.h>
 #if defined(__AVX__)
@@ -34,7 +40,7 @@
 #define SMALL_M 12  /* up to this many rows of x: the sequential one-weight-row-at-a-time path */
 #define STREAM_ANY_K 8 /* up to this many rows the sequential path whatever K; from here on only while x fits: */
 #define STREAM_X_BYTES (32 * 1024) /* rows x K of float32 the sequential path may hold (a core's L1 data cache) */
-#define ABI_VERSION 1
+#define ABI_VERSION 2
 #define PF_AHEAD 1024 /* elements of a weight row prefetched ahead on the sequential path */
 
 typedef float vf __attribute__((vector_size(VW * 4)));
@@ -67,6 +73,16 @@ static inline float hsum(vf v) {
     for (int i = 0; i < VW; i++) s += v[i];
     return s;
 }
+/* the sum of v's lanes by a tree of shuffles (independent sums overlap; hsum's chain of scalar adds does not) */
+static inline float hsum_tree(vf v) {
+#if defined(__AVX512F__) && VW == 16
+    __m512 m;
+    memcpy(&m, &v, sizeof m);
+    return _mm512_reduce_add_ps(m);
+#else
+    return hsum(v);
+#endif
+}
 
 /* Rows [0, R) of x (row stride K) against weight rows [0, nr): out[i * ldo + j]. U accumulators per row of x. */
 #define DEFINE_STREAM(NAME, WT, R, U)                                                                     \
@@ -98,6 +114,188 @@ static inline float hsum(vf v) {
         }                                                                                                 \
     }
 
+
+/* ---- the register-blocked path (AVX-512: 32 vector registers) ---- */
+#define BLOCK_NR 6 /* weight rows per block: 6 weight vectors, 4 x 6 accumulators and a row of x fit 32 registers */
+#define BLOCK_MR 4 /* rows of x per block */
+#define BLOCK_KC 256 /* K per chunk: a group's chunk and x's chunk stay in L1 */
+#define BLOCK_PF 256 /* elements of a weight row the first block prefetches ahead */
+#define BLOCK_MIN_ROWS 13 /* the register-blocked path runs BLOCK_MIN_ROWS..BLOCK_ROWS rows (measured on an AVX-512 */
+#define BLOCK_ROWS 24     /* Xeon: past 24 rows the x-transposed tiles are as fast, at 28-32 faster) */
+
+/* rows [0, MR) of x (row stride K) against BLOCK_NR float32 weight rows w[j], over k in [k0, k1) (whole vectors):
+ * K along the lanes, every weight vector loaded once for MR rows of x and every row of x once for BLOCK_NR weight
+ * rows, so a step of VW k's makes MR x BLOCK_NR FMAs from MR + BLOCK_NR loads; the partial sums acc_io[i][j] carry
+ * over from chunk to chunk */
+#define DEFINE_BLOCK(MR)                                                                                  \
+    static void f32_block##MR(const float *x, int64_t K, const float *const *w, int64_t k0, int64_t k1,   \
+                              vf (*acc_io)[BLOCK_NR], int64_t pf) {                                       \
+        vf acc[MR][BLOCK_NR];                                                                             \
+        for (int i = 0; i < MR; i++)                                                                      \
+            for (int j = 0; j < BLOCK_NR; j++) acc[i][j] = acc_io[i][j];                                  \
+        for (int64_t k = k0; k < k1; k += VW) {                                                           \
+            vf wv[BLOCK_NR];                                                                              \
+            for (int j = 0; j < BLOCK_NR; j++) wv[j] = load_f32(w[j] + k);                                \
+            if (pf)                                                                                       \
+                for (int j = 0; j < BLOCK_NR; j++) __builtin_prefetch(w[j] + k + pf);                     \
+            for (int i = 0; i < MR; i++) {                                                                \
+                vf xv = load_f32(x + i * K + k);                                                          \
+                for (int j = 0; j < BLOCK_NR; j++) acc[i][j] += xv * wv[j];                               \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int i = 0; i < MR; i++)                                                                      \
+            for (int j = 0; j < BLOCK_NR; j++) acc_io[i][j] = acc[i][j];                                  \
+    }
+DEFINE_BLOCK(1)
+DEFINE_BLOCK(2)
+DEFINE_BLOCK(3)
+DEFINE_BLOCK(4)
+
+/* every row of x (M <= BLOCK_ROWS) against gn <= BLOCK_NR float32 weight rows Wg (row stride K): y[m, j]. K goes in
+ * chunks of BLOCK_KC, BLOCK_MR rows of x at a time within a chunk, so the group's chunk is read from memory by the
+ * first block and from L1 by the others, and the chunk of x stays in L1 too */
+static void f32_blocks(const float *x, int64_t M, int64_t K, const float *Wg, int gn, float *y, int64_t ldy) {
+    vf acc[BLOCK_ROWS][BLOCK_NR];
+    const float *w[BLOCK_NR];
+    for (int j = 0; j < BLOCK_NR; j++) w[j] = Wg + (j < gn ? j : 0) * K;
+    for (int64_t i = 0; i < M; i++)
+        for (int j = 0; j < BLOCK_NR; j++) acc[i][j] = (vf){0};
+    int64_t kv = K / VW * VW, pf = BLOCK_PF;
+    for (int64_t k0 = 0; k0 < kv; k0 += BLOCK_KC) {
+        int64_t k1 = k0 + BLOCK_KC < kv ? k0 + BLOCK_KC : kv;
+        for (int64_t m = 0; m < M; m += BLOCK_MR) {
+            const float *xm = x + m * K;
+            switch (M - m < BLOCK_MR ? M - m : BLOCK_MR) {
+            case 1: f32_block1(xm, K, w, k0, k1, acc + m, m ? 0 : pf); break;
+            case 2: f32_block2(xm, K, w, k0, k1, acc + m, m ? 0 : pf); break;
+            case 3: f32_block3(xm, K, w, k0, k1, acc + m, m ? 0 : pf); break;
+            default: f32_block4(xm, K, w, k0, k1, acc + m, m ? 0 : pf); break;
+            }
+        }
+    }
+    for (int64_t i = 0; i < M; i++)
+        for (int j = 0; j < gn; j++) {
+            float s = hsum_tree(acc[i][j]);
+            for (int64_t t = kv; t < K; t++) s += x[i * K + t] * w[j][t];
+            y[i * ldy + j] = s;
+        }
+}
+
+static float *scratch(int slot, size_t n);
+
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__linux__)
+/* ---- AMX: bfloat16 x against bfloat16 weights read in place ----
+ * TDPBF16PS multiplies a tile A (16 rows of 32 bfloat16) by a tile B (16 pairs of rows: 16 columns of bfloat16
+ * pairs) into a 16 x 16 float32 tile C: C[m][n] += A[m][2k] B[k][2n] + A[m][2k+1] B[k][2n+1]. A is the weight as
+ * the model holds it (16 weight rows, 32 of K, row stride 2K bytes), so nothing is copied; B is x's pairs
+ * transposed (x[n][2k], x[n][2k+1] at B[k][n]), a small per-call buffer; C[m][n] is y[n][m]. Two weight tiles and
+ * up to two x tiles per step: 8 tile registers. */
+#include <sys/syscall.h>
+#include <unistd.h>
+#define AMX_XROWS 32 /* rows of x per pass (two B tiles) */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* whether this process may use AMX's tile data (Linux asks each process to request it once) */
+static int amx_permitted(void) {
+    static int permitted = -1;
+    if (permitted < 0) permitted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    return permitted;
+}
+
+struct tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+static void amx_configure(void) {
+    struct tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) { /* 0-3: C (2 weight tiles x 2 x tiles), 4-5: A (weight), 6-7: B (x pairs) */
+        c.rows[t] = 16;
+        c.colsb[t] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* rows [0, M) of bfloat16 x (M <= AMX_XROWS, row stride K) into pairs xp[k][n] (uint32: x[n][2k], x[n][2k+1];
+ * nb * 16 columns, zero past M) */
+static void amx_pack(const uint16_t *x, int64_t M, int64_t K, int nb, uint32_t *xp) {
+    for (int64_t k = 0; k < K / 2; k++)
+        for (int64_t n = 0; n < nb * 16; n++) {
+            uint32_t v = 0;
+            if (n < M) memcpy(&v, x + n * K + 2 * k, 4);
+            xp[k * nb * 16 + n] = v;
+        }
+}
+
+/* y[n, n0 + m] for weight rows [n0, n0 + 32) (16 * wt of them) and x rows n < M: the C tiles through a buffer */
+#define AMX_STORE(T, WB, XB)                                                                              \
+    do {                                                                                                  \
+        _tile_stored(T, cbuf, 64);                                                                        \
+        for (int64_t n = (XB) * 16; n < M && n < (XB) * 16 + 16; n++)                                     \
+            for (int m = 0; m < 16; m++) y[n * N + n0 + (WB) * 16 + m] = cbuf[m][n - (XB) * 16];           \
+    } while (0)
+
+/* y[M, N] = x W^T for bfloat16 x and W (N and K multiples of 32, M <= AMX_XROWS); xp: x's pairs (amx_pack) */
+static void amx_pass(const uint32_t *xp, int64_t M, int64_t K, const uint16_t *W, int64_t N, float *y, int threads) {
+    int nb = M > 16 ? 2 : 1;
+    int64_t blocks = N / 32, stride = 2 * K;
+    _Pragma("omp parallel num_threads(threads)") {
+        float cbuf[16][16] __attribute__((aligned(64)));
+        amx_configure();
+        _Pragma("omp for schedule(static)") for (int64_t b = 0; b < blocks; b++) {
+            int64_t n0 = b * 32;
+            const uint16_t *w0 = W + n0 * K, *w1 = w0 + 16 * K;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t k = 0; k < K; k += 32) {
+                for (int r = 0; r < 16; r++) {
+                    __builtin_prefetch(w0 + r * K + k + 256);
+                    __builtin_prefetch(w1 + r * K + k + 256);
+                }
+                _tile_loadd(4, w0 + k, stride);
+                _tile_loadd(5, w1 + k, stride);
+                _tile_loadd(6, xp + (k / 2) * nb * 16, nb * 64);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(2, 5, 6);
+                if (nb == 2) {
+                    _tile_loadd(7, xp + (k / 2) * nb * 16 + 16, nb * 64);
+                    _tile_dpbf16ps(1, 4, 7);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+            }
+            AMX_STORE(0, 0, 0);
+            AMX_STORE(2, 1, 0);
+            if (nb == 2) {
+                AMX_STORE(1, 0, 1);
+                AMX_STORE(3, 1, 1);
+            }
+        }
+        _tile_release();
+    }
+}
+
+static int amx_product(const uint16_t *x, int64_t M, int64_t K, const uint16_t *W, int64_t N, float *y, int threads) {
+    if (N % 32 || K % 32 || M < 1 || !amx_permitted()) return 0;
+    int64_t passes = (M + AMX_XROWS - 1) / AMX_XROWS, rows = (M + passes - 1) / passes;
+    uint32_t *xp = (uint32_t *)scratch(0, (size_t)K / 2 * AMX_XROWS);
+    if (!xp) return 0;
+    for (int64_t m = 0; m < M; m += rows) {
+        int64_t r = M - m < rows ? M - m : rows;
+        amx_pack(x + m * K, r, K, r > 16 ? 2 : 1, xp);
+        amx_pass(xp, r, K, W, N, y + m * N, threads);
+    }
+    return 1;
+}
+#define HAVE_AMX 1
+#else
+#define HAVE_AMX 0
+#endif
 
 /* ---- the x-transposed path ---- */
 #define XT_TILE (2 * VW) /* rows of x per tile */
@@ -221,6 +419,16 @@ static int64_t xt_tiled_rows(int64_t M) {
     return r <= XT_LEFT_ROWS ? M - r : M;
 }
 
+/* whether M rows go through the register-blocked path (AVX-512 only: it needs 32 vector registers) */
+static int blocked_rows(int64_t M) {
+#if VW == 16
+    return M >= BLOCK_MIN_ROWS && M <= BLOCK_ROWS;
+#else
+    (void)M;
+    return 0;
+#endif
+}
+
 #define DEFINE_KERNELS(NAME, WT)                                                                          \
     DEFINE_STREAM(NAME, WT, 1, 4) DEFINE_STREAM(NAME, WT, 2, 4) DEFINE_STREAM(NAME, WT, 3, 4)              \
     DEFINE_STREAM(NAME, WT, 4, 3) DEFINE_STREAM(NAME, WT, 5, 2) DEFINE_STREAM(NAME, WT, 6, 2)              \
@@ -281,9 +489,32 @@ static int64_t xt_tiled_rows(int64_t M) {
         }                                                                                                 \
     }                                                                                                     \
                                                                                                           \
+    /* the register-blocked path: M rows, BLOCK_NR weight rows per group (bfloat16 groups widened first) */        \
+    static void NAME##_blocked(const float *x, int64_t M, int64_t K, const WT *W, int64_t N, float *y, int threads) { \
+        int64_t groups = (N + BLOCK_NR - 1) / BLOCK_NR;                                                   \
+        _Pragma("omp parallel num_threads(threads)") {                                                    \
+            float *wide = sizeof(WT) == 4 ? 0 : scratch(1, BLOCK_NR * K);                                 \
+            _Pragma("omp for schedule(static)") for (int64_t g = 0; g < groups; g++) {                    \
+                int64_t n0 = g * BLOCK_NR, gn = N - n0 < BLOCK_NR ? N - n0 : BLOCK_NR;                    \
+                const float *Wg = (const float *)(W + n0 * K);                                            \
+                if (sizeof(WT) != 4 && !wide) { /* no memory to widen into: the dot-product path */       \
+                    NAME##_stream_rows(M, x, K, W + n0 * K, gn, y + n0, N);                               \
+                    continue;                                                                             \
+                }                                                                                         \
+                if (sizeof(WT) != 4) {                                                                    \
+                    for (int64_t t = 0; t < gn * K; t++) wide[t] = one_##NAME(W[n0 * K + t]);             \
+                    Wg = wide;                                                                            \
+                }                                                                                         \
+                f32_blocks(x, M, K, Wg, (int)gn, y + n0, N);                                              \
+            }                                                                                             \
+        }                                                                                                 \
+    }                                                                                                     \
+                                                                                                          \
     void hfs_direct_##NAME(const float *x, int64_t M, int64_t K, const WT *W, int64_t N, const float *bias,   \
                            float *y, int threads) {                                                       \
-        if (M > SMALL_M || (M > STREAM_ANY_K && M * K * (int64_t)sizeof(float) > STREAM_X_BYTES)) {       \
+        if (blocked_rows(M)) {                                                                            \
+            NAME##_blocked(x, M, K, W, N, y, threads);                                                    \
+        } else if (M > SMALL_M || (M > STREAM_ANY_K && M * K * (int64_t)sizeof(float) > STREAM_X_BYTES)) { \
             int64_t passes = (M + XT_ROWS - 1) / XT_ROWS, rows = (M + passes - 1) / passes; /* even passes */ \
             for (int64_t m = 0; m < M; m += rows)                                                         \
                 NAME##_xt(x + m * K, M - m < rows ? M - m : rows, K, W, N, y + m * N, threads);           \
@@ -302,3 +533,28 @@ static int64_t xt_tiled_rows(int64_t M) {
 
 DEFINE_KERNELS(f32, float)
 DEFINE_KERNELS(bf16, uint16_t)
+
+/* 1 when this build has the AMX path and this process may use AMX's tiles */
+int hfs_direct_amx(void) {
+#if HAVE_AMX
+    return amx_permitted();
+#else
+    return 0;
+#endif
+}
+
+/* y[M, N] = x[M, K] W[N, K]^T (+ bias) with x and W in bfloat16 through AMX: 1 when done, 0 when this build or
+ * process has no AMX or N or K is not a multiple of 32 (the caller then widens x and calls hfs_direct_bf16) */
+int hfs_direct_bf16_amx(const uint16_t *x, int64_t M, int64_t K, const uint16_t *W, int64_t N, const float *bias,
+                        float *y, int threads) {
+#if HAVE_AMX
+    if (!amx_product(x, M, K, W, N, y, threads)) return 0;
+    if (bias)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t j = 0; j < N; j++) y[m * N + j] += bias[j];
+    return 1;
+#else
+    (void)x; (void)M; (void)K; (void)W; (void)N; (void)bias; (void)y; (void)threads;
+    return 0;
+#endif
+}

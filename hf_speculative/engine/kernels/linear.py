@@ -93,6 +93,8 @@ class DirectKernel(LinearKernel):
 
     def __init__(self, lib):
         self.lib = lib
+        #: bfloat16 x against bfloat16 weights run on AMX's tiles (a CPU with AMX-BF16 that lets this process use them)
+        self.amx = bool(lib.hfs_direct_amx())
 
     def supports(self, weight: torch.Tensor) -> bool:
         return (
@@ -103,8 +105,26 @@ class DirectKernel(LinearKernel):
         )
 
     def product(self, prepared, x, n, bias):
+        if self.amx and prepared.dtype == torch.bfloat16 and x.dtype == torch.bfloat16:
+            y = self._amx_product(prepared, x, n, bias)
+            if y is not None:
+                return y.to(torch.bfloat16)
         y = self._float32_product(prepared, x, n, bias)
         return y if prepared.dtype == torch.float32 else y.to(prepared.dtype)
+
+    def _amx_product(self, prepared, x, n, bias) -> torch.Tensor | None:
+        """bfloat16 ``x`` against bfloat16 weights through AMX's tiles, the weight read in place (float32 sums of
+        exact products); None where the sizes do not fit the tiles (32 | n and 32 | in_features)."""
+        k = x.shape[-1]
+        rows = x.numel() // k if k else 0
+        if not rows or n % 32 or k % 32:
+            return None
+        x = x.contiguous()
+        if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+            bias = bias.float().contiguous()
+        y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
+        args = (x.data_ptr(), rows, k, prepared.data_ptr(), n, None if bias is None else bias.data_ptr())
+        return y if self.lib.hfs_direct_bf16_amx(*args, y.data_ptr(), torch.get_num_threads()) else None
 
     def _float32_product(self, prepared, x, n, bias) -> torch.Tensor:
         """``x @ W^T + bias`` in float32 (products accumulate in float32 whatever the weight's dtype)."""
@@ -184,6 +204,8 @@ VERIFY_SHAPES = (
     (20, 70, 517, True),
     (27, 29, 200, False),
     (64, 50, 333, True),
+    (17, 64, 96, True),  # multiples of 32: AMX's tiles where the CPU has them
+    (40, 96, 64, False),  # two passes of x through the tiles
 )
 #: largest |kernel - reference| allowed, relative to the reference's largest |value|: float32 summation order only
 VERIFY_TOLERANCE = 1e-4
