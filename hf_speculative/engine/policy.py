@@ -38,6 +38,7 @@ from .kernels.linear import (
     kernel_table_path,
     linear_layers,
     measure_kernel_table,
+    memory_bound_sample_bytes,
     read_kernel_table,
 )
 from .step_pricing import PRICING_ENV, StepPricer
@@ -57,7 +58,8 @@ KERNELS_ENV = "HF_SPECULATIVE_KERNELS"
 RESCAN_EVERY = 256
 #: models with fewer linear-weight bytes than this get the default table (too small to time meaningfully)
 MEASURE_MIN_BYTES = 8 * 2**20
-#: weight bytes the quick measurement at ``enable`` times (more than a CPU's last-level cache: memory-bound, as a step)
+#: weight bytes the quick measurement at ``enable`` times at least; more where the CPU's last-level cache would hold
+#: them (`hf_speculative.engine.kernels.linear.memory_bound_sample_bytes`: memory-bound, as a step)
 MEASURE_SAMPLE_BYTES = 40 * 2**20
 
 
@@ -168,7 +170,7 @@ class SpeedPolicy:
                 model,
                 ROW_BUCKETS,
                 repeats=3,
-                budget_bytes=MEASURE_SAMPLE_BYTES,
+                budget_bytes=memory_bound_sample_bytes(MEASURE_SAMPLE_BYTES),
                 seconds=self.measure_seconds,
                 kernels=kernels,
             )

@@ -334,6 +334,32 @@ def native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+@functools.lru_cache(maxsize=None)
+def last_level_cache_bytes() -> int | None:
+    """The largest CPU cache this machine reports (``/sys/devices/system/cpu/cpu0/cache``), in bytes; None when it
+    reports none. A virtual machine may report its host's whole cache (hundreds of MiB)."""
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = entry.read_text().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes) if sizes else None
+
+
+def memory_bound_sample_bytes(least: int) -> int:
+    """Weight bytes a kernel measurement must stream for its products to come from memory, as a decoding step's do:
+    twice the last-level cache (`last_level_cache_bytes`), at least ``least``. A sample the cache holds times the
+    kernels' arithmetic, not their reads: on a CPU whose cache held the 40 MiB sample, the one-row choice between
+    two kernels that stream at different speeds came out either way."""
+    cache = last_level_cache_bytes()
+    return max(least, 2 * cache) if cache else least
+
+
 def default_kernel_table(dtype: torch.dtype, kernels: dict[str, LinearKernel]) -> KernelTable:
     """The table when nothing was measured (a model too small to time, or measuring turned off): the direct kernel
     up to 64 rows where it runs ``dtype``, torch's otherwise."""
@@ -384,6 +410,31 @@ def _time_stack(kernel: LinearKernel, prepared: list, linears: list, inputs: dic
     return time.perf_counter() - start
 
 
+#: timed rounds of the one-row bucket at least, whatever the time limit
+ONE_ROW_ROUNDS = 5
+#: a kernel replaces torch's own only when at least this much faster (a tie keeps what plain ``generate()`` runs)
+MARGIN = 0.02
+
+
+def _time_bucket(b: int, round_: int, kernels: dict, prepared: dict, linears: list, best: dict, gen) -> None:
+    """One round of bucket ``b``: every kernel once, the order turned every other round; round 0 warms up."""
+    dtype = linears[0].weight.dtype
+    inputs = {f: torch.randn(b, f, generator=gen).to(dtype) for f in {m.in_features for m in linears}}
+    names = list(kernels) if round_ % 2 else list(reversed(kernels))
+    for n in names:
+        elapsed = _time_stack(kernels[n], prepared[n], linears, inputs)
+        if round_:
+            best[n][b] = min(best[n][b], elapsed * 1e3)
+
+
+def _fastest(best: dict, b: int) -> str:
+    """The fastest kernel at bucket ``b``; torch's own unless another beats it by `MARGIN`."""
+    name = min(best, key=lambda n: best[n][b])
+    if "torch" in best and best[name][b] > (1 - MARGIN) * best["torch"][b]:
+        return "torch"
+    return name
+
+
 @torch.no_grad()
 def measure_kernel_table(
     model,
@@ -395,8 +446,10 @@ def measure_kernel_table(
 ) -> KernelTable:
     """Time every kernel of ``kernels`` (default: `available_kernels` of the model's dtype) on the model's own linear
     layers (the first ``budget_bytes`` of weights, in order) at each row count; best of ``repeats``, kernels
-    interleaved per round; rounds stop early once ``seconds`` have passed (after the warm-up and one timed round).
-    The table picks the fastest. A kernel that copies weights times its copies of the sample only (freed on return)."""
+    interleaved per round in an order turned every round. Round 0 warms up on the smallest bucket; no round starts
+    that would end past ``seconds`` (one timed round at least), but the one-row bucket gets `ONE_ROW_ROUNDS` timed
+    rounds. The table picks the fastest, torch's own unless another beats it by `MARGIN`. A kernel that copies
+    weights times its copies of the sample only (freed on return)."""
     linears = _sample_layers(model, budget_bytes)
     dtype = linears[0].weight.dtype if linears else torch.float32
     kernels = kernels if kernels is not None else available_kernels(dtype)
@@ -405,16 +458,16 @@ def measure_kernel_table(
     best = {n: {b: float("inf") for b in buckets} for n in kernels}
     gen = torch.Generator().manual_seed(0)
     began = time.perf_counter()
-    for round_ in range(repeats + 1):  # round 0 warms up
-        for b in buckets:
-            inputs = {f: torch.randn(b, f, generator=gen).to(dtype) for f in {m.in_features for m in linears}}
-            for n, kernel in kernels.items():
-                elapsed = _time_stack(kernel, prepared[n], linears, inputs)
-                if round_:
-                    best[n][b] = min(best[n][b], elapsed * 1e3)
-        if round_ and seconds is not None and time.perf_counter() - began > seconds:
+    for round_ in range(repeats + 1):  # round 0 warms up, on the smallest bucket (a pass over a large sample is long)
+        start = time.perf_counter()
+        for b in buckets[:1] if round_ == 0 else buckets:
+            _time_bucket(b, round_, kernels, prepared, linears, best, gen)
+        now = time.perf_counter()
+        if round_ and seconds is not None and now - began + (now - start) > seconds:  # no round past the limit
             break
-    choice = {b: min(kernels, key=lambda n: best[n][b]) for b in buckets}
+    for extra in range(round_ + 1, ONE_ROW_ROUNDS + 1) if 1 in buckets else ():  # one row (a one-token step): cheap
+        _time_bucket(1, extra, kernels, prepared, linears, best, gen)
+    choice = {b: _fastest(best, b) for b in buckets}
     size = sum(m.weight.nbytes for m in linears)
     meta = {
         "dtype": str(dtype).replace("torch.", ""),
