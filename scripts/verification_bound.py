@@ -1,7 +1,9 @@
 """How cheap a 17-row verification forward can be on this CPU: the linear layers of 8 decoder layers of Qwen2.5-0.5B
 and Llama-3.2-1B (random float32 weights, a fresh weight per layer so that every pass reads them from memory, as
 decoding does) through the engine's direct kernel and torch's ``F.linear``, per row count, beside the CPU's float32
-peak on a large square product (whose operands stay in cache). Best of 5 passes each.
+peak on a large square product (whose operands stay in cache). Best of 5 passes each. ``--dtype bfloat16``:
+bfloat16 weights and activations, a bfloat16 model's products (AMX's tiles where the CPU has them); the floor
+printed stays float32's.
 
 The floor printed per shape: the 17-row pass at that peak, over the one-row pass as measured. A 16-node tree (17
 rows) cannot cost less than that many one-token steps in its linear layers, whatever the kernel.
@@ -57,28 +59,31 @@ def main() -> None:
     p.add_argument("--rows", default="1,17")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights and activations")
     args = p.parse_args()
+    dtype = getattr(torch, args.dtype)
     torch.set_num_threads(args.threads)
     rows = sorted({1, 17, *(int(r) for r in args.rows.split(","))})
     build_direct_gemm()
-    direct = available_kernels(torch.float32).get("direct")  # built, loaded and checked against F.linear
+    direct = available_kernels(dtype).get("direct")  # built, loaded and checked against F.linear
     peak = square_peak()
     print(f"{machine_description()}; float32 peak on a 1024 x 1024 x 1024 product: {peak / 1e9:.0f} GFLOP/s")
     for name, shapes in SHAPES.items():
-        layers = [[torch.randn(o, i) for i, o in shapes] for _ in range(args.layers)]
+        layers = [[torch.randn(o, i).to(dtype) for i, o in shapes] for _ in range(args.layers)]
         params = sum(w.numel() for layer in layers for w in layer)
+        width = layers[0][0].element_size()
         kernels = {"torch": lambda x, w: F.linear(x, w)}
         if direct is not None:
             kernels["direct"] = lambda x, w: direct.product(w, x, w.shape[0], None)
         one_row = {}
         for m in rows:
-            xs = {i: torch.randn(m, i) for i, _ in shapes}
+            xs = {i: torch.randn(m, i).to(dtype) for i, _ in shapes}
             for kernel, product in kernels.items():
                 seconds = best_seconds(functools.partial(one_pass, product, xs, layers))
                 one_row.setdefault(kernel, seconds)
                 print(
                     f"{name} {kernel:6s} {m:3d} rows: {seconds * 1e3:7.1f} ms ({seconds / one_row[kernel]:.2f}x one row), "
-                    f"{2 * m * params / seconds / 1e9:4.0f} GFLOP/s, {4 * params / seconds / 1e9:5.1f} GB/s of weights"
+                    f"{2 * m * params / seconds / 1e9:4.0f} GFLOP/s, {width * params / seconds / 1e9:5.1f} GB/s of weights"
                 )
         fastest_row = min(one_row.values())
         floor = 2 * 17 * params / peak
