@@ -188,11 +188,12 @@ static float *scratch(int slot, size_t n);
  * TDPBF16PS multiplies a tile A (16 rows of 32 bfloat16) by a tile B (16 pairs of rows: 16 columns of bfloat16
  * pairs) into a 16 x 16 float32 tile C: C[m][n] += A[m][2k] B[k][2n] + A[m][2k+1] B[k][2n+1]. A is the weight as
  * the model holds it (16 weight rows, 32 of K, row stride 2K bytes), so nothing is copied; B is x's pairs
- * transposed (x[n][2k], x[n][2k+1] at B[k][n]), a small per-call buffer; C[m][n] is y[n][m]. Two weight tiles and
- * up to two x tiles per step: 8 tile registers. */
+ * transposed (x[n][2k], x[n][2k+1] at B[k][n]), a small per-call buffer; C[m][n] is y[n][m]. Up to 32 rows of x:
+ * two weight tiles and up to two x tiles per step; 33-64 rows: one weight tile and up to four x tiles (a 32-node
+ * tree's 33 rows read the weights once). */
 #include <sys/syscall.h>
 #include <unistd.h>
-#define AMX_XROWS 32 /* rows of x per pass (two B tiles) */
+#define AMX_XROWS 64 /* rows of x per pass (four B tiles) */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
@@ -231,7 +232,7 @@ static void amx_pack(const uint16_t *x, int64_t M, int64_t K, int nb, uint32_t *
         }
 }
 
-/* y[n, n0 + m] for weight rows [n0, n0 + 32) (16 * wt of them) and x rows n < M: the C tiles through a buffer */
+/* y[n, n0 + 16 WB + m] for the weight tile WB and x tile XB (x rows n < M): the C tile T through a buffer */
 #define AMX_STORE(T, WB, XB)                                                                              \
     do {                                                                                                  \
         _tile_stored(T, cbuf, 64);                                                                        \
@@ -280,6 +281,46 @@ static void amx_pass(const uint32_t *xp, int64_t M, int64_t K, const uint16_t *W
     }
 }
 
+/* y[M, N] = x W^T for 33-64 rows of x (N and K multiples of 32): one weight tile a step against three or four x tiles
+ * (C: tiles 0-3, A: 4, B: 6 and 7 in turn) */
+static void amx_pass_wide(const uint32_t *xp, int64_t M, int64_t K, const uint16_t *W, int64_t N, float *y,
+                          int threads) {
+    int nb = (int)((M + 15) / 16);
+    int64_t blocks = N / 16, stride = 2 * K;
+    _Pragma("omp parallel num_threads(threads)") {
+        float cbuf[16][16] __attribute__((aligned(64)));
+        amx_configure();
+        _Pragma("omp for schedule(static)") for (int64_t b = 0; b < blocks; b++) {
+            int64_t n0 = b * 16;
+            const uint16_t *w0 = W + n0 * K;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t k = 0; k < K; k += 32) {
+                const uint32_t *xk = xp + (k / 2) * nb * 16;
+                for (int r = 0; r < 16; r++) __builtin_prefetch(w0 + r * K + k + 256);
+                _tile_loadd(4, w0 + k, stride);
+                _tile_loadd(6, xk, nb * 64);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_loadd(7, xk + 16, nb * 64);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_loadd(6, xk + 32, nb * 64);
+                _tile_dpbf16ps(2, 4, 6);
+                if (nb == 4) {
+                    _tile_loadd(7, xk + 48, nb * 64);
+                    _tile_dpbf16ps(3, 4, 7);
+                }
+            }
+            AMX_STORE(0, 0, 0);
+            AMX_STORE(1, 0, 1);
+            AMX_STORE(2, 0, 2);
+            if (nb == 4) AMX_STORE(3, 0, 3);
+        }
+        _tile_release();
+    }
+}
+
 static int amx_product(const uint16_t *x, int64_t M, int64_t K, const uint16_t *W, int64_t N, float *y, int threads) {
     if (N % 32 || K % 32 || M < 1 || !amx_permitted()) return 0;
     int64_t passes = (M + AMX_XROWS - 1) / AMX_XROWS, rows = (M + passes - 1) / passes;
@@ -287,8 +328,11 @@ static int amx_product(const uint16_t *x, int64_t M, int64_t K, const uint16_t *
     if (!xp) return 0;
     for (int64_t m = 0; m < M; m += rows) {
         int64_t r = M - m < rows ? M - m : rows;
-        amx_pack(x + m * K, r, K, r > 16 ? 2 : 1, xp);
-        amx_pass(xp, r, K, W, N, y + m * N, threads);
+        amx_pack(x + m * K, r, K, (int)((r + 15) / 16), xp);
+        if (r > 32)
+            amx_pass_wide(xp, r, K, W, N, y + m * N, threads);
+        else
+            amx_pass(xp, r, K, W, N, y + m * N, threads);
     }
     return 1;
 }
