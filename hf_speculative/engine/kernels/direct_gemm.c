@@ -240,82 +240,78 @@ static void amx_pack(const uint16_t *x, int64_t M, int64_t K, int nb, uint32_t *
             for (int m = 0; m < 16; m++) y[n * N + n0 + (WB) * 16 + m] = cbuf[m][n - (XB) * 16];           \
     } while (0)
 
-/* y[M, N] = x W^T for bfloat16 x and W (N and K multiples of 32, M <= AMX_XROWS); xp: x's pairs (amx_pack) */
-static void amx_pass(const uint32_t *xp, int64_t M, int64_t K, const uint16_t *W, int64_t N, float *y, int threads) {
-    int nb = M > 16 ? 2 : 1;
-    int64_t blocks = N / 32, stride = 2 * K;
-    _Pragma("omp parallel num_threads(threads)") {
-        float cbuf[16][16] __attribute__((aligned(64)));
-        amx_configure();
-        _Pragma("omp for schedule(static)") for (int64_t b = 0; b < blocks; b++) {
-            int64_t n0 = b * 32;
-            const uint16_t *w0 = W + n0 * K, *w1 = w0 + 16 * K;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-            for (int64_t k = 0; k < K; k += 32) {
-                for (int r = 0; r < 16; r++) {
-                    __builtin_prefetch(w0 + r * K + k + 256);
-                    __builtin_prefetch(w1 + r * K + k + 256);
-                }
-                _tile_loadd(4, w0 + k, stride);
-                _tile_loadd(5, w1 + k, stride);
-                _tile_loadd(6, xp + (k / 2) * nb * 16, nb * 64);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(2, 5, 6);
-                if (nb == 2) {
-                    _tile_loadd(7, xp + (k / 2) * nb * 16 + 16, nb * 64);
-                    _tile_dpbf16ps(1, 4, 7);
-                    _tile_dpbf16ps(3, 5, 7);
-                }
-            }
-            AMX_STORE(0, 0, 0);
-            AMX_STORE(2, 1, 0);
-            if (nb == 2) {
-                AMX_STORE(1, 0, 1);
-                AMX_STORE(3, 1, 1);
-            }
+/* the weight rows [n0, n0 + 32) against up to two x tiles (nb <= 2): two weight tiles a step (C: tiles 0-3, A: 4
+ * and 5, B: 6 and 7) */
+static inline void amx_block2(const uint32_t *xp, int nb, int64_t M, int64_t K, const uint16_t *W, int64_t N,
+                              int64_t n0, float *y, float (*cbuf)[16]) {
+    const uint16_t *w0 = W + n0 * K, *w1 = w0 + 16 * K;
+    for (int64_t k = 0; k < K; k += 32) {
+        for (int r = 0; r < 16; r++) {
+            __builtin_prefetch(w0 + r * K + k + 256);
+            __builtin_prefetch(w1 + r * K + k + 256);
         }
-        _tile_release();
+        _tile_loadd(4, w0 + k, 2 * K);
+        _tile_loadd(5, w1 + k, 2 * K);
+        _tile_loadd(6, xp + (k / 2) * nb * 16, nb * 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(2, 5, 6);
+        if (nb == 2) {
+            _tile_loadd(7, xp + (k / 2) * nb * 16 + 16, nb * 64);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    AMX_STORE(0, 0, 0);
+    AMX_STORE(2, 1, 0);
+    if (nb == 2) {
+        AMX_STORE(1, 0, 1);
+        AMX_STORE(3, 1, 1);
     }
 }
 
-/* y[M, N] = x W^T for 33-64 rows of x (N and K multiples of 32): one weight tile a step against three or four x tiles
- * (C: tiles 0-3, A: 4, B: 6 and 7 in turn) */
-static void amx_pass_wide(const uint32_t *xp, int64_t M, int64_t K, const uint16_t *W, int64_t N, float *y,
-                          int threads) {
-    int nb = (int)((M + 15) / 16);
-    int64_t blocks = N / 16, stride = 2 * K;
+/* the weight rows [n0, n0 + 16) against three or four x tiles: one weight tile a step (C: tiles 0-3, A: 4, B: 6 and
+ * 7 in turn) */
+static inline void amx_block1(const uint32_t *xp, int nb, int64_t M, int64_t K, const uint16_t *W, int64_t N,
+                              int64_t n0, float *y, float (*cbuf)[16]) {
+    const uint16_t *w0 = W + n0 * K;
+    for (int64_t k = 0; k < K; k += 32) {
+        const uint32_t *xk = xp + (k / 2) * nb * 16;
+        for (int r = 0; r < 16; r++) __builtin_prefetch(w0 + r * K + k + 256);
+        _tile_loadd(4, w0 + k, 2 * K);
+        _tile_loadd(6, xk, nb * 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, xk + 16, nb * 64);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(6, xk + 32, nb * 64);
+        _tile_dpbf16ps(2, 4, 6);
+        if (nb == 4) {
+            _tile_loadd(7, xk + 48, nb * 64);
+            _tile_dpbf16ps(3, 4, 7);
+        }
+    }
+    AMX_STORE(0, 0, 0);
+    AMX_STORE(1, 0, 1);
+    AMX_STORE(2, 0, 2);
+    if (nb == 4) AMX_STORE(3, 0, 3);
+}
+
+/* y[M, N] = x W^T for bfloat16 x and W (N and K multiples of 32, M <= AMX_XROWS); xp: x's pairs (amx_pack). Up to 32
+ * rows of x: blocks of 32 weight rows; more: blocks of 16, so the weights are read once either way */
+static void amx_pass(const uint32_t *xp, int64_t M, int64_t K, const uint16_t *W, int64_t N, float *y, int threads) {
+    int nb = (int)((M + 15) / 16), width = nb > 2 ? 16 : 32;
+    int64_t blocks = N / width;
     _Pragma("omp parallel num_threads(threads)") {
         float cbuf[16][16] __attribute__((aligned(64)));
         amx_configure();
         _Pragma("omp for schedule(static)") for (int64_t b = 0; b < blocks; b++) {
-            int64_t n0 = b * 16;
-            const uint16_t *w0 = W + n0 * K;
             _tile_zero(0);
             _tile_zero(1);
             _tile_zero(2);
             _tile_zero(3);
-            for (int64_t k = 0; k < K; k += 32) {
-                const uint32_t *xk = xp + (k / 2) * nb * 16;
-                for (int r = 0; r < 16; r++) __builtin_prefetch(w0 + r * K + k + 256);
-                _tile_loadd(4, w0 + k, stride);
-                _tile_loadd(6, xk, nb * 64);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_loadd(7, xk + 16, nb * 64);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_loadd(6, xk + 32, nb * 64);
-                _tile_dpbf16ps(2, 4, 6);
-                if (nb == 4) {
-                    _tile_loadd(7, xk + 48, nb * 64);
-                    _tile_dpbf16ps(3, 4, 7);
-                }
-            }
-            AMX_STORE(0, 0, 0);
-            AMX_STORE(1, 0, 1);
-            AMX_STORE(2, 0, 2);
-            if (nb == 4) AMX_STORE(3, 0, 3);
+            if (nb > 2)
+                amx_block1(xp, nb, M, K, W, N, b * width, y, cbuf);
+            else
+                amx_block2(xp, nb, M, K, W, N, b * width, y, cbuf);
         }
         _tile_release();
     }
@@ -329,10 +325,7 @@ static int amx_product(const uint16_t *x, int64_t M, int64_t K, const uint16_t *
     for (int64_t m = 0; m < M; m += rows) {
         int64_t r = M - m < rows ? M - m : rows;
         amx_pack(x + m * K, r, K, (int)((r + 15) / 16), xp);
-        if (r > 32)
-            amx_pass_wide(xp, r, K, W, N, y + m * N, threads);
-        else
-            amx_pass(xp, r, K, W, N, y + m * N, threads);
+        amx_pass(xp, r, K, W, N, y + m * N, threads);
     }
     return 1;
 }
@@ -504,54 +497,54 @@ static int blocked_rows(int64_t M) {
             NAME##_stream(M - m < SMALL_M ? M - m : SMALL_M, x + m * K, K, W, nr, out + m * ldo, ldo);    \
     }                                                                                                     \
                                                                                                           \
+    /* weight rows [n0, n0 + gn) as float32: W's own, or (bfloat16) widened into wide; NULL without that buffer */ \
+    static const float *NAME##_group(const WT *W, int64_t n0, int64_t gn, int64_t K, float *wide) {          \
+        if (sizeof(WT) == 4) return (const float *)(W + n0 * K);                                          \
+        if (!wide) return 0;                                                                              \
+        for (int64_t t = 0; t < gn * K; t++) wide[t] = one_##NAME(W[n0 * K + t]);                         \
+        return wide;                                                                                      \
+    }                                                                                                     \
+                                                                                                          \
+    /* the weight rows in groups of `width` over the threads, each group as float32 (bfloat16 widened into a\
+     * per-thread buffer): the x-transposed tiles when xt is given (Mt rows of x packed into it first), else the\
+     * register blocks; a group with no buffer to widen into goes through the dot-product path */         \
+    static void NAME##_grouped(const float *x, int64_t M, int64_t K, const WT *W, int64_t N, float *y, int threads,\
+                               int64_t width, float *xt, int64_t Mt) {                                    \
+        int64_t groups = (N + width - 1) / width;                                                         \
+        _Pragma("omp parallel num_threads(threads)") {                                                    \
+            float *wide = sizeof(WT) == 4 ? 0 : scratch(1, width * K);                                    \
+            if (xt) {                                                                                     \
+                _Pragma("omp for schedule(static)") for (int64_t k = 0; k < K; k += 8) xt_pack(x, Mt, K, k, xt);\
+            }                                                                                             \
+            _Pragma("omp for schedule(static)") for (int64_t g = 0; g < groups; g++) {                    \
+                int64_t n0 = g * width, gn = N - n0 < width ? N - n0 : width;                             \
+                const float *Wg = NAME##_group(W, n0, gn, K, wide);                                       \
+                if (!Wg) {                                                                                \
+                    NAME##_stream_rows(M, x, K, W + n0 * K, gn, y + n0, N);                               \
+                } else if (!xt) {                                                                         \
+                    f32_blocks(x, M, K, Wg, (int)gn, y + n0, N);                                          \
+                } else {                                                                                  \
+                    xt_group(xt, Mt, K, Wg, gn, y + n0, N);                                               \
+                    if (Mt < M) f32_stream(M - Mt, x + Mt * K, K, Wg, gn, y + Mt * N + n0, N);            \
+                }                                                                                         \
+            }                                                                                             \
+        }                                                                                                 \
+    }                                                                                                     \
+                                                                                                          \
     /* the x-transposed path: M rows (up to XT_ROWS) */                                                 \
     static void NAME##_xt(const float *x, int64_t M, int64_t K, const WT *W, int64_t N, float *y, int threads) { \
-        int64_t Mt = xt_tiled_rows(M), groups = (N + XT_GROUP - 1) / XT_GROUP;                            \
+        int64_t Mt = xt_tiled_rows(M);                                                                    \
         float *xt = scratch(0, (Mt + XT_TILE - 1) / XT_TILE * XT_TILE * K);                               \
         if (!xt) { /* no memory for x transposed: the dot-product path */                                 \
             NAME##_stream_rows(M, x, K, W, N, y, N);                                                      \
             return;                                                                                       \
         }                                                                                                 \
-        _Pragma("omp parallel num_threads(threads)") {                                                    \
-            float *wide = sizeof(WT) == 4 ? 0 : scratch(1, XT_GROUP * K);                                 \
-            _Pragma("omp for schedule(static)") for (int64_t k = 0; k < K; k += 8)                        \
-                xt_pack(x, Mt, K, k, xt);                                                                 \
-            _Pragma("omp for schedule(static)") for (int64_t g = 0; g < groups; g++) {                    \
-                int64_t n0 = g * XT_GROUP, gn = N - n0 < XT_GROUP ? N - n0 : XT_GROUP;                    \
-                const float *Wg = (const float *)(W + n0 * K);                                            \
-                if (sizeof(WT) != 4 && !wide) { /* no memory to widen into: the dot-product path */       \
-                    NAME##_stream_rows(M, x, K, W + n0 * K, gn, y + n0, N);                               \
-                    continue;                                                                             \
-                }                                                                                         \
-                if (sizeof(WT) != 4) {                                                                    \
-                    for (int64_t t = 0; t < gn * K; t++) wide[t] = one_##NAME(W[n0 * K + t]);             \
-                    Wg = wide;                                                                            \
-                }                                                                                         \
-                xt_group(xt, Mt, K, Wg, gn, y + n0, N);                                                   \
-                if (Mt < M) f32_stream(M - Mt, x + Mt * K, K, Wg, gn, y + Mt * N + n0, N);                \
-            }                                                                                             \
-        }                                                                                                 \
+        NAME##_grouped(x, M, K, W, N, y, threads, XT_GROUP, xt, Mt);                                      \
     }                                                                                                     \
                                                                                                           \
-    /* the register-blocked path: M rows, BLOCK_NR weight rows per group (bfloat16 groups widened first) */        \
-    static void NAME##_blocked(const float *x, int64_t M, int64_t K, const WT *W, int64_t N, float *y, int threads) { \
-        int64_t groups = (N + BLOCK_NR - 1) / BLOCK_NR;                                                   \
-        _Pragma("omp parallel num_threads(threads)") {                                                    \
-            float *wide = sizeof(WT) == 4 ? 0 : scratch(1, BLOCK_NR * K);                                 \
-            _Pragma("omp for schedule(static)") for (int64_t g = 0; g < groups; g++) {                    \
-                int64_t n0 = g * BLOCK_NR, gn = N - n0 < BLOCK_NR ? N - n0 : BLOCK_NR;                    \
-                const float *Wg = (const float *)(W + n0 * K);                                            \
-                if (sizeof(WT) != 4 && !wide) { /* no memory to widen into: the dot-product path */       \
-                    NAME##_stream_rows(M, x, K, W + n0 * K, gn, y + n0, N);                               \
-                    continue;                                                                             \
-                }                                                                                         \
-                if (sizeof(WT) != 4) {                                                                    \
-                    for (int64_t t = 0; t < gn * K; t++) wide[t] = one_##NAME(W[n0 * K + t]);             \
-                    Wg = wide;                                                                            \
-                }                                                                                         \
-                f32_blocks(x, M, K, Wg, (int)gn, y + n0, N);                                              \
-            }                                                                                             \
-        }                                                                                                 \
+    /* the register-blocked path: M rows, BLOCK_NR weight rows per group */                               \
+    static void NAME##_blocked(const float *x, int64_t M, int64_t K, const WT *W, int64_t N, float *y, int threads) {\
+        NAME##_grouped(x, M, K, W, N, y, threads, BLOCK_NR, 0, M);                                        \
     }                                                                                                     \
                                                                                                           \
     void hfs_direct_##NAME(const float *x, int64_t M, int64_t K, const WT *W, int64_t N, const float *bias,   \
