@@ -160,16 +160,16 @@ static void f32_blocks(const float *x, int64_t M, int64_t K, const float *Wg, in
     for (int j = 0; j < BLOCK_NR; j++) w[j] = Wg + (j < gn ? j : 0) * K;
     for (int64_t i = 0; i < M; i++)
         for (int j = 0; j < BLOCK_NR; j++) acc[i][j] = (vf){0};
-    int64_t kv = K / VW * VW, pf = BLOCK_PF;
+    int64_t kv = K / VW * VW;
     for (int64_t k0 = 0; k0 < kv; k0 += BLOCK_KC) {
         int64_t k1 = k0 + BLOCK_KC < kv ? k0 + BLOCK_KC : kv;
         for (int64_t m = 0; m < M; m += BLOCK_MR) {
             const float *xm = x + m * K;
             switch (M - m < BLOCK_MR ? M - m : BLOCK_MR) {
-            case 1: f32_block1(xm, K, w, k0, k1, acc + m, m ? 0 : pf); break;
-            case 2: f32_block2(xm, K, w, k0, k1, acc + m, m ? 0 : pf); break;
-            case 3: f32_block3(xm, K, w, k0, k1, acc + m, m ? 0 : pf); break;
-            default: f32_block4(xm, K, w, k0, k1, acc + m, m ? 0 : pf); break;
+            case 1: f32_block1(xm, K, w, k0, k1, acc + m, m ? 0 : BLOCK_PF); break;
+            case 2: f32_block2(xm, K, w, k0, k1, acc + m, m ? 0 : BLOCK_PF); break;
+            case 3: f32_block3(xm, K, w, k0, k1, acc + m, m ? 0 : BLOCK_PF); break;
+            default: f32_block4(xm, K, w, k0, k1, acc + m, m ? 0 : BLOCK_PF); break;
             }
         }
     }
@@ -214,7 +214,7 @@ static void amx_configure(void) {
     struct tile_config c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    for (int t = 0; t < 8; t++) { /* 0-3: C (2 weight tiles x 2 x tiles), 4-5: A (weight), 6-7: B (x pairs) */
+    for (int t = 0; t < 8; t++) { /* 0-3: C, 4-5: A (weight), 6-7: B (x pairs); see amx_block2 / amx_block1 */
         c.rows[t] = 16;
         c.colsb[t] = 64;
     }
@@ -456,6 +456,13 @@ static int64_t xt_tiled_rows(int64_t M) {
     return r <= XT_LEFT_ROWS ? M - r : M;
 }
 
+/* y[m, j] += bias[j] for every row (no bias: nothing) */
+static void add_bias(float *y, int64_t M, int64_t N, const float *bias) {
+    if (bias)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t j = 0; j < N; j++) y[m * N + j] += bias[j];
+}
+
 /* whether M rows go through the register-blocked path (AVX-512 only: it needs 32 vector registers) */
 static int blocked_rows(int64_t M) {
 #if VW == 16
@@ -563,9 +570,7 @@ static int blocked_rows(int64_t M) {
                 NAME##_stream(M, x, K, W + n0 * K, N - n0 < 16 ? N - n0 : 16, y + n0, N);                 \
             }                                                                                             \
         }                                                                                                 \
-        if (bias)                                                                                         \
-            for (int64_t m = 0; m < M; m++)                                                               \
-                for (int64_t j = 0; j < N; j++) y[m * N + j] += bias[j];                                  \
+        add_bias(y, M, N, bias);                                                                          \
     }
 
 DEFINE_KERNELS(f32, float)
@@ -586,9 +591,7 @@ int hfs_direct_bf16_amx(const uint16_t *x, int64_t M, int64_t K, const uint16_t 
                         float *y, int threads) {
 #if HAVE_AMX
     if (!amx_product(x, M, K, W, N, y, threads)) return 0;
-    if (bias)
-        for (int64_t m = 0; m < M; m++)
-            for (int64_t j = 0; j < N; j++) y[m * N + j] += bias[j];
+    add_bias(y, M, N, bias);
     return 1;
 #else
     (void)x; (void)M; (void)K; (void)W; (void)N; (void)bias; (void)y; (void)threads;

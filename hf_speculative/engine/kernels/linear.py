@@ -119,9 +119,7 @@ class DirectKernel(LinearKernel):
         rows = x.numel() // k if k else 0
         if not rows or n % 32 or k % 32:
             return None
-        x = x.contiguous()
-        if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-            bias = bias.float().contiguous()
+        x, bias = x.contiguous(), _float32_bias(bias)
         y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
         args = (x.data_ptr(), rows, k, prepared.data_ptr(), n, None if bias is None else bias.data_ptr())
         return y if self.lib.hfs_direct_bf16_amx(*args, y.data_ptr(), torch.get_num_threads()) else None
@@ -129,8 +127,7 @@ class DirectKernel(LinearKernel):
     def _float32_product(self, prepared, x, n, bias) -> torch.Tensor:
         """``x @ W^T + bias`` in float32 (products accumulate in float32 whatever the weight's dtype)."""
         x = x if x.is_contiguous() and x.dtype == torch.float32 else x.float().contiguous()
-        if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-            bias = bias.float().contiguous()
+        bias = _float32_bias(bias)
         k = x.shape[-1]
         rows = x.numel() // k if k else 0
         y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
@@ -147,6 +144,13 @@ class DirectKernel(LinearKernel):
                 torch.get_num_threads(),
             )
         return y
+
+
+def _float32_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
+    """The bias as the C kernels read it: contiguous float32 (None stays None)."""
+    if bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()):
+        return bias
+    return bias.float().contiguous()
 
 
 class DraftingDirectKernel(DirectKernel):
