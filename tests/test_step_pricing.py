@@ -3,6 +3,8 @@ forward per token with (almost) no drafts; one-token steps in between tree steps
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from conftest import tiny_model
@@ -50,6 +52,30 @@ def test_pricer_backs_off_when_trees_lose_and_tries_again():
     drafted = sum(plan)
     assert drafted <= 4 + 4 * 5  # the first window, then one window after each doubling back-off (8, 16, 32, 64)
     assert plan[-64:].count(True) <= 4
+
+
+def test_a_costly_losing_drafter_explores_within_its_share_of_the_time():
+    """Tree steps that cost two one-token steps for 1.1 tokens: after the first window and the plain probe the
+    pricer waits until one more window's loss (4 x 0.94 one-token steps) is 2% of the wait: 188 steps, not 8."""
+    pricer = StepPricer()
+    plan = _steps(pricer, 1000, tokens=1.1, seconds=2.0, plain_seconds=1.0)
+    start = pricer.window + pricer.probe
+    assert plan[:start] == [True] * pricer.window + [False] * pricer.probe
+    assert plan[start:].index(True) == math.ceil(4 * (2.0 * 1.02 - 1.1) / 0.02)
+    lost = sum(2.0 - 1.1 for drafted in plan[pricer.window :] if drafted)  # exploration after the first window
+    assert lost / 1000 <= 0.02
+    doubling = _steps(StepPricer(explore=float("inf")), 1000, tokens=1.1, seconds=2.0, plain_seconds=1.0)
+    assert sum(doubling) - 4 >= 2 * (sum(plan) - 4)  # after the first window the doubling alone explores twice as often
+
+
+@pytest.mark.parametrize("tokens, seconds, wait", [(1.5, 1.6, 27), (1.6, 1.58, 8)])
+def test_the_back_off_grows_with_the_loss_and_is_never_shorter_than_the_doubling(tokens, seconds, wait):
+    """A loss of 0.13 one-token steps per tree step waits 27 steps (4 x 0.13 is 2% of them); a loss of 0.01 waits the
+    doubling's first back-off, 8."""
+    pricer = StepPricer()
+    plan = _steps(pricer, 60, tokens=tokens, seconds=seconds, plain_seconds=1.0)
+    start = pricer.window + pricer.probe
+    assert plan[start:].index(True) == wait
 
 
 def test_pricer_never_drafts_on_when_nothing_is_accepted_however_cheap():

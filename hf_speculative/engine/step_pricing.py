@@ -12,9 +12,13 @@ it changes as a generation goes on. The engine measures both as it decodes (`Ste
   steps lose only when that gain is negative with some confidence: its mean plus ``z`` standard errors is below
   zero (or none of them accepted a drafted token, which no timing can redeem). A handful of steps of a drafter worth
   1.2x is a noisy sample, and judging on the point estimate stopped such drafters on false losses. When they lose it
-  decodes one-token steps for a back-off of ``backoff`` steps, doubling each time speculation loses again (up to
-  ``max_backoff``), then tries ``window`` fresh tree steps again; while tree steps win, a one-token step every
-  ``recheck`` steps keeps the plain price current.
+  decodes one-token steps for a back-off, then tries ``window`` fresh tree steps again; while tree steps win, a
+  one-token step every ``recheck`` steps keeps the plain price current;
+* the back-off is ``backoff`` steps, doubling each time speculation loses again (up to ``max_backoff``), and at least
+  long enough that the next window's expected loss (``window`` tree steps at the mean loss per tree step just
+  measured) is ``explore`` (2%) of the back-off's time (up to ``max_quiet`` steps). A drafter that loses a little
+  is retried soon; one whose tree step costs two plain steps for 1.1 tokens waits about 170 steps, not 8, so its
+  exploration costs about what the share allows (docs/results/2026-11-30-exploration-budget.md).
 
 A one-token step is an ordinary decoding step through the engine (the same forward, acceptance and cache), so the
 output is unchanged: greedy stays token for token equal to plain ``generate()``, sampling keeps its distribution.
@@ -47,6 +51,8 @@ class StepPricer:
     probe: int = 2
     backoff: int = 8
     max_backoff: int = 128
+    explore: float = 0.02
+    max_quiet: int = 1024
     recheck: int = 48
     margin: float = 0.02
     tree_steps: deque = field(init=False)  # (seconds, tokens per row) of the last `history` tree steps
@@ -83,13 +89,25 @@ class StepPricer:
             return [False] * self.probe
         if not self.speculation_pays():
             self._losses += 1
+            doubling = min(self.backoff * 2 ** (self._losses - 1), self.max_backoff)
+            steps = max(doubling, min(self.quiet_steps(), self.max_quiet))
             self.tree_steps.clear()  # judged again on fresh tree steps after the back-off
-            steps = min(self.backoff * 2 ** (self._losses - 1), self.max_backoff)
             return [False] * steps + [True] * self.window
         self._losses = 0
         if self._since_plain >= self.recheck:
             return [False]
         return [True]
+
+    def _plain(self) -> float:
+        return sorted(self.plain_seconds)[len(self.plain_seconds) // 2]  # the median: one slow step decides nothing
+
+    def quiet_steps(self) -> int:
+        """One-token steps after which one more window of tree steps, at the mean loss per tree step measured
+        (in one-token steps' time), costs ``explore`` of the time spent."""
+        plain = self._plain()
+        losses = [seconds * (1 + self.margin) - tokens * plain for seconds, tokens in self.tree_steps]
+        loss = max(statistics.fmean(losses), 0.0) * self.window / plain
+        return math.ceil(loss / self.explore)
 
     def speculation_pays(self) -> bool:
         """Some drafted token was accepted, and the recent tree steps' mean gain over one-token steps (by ``margin``)
@@ -97,7 +115,7 @@ class StepPricer:
         steps = self.tree_steps
         if sum(t for _, t in steps) <= len(steps):  # one token per step: nothing drafted was ever accepted
             return False
-        plain = sorted(self.plain_seconds)[len(self.plain_seconds) // 2]  # the median: one slow step decides nothing
+        plain = self._plain()
         gains = [tokens * plain - seconds * (1 + self.margin) for seconds, tokens in steps]
         error = statistics.pstdev(gains) / math.sqrt(len(gains))
         return statistics.fmean(gains) + self.z * error > 0
