@@ -22,15 +22,27 @@ class _RowCacheLayer:
 
 class _RowCache:
     """Read-only batch-1 view of one row of a batched cache: the row's real tokens only (padding and the
-    holes of shorter accepted paths removed), gathered per layer on first access."""
+    holes of shorter accepted paths removed), gathered per layer on first access. The view holds the layers'
+    tensors as they were when it was made, so a drafter may read it later in the call (when it drafts): the engine's
+    later row selection and cache updates make new tensors and leave these as they are."""
 
     def __init__(self, cache: Cache, row: int, columns: torch.Tensor | None):
-        self.cache, self.row = cache, row
-        self.index = None if columns is None else columns.nonzero().squeeze(-1)
+        self.row, self._columns, self._index = row, columns, None
+        self._tensors = [(getattr(layer, "keys", None), getattr(layer, "values", None)) for layer in cache.layers]
         self._layers: dict[int, _RowCacheLayer] = {}
 
+    @property
+    def index(self) -> torch.Tensor | None:
+        """The row's real columns among the cached ones (None: every column)."""
+        if self._index is None and self._columns is not None:
+            self._index = self._columns.nonzero().squeeze(-1)
+        return self._index
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.cache.get_seq_length() if self.index is None else int(self.index.shape[0])
+        if self._columns is not None:
+            return int(self.index.shape[0])
+        keys = self._tensors[layer_idx][0] if self._tensors else None
+        return 0 if keys is None else keys.shape[-2]
 
     @property
     def layers(self):
@@ -38,12 +50,12 @@ class _RowCache:
 
         class _Layers:
             def __len__(self):
-                return len(view.cache.layers)
+                return len(view._tensors)
 
             def __getitem__(self, i):
                 if i not in view._layers:
-                    layer = view.cache.layers[i]
-                    keys, values = layer.keys[view.row : view.row + 1], layer.values[view.row : view.row + 1]
+                    keys, values = view._tensors[i]
+                    keys, values = keys[view.row : view.row + 1], values[view.row : view.row + 1]
                     if view.index is not None:
                         idx = view.index.to(keys.device)
                         keys, values = keys.index_select(-2, idx), values.index_select(-2, idx)
@@ -59,6 +71,9 @@ class _RowOutputs:
     def __init__(self, outputs, row: int, start: int, columns: torch.Tensor | None):
         self._outputs, self._row, self._start, self._columns = outputs, row, start, columns
         self._seen: dict[str, object] = {}
+        name = _cache_name(outputs)
+        if name is not None:  # the cache's tensors as they are now (see `_RowCache`): a drafter may read it later
+            self._seen[name] = _RowCache(getattr(outputs, name), row, columns)
 
     def _slice(self, value):
         if isinstance(value, torch.Tensor):
@@ -125,6 +140,13 @@ class TargetRows:
         return view
 
 
+def _cache_name(outputs) -> str | None:
+    for name in ("cache", "past_key_values"):
+        if isinstance(getattr(outputs, name, None), Cache):
+            return name
+    return None
+
+
 def _batch_size(outputs) -> int:
     for name in ("logits", "hidden_states"):
         value = getattr(outputs, name, None)
@@ -140,16 +162,16 @@ def cache_columns(cache, columns: torch.Tensor) -> list[tuple[torch.Tensor, torc
     (indices among the cached tokens). For a batch-1 row view of a batched cache (`TargetRows.row`) the indices count
     the row's real tokens, and only those columns are gathered (not the whole row)."""
     if isinstance(cache, _RowCache):
-        base, rows = cache.cache, slice(cache.row, cache.row + 1)
+        tensors, rows = cache._tensors, slice(cache.row, cache.row + 1)
         if cache.index is not None:
             columns = cache.index[columns.to(cache.index.device)]
     else:
-        base, rows = cache, slice(None)
+        tensors, rows = [(layer.keys, layer.values) for layer in cache.layers], slice(None)
     out, on_device = [], {}
-    for layer in base.layers:
-        device = layer.keys.device
+    for keys, values in tensors:
+        device = keys.device
         if device not in on_device:
             on_device[device] = columns.to(device)
         idx = on_device[device]
-        out.append((layer.keys[rows].index_select(-2, idx), layer.values[rows].index_select(-2, idx)))
+        out.append((keys[rows].index_select(-2, idx), values[rows].index_select(-2, idx)))
     return out

@@ -856,13 +856,21 @@ class SpeculativeStreamingDrafter(OneRowDrafter, DepthTreeDrafter):
 
     def _streams_at(self, target_outputs, node: int) -> None:
         """Keeps what the streams at ``node`` are computed from; `_stream_logits` computes them when a tree is
-        drafted. A one-token step (step pricing decoding without drafting) then costs no MSA layers and no stream
-        projection: only the main stream's forward, as plain decoding."""
+        drafted. A one-token step (step pricing decoding without drafting) then costs no MSA layers, no stream
+        projection and no gathering of a batch row's cache: only the main stream's forward, as plain decoding."""
         self.logits = None
         states = getattr(target_outputs, "stream_states", None)
         if states is not None:  # shared mode: the streams come from the verification forward itself
-            self._pending = ("shared", states[0, node].clone(), None, None)
+            self._pending = ("shared", states[0, node].clone())
             return
+        # lossless: read when drafting. A row's view holds its cache's tensors as they are now (the engine may
+        # select rows of the cache before the next proposal: that makes new tensors and leaves these as they are);
+        # with one row the cache is the engine's own, which changes only in the next verification forward
+        self._pending = ("lossless", target_outputs, node)
+
+    def _lossless_inputs(self, target_outputs, node: int) -> tuple:
+        """The main stream entering the first MSA layer at ``node``, and the cached keys/values and positions the
+        streams there read."""
         hidden = getattr(target_outputs, "hidden_states", None)
         if hidden:  # hidden_states[i] is the input of decoder layer i: any forward of the base model will do
             inputs = hidden[self.model.config.first_msa_layer]
@@ -870,17 +878,18 @@ class SpeculativeStreamingDrafter(OneRowDrafter, DepthTreeDrafter):
             inputs = getattr(target_outputs, "stream_inputs", None)
             if inputs is None:
                 raise ValueError("Speculative Streaming needs the target's hidden states (output_hidden_states=True)")
-        # the cache's tensors as they are now: before the next proposal the engine may select rows of the cache
-        # (finished rows leave a batch), which makes new tensors and leaves these as they are
-        h = inputs[:, node:][:, :1].clone()
-        self._pending = ("lossless", h, *self.model.cached_keys_values(get_cache(target_outputs), h))
+        h = inputs[:, node:][:, :1]
+        return (h, *self.model.cached_keys_values(get_cache(target_outputs), h))
 
     def _stream_logits(self) -> torch.Tensor:
         """The streams' logits ``(gamma, V)`` at the last accepted node (computed once, on the first proposal)."""
         if self._pending is not None:
-            kind, states, keys_values, positions = self._pending
+            kind, *pending = self._pending
             if kind == "lossless":  # through the MSA layers first
-                states = self.model.stream_states(states, keys_values, None, positions)[0, 0]
+                h, keys_values, positions = self._lossless_inputs(*pending)
+                states = self.model.stream_states(h, keys_values, None, positions)[0, 0]
+            else:
+                states = pending[0]
             self.logits = self.model.stream_head(states).float()
             self._pending = None
         return self.logits
