@@ -56,16 +56,20 @@ def test_pricer_backs_off_when_trees_lose_and_tries_again():
 
 def test_a_costly_losing_drafter_explores_within_its_share_of_the_time():
     """Tree steps that cost two one-token steps for 1.1 tokens: after the first window and the plain probe the
-    pricer waits until one more window's loss (4 x 0.94 one-token steps) is 2% of the wait: 188 steps, not 8."""
+    pricer waits until one more window's loss (4 x 0.94 one-token steps) is 2% of the wait: 188 steps, not 8; then
+    twice that after each loss in a row."""
     pricer = StepPricer()
-    plan = _steps(pricer, 1000, tokens=1.1, seconds=2.0, plain_seconds=1.0)
+    plan = _steps(pricer, 2000, tokens=1.1, seconds=2.0, plain_seconds=1.0)
     start = pricer.window + pricer.probe
     assert plan[:start] == [True] * pricer.window + [False] * pricer.probe
-    assert plan[start:].index(True) == math.ceil(4 * (2.0 * 1.02 - 1.1) / 0.02)
+    quiet = math.ceil(4 * (2.0 * 1.02 - 1.1) / 0.02)
+    windows = [i for i in range(1, len(plan)) if plan[i] and not plan[i - 1]]
+    gaps = [b - a - pricer.window for a, b in zip([0, *windows], windows)]
+    assert gaps == [pricer.probe + quiet, 2 * quiet, 4 * quiet]
     lost = sum(2.0 - 1.1 for drafted in plan[pricer.window :] if drafted)  # exploration after the first window
-    assert lost / 1000 <= 0.02
-    doubling = _steps(StepPricer(explore=float("inf")), 1000, tokens=1.1, seconds=2.0, plain_seconds=1.0)
-    assert sum(doubling) - 4 >= 2 * (sum(plan) - 4)  # after the first window the doubling alone explores twice as often
+    assert lost / 2000 <= 0.01
+    doubling = _steps(StepPricer(explore=float("inf")), 2000, tokens=1.1, seconds=2.0, plain_seconds=1.0)
+    assert sum(doubling) - 4 >= 4 * (sum(plan) - 4)  # the doubling alone (8, 16, ... 128) explores 4x as often
 
 
 @pytest.mark.parametrize("tokens, seconds, wait", [(1.5, 1.6, 27), (1.6, 1.58, 8)])

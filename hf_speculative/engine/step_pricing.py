@@ -6,7 +6,8 @@ on the machine (the cost curve), the text (how much the drafter's trees are acce
 it changes as a generation goes on. The engine measures both as it decodes (`StepPricer`):
 
 * it speculates first, for ``window`` steps; then it times ``probe`` one-token steps (no draft: the root alone is
-  verified) to learn what plain decoding costs here;
+  verified) to learn what plain decoding costs here (its price: the lower median of the last ``plain_samples``
+  one-token steps, so that one slow step, such as the first after a prefill, does not make tree steps look cheap);
 * from then on it judges the recent tree steps (up to ``history`` of them) against one-token steps: each tree step
   gains ``tokens x plain seconds - seconds``, the time it saved over committing its tokens one forward each. Tree
   steps lose only when that gain is negative with some confidence: its mean plus ``z`` standard errors is below
@@ -16,9 +17,9 @@ it changes as a generation goes on. The engine measures both as it decodes (`Ste
   one-token step every ``recheck`` steps keeps the plain price current;
 * the back-off is ``backoff`` steps, doubling each time speculation loses again (up to ``max_backoff``), and at least
   long enough that the next window's expected loss (``window`` tree steps at the mean loss per tree step just
-  measured) is ``explore`` (2%) of the back-off's time (up to ``max_quiet`` steps). A drafter that loses a little
-  is retried soon; one whose tree step costs two plain steps for 1.1 tokens waits about 170 steps, not 8, so its
-  exploration costs about what the share allows (docs/results/2026-11-30-exploration-budget.md).
+  measured) is ``explore`` (2%) of the back-off's time, that too doubling with each loss in a row (up to
+  ``max_quiet`` steps). A drafter that loses a little is retried soon; one whose tree step costs two plain steps
+  for 1.1 tokens waits about 190 steps, not 8, then 380, ...: its exploration costs 2% of the time, then less (docs/results/2026-11-30-exploration-budget.md).
 
 A one-token step is an ordinary decoding step through the engine (the same forward, acceptance and cache), so the
 output is unchanged: greedy stays token for token equal to plain ``generate()``, sampling keeps its distribution.
@@ -54,16 +55,17 @@ class StepPricer:
     explore: float = 0.02
     max_quiet: int = 1024
     recheck: int = 48
+    plain_samples: int = 8
     margin: float = 0.02
     tree_steps: deque = field(init=False)  # (seconds, tokens per row) of the last `history` tree steps
-    plain_seconds: deque = field(init=False)  # seconds of the recent one-token steps
+    plain_seconds: deque = field(init=False)  # seconds of the recent one-token steps (up to `plain_samples`)
     _plan: deque = field(init=False, default_factory=deque)  # the steps decided ahead: True = draft
     _since_plain: int = field(init=False, default=0)
     _losses: int = field(init=False, default=0)
 
     def __post_init__(self):
         self.tree_steps = deque(maxlen=max(self.history, self.window))
-        self.plain_seconds = deque(maxlen=max(self.probe, 2))
+        self.plain_seconds = deque(maxlen=max(self.probe, self.plain_samples))
 
     def draft_this_step(self) -> bool:
         if not self._plan:
@@ -89,8 +91,10 @@ class StepPricer:
             return [False] * self.probe
         if not self.speculation_pays():
             self._losses += 1
-            doubling = min(self.backoff * 2 ** (self._losses - 1), self.max_backoff)
-            steps = max(doubling, min(self.quiet_steps(), self.max_quiet))
+            doubling = 2 ** (self._losses - 1)
+            steps = max(
+                min(self.backoff * doubling, self.max_backoff), min(self.quiet_steps() * doubling, self.max_quiet)
+            )
             self.tree_steps.clear()  # judged again on fresh tree steps after the back-off
             return [False] * steps + [True] * self.window
         self._losses = 0
@@ -99,7 +103,9 @@ class StepPricer:
         return [True]
 
     def _plain(self) -> float:
-        return sorted(self.plain_seconds)[len(self.plain_seconds) // 2]  # the median: one slow step decides nothing
+        # the lower median: a slow step (a cold cache after the prefill, an interrupt) must not make tree steps look
+        # cheap; of two probes, the faster
+        return sorted(self.plain_seconds)[(len(self.plain_seconds) - 1) // 2]
 
     def quiet_steps(self) -> int:
         """One-token steps after which one more window of tree steps, at the mean loss per tree step measured
