@@ -91,3 +91,48 @@ def test_lazy_logits_only_when_logits_are_the_plain_lm_head():
         draft = hfs.layer_cut_draft(model, 2)
         expected = model.generate(prompt, max_new_tokens=20, do_sample=False)
         assert torch.equal(model.generate(prompt, assistant_model=draft, max_new_tokens=20, do_sample=False), expected)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_the_final_state_comes_from_one_hook_unless_the_drafter_reads_hidden_states(arch, monkeypatch):
+    """With the lazy head and a drafter that reads no hidden states, verification forwards run without
+    ``output_hidden_states`` (the decoder's output is hooked instead); a model whose decoder output is not the head's
+    input keeps it; outputs are plain generate()'s either way."""
+    from hf_speculative.engine import decoding
+    from hf_speculative.engine.logits import FinalState
+
+    asked = []
+    forward = decoding.verification_forward
+    monkeypatch.setattr(
+        decoding, "verification_forward", lambda *a, **kw: asked.append(kw["output_hidden_states"]) or forward(*a, **kw)
+    )
+    model = hfs.enable(tiny_model(arch, seed=3))
+    prompt = torch.randint(0, 96, (1, 7))
+    expected = model.generate(prompt, max_new_tokens=16, do_sample=False)
+    out = model.generate(prompt, assistant_model=hfs.PromptLookupDrafter(), max_new_tokens=16, do_sample=False)
+    assert torch.equal(out, expected) and asked and not any(asked)
+
+    asked.clear()  # a drafter that reads the target's hidden states gets them all
+    heads = hfs.MedusaHeadsModel.from_base_model(model, num_heads=2)
+    assert torch.equal(model.generate(prompt, assistant_model=heads, max_new_tokens=16, do_sample=False), expected)
+    assert asked and all(asked)
+
+    asked.clear()  # the decoder's output is not what the head reads: every layer's states, as before
+    monkeypatch.setattr(FinalState, "check", lambda self, outputs: False)
+    out = model.generate(prompt, assistant_model=hfs.PromptLookupDrafter(), max_new_tokens=16, do_sample=False)
+    assert torch.equal(out, expected) and asked and all(asked)
+
+
+def test_the_final_state_check_refuses_a_decoder_output_the_head_does_not_read():
+    from hf_speculative.engine.logits import FinalState
+
+    model = tiny_model("llama", seed=4)
+    prompt = torch.randint(0, 96, (1, 5))
+    final = FinalState(model)
+    assert final.decoder is model.model
+    with final.capture():
+        out = model(input_ids=prompt, output_hidden_states=True, logits_to_keep=1)
+    assert final.check(out)
+    out.hidden_states = (*out.hidden_states[:-1], out.hidden_states[-1] + 1.0)
+    assert not final.check(out)
+    assert not model.model._forward_hooks  # the hook lives only inside capture()

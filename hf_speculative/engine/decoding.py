@@ -31,6 +31,7 @@ from the model's config, whatever cache the caller built.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -42,7 +43,7 @@ from .acceptance import AcceptanceSettings, accept_greedy_all
 from .batch_state import Batch, Row, SpeculativeStats, StepTimer, Stopping, TreeMasks
 from .cache import attention_window, keep_paths, prepare_tree_cache
 from .drafts import check_drafts, row_processors
-from .logits import NodeLogits
+from .logits import FinalState, NodeLogits
 from .policy import speed_policy
 from .protocol import TreeDrafter
 from .rows import TargetRows
@@ -155,7 +156,8 @@ class SpeculativeLoop:
         self.stats = SpeculativeStats()
         self.masks = TreeMasks(model, self.device)
         self.vocab_size = model.get_input_embeddings().num_embeddings
-        self.pricer = self.lazy_head = self.project = None
+        self.pricer = self.lazy_head = self.project = self.final = None
+        self.final_state: torch.Tensor | None = None  # the last verification's final hidden state (`FinalState`)
 
     def timer(self, key: str) -> StepTimer:
         return StepTimer(self.stats.timings, key, self.device)
@@ -170,7 +172,8 @@ class SpeculativeLoop:
         self.stats.rows = [row.stats for row in self.batch.rows]
         top_k = self.drafter.verified_top_k
         new_tokens = self.input_ids[:, self.cache.get_seq_length() :].numel()
-        with self.timer("target"), self.policy.engine_kernels(self.model, rows=new_tokens):
+        final = FinalState(self.model)
+        with self.timer("target"), self.policy.engine_kernels(self.model, rows=new_tokens), final.capture():
             outputs = _prefill(self.model, self.input_ids, self.cache, self.model_kwargs, all_logits=bool(top_k))
         first, scores, raw = self.first_tokens(outputs)
         with self.timer("draft"):
@@ -182,6 +185,9 @@ class SpeculativeLoop:
         # a drafter that reads every node's logits gets them from the verification forward itself (no lazy head)
         self.lazy_head = None if top_k else NodeLogits.lazy_head(self.model, outputs)
         self.project = self.policy.head_projector(self.lazy_head) if self.lazy_head is not None else None
+        # the lazy head reads the final hidden state: from one hook, unless the drafter reads the target's hidden states
+        if self.lazy_head is not None and not self.drafter.needs_target_hidden_states and final.check(outputs):
+            self.final = final
         if self.call.pricing if self.call.pricing is not None else self.policy.pricing:
             owner = self.drafter if self.drafter.pricing_owner is None else self.drafter.pricing_owner
             self.pricer = self.policy.step_pricer(owner, self.model, len(self.batch.rows))
@@ -273,11 +279,12 @@ class SpeculativeLoop:
     def verify(self, drafts: list[DraftTree]):
         """One target forward over all rows' trees (pruned inside it by a drafter with a pruning hook); returns the
         outputs and the drafts they verified."""
-        batch, lazy = self.batch, self.lazy_head is not None
+        batch, lazy, final = self.batch, self.lazy_head is not None, self.final
         input_ids, position_ids = batch.tree_inputs(drafts, self.device)
         no_rows = torch.empty(0, dtype=torch.long, device=self.device)
-        with self.policy.engine_kernels(self.model, rows=input_ids.numel()):
-            return verification_forward(
+        capture = final.capture() if final is not None else contextlib.nullcontext()
+        with self.policy.engine_kernels(self.model, rows=input_ids.numel()), capture:
+            outputs, drafts = verification_forward(
                 self.model,
                 self.drafter,
                 drafts,
@@ -287,10 +294,12 @@ class SpeculativeLoop:
                 position_ids=position_ids,
                 **cache_arg(self.cache),
                 use_cache=True,
-                output_hidden_states=self.drafter.needs_target_hidden_states or lazy,
+                output_hidden_states=self.drafter.needs_target_hidden_states or (lazy and final is None),
                 # with the lazy head the forward computes no logits: `NodeLogits` computes the rows the walk reads
                 logits_to_keep=no_rows if lazy else 0,
             )
+        self.final_state = final.state if final is not None else None
+        return outputs, drafts
 
     def one_query(self, drafts: list[DraftTree]) -> bool:
         """A one-token step of one row that sees every cached column: it needs no mask (the model's own unmasked
@@ -303,7 +312,8 @@ class SpeculativeLoop:
         """Per row, the longest valid path and the bonus token: greedy over every node's logits in tensor ops when
         the forward computed them all and no logits processor applies; else the walk over lazily computed rows."""
         batch = self.batch
-        logits = [NodeLogits(outputs, self.lazy_head, d, row=a, project=self.project) for a, d in enumerate(drafts)]
+        final, head, project = self.final_state, self.lazy_head, self.project
+        logits = [NodeLogits(outputs, head, d, row=a, project=project, final=final) for a, d in enumerate(drafts)]
         if not self.do_sample and self.lazy_head is None and not self.processors:
             return [accept_greedy_all(d, outputs.logits[a, : len(d)]) for a, d in enumerate(drafts)], logits
         NodeLogits.prefetch(logits)

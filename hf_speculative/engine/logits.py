@@ -1,15 +1,17 @@
-"""The target's logits as the engine reads them: `vocab_logits` (a few rows through a large vocabulary projection)
-and `NodeLogits` (per tree node, computed lazily for the nodes the acceptance walk visits)."""
+"""The target's logits as the engine reads them: `vocab_logits` (a few rows through a large vocabulary projection),
+`NodeLogits` (per tree node, computed lazily for the nodes the acceptance walk visits) and `FinalState` (the final
+hidden state they are computed from, without every layer's)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
 
 from .trees import DraftTree
 
-__all__ = ["PREFETCH_ROWS", "NodeLogits", "vocab_logits"]
+__all__ = ["PREFETCH_ROWS", "FinalState", "NodeLogits", "vocab_logits"]
 
 
 def vocab_logits(states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -46,7 +48,13 @@ class NodeLogits:
     """
 
     def __init__(
-        self, outputs, head: torch.nn.Module | None, draft: DraftTree | None = None, row: int = 0, project=None
+        self,
+        outputs,
+        head: torch.nn.Module | None,
+        draft: DraftTree | None = None,
+        row: int = 0,
+        project=None,
+        final: torch.Tensor | None = None,
     ):
         self.head = head
         self.project = project  # the engine's kernel for a few head rows (`kernels.head_projector`), or None
@@ -54,7 +62,8 @@ class NodeLogits:
         if head is None:
             self.full = outputs.logits[row]
             return
-        self.hidden = outputs.hidden_states[-1][row]
+        # the final hidden state: `FinalState`'s capture, else the forward's ``hidden_states[-1]``
+        self.hidden = (final if final is not None else outputs.hidden_states[-1])[row]
         self.rows: dict[int, torch.Tensor] = {}
         children = draft.children if draft is not None else ((),) * self.hidden.shape[0]
         self.first_child = [kids[0] if kids else -1 for kids in children]
@@ -121,3 +130,49 @@ class NodeLogits:
         reference = prefill_outputs.logits[:, -1].float()
         recomputed = head(hidden[-1][:, -1]).float()
         return head if torch.allclose(recomputed, reference, rtol=1e-4, atol=1e-4) else None
+
+
+class FinalState:
+    """The decoder's final (normed) hidden state of a forward, from one hook on the model's decoder
+    (``model.get_decoder()``), for the lazy head: ``output_hidden_states`` would record every layer's output
+    (transformers' output-capturing hooks, about 1% of a one-token step of SmolLM2-135M on two cores), which a drafter
+    that reads none of them does not need. `check` compares the capture with a forward's ``hidden_states[-1]`` once per
+    call (the prefill): a model whose decoder output is not the state its head reads keeps ``output_hidden_states``."""
+
+    def __init__(self, model):
+        get = getattr(model, "get_decoder", None)
+        try:
+            decoder = get() if callable(get) else None
+        except (AttributeError, NotImplementedError, ValueError):  # a model with no decoder to name
+            decoder = None
+        self.decoder = decoder if isinstance(decoder, torch.nn.Module) and decoder is not model else None
+        self.state: torch.Tensor | None = None
+
+    @contextlib.contextmanager
+    def capture(self):
+        """Within: each forward of the decoder leaves its final hidden state in ``state``."""
+        self.state = None
+        if self.decoder is None:
+            yield self
+            return
+
+        def keep(module, args, output):
+            state = getattr(output, "last_hidden_state", None)
+            if state is None and isinstance(output, (tuple, list)) and output:
+                state = output[0]
+            self.state = state if isinstance(state, torch.Tensor) else None
+
+        handle = self.decoder.register_forward_hook(keep)
+        try:
+            yield self
+        finally:
+            handle.remove()
+
+    def check(self, outputs) -> bool:
+        """Whether the state captured in the forward that returned ``outputs`` is its ``hidden_states[-1]``."""
+        hidden = getattr(outputs, "hidden_states", None)
+        last = hidden[-1] if hidden else None
+        captured = self.state
+        return (
+            last is not None and captured is not None and captured.shape == last.shape and torch.equal(captured, last)
+        )
