@@ -56,8 +56,8 @@ def test_pricer_backs_off_when_trees_lose_and_tries_again():
 
 def test_a_costly_losing_drafter_explores_within_its_share_of_the_time():
     """Tree steps that cost two one-token steps for 1.1 tokens: after the first window and the plain probe the
-    pricer waits until one more window's loss (4 x 0.94 one-token steps) is 2% of the wait: 188 steps, not 8; then
-    twice that after each loss in a row."""
+    pricer waits 8 steps; losing again, until one more window's loss (4 x 0.94 one-token steps) is 2% of the wait:
+    188 steps, not 16; then twice that after each loss in a row."""
     pricer = StepPricer()
     plan = _steps(pricer, 2000, tokens=1.1, seconds=2.0, plain_seconds=1.0)
     start = pricer.window + pricer.probe
@@ -65,21 +65,36 @@ def test_a_costly_losing_drafter_explores_within_its_share_of_the_time():
     quiet = math.ceil(4 * (2.0 * 1.02 - 1.1) / 0.02)
     windows = [i for i in range(1, len(plan)) if plan[i] and not plan[i - 1]]
     gaps = [b - a - pricer.window for a, b in zip([0, *windows], windows)]
-    assert gaps == [pricer.probe + quiet, 2 * quiet, 4 * quiet]
+    assert gaps == [pricer.probe + pricer.backoff, quiet, 2 * quiet, 4 * quiet]
     lost = sum(2.0 - 1.1 for drafted in plan[pricer.window :] if drafted)  # exploration after the first window
     assert lost / 2000 <= 0.01
     doubling = _steps(StepPricer(explore=float("inf")), 2000, tokens=1.1, seconds=2.0, plain_seconds=1.0)
     assert sum(doubling) - 4 >= 4 * (sum(plan) - 4)  # the doubling alone (8, 16, ... 128) explores 4x as often
 
 
-@pytest.mark.parametrize("tokens, seconds, wait", [(1.5, 1.6, 27), (1.6, 1.58, 8)])
+@pytest.mark.parametrize("tokens, seconds, wait", [(1.5, 1.6, 27), (1.6, 1.58, 16)])
 def test_the_back_off_grows_with_the_loss_and_is_never_shorter_than_the_doubling(tokens, seconds, wait):
-    """A loss of 0.13 one-token steps per tree step waits 27 steps (4 x 0.13 is 2% of them); a loss of 0.01 waits the
-    doubling's first back-off, 8."""
+    """After a first back-off of 8 steps, a loss of 0.13 one-token steps per tree step waits 27 steps (4 x 0.13 is 2%
+    of them); a loss of 0.01 waits the doubling's second back-off, 16."""
     pricer = StepPricer()
-    plan = _steps(pricer, 60, tokens=tokens, seconds=seconds, plain_seconds=1.0)
+    plan = _steps(pricer, 120, tokens=tokens, seconds=seconds, plain_seconds=1.0)
     start = pricer.window + pricer.probe
-    assert plan[start:].index(True) == wait
+    assert plan[start:].index(True) == pricer.backoff
+    second = start + pricer.backoff + pricer.window
+    assert plan[second:].index(True) == wait
+
+
+def test_a_drafter_that_paid_until_now_is_retried_after_the_first_back_off():
+    """Tree steps that commit 4 tokens for 100 steps, then 1 (a dry spell in a drafter that pays in bursts): the
+    first loss after wins waits 8 steps, as before; only a second loss in a row waits the cost-based 2% share."""
+    pricer, plan = StepPricer(), []
+    for i in range(400):
+        drafted = pricer.draft_this_step()
+        plan.append(drafted)
+        tokens = (4 if i < 100 else 1) if drafted else 1
+        pricer.record(drafted, 1.7 if drafted else 1.0, tokens, rows=1)
+    off = [len(run) for run in "".join("T" if d else "." for d in plan[100:]).split("T") if len(run) > 1]  # no rechecks
+    assert off[:2] == [pricer.backoff, math.ceil(4 * (1.7 * 1.02 - 1) / 0.02)]
 
 
 def test_pricer_never_drafts_on_when_nothing_is_accepted_however_cheap():

@@ -6,8 +6,8 @@ on the machine (the cost curve), the text (how much the drafter's trees are acce
 it changes as a generation goes on. The engine measures both as it decodes (`StepPricer`):
 
 * it speculates first, for ``window`` steps; then it times ``probe`` one-token steps (no draft: the root alone is
-  verified) to learn what plain decoding costs here (its price: the lower median of the last ``plain_samples``
-  one-token steps, so that one slow step, such as the first after a prefill, does not make tree steps look cheap);
+  verified) to learn what plain decoding costs here (its price: the median of the last ``plain_samples`` one-token
+  steps, so that one slow step, such as the first after a prefill, does not make tree steps look cheap);
 * from then on it judges the recent tree steps (up to ``history`` of them) against one-token steps: each tree step
   gains ``tokens x plain seconds - seconds``, the time it saved over committing its tokens one forward each. Tree
   steps lose only when that gain is negative with some confidence: its mean plus ``z`` standard errors is below
@@ -15,11 +15,13 @@ it changes as a generation goes on. The engine measures both as it decodes (`Ste
   1.2x is a noisy sample, and judging on the point estimate stopped such drafters on false losses. When they lose it
   decodes one-token steps for a back-off, then tries ``window`` fresh tree steps again; while tree steps win, a
   one-token step every ``recheck`` steps keeps the plain price current;
-* the back-off is ``backoff`` steps, doubling each time speculation loses again (up to ``max_backoff``), and at least
-  long enough that the next window's expected loss (``window`` tree steps at the mean loss per tree step just
-  measured) is ``explore`` (2%) of the back-off's time, that too doubling with each loss in a row (up to
-  ``max_quiet`` steps). A drafter that loses a little is retried soon; one whose tree step costs two plain steps
-  for 1.1 tokens waits about 190 steps, not 8, then 380, ...: its exploration costs 2% of the time, then less (docs/results/2026-11-30-exploration-budget.md).
+* the back-off is ``backoff`` steps, doubling each time speculation loses again (up to ``max_backoff``). From the
+  second loss in a row on, it is also at least long enough that the next window's expected loss (``window`` tree
+  steps at the mean loss per tree step just measured) is ``explore`` (2%) of the back-off's time, that too doubling
+  with each further loss (up to ``max_quiet`` steps). A drafter whose trees pay in bursts (SuffixDecoding: a long
+  match now and then) wins between its losses and is retried after 8 steps; one whose tree step costs two plain
+  steps for 1.1 tokens, losing window after window, waits 8 steps, then about 190, then 380, ...: its exploration
+  costs 2% of the time, then less (docs/results/2026-11-30-exploration-budget.md).
 
 A one-token step is an ordinary decoding step through the engine (the same forward, acceptance and cache), so the
 output is unchanged: greedy stays token for token equal to plain ``generate()``, sampling keeps its distribution.
@@ -92,9 +94,9 @@ class StepPricer:
         if not self.speculation_pays():
             self._losses += 1
             doubling = 2 ** (self._losses - 1)
-            steps = max(
-                min(self.backoff * doubling, self.max_backoff), min(self.quiet_steps() * doubling, self.max_quiet)
-            )
+            steps = min(self.backoff * doubling, self.max_backoff)
+            if self._losses > 1:  # a loser again after its back-off: exploring it costs at most the `explore` share
+                steps = max(steps, min(self.quiet_steps() * doubling // 2, self.max_quiet))
             self.tree_steps.clear()  # judged again on fresh tree steps after the back-off
             return [False] * steps + [True] * self.window
         self._losses = 0
@@ -103,9 +105,9 @@ class StepPricer:
         return [True]
 
     def _plain(self) -> float:
-        # the lower median: a slow step (a cold cache after the prefill, an interrupt) must not make tree steps look
-        # cheap; of two probes, the faster
-        return sorted(self.plain_seconds)[(len(self.plain_seconds) - 1) // 2]
+        # the median (of two probes, their mean): one slow step (a cold cache after the prefill, an interrupt) must not
+        # make tree steps look cheap, nor one fast step make them look dear
+        return statistics.median(self.plain_seconds)
 
     def quiet_steps(self) -> int:
         """One-token steps after which one more window of tree steps, at the mean loss per tree step measured
