@@ -136,3 +136,22 @@ def test_the_final_state_check_refuses_a_decoder_output_the_head_does_not_read()
     out.hidden_states = (*out.hidden_states[:-1], out.hidden_states[-1] + 1.0)
     assert not final.check(out)
     assert not model.model._forward_hooks  # the hook lives only inside capture()
+
+
+def test_the_final_state_keeps_only_its_own_threads_forwards():
+    """Two generate() calls on one model in two threads run the same decoder and its hooks: a capture keeps the
+    forwards of its own thread only."""
+    import threading
+
+    from hf_speculative.engine.logits import FinalState
+
+    model = tiny_model("llama", seed=4)
+    mine, theirs = torch.randint(0, 96, (1, 5)), torch.randint(0, 96, (1, 3))
+    final = FinalState(model)
+    with final.capture():
+        other = threading.Thread(target=lambda: model(input_ids=theirs))
+        other.start()
+        other.join()
+        assert final.state is None
+        out = model(input_ids=mine, output_hidden_states=True, logits_to_keep=1)
+    assert final.check(out)

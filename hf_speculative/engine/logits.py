@@ -5,6 +5,7 @@ hidden state they are computed from, without every layer's)."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 import torch
@@ -150,13 +151,18 @@ class FinalState:
 
     @contextlib.contextmanager
     def capture(self):
-        """Within: each forward of the decoder leaves its final hidden state in ``state``."""
+        """Within: each forward of the decoder in this thread leaves its final hidden state in ``state`` (another
+        thread's ``generate()`` on the same model runs the same module and its hooks: its forwards are not this
+        call's)."""
         self.state = None
         if self.decoder is None:
             yield self
             return
+        thread = threading.get_ident()
 
         def keep(module, args, output):
+            if threading.get_ident() != thread:
+                return
             state = getattr(output, "last_hidden_state", None)
             if state is None and isinstance(output, (tuple, list)) and output:
                 state = output[0]
