@@ -155,3 +155,25 @@ def test_the_final_state_keeps_only_its_own_threads_forwards():
         assert final.state is None
         out = model(input_ids=mine, output_hidden_states=True, logits_to_keep=1)
     assert final.check(out)
+
+
+def test_pruning_hooks_leave_another_threads_forward_alone():
+    """A pruning drafter's hooks sit on the model's layers during its verification forward; a forward of the same
+    model in another thread (a second generate() call) must run as if they were not there."""
+    import threading
+
+    from hf_speculative.engine.tree_forward import _Pruning
+
+    class Refuses:
+        def prune_batch(self, states, drafts):
+            raise AssertionError("another thread's forward reached this call's pruning hook")
+
+    model = tiny_model("llama", seed=6)
+    ids = torch.randint(0, 96, (1, 4))
+    expected = model(input_ids=ids).logits
+    result = {}
+    with _Pruning(model, Refuses(), [], None, 1, None):
+        other = threading.Thread(target=lambda: result.setdefault("logits", model(input_ids=ids).logits))
+        other.start()
+        other.join()
+    assert torch.equal(result["logits"], expected)

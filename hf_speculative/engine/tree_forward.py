@@ -19,6 +19,7 @@ visible, so the output does not change.
 
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 import torch
@@ -69,6 +70,7 @@ class _Pruning:
         self.handles = []
 
     def __enter__(self):
+        self.thread = threading.get_ident()  # another thread's forward on this model runs these hooks too: not ours
         layers = _decoder_layers(self.model)
         for i in range(self.layer, len(layers)):
             self.handles.append(layers[i].register_forward_pre_hook(self._hook(i), with_kwargs=True))
@@ -80,6 +82,8 @@ class _Pruning:
 
     def _hook(self, i: int):
         def hook(module, args, kwargs):
+            if threading.get_ident() != self.thread:
+                return None
             if i == self.layer:
                 hidden = args[0] if args else kwargs["hidden_states"]
                 self._prune(hidden, kwargs)
