@@ -870,3 +870,34 @@ def test_one_token_steps_compute_no_streams(monkeypatch, mode):
     # the vocabulary projection once per drafted tree, and in lossless mode the MSA layers too
     assert computed.count("stream_head") == steps["drafted"]
     assert computed.count("stream_states") == (steps["drafted"] if mode == "lossless" else 0)
+
+
+@pytest.mark.parametrize("mode", ["lossless", "shared"])
+def test_a_forward_in_another_thread_leaves_this_forwards_captures_alone(mode):
+    """The forward's capturing hooks sit on the model's layers while it runs; a forward of the same model in another
+    thread (a second generate() call) passes the same layers, and must not write into this forward's captures."""
+    import threading
+
+    base, ss = _shared() if mode == "shared" else _ss()
+    mine, theirs = torch.randint(0, 96, (1, 6)), torch.randint(0, 96, (1, 4))
+    with torch.no_grad():
+        expected = ss(input_ids=mine, output_streams=True)
+        fired = []
+
+        def other_forward(module, args, output):  # once, in this thread, right after this forward's capture
+            if not fired:
+                fired.append(True)
+                thread = threading.Thread(target=lambda: ss(input_ids=theirs, output_streams=True))
+                thread.start()
+                thread.join()
+
+        first = ss.config.first_msa_layer
+        layer = ss.model.layers[first if mode == "lossless" else first - 1]
+        handle = layer.register_forward_hook(other_forward)
+        try:
+            out = ss(input_ids=mine, output_streams=True)
+        finally:
+            handle.remove()
+    assert fired
+    torch.testing.assert_close(out.logits, expected.logits, **FP32_LAYERS)
+    torch.testing.assert_close(out.stream_logits, expected.stream_logits, **FP32_LAYERS)

@@ -29,6 +29,7 @@ adapters on the MSA layers' projections that act on the stream rows only.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -563,10 +564,11 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
         """`forward` in lossless mode: the base model's forward, the states entering the first MSA layer captured
         by a pre-hook (``stream_inputs``); with ``output_streams`` the streams run on them (on a cache of their own
         when the call passes none). ``inputs``: the base model's other forward arguments."""
-        captured = {}
+        captured, thread = {}, threading.get_ident()
 
-        def capture(module, args, kw):
-            captured["h"] = args[0] if args else kw["hidden_states"]
+        def capture(module, args, kw):  # this call's forward only: another thread's runs the same layer and hooks
+            if threading.get_ident() == thread:
+                captured["h"] = args[0] if args else kw["hidden_states"]
 
         own_cache = output_streams and cache is None
         if own_cache:
@@ -685,11 +687,13 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
         decoder = self.model
         first = self.config.first_msa_layer
         received = {}  # what the last plain layer is called with, after any pre-hook of the engine (tree pruning)
-        handle = (
-            decoder.layers[first - 1].register_forward_pre_hook(lambda m, a, kw: received.update(kw), with_kwargs=True)
-            if first
-            else None
-        )
+        thread = threading.get_ident()  # this call's forward only: another thread's runs the same layer and hooks
+
+        def receive(module, args, kw):
+            if threading.get_ident() == thread:
+                received.update(kw)
+
+        handle = decoder.layers[first - 1].register_forward_pre_hook(receive, with_kwargs=True) if first else None
         try:
             for layer in decoder.layers[:first]:
                 h = layer(
