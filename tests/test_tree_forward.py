@@ -177,3 +177,28 @@ def test_pruning_hooks_leave_another_threads_forward_alone():
         other.start()
         other.join()
     assert torch.equal(result["logits"], expected)
+
+
+@pytest.mark.parametrize("cap", [3.0, 40.0])
+def test_the_lazy_head_check_reads_the_largest_logits(cap):
+    """The check recomputes a few vocabulary rows, the prefill's largest logits among them: a soft cap that bends
+    only large logits (tanh(x / 40) * 40 moves a logit of 2 by 2e-3, of 0.1 by 2e-7) is found as the whole head's
+    check finds it."""
+    from transformers import LlamaForCausalLM
+
+    from hf_speculative.engine.logits import NodeLogits
+
+    class Capped(LlamaForCausalLM):
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = torch.tanh(out.logits / cap) * cap
+            return out
+
+    plain = tiny_model("llama", seed=9)
+    capped = Capped._from_config(plain.config, attn_implementation="sdpa").eval()
+    capped.load_state_dict(plain.state_dict())
+    prompt = torch.randint(0, 96, (2, 6))
+    out = capped(input_ids=prompt, output_hidden_states=True, logits_to_keep=1)
+    assert out.logits.abs().max() > 2  # some logits large enough for the cap to bend them by more than the tolerance
+    assert NodeLogits.lazy_head(capped, out) is None
+    assert NodeLogits.lazy_head(plain, plain(input_ids=prompt, output_hidden_states=True, logits_to_keep=1)) is not None
