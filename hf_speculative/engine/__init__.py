@@ -8,5 +8,6 @@ meet it through `protocol`, and it imports nothing of the drafters, training, be
 - `tree_forward`: the verification forward, with a drafter's pruning hook inside it;
 - `logits`, `rows`, `cache`: the target's logits per node, its rows for drafters, the KV cache per row;
 - `kernels`, `step_pricing`: the verification forward at the machine's cost, and drafting only while it pays;
-- `protocol`, `resolve`, `placement`: the drafter interface, the drafter of a call, where a drafter runs.
+- `protocol`, `resolve`, `placement`: the drafter interface, the drafter of a call, where a drafter runs;
+- `hooks`: module hooks that act on their own thread's forwards only (concurrent calls on one model).
 """

@@ -5,11 +5,11 @@ hidden state they are computed from, without every layer's)."""
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 
 import torch
 
+from .hooks import this_thread_only
 from .trees import DraftTree
 
 __all__ = ["PREFETCH_ROWS", "FinalState", "NodeLogits", "vocab_logits"]
@@ -171,17 +171,14 @@ class FinalState:
         if self.decoder is None:
             yield self
             return
-        thread = threading.get_ident()
 
         def keep(module, args, output):
-            if threading.get_ident() != thread:
-                return
             state = getattr(output, "last_hidden_state", None)
             if state is None and isinstance(output, (tuple, list)) and output:
                 state = output[0]
             self.state = state if isinstance(state, torch.Tensor) else None
 
-        handle = self.decoder.register_forward_hook(keep)
+        handle = self.decoder.register_forward_hook(this_thread_only(keep))
         try:
             yield self
         finally:

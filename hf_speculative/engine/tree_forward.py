@@ -19,12 +19,12 @@ visible, so the output does not change.
 
 from __future__ import annotations
 
-import threading
 from typing import Callable
 
 import torch
 
 from .cache import keep_columns
+from .hooks import this_thread_only
 from .trees import DraftTree
 
 __all__ = ["verification_forward"]
@@ -70,10 +70,9 @@ class _Pruning:
         self.handles = []
 
     def __enter__(self):
-        self.thread = threading.get_ident()  # another thread's forward on this model runs these hooks too: not ours
         layers = _decoder_layers(self.model)
         for i in range(self.layer, len(layers)):
-            self.handles.append(layers[i].register_forward_pre_hook(self._hook(i), with_kwargs=True))
+            self.handles.append(layers[i].register_forward_pre_hook(this_thread_only(self._hook(i)), with_kwargs=True))
         return self
 
     def __exit__(self, *exc):
@@ -82,8 +81,6 @@ class _Pruning:
 
     def _hook(self, i: int):
         def hook(module, args, kwargs):
-            if threading.get_ident() != self.thread:
-                return None
             if i == self.layer:
                 hidden = args[0] if args else kwargs["hidden_states"]
                 self._prune(hidden, kwargs)

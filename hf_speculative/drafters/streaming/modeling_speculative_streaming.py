@@ -29,7 +29,6 @@ adapters on the MSA layers' projections that act on the stream rows only.
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +43,7 @@ from transformers.models.llama.modeling_llama import LlamaPreTrainedModel, rotat
 
 from ..._compat import cache_arg, get_cache, takes_cache
 from ...engine.generation import SpeculativeGenerationMixin
+from ...engine.hooks import this_thread_only
 from ...engine.logits import vocab_logits
 from ...engine.placement import match_target
 from ...engine.protocol import OneRowDrafter
@@ -564,17 +564,18 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
         """`forward` in lossless mode: the base model's forward, the states entering the first MSA layer captured
         by a pre-hook (``stream_inputs``); with ``output_streams`` the streams run on them (on a cache of their own
         when the call passes none). ``inputs``: the base model's other forward arguments."""
-        captured, thread = {}, threading.get_ident()
+        captured = {}
 
-        def capture(module, args, kw):  # this call's forward only: another thread's runs the same layer and hooks
-            if threading.get_ident() == thread:
-                captured["h"] = args[0] if args else kw["hidden_states"]
+        def capture(module, args, kw):
+            captured["h"] = args[0] if args else kw["hidden_states"]
 
         own_cache = output_streams and cache is None
         if own_cache:
             cache, inputs["use_cache"] = DynamicCache(config=self.base.config), True
         past_length = cache.get_seq_length() if cache is not None else 0
-        handle = self.model.layers[self.config.first_msa_layer].register_forward_pre_hook(capture, with_kwargs=True)
+        handle = self.model.layers[self.config.first_msa_layer].register_forward_pre_hook(
+            this_thread_only(capture), with_kwargs=True
+        )
         try:
             out = LlamaForCausalLM.forward(self, **cache_arg(cache), **inputs)
         finally:
@@ -687,12 +688,7 @@ class LlamaForSpeculativeStreaming(DrafterModel, DraftVocabMixin, SpeculativeGen
         decoder = self.model
         first = self.config.first_msa_layer
         received = {}  # what the last plain layer is called with, after any pre-hook of the engine (tree pruning)
-        thread = threading.get_ident()  # this call's forward only: another thread's runs the same layer and hooks
-
-        def receive(module, args, kw):
-            if threading.get_ident() == thread:
-                received.update(kw)
-
+        receive = this_thread_only(lambda module, args, kw: received.update(kw))
         handle = decoder.layers[first - 1].register_forward_pre_hook(receive, with_kwargs=True) if first else None
         try:
             for layer in decoder.layers[:first]:
