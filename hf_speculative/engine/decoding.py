@@ -156,8 +156,8 @@ class SpeculativeLoop:
         self.stats = SpeculativeStats()
         self.masks = TreeMasks(model, self.device)
         self.vocab_size = model.get_input_embeddings().num_embeddings
-        self.pricer = self.lazy_head = self.project = self.final = None
-        self.final_state: torch.Tensor | None = None  # the last verification's final hidden state (`FinalState`)
+        self.pricer = self.lazy_head = self.project = None
+        self.final: FinalState | None = None  # the lazy head's final hidden state from one hook (the last forward's)
 
     def timer(self, key: str) -> StepTimer:
         return StepTimer(self.stats.timings, key, self.device)
@@ -284,7 +284,7 @@ class SpeculativeLoop:
         no_rows = torch.empty(0, dtype=torch.long, device=self.device)
         capture = final.capture() if final is not None else contextlib.nullcontext()
         with self.policy.engine_kernels(self.model, rows=input_ids.numel()), capture:
-            outputs, drafts = verification_forward(
+            return verification_forward(
                 self.model,
                 self.drafter,
                 drafts,
@@ -298,8 +298,6 @@ class SpeculativeLoop:
                 # with the lazy head the forward computes no logits: `NodeLogits` computes the rows the walk reads
                 logits_to_keep=no_rows if lazy else 0,
             )
-        self.final_state = final.state if final is not None else None
-        return outputs, drafts
 
     def one_query(self, drafts: list[DraftTree]) -> bool:
         """A one-token step of one row that sees every cached column: it needs no mask (the model's own unmasked
@@ -312,7 +310,7 @@ class SpeculativeLoop:
         """Per row, the longest valid path and the bonus token: greedy over every node's logits in tensor ops when
         the forward computed them all and no logits processor applies; else the walk over lazily computed rows."""
         batch = self.batch
-        final, head, project = self.final_state, self.lazy_head, self.project
+        final, head, project = self.final.state if self.final is not None else None, self.lazy_head, self.project
         logits = [NodeLogits(outputs, head, d, row=a, project=project, final=final) for a, d in enumerate(drafts)]
         if not self.do_sample and self.lazy_head is None and not self.processors:
             return [accept_greedy_all(d, outputs.logits[a, : len(d)]) for a, d in enumerate(drafts)], logits
