@@ -668,3 +668,36 @@ def test_calibrated_drafter_sizes_its_tree_for_the_machine(monkeypatch):
         assert torch.equal(out, ref)
     finally:
         set_cost_curve(model, None)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_committed_pass_computes_only_the_last_rows_output(variant):
+    """``output_rows``: the output of one row per batch row (queries, ``o_proj`` and MLP on that row alone) equals
+    that row of the full pass, over a cache and a ragged mask; the keys and values cached are every row's."""
+    from hf_speculative.drafters.eagle.drafting import _additive
+
+    model = _target("llama", seed=5)
+    drafter = EagleDrafter.from_base_model(model, variant=variant, draft_vocab_size=50 if variant == "eagle3" else None)
+    g = torch.Generator().manual_seed(0)
+    B, P, T = 3, 4, 6
+    width = drafter.fc.in_features if variant == "eagle3" else model.config.hidden_size
+    feats = torch.randn(B, T, width, generator=g)
+    ids = torch.randint(1, 90, (B, T), generator=g)
+    heads, dim = drafter.config.num_key_value_heads, drafter.config.head_dim
+    past = (torch.randn(B, heads, P, dim, generator=g), torch.randn(B, heads, P, dim, generator=g))
+    visible = torch.ones(T, P + T, dtype=torch.bool)
+    visible[:, P:] = torch.ones(T, T, dtype=torch.bool).tril()
+    visible = visible.expand(B, T, P + T).clone()
+    visible[1, :, :2] = False  # a row with less cached past
+    mask = _additive(visible, torch.float32)
+    positions = torch.arange(P, P + T)[None].expand(B, T)
+    common = dict(target_features=feats, position_ids=positions, attention_mask=mask, cache=past, use_cache=True)
+    full = drafter(ids, **common)
+    last = torch.tensor([5, 2, 0])
+    some = drafter(ids, output_rows=last, **common)
+    assert some.hidden_states.shape == (B, 1, full.hidden_states.shape[-1])
+    for b, r in enumerate(last.tolist()):
+        torch.testing.assert_close(some.hidden_states[b, 0], full.hidden_states[b, r])
+        torch.testing.assert_close(some.logits[b, 0], full.logits[b, r])
+    for mine, theirs in zip(some.cache, full.cache):
+        torch.testing.assert_close(mine, theirs)

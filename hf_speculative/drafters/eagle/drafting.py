@@ -24,6 +24,8 @@ __all__ = ["ROOT", "TreeRows", "committed_rows", "grow_dynamic", "propose_rows"]
 
 #: the key of the root (the last committed token) among a step's tree nodes
 ROOT = -1
+#: a committed pass over more rows than this computes only its last row's output (`committed_rows`)
+LAST_ROW_ONLY_FROM = 2
 
 
 def _padded(parts: list[torch.Tensor | None], lengths: list[int], like: torch.Tensor) -> torch.Tensor:
@@ -58,7 +60,9 @@ def _past(drafters, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor] | N
 def committed_rows(drafters, sequences: list[torch.LongTensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Run every row's uncached committed rows in one forward and extend each row's cache (row j = (x_{j+1}, f_j) at
     position j). Returns per row the last row's output and its logits over the draft vocabulary (they draft
-    depth 1)."""
+    depth 1). Only the last row's output is computed (``output_rows``): the others are needed for their keys and
+    values alone, so their queries, ``o_proj`` and MLP are skipped (on a prompt of a hundred rows, most of the pass;
+    over more rows than `LAST_ROW_ONLY_FROM`: on fewer, picking the rows costs more than it saves)."""
     model = drafters[0].drafter
     device, dtype = model.fc.weight.device, model.fc.weight.dtype
     starts = [d.rows for d in drafters]
@@ -83,6 +87,7 @@ def committed_rows(drafters, sequences: list[torch.LongTensor]) -> list[tuple[to
         cache=_past(drafters, starts),
         use_cache=True,
         compute_logits=False,
+        output_rows=torch.tensor([n - 1 for n in news], device=device) if T > LAST_ROW_ONLY_FROM else None,
     )
     keys, values = out.cache
     roots = []
@@ -90,7 +95,7 @@ def committed_rows(drafters, sequences: list[torch.LongTensor]) -> list[tuple[to
         new = (keys[b : b + 1, :, P : P + n], values[b : b + 1, :, P : P + n])
         d.kv = new if d.kv is None else (torch.cat([d.kv[0], new[0]], 2), torch.cat([d.kv[1], new[1]], 2))
         d.rows = s + n
-        last = out.hidden_states[b, n - 1]
+        last = out.hidden_states[b, 0 if T > LAST_ROW_ONLY_FROM else n - 1]
         roots.append((last, d._logits(last[None, None])[0, 0]))
     return roots
 

@@ -30,7 +30,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+from transformers.models.llama.modeling_llama import (
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+    rotate_half,
+)
 from transformers.utils import ModelOutput
 
 from ..._compat import takes_cache
@@ -78,14 +84,19 @@ class EagleAttention(nn.Module):
         self.v_proj = nn.Linear(input_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bool(config.attention_bias))
 
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """``x (B, T, input_size)`` -> q ``(B, heads, T, d)``, k and v ``(B, kv_heads, T, d)``, RoPE applied."""
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor | None = None):
+        """``x (B, T, input_size)`` -> q ``(B, heads, T, d)``, k and v ``(B, kv_heads, T, d)``, RoPE applied.
+        ``rows`` ``(B,)``: queries of those rows only (``(B, heads, 1, d)``; keys and values of every row)."""
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        return q, k, v
+        if rows is None:
+            q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            return q, k, v
+        x, q_cos, q_sin = (_rows_of(t, rows) for t in (x, cos, sin))
+        q = self.q_proj(x).view(B, 1, self.num_heads, self.head_dim).transpose(1, 2)
+        return _rope(q, q_cos, q_sin), _rope(k, cos, sin), v
 
     def attend(self, q, k, v, mask: torch.Tensor | None) -> torch.Tensor:
         """Scaled dot-product attention with an additive float ``mask`` broadcastable to ``(B, heads, Tq, Tk)``. Grouped
@@ -123,13 +134,32 @@ class EagleDecoderLayer(nn.Module):
         hidden = hidden + attn_out
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
-    def forward(self, hidden, embeds, cos, sin, mask, past=None):
+    def forward(self, hidden, embeds, cos, sin, mask, past=None, rows=None):
         """``hidden (B, T, H)`` the (fused) features, ``embeds`` the token embeddings (EAGLE-3 only), ``past``
-        ``(keys, values)`` to attend to before the new rows; returns the output and the full ``(keys, values)``."""
-        q, k, v = self.self_attn.qkv(self.attention_input(hidden, embeds), cos, sin)
+        ``(keys, values)`` to attend to before the new rows; returns the output and the full ``(keys, values)``.
+        ``rows`` ``(B,)``: the output of those rows only ``(B, 1, H)`` (keys and values of every row): the
+        attention's queries, ``o_proj`` and the MLP run on one row per batch row."""
+        q, k, v = self.self_attn.qkv(self.attention_input(hidden, embeds), cos, sin, rows)
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        if rows is not None:
+            hidden, mask = _rows_of(hidden, rows), None if mask is None else _rows_of(mask, rows, dim=2)
         return self.finish(hidden, self.self_attn.attend(q, k, v, mask)), (k, v)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on ``x (B, heads, T, d)`` with ``cos``/``sin`` ``(B, T, d)`` (`apply_rotary_pos_emb` for one tensor)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return x * cos + rotate_half(x) * sin
+
+
+def _rows_of(x: torch.Tensor, rows: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """Row ``rows[b]`` along ``dim`` of each batch row b of ``x``, the dimension kept (size 1); a ``x`` broadcast over
+    the batch (size 1) gives each batch row its own."""
+    index = rows.to(x.device).view(-1, *([1] * (x.dim() - 1)))
+    shape = list(x.shape)
+    shape[0], shape[dim] = rows.shape[0], 1
+    return x.expand(rows.shape[0], *x.shape[1:]).gather(dim, index.expand(shape))
 
 
 class EaglePreTrainedModel(DrafterModel):
@@ -344,11 +374,14 @@ class EagleDrafter(EaglePreTrainedModel):
         cache: tuple[torch.Tensor, torch.Tensor] | None = None,
         use_cache: bool = False,
         compute_logits: bool = True,
+        output_rows: torch.LongTensor | None = None,
         **kwargs,
     ) -> EagleOutput:
         """Rows ``(B, T)``: row j pairs token ``input_ids[:, j]`` (x_{j+1}) with ``target_features[:, j]`` (f_j) or,
         drafting deeper, the drafter's own output ``hidden[:, j]``. ``attention_mask``: an additive float mask
-        ``(B or 1, 1, T, past + T)``; None is causal (no past). Returns the predicted features and logits."""
+        ``(B or 1, 1, T, past + T)``; None is causal (no past). Returns the predicted features and logits.
+        ``output_rows`` ``(B,)``: predict for row ``output_rows[b]`` of each batch row only (outputs ``(B, 1, ...)``;
+        the cache still gets every row's keys and values): a pass over committed rows needs only its last output."""
         embeds = self.embed(input_ids)
         x = self.fuse(embeds, target_features, hidden)
         B, T = input_ids.shape
@@ -360,7 +393,7 @@ class EagleDrafter(EaglePreTrainedModel):
                 raise ValueError("pass an attention_mask when attending to a cache")
             attention_mask = causal_mask(T, x.dtype, x.device)
         cos, sin = self.rotary_emb(x, position_ids)
-        out, kv = self.layer(x, embeds, cos, sin, attention_mask, cache)
+        out, kv = self.layer(x, embeds, cos, sin, attention_mask, cache, output_rows)
         logits = self.compute_logits(out) if compute_logits else None
         return EagleOutput(hidden_states=out, logits=logits, cache=kv if use_cache else None)
 
