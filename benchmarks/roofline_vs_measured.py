@@ -162,7 +162,9 @@ def main() -> None:
     p.add_argument("--json", default=None, help="write the comparison rows as JSON")
     args = p.parse_args()
 
-    result = json.loads(Path(args.bench_json).read_text())
+    from hf_speculative.bench.report import read_json
+
+    result = read_json(args.bench_json)
     if "batches" not in result:
         raise SystemExit(f"{args.bench_json} is not a batched bench JSON (run bench with --batch-size)")
     setting = result["setting"]

@@ -198,8 +198,9 @@ def main() -> int:
     }
     text = json.dumps(report, indent=1)
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+        from hf_speculative.bench.report import write_json
+
+        write_json(report, args.output)
     print(text)
     return 0
 

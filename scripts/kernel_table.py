@@ -7,7 +7,6 @@ kernel, in float32 and bfloat16, on this machine; the table the engine would cho
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
@@ -40,8 +39,9 @@ def main() -> None:
         for name, ms in table.milliseconds.items():
             print(f"| {name} | " + " | ".join(f"{ms[r]:.1f}" for r in rows) + " |")
         print("| chosen | " + " | ".join(table.choice[r] for r in rows) + " |")
-    with open(args.output, "w") as f:
-        json.dump(result, f, indent=1)
+    from hf_speculative.bench.report import write_json
+
+    write_json(result, args.output)
 
 
 if __name__ == "__main__":

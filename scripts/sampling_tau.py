@@ -14,7 +14,6 @@ every step drafts and tau is the acceptance alone (not a timing; the machine's l
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
@@ -72,7 +71,9 @@ def main() -> None:
                 rows.append(dict(drafter=name, temperature=temperature, acceptance=acceptance, tau=tokens / forwards))
                 print(f"{name:32s} T={temperature:<4} {acceptance:9s} tau {tokens / forwards:.3f}", flush=True)
     if args.output:
-        Path(args.output).write_text(json.dumps(dict(settings=vars(args), rows=rows), indent=1) + "\n")
+        from hf_speculative.bench.report import write_json
+
+        write_json(dict(settings=vars(args), rows=rows), args.output)
 
 
 if __name__ == "__main__":

@@ -184,3 +184,18 @@ def test_plot_writes_png(runs, tmp_path):
     plain, fast = runs
     path = plot_results(summarize(plain + fast), tmp_path / "sub" / "plot.png", title="t")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_records_round_trip_plain_and_gzipped(tmp_path):
+    """``--output x.json.gz`` writes the record gzipped (as the docs keep them), ``x.json`` as text; `read_json`
+    reads either."""
+    import gzip
+
+    from hf_speculative.bench.report import read_json, write_json
+
+    record = {"methods": {"suffix": {"tau": 1.9, "tokens_per_s": [21.5, 22.0]}}, "note": "ü"}
+    plain, packed = write_json(record, tmp_path / "r.json"), write_json(record, tmp_path / "r.json.gz")
+    assert json.loads(plain.read_text(encoding="utf-8")) == record
+    assert json.loads(gzip.decompress(packed.read_bytes())) == record
+    assert read_json(plain) == read_json(packed) == record
+    assert packed.read_bytes() == write_json(record, tmp_path / "again.json.gz").read_bytes()  # no timestamp inside

@@ -20,6 +20,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from hf_speculative.bench.report import beside_record, write_json
 from hf_speculative.commands.common import setup_torch
 
 from .drafter_names import TRAINING_FREE
@@ -375,8 +376,8 @@ def run_compare(args) -> int:
     if args.output:
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-        out.with_suffix(".md").write_text(table, encoding="utf-8")
+        write_json(result, out)
+        beside_record(out, ".md").write_text(table, encoding="utf-8")
     return 0
 
 

@@ -25,6 +25,7 @@ Definitions (the same as Spec-Bench, Xia et al. 2024, and DESIGN.md "Measuring")
 
 from __future__ import annotations
 
+import gzip
 import json
 import statistics
 from dataclasses import dataclass
@@ -422,6 +423,22 @@ def plot_results(methods: dict[str, dict], path: str | Path, title: str | None =
 
 
 def write_json(result: dict, path: str | Path) -> Path:
+    """A bench record as indented JSON; gzipped when ``path`` ends in ``.gz`` (the form the docs keep records in)."""
     path = Path(path)
-    write_atomically(path, json.dumps(result, indent=2, default=str) + "\n")
+    text = json.dumps(result, indent=2, default=str) + "\n"
+    write_atomically(path, gzip.compress(text.encode("utf-8"), mtime=0) if path.suffix == ".gz" else text)
     return path
+
+
+def beside_record(path: str | Path, suffix: str) -> Path:
+    """The file next to a record ``x.json`` or ``x.json.gz`` with ``suffix`` instead (``x.md``, ``x.png``)."""
+    path = Path(path)
+    stem = path.name.removesuffix(".gz").removesuffix(".json")
+    return path.with_name(stem + suffix)
+
+
+def read_json(path: str | Path) -> dict:
+    """A bench record `write_json` wrote, gzipped or not."""
+    path = Path(path)
+    data = path.read_bytes()
+    return json.loads(gzip.decompress(data) if path.suffix == ".gz" else data)

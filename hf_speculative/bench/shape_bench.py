@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import datetime
 import gc
-import json
 import os
 import platform
 import time
@@ -355,8 +354,9 @@ def plot_shapes(result: dict, path) -> Path:
 
 def write_shape_outputs(result: dict, output) -> list[Path]:
     """``output`` (JSON) and, next to it, the markdown table (``.md``) and the plot (``.png``)."""
-    path = Path(output)
-    write_atomically(path, json.dumps(result, indent=2) + "\n")
-    table = path.with_suffix(".md")
+    from .report import beside_record, write_json
+
+    path = write_json(result, output)
+    table = beside_record(path, ".md")
     write_atomically(table, shapes_markdown(result) + "\n")
-    return [path, table, plot_shapes(result, path.with_suffix(".png"))]
+    return [path, table, plot_shapes(result, beside_record(path, ".png"))]

@@ -4,7 +4,6 @@ shapes on CUDA (`hf_speculative.bench.projection`)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 SHAPE_NAMES = (
     "llama-2-7b, vicuna-7b, llama-2-13b, llama-3-8b, llama-3.1-8b, llama-3.2-1b, llama-3.2-3b, qwen2.5-0.5b, "
@@ -34,7 +33,9 @@ def add_parser(subparsers) -> None:
 
 
 def _tau_from_bench(path: str, method: str) -> float:
-    data = json.loads(Path(path).read_text())
+    from ..bench.report import read_json
+
+    data = read_json(path)
     tau = data["methods"][method]["tau"]
     if tau is None:
         raise ValueError(f"{path}: method {method!r} has no tau")
