@@ -411,7 +411,7 @@ def run_eval(args) -> int:
         print(f"written {write_model_card(args.folder, read_downstream_info(args.folder), result)}", file=sys.stderr)
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(text + "\n", encoding="utf-8")
+        write_json(result, args.output)
         print(
             f"written {args.output}: tau {result['tau']}, speedup {result['speedup']}x, lossless {result['lossless_rate']}, "
             f"metric {result['metric']}",
