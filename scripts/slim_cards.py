@@ -26,11 +26,11 @@ KEEP = (
     "speculative-streaming-smollm2-135m-instruct",
     "token-recycling-smollm2-135m-instruct",
 )
-#: The best trained drafter per task that fits the weight budget beside ``KEEP``: E2E NLG's EAGLE-3 on the task's LoRA
-#: model (a 2,048-token draft vocabulary: 12 MiB in bfloat16). It took the room of the GPU-trained E2E NLG arms of the
-#: H100 run of 2026-11-28 (docs/gpu.md), which decoded at 0.88-1.00x their own plain decoding on the 2-core CPU; their
-#: cards keep their numbers and rebuild commands.
-TASK_DRAFTERS = ("eagle3-smollm2-135m-e2e-nlg",)
+#: The best trained drafter per task that fits the weight budget beside ``KEEP``, each on its task's LoRA model: E2E
+#: NLG's EAGLE-3 (a 2,048-token draft vocabulary: 12 MiB in bfloat16) and WikiSQL's Medusa heads (2.6 MiB). EAGLE-3
+#: took the room of the GPU-trained E2E NLG arms of the H100 run of 2026-11-28 (docs/gpu.md), which decoded at
+#: 0.88-1.00x their own plain decoding on the 2-core CPU; their cards keep their numbers and rebuild commands.
+TASK_DRAFTERS = ("eagle3-smollm2-135m-e2e-nlg", "medusa-smollm2-135m-wikisql")
 KEEP += TASK_DRAFTERS
 #: The task LoRA adapters (docs/downstream.md, the ``lora`` arms): each task's fine-tuned model (the E2E NLG EAGLE-3
 #: arm trains on its ``--adapter``); a folder of only ``adapter/`` (no drafter, no ``config.json``).
