@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["final_hidden_state", "output_embeddings", "input_embeddings", "require_mask_attention"]
+__all__ = ["final_hidden_state", "output_embeddings", "input_embeddings", "require_mask_attention", "rope"]
 
 
 def require_mask_attention(model, role: str, mask: str, fix: str) -> None:
@@ -42,3 +42,11 @@ def input_embeddings(model, needed_by: str = "this drafter") -> torch.nn.Module:
     if emb is None:
         raise TypeError(f"{type(model).__name__} has no input embeddings: {needed_by} needs a causal LM target")
     return emb
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on ``x (B, heads, T, d)`` with ``cos, sin (B, T, d)`` (transformers' ``apply_rotary_pos_emb`` for one
+    tensor, when queries and keys take different positions)."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)

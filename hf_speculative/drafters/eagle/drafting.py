@@ -68,6 +68,7 @@ def committed_rows(drafters, sequences: list[torch.LongTensor]) -> list[tuple[to
     starts = [d.rows for d in drafters]
     news = [seq.shape[1] - 1 - s for seq, s in zip(sequences, starts)]
     B, T, P = len(drafters), max(news), max(starts)
+    last_only = T > LAST_ROW_ONLY_FROM  # the pass computes one output per row (``output_rows``)
     ids = torch.zeros(B, T, dtype=torch.long, device=device)
     feats = drafters[0].features.new_zeros(B, T, drafters[0].features.shape[-1]).to(device)
     positions = torch.zeros(B, T, dtype=torch.long, device=device)
@@ -87,7 +88,7 @@ def committed_rows(drafters, sequences: list[torch.LongTensor]) -> list[tuple[to
         cache=_past(drafters, starts),
         use_cache=True,
         compute_logits=False,
-        output_rows=torch.tensor([n - 1 for n in news], device=device) if T > LAST_ROW_ONLY_FROM else None,
+        output_rows=torch.tensor([n - 1 for n in news], device=device) if last_only else None,
     )
     keys, values = out.cache
     roots = []
@@ -95,7 +96,7 @@ def committed_rows(drafters, sequences: list[torch.LongTensor]) -> list[tuple[to
         new = (keys[b : b + 1, :, P : P + n], values[b : b + 1, :, P : P + n])
         d.kv = new if d.kv is None else (torch.cat([d.kv[0], new[0]], 2), torch.cat([d.kv[1], new[1]], 2))
         d.rows = s + n
-        last = out.hidden_states[b, 0 if T > LAST_ROW_ONLY_FROM else n - 1]
+        last = out.hidden_states[b, 0 if last_only else n - 1]
         roots.append((last, d._logits(last[None, None])[0, 0]))
     return roots
 

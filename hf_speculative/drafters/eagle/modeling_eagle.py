@@ -30,13 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
-from transformers.models.llama.modeling_llama import (
-    LlamaMLP,
-    LlamaRMSNorm,
-    LlamaRotaryEmbedding,
-    apply_rotary_pos_emb,
-    rotate_half,
-)
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 from transformers.utils import ModelOutput
 
 from ..._compat import takes_cache
@@ -44,7 +38,7 @@ from ...engine.logits import vocab_logits
 from ...engine.policy import engine_product
 from ...engine.protocol import OneRowDrafter
 from ...engine.trees import DraftingOptions, DraftTree, DynamicTree, fill_children
-from ..base import input_embeddings, output_embeddings
+from ..base import input_embeddings, output_embeddings, rope
 from ..modeling_drafter import DrafterModel, decoder_layer_fields, text_config
 from .configuration_eagle import EagleConfig
 from .drafting import grow_dynamic, propose_rows
@@ -96,7 +90,7 @@ class EagleAttention(nn.Module):
             return q, k, v
         x, q_cos, q_sin = (_rows_of(t, rows) for t in (x, cos, sin))
         q = self.q_proj(x).view(B, 1, self.num_heads, self.head_dim).transpose(1, 2)
-        return _rope(q, q_cos, q_sin), _rope(k, cos, sin), v
+        return rope(q, q_cos, q_sin), rope(k, cos, sin), v
 
     def attend(self, q, k, v, mask: torch.Tensor | None) -> torch.Tensor:
         """Scaled dot-product attention with an additive float ``mask`` broadcastable to ``(B, heads, Tq, Tk)``. Grouped
@@ -145,12 +139,6 @@ class EagleDecoderLayer(nn.Module):
         if rows is not None:
             hidden, mask = _rows_of(hidden, rows), None if mask is None else _rows_of(mask, rows, dim=2)
         return self.finish(hidden, self.self_attn.attend(q, k, v, mask)), (k, v)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on ``x (B, heads, T, d)`` with ``cos``/``sin`` ``(B, T, d)`` (`apply_rotary_pos_emb` for one tensor)."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return x * cos + rotate_half(x) * sin
 
 
 def _rows_of(x: torch.Tensor, rows: torch.Tensor, dim: int = 1) -> torch.Tensor:

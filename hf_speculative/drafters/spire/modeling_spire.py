@@ -30,11 +30,12 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 from transformers.utils import ModelOutput
 
 from ...engine.logits import vocab_logits
 from ...engine.trees import DraftingOptions, DraftTree, TreeSpec
+from ..base import rope
 from ..chain import ChainDrafting, ChainTreeFiller
 from ..cost_aware import cost_aware_tree
 from ..draft_vocab import DraftVocabMixin, draft_vocab_logits
@@ -47,11 +48,6 @@ __all__ = ["SpireDrafter", "SpireTreeDrafter", "SpireOutput", "SpirePreTrainedMo
 
 def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, torch.finfo(dtype).min)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on ``x (B, heads, T, d)`` with ``cos, sin (B, T, d)``."""
-    return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
 
 
 class SpireAttention(nn.Module):
@@ -88,7 +84,7 @@ class SpireLayer(nn.Module):
         """Keys and values ``(B, kv_heads, T, d)`` of memory vectors ``(B, T, H)`` at the positions of ``cos, sin``."""
         attn = self.self_attn
         h = self.input_layernorm(memory)
-        k = _rotate(attn._heads(attn.k_proj(h), attn.num_kv_heads), cos, sin)
+        k = rope(attn._heads(attn.k_proj(h), attn.num_kv_heads), cos, sin)
         return k, attn._heads(attn.v_proj(h), attn.num_kv_heads)
 
     def forward(
@@ -104,8 +100,8 @@ class SpireLayer(nn.Module):
         and ``mask (B, 1, T, M)`` (additive) their visibility. Each query also sees its own key (appended last)."""
         attn = self.self_attn
         h = self.input_layernorm(x)
-        q = _rotate(attn._heads(attn.q_proj(h), attn.num_heads), cos, sin)
-        k_self = _rotate(attn._heads(attn.k_proj(h), attn.num_kv_heads), cos, sin)
+        q = rope(attn._heads(attn.q_proj(h), attn.num_heads), cos, sin)
+        k_self = rope(attn._heads(attn.k_proj(h), attn.num_kv_heads), cos, sin)
         v_self = attn._heads(attn.v_proj(h), attn.num_kv_heads)
         T = x.shape[1]
         keys, values = torch.cat([keys, k_self], 2), torch.cat([values, v_self], 2)
