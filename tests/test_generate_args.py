@@ -4,12 +4,14 @@ import pytest
 import torch
 from conftest import FP32_LAYERS, noisy_copy, tiny_model
 from transformers import (
+    DynamicCache,
     LogitsProcessor,
     LogitsProcessorList,
     StaticCache,
     StoppingCriteria,
     StoppingCriteriaList,
 )
+from transformers.cache_utils import DynamicLayer
 from transformers.generation.streamers import BaseStreamer
 
 import hf_speculative as hfs
@@ -121,6 +123,26 @@ def test_return_dict_scores_logits_and_cache(pair):
     assert stats.mean_accepted_length == pytest.approx(10 / len(stats.accepted_lengths))
     assert get_cache(out).get_seq_length() == out.sequences.shape[1] - 1
     assert set(stats.timings) == {"draft", "target", "engine"}
+    # the engine's in-place layers are swapped back: the cache returned holds plain, compact layers, equal to plain's
+    for mine, ref in zip(get_cache(out).layers, get_cache(plain).layers):
+        assert type(mine) is DynamicLayer and mine.keys.is_contiguous() and mine.values.is_contiguous()
+        torch.testing.assert_close(mine.keys, ref.keys, **FP32_LAYERS)
+        torch.testing.assert_close(mine.values, ref.values, **FP32_LAYERS)
+
+
+def test_a_cache_passed_in_is_continued_and_returned_with_plain_layers(pair):
+    target, draft = pair
+    cache, plain_cache = DynamicCache(config=target.config), DynamicCache(config=target.config)
+    first = target.generate(PROMPT, max_new_tokens=4, do_sample=False, **cache_arg(plain_cache))
+    mine = target.generate(PROMPT, assistant_model=draft, max_new_tokens=4, do_sample=False, **cache_arg(cache))
+    assert torch.equal(mine, first)
+    assert {type(layer) for layer in cache.layers} == {DynamicLayer}
+    # a second call continues from that cache (a multi-turn chat), exactly as plain decoding does
+    follow = torch.cat([first, torch.tensor([[11, 12]])], dim=-1)
+    expected = target.generate(follow, max_new_tokens=6, do_sample=False, **cache_arg(plain_cache))
+    out = target.generate(follow, assistant_model=draft, max_new_tokens=6, do_sample=False, **cache_arg(cache))
+    assert torch.equal(out, expected)
+    assert {type(layer) for layer in cache.layers} == {DynamicLayer}
 
 
 def test_left_padded_prompt_with_attention_mask(pair):

@@ -202,3 +202,47 @@ def test_the_lazy_head_check_reads_the_largest_logits(cap):
     assert out.logits.abs().max() > 2  # some logits large enough for the cap to bend them by more than the tolerance
     assert NodeLogits.lazy_head(capped, out) is None
     assert NodeLogits.lazy_head(plain, plain(input_ids=prompt, output_hidden_states=True, logits_to_keep=1)) is not None
+
+
+def test_reserved_layer_holds_what_a_dynamic_layer_holds_and_appends_in_place():
+    """`ReservedLayer` against `DynamicLayer` through what the engine does to a cache: a prefill, one-token and tree
+    appends, crops, a path kept in place, rows leaving the batch; a step's append writes into the same buffer."""
+    from transformers.cache_utils import DynamicLayer
+
+    from hf_speculative.engine.cache import RESERVE_COLUMNS, ReservedLayer, keep_path, release_tree_cache
+
+    g = torch.Generator().manual_seed(0)
+    plain, reserved = DynamicCache(), DynamicCache()
+    plain.layers, reserved.layers = [DynamicLayer()], [ReservedLayer()]
+
+    def update(columns: int, rows: int = 3):
+        k, v = torch.randn(rows, 2, columns, 4, generator=g), torch.randn(rows, 2, columns, 5, generator=g)
+        out = [cache.update(k, v, 0) for cache in (plain, reserved)]
+        for a, b in zip(*out):
+            assert torch.equal(a, b)
+
+    def same():
+        a, b = plain.layers[0], reserved.layers[0]
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+    update(7)
+    buffer = reserved.layers[0].keys.data_ptr()
+    for _ in range(RESERVE_COLUMNS):  # one-token steps within the reserve: no new buffer
+        update(1)
+    assert reserved.layers[0].keys.data_ptr() == buffer
+    update(RESERVE_COLUMNS)  # past the reserve: a larger buffer holding every column
+    same()
+    update(5)  # a tree step of 5 nodes, then a path of 2 kept in place and the rest cropped
+    for cache in (plain, reserved):
+        keep_path(cache, cache.get_seq_length() - 5, [0, 3])
+    same()
+    update(1)
+    for cache in (plain, reserved):
+        cache.crop(-2)
+        cache.batch_select_indices(torch.tensor([0, 2]))  # a row left the batch
+    same()
+    update(3, rows=2)
+    same()
+    release_tree_cache(reserved)
+    assert type(reserved.layers[0]) is DynamicLayer and reserved.layers[0].keys.is_contiguous()
+    same()

@@ -41,7 +41,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from .._compat import cache_arg, model_kwargs_cache
 from .acceptance import AcceptanceSettings, accept_greedy_all
 from .batch_state import Batch, Row, SpeculativeStats, StepTimer, Stopping, TreeMasks
-from .cache import attention_window, keep_paths, prepare_tree_cache
+from .cache import attention_window, keep_paths, prepare_tree_cache, release_tree_cache
 from .drafts import check_drafts, row_processors
 from .logits import FinalState, NodeLogits
 from .policy import speed_policy
@@ -121,11 +121,14 @@ def tree_speculative_decoding(
         pricing=model_kwargs.pop("pricing", None),
     )
     loop = SpeculativeLoop(model, input_ids, settings, model_kwargs)
-    with speed_policy(model).drafter_in_use(settings.drafter):
-        loop.prefill()
-        while loop.batch.active:
-            loop.step()
-    return loop.finish()
+    try:
+        with speed_policy(model).drafter_in_use(settings.drafter):
+            loop.prefill()
+            while loop.batch.active:
+                loop.step()
+        return loop.finish()
+    finally:
+        release_tree_cache(loop.cache)  # the caller's cache holds plain layers again, whatever happened
 
 
 class SpeculativeLoop:
@@ -140,7 +143,6 @@ class SpeculativeLoop:
         self.tree = _check_call(model, input_ids, self.drafter, call.tree, call.streamer)
         self.policy = speed_policy(model)
         self.cache = model_kwargs_cache(model_kwargs)
-        prepare_tree_cache(self.cache)
         self.device = input_ids.device
         config = call.generation_config
         self.do_sample = bool(config.do_sample)
@@ -158,6 +160,7 @@ class SpeculativeLoop:
         self.vocab_size = model.get_input_embeddings().num_embeddings
         self.pricer = self.lazy_head = self.project = None
         self.final: FinalState | None = None  # the lazy head's final hidden state from one hook (the last forward's)
+        prepare_tree_cache(self.cache)  # last: a call refused above leaves the caller's cache as it was
 
     def timer(self, key: str) -> StepTimer:
         return StepTimer(self.stats.timings, key, self.device)
