@@ -107,8 +107,8 @@ class ReservedLayer(DynamicLayer):
     """A `DynamicLayer` that appends in place: ``keys`` and ``values`` are views of buffers with room for
     `RESERVE_COLUMNS` (or an eighth of the length, whichever is more) further columns, so `update` writes its new
     columns instead of concatenating the whole cache. `crop` narrows the views; whoever replaces ``keys``/``values``
-    with other tensors (`batch_select_indices`, offloading) is followed: the next `update` copies them into new
-    buffers. The values written are the ones `DynamicLayer` would hold, so every forward computes the same."""
+    with other tensors (`batch_select_indices`, offloading, a drafter) is followed: the next `update` copies them into
+    new buffers. The values written are the ones `DynamicLayer` would hold, so every forward computes the same."""
 
     def __init__(self):
         super().__init__()
@@ -125,24 +125,21 @@ class ReservedLayer(DynamicLayer):
         return new
 
     def released(self) -> DynamicLayer:
-        """A plain `DynamicLayer` with compact copies of this layer's keys and values."""
+        """A plain `DynamicLayer` with this layer's keys and values, copied out of the buffers (compact, no spare room)."""
         plain = DynamicLayer()
         if self.is_initialized:
             plain.lazy_initialization(self.keys, self.values)
-            plain.keys, plain.values = self.keys.contiguous(), self.values.contiguous()
-            if self.buffers is not None and plain.keys.data_ptr() == self.buffers[0].data_ptr():
-                plain.keys, plain.values = self.keys.clone(), self.values.clone()
+            plain.keys, plain.values = self.keys, self.values
+            if self._written is not None:  # views of the buffers
+                plain.keys, plain.values = (t.clone(memory_format=torch.contiguous_format) for t in self._written)
         return plain
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        keys, values, written = self.keys, self.values, self._written
-        length = keys.shape[-2] if keys.dim() > 1 else 0  # a freshly initialised layer holds a 1-D empty tensor
+        length = self.keys.shape[-2] if self.keys.dim() > 1 else 0  # a fresh layer holds a 1-D empty tensor
         end = length + key_states.shape[-2]
-        # the views of the last update, untouched (the common step), or narrowed by `crop`, still fit in the buffers
-        untouched = written is not None and keys is written[0] and values is written[1]
-        if not (untouched and end <= self.buffers[0].shape[-2]) and not self._holds(end, key_states, value_states):
+        if not self._in_buffers() or end > self.buffers[0].shape[-2]:
             self._reserve(length, end, key_states, value_states)
         key_buffer, value_buffer = self.buffers
         key_buffer.narrow(-2, length, end - length).copy_(key_states)
@@ -151,18 +148,16 @@ class ReservedLayer(DynamicLayer):
         self._written = (self.keys, self.values)
         return self.keys, self.values
 
-    def _holds(self, end: int, key_states: torch.Tensor, value_states: torch.Tensor) -> bool:
-        """Whether ``keys``/``values`` are still views of the buffers from their first column and ``end`` fits."""
-        if self.buffers is None:
-            return False
-        for view, buffer, states in zip((self.keys, self.values), self.buffers, (key_states, value_states)):
-            if buffer.shape[-2] < end or buffer.dtype != states.dtype or buffer.device != states.device:
-                return False
-            if view.numel() and (view.data_ptr() != buffer.data_ptr() or view.stride() != buffer.stride()):
-                return False
-            if buffer.shape[:-2] != states.shape[:-2] or buffer.shape[-1] != states.shape[-1]:
-                return False
-        return True
+    def _in_buffers(self) -> bool:
+        """Whether ``keys``/``values`` are still the views this layer made (by `update` or `crop`), not tensors
+        someone put in their place."""
+        written = self._written
+        return written is not None and self.keys is written[0] and self.values is written[1]
+
+    def crop(self, tokens_to_remove: int) -> None:
+        in_buffers = self._in_buffers()
+        super().crop(tokens_to_remove)
+        self._written = (self.keys, self.values) if in_buffers else None
 
     def _reserve(self, length: int, end: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """New buffers for ``end`` columns and the reserve, holding the ``length`` cached ones."""
