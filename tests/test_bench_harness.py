@@ -209,6 +209,35 @@ def test_run_benchmark_magicdec(tiny):
         assert batched["batches"][b]["plain"]["verified_tokens_per_row"] is None
 
 
+def test_batch_bench_repeats_take_the_median_per_batch(tiny, monkeypatch):
+    """``repeats``: every method decodes every batch that many times, in rounds of alternating order, and its time on a
+    batch is the median of its rounds; the rows measured are the first round's (plain first)."""
+    import hf_speculative.bench.batch as batch_bench
+
+    model, tok = tiny
+    calls, fake = [], iter([0.5, 1.0, 9.0, 2.0, 3.0, 1.0] * 8)
+    timed = batch_bench._timed_generate
+
+    def counted(m, *args):
+        out, _ = timed(m, *args)
+        calls.append(m.name)
+        return out, next(fake)
+
+    monkeypatch.setattr(batch_bench, "_timed_generate", counted)
+    result = batch_bench.run_batch_benchmark(
+        model, tok, RECORDS[:2], ["engine"], [2], max_new_tokens=4, progress=False, repeats=3
+    )
+    assert calls == ["plain", "engine", "engine", "plain", "plain", "engine"]  # one batch, three rounds
+    rows = result["batches"]["2"]
+    # plain timed 0.5, 2.0, 3.0 and the engine 1.0, 9.0, 1.0 in those rounds: medians 2.0 and 1.0
+    assert rows["plain"]["seconds"] == 2.0 and rows["engine"]["seconds"] == 1.0
+    assert rows["plain"]["round_seconds"] == [0.5, 2.0, 3.0] and rows["engine"]["round_seconds"] == [1.0, 9.0, 1.0]
+    assert rows["engine"]["speedup"] == pytest.approx(2.0) and rows["engine"]["lossless_rate"] == 1.0
+    assert rows["engine"]["new_tokens"] == rows["plain"]["new_tokens"] and result["setting"]["repeats"] == 3
+    with pytest.raises(ValueError, match="repeats"):
+        batch_bench.run_batch_benchmark(model, tok, RECORDS[:2], ["engine"], [2], progress=False, repeats=0)
+
+
 def test_checkpoint_after_each_prompt(tiny):
     model, tok = tiny
     seen = []

@@ -7,10 +7,15 @@ counted). Per method and B: total new tokens over total seconds, the speedup ove
 (tokens/s over the engine with nothing drafted, ``engine``, when it runs), tau per row
 (the mean over rows of each row's tokens per target forward it took part in) and the share of rows whose
 tokens equal plain's (lossless rate, greedy). `plot_batch_speedup` draws speedup against B.
+
+With ``repeats`` > 1 every batch is decoded that many times per method, in rounds (plain first in the first round,
+whose outputs are the ones compared; the order reversed in every other round, so a drift of the machine's speed
+falls on all methods alike), and a method's time on a batch is the median of its rounds.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any
 
@@ -71,30 +76,46 @@ def _tree_nodes(method, batch_size: int) -> int | None:
 
 
 def _run_group(bench_methods, per_method: dict, ids, mask, common: dict, device, seed_value: int | None, bar) -> None:
-    """Each method on one padded batch (plain first: its rows are the reference), accumulated in ``per_method``."""
+    """Each method on one padded batch, ``len(per_method[...]["round_seconds"])`` rounds (see the module docstring),
+    accumulated in ``per_method``; the first round's rows (plain's the reference) are the ones measured."""
+    repeats = len(next(iter(per_method.values()))["round_seconds"])
+    seconds: dict[str, list[float]] = {m.name: [] for m in bench_methods}
     reference = None
-    for m in bench_methods:
-        if seed_value is not None:
-            torch.manual_seed(seed_value)
+    for round_ in range(repeats):
+        for m in bench_methods if round_ % 2 == 0 else bench_methods[::-1]:
+            out, dt = _timed_generate(m, ids, mask, common, device, seed_value)
+            seconds[m.name].append(dt)
+            per_method[m.name]["round_seconds"][round_] += dt
+            bar.update(1)
+            if round_ == 0:
+                rows = _row_tokens(out.sequences, ids.shape[1], common["eos_token_id"])
+                reference = rows if reference is None else reference
+                _count_rows(per_method[m.name], out, rows, reference)
+    for name, values in seconds.items():
+        per_method[name]["seconds"] += statistics.median(values)
+
+
+def _timed_generate(m, ids, mask, common: dict, device, seed_value: int | None):
+    """One batched ``generate`` of method ``m`` and its wall time."""
+    if seed_value is not None:
+        torch.manual_seed(seed_value)
+    synchronize(device)
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        out = m.generate(ids, mask, **common)
         synchronize(device)
-        with torch.inference_mode():
-            t0 = time.perf_counter()
-            out = m.generate(ids, mask, **common)
-            synchronize(device)
-            dt = time.perf_counter() - t0
-        rows = _row_tokens(out.sequences, ids.shape[1], common["eos_token_id"])
-        acc = per_method[m.name]
-        acc["seconds"] += dt
-        acc["tokens"] += sum(len(r) for r in rows)
-        acc["rows"] += len(rows)
-        taus = _row_taus(out, len(rows))
-        if taus is not None:
-            acc["taus"].extend(taus)
-        acc["verified"].extend(_row_verified_tokens(out, len(rows)))
-        if reference is None:
-            reference = rows
-        acc["exact_rows"] += sum(r == ref for r, ref in zip(rows, reference))
-        bar.update(1)
+        return out, time.perf_counter() - t0
+
+
+def _count_rows(acc: dict, out, rows: list[list[int]], reference: list[list[int]]) -> None:
+    """A method's new tokens, taus, verified tokens and rows equal to plain's on one batch."""
+    acc["tokens"] += sum(len(r) for r in rows)
+    acc["rows"] += len(rows)
+    taus = _row_taus(out, len(rows))
+    if taus is not None:
+        acc["taus"].extend(taus)
+    acc["verified"].extend(_row_verified_tokens(out, len(rows)))
+    acc["exact_rows"] += sum(r == ref for r, ref in zip(rows, reference))
 
 
 def _size_results(per_method: dict, bench_methods, batch_size: int, greedy: bool) -> dict[str, Any]:
@@ -109,6 +130,8 @@ def _size_results(per_method: dict, bench_methods, batch_size: int, greedy: bool
             "speculation_share": tokens_per_s[name] / engine_tps if engine_tps and name != "plain" else None,
             "new_tokens": acc["tokens"],
             "seconds": acc["seconds"],
+            # every round's total seconds over all batches (the spread behind the medians when repeats > 1)
+            "round_seconds": acc["round_seconds"],
             "tau_per_row": acc["taus"] or None,
             "tau": sum(acc["taus"]) / len(acc["taus"]) if acc["taus"] else None,
             "lossless_rate": acc["exact_rows"] / max(acc["rows"], 1) if greedy else None,
@@ -132,10 +155,14 @@ def run_batch_benchmark(
     seed: int = 0,
     device=None,
     progress: bool = True,
+    repeats: int = 1,
 ) -> dict[str, Any]:
-    """Time ``methods`` on ``records`` in batches of each size in ``batch_sizes``; the JSON-ready result."""
+    """Time ``methods`` on ``records`` in batches of each size in ``batch_sizes`` (each ``repeats`` times, the median
+    counted); the JSON-ready result."""
     from tqdm.auto import tqdm
 
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
     options = options or BenchOptions()
     device = device or model.device
     methods = baselines_first(["plain"] + [m for m in methods if m != "plain" and m not in BATCH_UNSUPPORTED])
@@ -152,11 +179,19 @@ def run_batch_benchmark(
             m.generate(warm_ids, warm_mask, **{**common, "max_new_tokens": min(8, max_new_tokens)})
 
     results: dict[str, Any] = {}
-    total = sum((len(prompts) + b - 1) // b for b in batch_sizes) * len(bench_methods)
+    total = sum((len(prompts) + b - 1) // b for b in batch_sizes) * len(bench_methods) * repeats
     bar = tqdm(total=total, desc="batch bench", unit="batch", disable=not progress)
     for b in batch_sizes:
         per_method = {
-            m.name: {"seconds": 0.0, "tokens": 0, "taus": [], "rows": 0, "exact_rows": 0, "verified": []}
+            m.name: {
+                "seconds": 0.0,
+                "round_seconds": [0.0] * repeats,
+                "tokens": 0,
+                "taus": [],
+                "rows": 0,
+                "exact_rows": 0,
+                "verified": [],
+            }
             for m in bench_methods
         }
         for start in range(0, len(prompts), b):
@@ -172,10 +207,14 @@ def run_batch_benchmark(
             "max_new_tokens": max_new_tokens,
             "temperature": temperature,
             "n_prompts": len(prompts),
+            "repeats": repeats,
             "threads": torch.get_num_threads(),
             "machine": machine_info(device),
             "methods": {m.name: {"description": m.description, **m.settings()} for m in bench_methods},
-            "timing": "time.perf_counter around each batched generate call; prompts left padded, methods interleaved per batch",
+            "timing": (
+                "time.perf_counter around each batched generate call; prompts left padded, methods interleaved per "
+                "batch; a method's time on a batch is the median of its repeats (rounds in alternating order)"
+            ),
         },
         "batches": results,
     }

@@ -113,7 +113,10 @@ def _add_prompt_args(p) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument(
-        "--repeats", type=int, default=1, help="timed runs per prompt and method (median is used; spread reported)"
+        "--repeats",
+        type=int,
+        default=1,
+        help="timed runs per prompt (per batch with --batch-size) and method (median is used; spread reported)",
     )
 
 
@@ -297,7 +300,9 @@ def _run_batched(args, model, tokenizer, records, methods, options) -> int:
     skipped = [m for m in methods if m in BATCH_UNSUPPORTED]
     if skipped:
         print(f"skipping {', '.join(skipped)}: transformers runs them on one sequence only")
-    result = run_batch_benchmark(model, tokenizer, records, methods, sizes, options, **_generation(args))
+    result = run_batch_benchmark(
+        model, tokenizer, records, methods, sizes, options, repeats=args.repeats, **_generation(args)
+    )
     result["setting"].update(_setting(args))
     _record_peak(result)
     print()
