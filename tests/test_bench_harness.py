@@ -211,11 +211,12 @@ def test_run_benchmark_magicdec(tiny):
 
 def test_batch_bench_repeats_take_the_median_per_batch(tiny, monkeypatch):
     """``repeats``: every method decodes every batch that many times, in rounds of alternating order, and its time on a
-    batch is the median of its rounds; the rows measured are the first round's (plain first)."""
+    batch is the median of its rounds; the rows measured are the first round's (plain first). A drafter that learns
+    across calls (SuffixDecoding) runs in the first round only: later it would draft from the answer it saw."""
     import hf_speculative.bench.batch as batch_bench
 
     model, tok = tiny
-    calls, fake = [], iter([0.5, 1.0, 9.0, 2.0, 3.0, 1.0] * 8)
+    calls, fake = [], iter([0.5, 1.0, 4.0, 9.0, 2.0, 3.0, 1.0] * 8)
     timed = batch_bench._timed_generate
 
     def counted(m, *args):
@@ -225,17 +226,39 @@ def test_batch_bench_repeats_take_the_median_per_batch(tiny, monkeypatch):
 
     monkeypatch.setattr(batch_bench, "_timed_generate", counted)
     result = batch_bench.run_batch_benchmark(
-        model, tok, RECORDS[:2], ["engine"], [2], max_new_tokens=4, progress=False, repeats=3
+        model, tok, RECORDS[:2], ["engine", "suffix"], [2], max_new_tokens=4, progress=False, repeats=3
     )
-    assert calls == ["plain", "engine", "engine", "plain", "plain", "engine"]  # one batch, three rounds
+    # one batch, three rounds, the order reversed in the second; suffix only in the first
+    assert calls == ["plain", "engine", "suffix", "engine", "plain", "plain", "engine"]
     rows = result["batches"]["2"]
     # plain timed 0.5, 2.0, 3.0 and the engine 1.0, 9.0, 1.0 in those rounds: medians 2.0 and 1.0
-    assert rows["plain"]["seconds"] == 2.0 and rows["engine"]["seconds"] == 1.0
+    assert rows["plain"]["seconds"] == 2.0 and rows["engine"]["seconds"] == 1.0 and rows["suffix"]["seconds"] == 4.0
     assert rows["plain"]["round_seconds"] == [0.5, 2.0, 3.0] and rows["engine"]["round_seconds"] == [1.0, 9.0, 1.0]
+    assert rows["suffix"]["round_seconds"] == [4.0]
     assert rows["engine"]["speedup"] == pytest.approx(2.0) and rows["engine"]["lossless_rate"] == 1.0
     assert rows["engine"]["new_tokens"] == rows["plain"]["new_tokens"] and result["setting"]["repeats"] == 3
     with pytest.raises(ValueError, match="repeats"):
         batch_bench.run_batch_benchmark(model, tok, RECORDS[:2], ["engine"], [2], progress=False, repeats=0)
+
+
+def test_repeats_time_a_drafter_that_learns_across_calls_once(tiny):
+    """Per prompt, ``repeats`` times every method that many times, except a drafter that keeps what it saw across
+    calls (Token Recycling, SuffixDecoding, a hybrid with either), which a second call would time on a seen answer."""
+    import hf_speculative as hfs
+    from hf_speculative.bench.harness import learns_across_calls
+
+    assert hfs.SuffixDrafter.learns_across_calls and hfs.TokenRecyclingDrafter.learns_across_calls
+    assert not hfs.PromptLookupDrafter.learns_across_calls
+    assert hfs.HybridDrafter([hfs.PromptLookupDrafter(), hfs.SuffixDrafter()]).learns_across_calls
+    assert not hfs.HybridDrafter([hfs.PromptLookupDrafter()]).learns_across_calls
+    model, tok = tiny
+    result = run_benchmark(
+        model, tok, RECORDS[:1], ["plain", "engine", "token-recycling"], max_new_tokens=4, progress=False, repeats=2
+    )
+    results = result["prompts"][0]["results"]
+    assert len(results["plain"]["wall_s_repeats"]) == 2 and len(results["engine"]["wall_s_repeats"]) == 2
+    assert "wall_s_repeats" not in results["token-recycling"] and results["token-recycling"]["wall_s"] > 0
+    assert not learns_across_calls(object())
 
 
 def test_checkpoint_after_each_prompt(tiny):

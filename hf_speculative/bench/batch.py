@@ -10,7 +10,9 @@ tokens equal plain's (lossless rate, greedy). `plot_batch_speedup` draws speedup
 
 With ``repeats`` > 1 every batch is decoded that many times per method, in rounds (plain first in the first round,
 whose outputs are the ones compared; the order reversed in every other round, so a drift of the machine's speed
-falls on all methods alike), and a method's time on a batch is the median of its rounds.
+falls on all methods alike), and a method's time on a batch is the median of its rounds. A method whose drafter
+learns across calls (`TreeDrafter.learns_across_calls`: Token Recycling, SuffixDecoding, hybrids with them) runs in the
+first round only: in a later one it would draft from the answer it saw in the first.
 """
 
 from __future__ import annotations
@@ -21,7 +23,15 @@ from typing import Any
 
 import torch
 
-from .harness import BenchOptions, baselines_first, build_methods, generate_kwargs, machine_info, synchronize
+from .harness import (
+    BenchOptions,
+    baselines_first,
+    build_methods,
+    generate_kwargs,
+    learns_across_calls,
+    machine_info,
+    synchronize,
+)
 from .prompts import prepare_prompts
 
 __all__ = ["run_batch_benchmark", "batch_table", "plot_batch_speedup", "pad_batch", "BATCH_UNSUPPORTED"]
@@ -76,13 +86,16 @@ def _tree_nodes(method, batch_size: int) -> int | None:
 
 
 def _run_group(bench_methods, per_method: dict, ids, mask, common: dict, device, seed_value: int | None, bar) -> None:
-    """Each method on one padded batch, ``len(per_method[...]["round_seconds"])`` rounds (see the module docstring),
-    accumulated in ``per_method``; the first round's rows (plain's the reference) are the ones measured."""
-    repeats = len(next(iter(per_method.values()))["round_seconds"])
+    """Each method on one padded batch, in as many rounds as its ``per_method[name]["round_seconds"]`` has entries
+    (see the module docstring), accumulated in ``per_method``; the first round's rows (plain's the reference) are the
+    ones measured."""
+    repeats = max(len(acc["round_seconds"]) for acc in per_method.values())
     seconds: dict[str, list[float]] = {m.name: [] for m in bench_methods}
     reference = None
     for round_ in range(repeats):
         for m in bench_methods if round_ % 2 == 0 else bench_methods[::-1]:
+            if round_ >= len(per_method[m.name]["round_seconds"]):
+                continue
             out, dt = _timed_generate(m, ids, mask, common, device, seed_value)
             seconds[m.name].append(dt)
             per_method[m.name]["round_seconds"][round_] += dt
@@ -185,7 +198,7 @@ def run_batch_benchmark(
         per_method = {
             m.name: {
                 "seconds": 0.0,
-                "round_seconds": [0.0] * repeats,
+                "round_seconds": [0.0] * (1 if learns_across_calls(m) else repeats),
                 "tokens": 0,
                 "taus": [],
                 "rows": 0,

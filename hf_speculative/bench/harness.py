@@ -58,6 +58,7 @@ __all__ = [
     "run_benchmark",
     "machine_info",
     "generate_kwargs",
+    "learns_across_calls",
     "synchronize",
 ]
 
@@ -829,11 +830,12 @@ def _measure_prompt(
 def _measure(
     m, prompt: BenchPrompt, common: dict, device, seed: int | None, repeats: int, tokenizer=None
 ) -> Measurement:
-    """``repeats`` timed calls of one method on one prompt; the first call's output is the one measured (its text
-    decoded when a ``tokenizer`` is given)."""
+    """``repeats`` timed calls of one method on one prompt (one for a drafter that learns across calls: a second call
+    would draft from the first one's answer); the first call's output is the one measured (its text decoded when a
+    ``tokenizer`` is given)."""
     prompt_len = prompt.input_ids.shape[1]
     walls, out, hook_count = [], None, None
-    for _ in range(repeats):
+    for _ in range(1 if learns_across_calls(m) else repeats):
         out_r, dt, hc = time_one(m, prompt, common, device, seed=seed)
         walls.append(dt)
         if out is None:
@@ -853,6 +855,12 @@ def _measure(
         prompt_tokens=prompt_len,
         text=tokenizer.decode(new_ids, skip_special_tokens=True) if tokenizer is not None else None,
     )
+
+
+def learns_across_calls(m) -> bool:
+    """Whether method ``m``'s drafter keeps what it saw across calls (`TreeDrafter.learns_across_calls`): timing it
+    again on the same prompt would time a drafter that has seen the answer, so benchmarks time its first call only."""
+    return bool(getattr(getattr(m, "draft", None), "learns_across_calls", False))
 
 
 def _floor_of_prompt(model, prompt: BenchPrompt, common: dict, measurements: list[Measurement], device) -> dict:

@@ -150,6 +150,11 @@ class HybridDrafter(TreeDrafter):
         self._part_trees: list[TreeSpec | None] = []  # each part's own tree of the call (set by begin_batch)
         self._own: dict[int, list[DraftTree]] = {}  # row -> each part's own draft of this step
 
+    @property
+    def learns_across_calls(self) -> bool:
+        """Whether a part keeps what it saw across calls (`TreeDrafter.learns_across_calls`)."""
+        return any(getattr(part, "learns_across_calls", False) for part in self.parts)
+
     # ------------------------------------------------------------------ set-up
     def attach_target(self, target) -> None:
         from ..engine.resolve import resolve_drafter

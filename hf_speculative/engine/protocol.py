@@ -96,6 +96,9 @@ class TreeDrafter(ABC):  # noqa: B024  (no abstract method: a drafter implements
     #: the long-lived object whose step prices (`hf_speculative.engine.step_pricing`) are kept across calls: a drafter
     #: model makes a new `TreeDrafter` per call, so `resolve_drafter` sets the model here (None: this drafter)
     pricing_owner: object | None = None
+    #: the drafter keeps what it saw across calls (Token Recycling's matrix, SuffixDecoding's outputs), so a second
+    #: call on the same prompt drafts from the first call's answer; `hf-speculative bench` times its first call only
+    learns_across_calls: bool = False
 
     def attach_target(self, target) -> None:  # noqa: B027  (optional hook: most drafters ignore the target)
         """Called once per `generate` call, before anything else, with the target model (never to run it: only

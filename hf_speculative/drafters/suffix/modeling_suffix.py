@@ -67,6 +67,7 @@ class SuffixDrafter(TreeDrafter):
         kwargs: `SuffixConfig` fields.
     """
 
+    learns_across_calls = True
     config_class = SuffixConfig
 
     def __init__(self, config: SuffixConfig | None = None, cost_curve=None, **kwargs):

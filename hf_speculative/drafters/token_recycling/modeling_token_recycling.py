@@ -66,6 +66,7 @@ class TokenRecyclingDrafter(TreeDrafter):
             ``refresh_every`` (decoding steps between re-choosing it from the latest hit rates).
     """
 
+    learns_across_calls = True
     config_class = TokenRecyclingConfig  # AutoModel.from_pretrained(folder) finds it by the config's model_type
 
     def __init__(self, num_successors: int = 8, cost_curve=None, **kwargs):
