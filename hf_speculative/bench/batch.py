@@ -131,6 +131,19 @@ def _count_rows(acc: dict, out, rows: list[list[int]], reference: list[list[int]
     acc["exact_rows"] += sum(r == ref for r, ref in zip(rows, reference))
 
 
+def _accumulator(rounds: int) -> dict[str, Any]:
+    """What one method gathers over a batch size's batches, timed in ``rounds`` rounds."""
+    return {
+        "seconds": 0.0,
+        "round_seconds": [0.0] * rounds,
+        "tokens": 0,
+        "taus": [],
+        "rows": 0,
+        "exact_rows": 0,
+        "verified": [],
+    }
+
+
 def _size_results(per_method: dict, bench_methods, batch_size: int, greedy: bool) -> dict[str, Any]:
     """One batch size's JSON entry per method from its accumulated timings and rows."""
     tokens_per_s = {name: acc["tokens"] / max(acc["seconds"], 1e-9) for name, acc in per_method.items()}
@@ -195,18 +208,7 @@ def run_batch_benchmark(
     total = sum((len(prompts) + b - 1) // b for b in batch_sizes) * len(bench_methods) * repeats
     bar = tqdm(total=total, desc="batch bench", unit="batch", disable=not progress)
     for b in batch_sizes:
-        per_method = {
-            m.name: {
-                "seconds": 0.0,
-                "round_seconds": [0.0] * (1 if learns_across_calls(m) else repeats),
-                "tokens": 0,
-                "taus": [],
-                "rows": 0,
-                "exact_rows": 0,
-                "verified": [],
-            }
-            for m in bench_methods
-        }
+        per_method = {m.name: _accumulator(1 if learns_across_calls(m) else repeats) for m in bench_methods}
         for start in range(0, len(prompts), b):
             group = prompts[start : start + b]
             ids, mask = pad_batch(group, pad)
@@ -214,22 +216,25 @@ def run_batch_benchmark(
             _run_group(bench_methods, per_method, ids, mask, common, device, seed_value, bar)
         results[str(b)] = _size_results(per_method, bench_methods, b, greedy)
     bar.close()
+    setting = _setting(bench_methods, batch_sizes, max_new_tokens, temperature, len(prompts), repeats, device)
+    return {"setting": setting, "batches": results}
+
+
+def _setting(bench_methods, batch_sizes, max_new_tokens, temperature, n_prompts, repeats, device) -> dict[str, Any]:
+    """The run's ``setting`` entry: what was decoded, how, on which machine."""
     return {
-        "setting": {
-            "batch_sizes": batch_sizes,
-            "max_new_tokens": max_new_tokens,
-            "temperature": temperature,
-            "n_prompts": len(prompts),
-            "repeats": repeats,
-            "threads": torch.get_num_threads(),
-            "machine": machine_info(device),
-            "methods": {m.name: {"description": m.description, **m.settings()} for m in bench_methods},
-            "timing": (
-                "time.perf_counter around each batched generate call; prompts left padded, methods interleaved per "
-                "batch; a method's time on a batch is the median of its repeats (rounds in alternating order)"
-            ),
-        },
-        "batches": results,
+        "batch_sizes": batch_sizes,
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "n_prompts": n_prompts,
+        "repeats": repeats,
+        "threads": torch.get_num_threads(),
+        "machine": machine_info(device),
+        "methods": {m.name: {"description": m.description, **m.settings()} for m in bench_methods},
+        "timing": (
+            "time.perf_counter around each batched generate call; prompts left padded, methods interleaved per "
+            "batch; a method's time on a batch is the median of its repeats (rounds in alternating order)"
+        ),
     }
 
 

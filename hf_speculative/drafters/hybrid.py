@@ -153,7 +153,7 @@ class HybridDrafter(TreeDrafter):
     @property
     def learns_across_calls(self) -> bool:
         """Whether a part keeps what it saw across calls (`TreeDrafter.learns_across_calls`)."""
-        return any(getattr(part, "learns_across_calls", False) for part in self.parts)
+        return any(isinstance(part, TreeDrafter) and part.learns_across_calls for part in self.parts)
 
     # ------------------------------------------------------------------ set-up
     def attach_target(self, target) -> None:
