@@ -205,10 +205,11 @@ def run_batch_benchmark(
             m.generate(warm_ids, warm_mask, **{**common, "max_new_tokens": min(8, max_new_tokens)})
 
     results: dict[str, Any] = {}
-    total = sum((len(prompts) + b - 1) // b for b in batch_sizes) * len(bench_methods) * repeats
+    rounds = {m.name: 1 if learns_across_calls(m) else repeats for m in bench_methods}
+    total = sum((len(prompts) + b - 1) // b for b in batch_sizes) * sum(rounds.values())
     bar = tqdm(total=total, desc="batch bench", unit="batch", disable=not progress)
     for b in batch_sizes:
-        per_method = {m.name: _accumulator(1 if learns_across_calls(m) else repeats) for m in bench_methods}
+        per_method = {name: _accumulator(n) for name, n in rounds.items()}
         for start in range(0, len(prompts), b):
             group = prompts[start : start + b]
             ids, mask = pad_batch(group, pad)
