@@ -812,3 +812,22 @@ def test_compare_runs_every_arm_on_one_model_in_one_process(work, trained, tmp_p
     assert "| plain `generate()` |" in out.with_suffix(".md").read_text() and result["peak_resident_bytes"] > 0
     with pytest.raises(ValueError, match="one fine-tuned model"):
         main(["compare", lora, str(trained["medusa2"]), *argv[5:]])
+    with pytest.raises(ValueError, match="one fine-tuned model"):
+        main(["compare", f"{trained['medusa2']}:engine", f"{trained['streaming']}:engine", *argv[5:]])
+
+
+@pytest.mark.parametrize("method", ["medusa2", "streaming"])
+def test_compare_a_model_of_its_own_beside_its_engine_alone(work, trained, method, tmp_path):
+    """A medusa2 or streaming folder holds a model of its own: compare runs its drafter beside that model's one-token
+    steps through the engine (``:engine``), both exact against its plain decoding."""
+    out, folder = tmp_path / "compare.json", str(trained[method])
+    argv = ["compare", f"{folder}:engine", folder, "--task", "e2e_nlg", "--data", str(work["e2e_nlg"])]
+    assert main([*argv, "--limit", "2", "--max-new-tokens", "8", "--no-progress", "--output", str(out)]) == 0
+    engine, own = json.loads(out.read_text())["arms"]
+    assert (engine["method"], own["method"]) == (method, method)
+    assert engine["drafter"] == "engine, nothing drafted" and engine["extra_parameters"] == 0
+    assert engine["tau"] == 1.0 and own["extra_parameters"] > 0 and own["drafter"] != engine["drafter"]
+    assert engine["lossless_rate"] == own["lossless_rate"] == 1.0
+    assert engine["arm"].endswith(":engine") and own["over_engine"] == pytest.approx(
+        own["tokens_per_s"] / engine["tokens_per_s"], rel=1e-3
+    )

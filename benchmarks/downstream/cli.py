@@ -215,7 +215,8 @@ def _add_eval_parser(sub) -> None:
         default="prompt-lookup",
         choices=TRAINING_FREE,
         help="a lora folder's training-free drafting (arm e; suffix and hybrid-suffix are warmed with the task's "
-        "training targets; engine: the engine's loop with nothing drafted); other folders draft with what they trained "
+        "training targets; engine, on any folder: its model's one-token steps through the engine, nothing drafted); "
+        "other folders draft with what they trained "
         "(hybrid-suffix on a medusa2, eagle or medusa folder: merged with SuffixDecoding; hybrid-suffix-ungated: the same with "
         "the trained drafter drafting on every step)",
     )
@@ -248,7 +249,8 @@ def _add_compare_parser(sub) -> None:
         "arms",
         nargs="+",
         help="FOLDER (what it drafts with) or FOLDER:DRAFTER (a lora folder's --drafter of 'eval', e.g. :engine, "
-        ":suffix, :hf-prompt-lookup; an eagle or medusa folder's :hybrid-suffix); all decode one model",
+        ":suffix, :hf-prompt-lookup; an eagle or medusa folder's :hybrid-suffix; any folder's :engine); all decode one "
+        "model (lora, eagle and medusa folders on one adapter, or one medusa2 or streaming folder)",
     )
     c.add_argument("--task", required=True, choices=TASKS)
     c.add_argument("--data", required=True, help="the task's data folder")

@@ -6,7 +6,8 @@ arm's tokens/s and the plain tokens/s come from the same minutes of the same pro
 the folder drafts with) or ``FOLDER:DRAFTER`` (``downstream eval --drafter``): a ``lora`` folder's training-free
 drafting, ``engine`` (nothing drafted: the engine's own share), ``hf-prompt-lookup`` (transformers' own), or an
 ``eagle`` or ``medusa`` folder with ``hybrid-suffix``. Every arm must decode the same model: ``lora`` folders, and
-``eagle`` and ``medusa`` folders whose ``base_adapter`` is that folder's adapter.
+``eagle`` and ``medusa`` folders whose ``base_adapter`` is that folder's adapter; or one ``medusa2`` or ``streaming``
+folder, which holds a model of its own, with its ``:engine`` arm (that model's one-token steps through the engine).
 """
 
 from __future__ import annotations
@@ -39,30 +40,33 @@ def parse_arm(text: str) -> tuple[str, str]:
     return text, "prompt-lookup"
 
 
-def _target_adapter(folder: Path) -> Path:
-    """The adapter whose merged model a folder decodes: a ``lora`` folder's own, an ``eagle`` or ``medusa`` folder's
-    ``base_adapter``."""
+def _target_model(folder: Path) -> str:
+    """What names the model a folder decodes: the adapter whose merged model a ``lora``, ``eagle`` or ``medusa``
+    folder decodes (a ``lora`` folder's own, the others' ``base_adapter``); a ``medusa2`` or ``streaming`` folder has
+    a model of its own, the folder itself."""
     method = read_downstream_info(folder)["method"]
     if method not in SHARED_TARGET_METHODS:
-        raise ValueError(
-            f"compare runs arms on one fine-tuned model (lora, eagle and medusa folders); {folder} is a {method} folder "
-            "with a model of its own: evaluate it with 'downstream eval'"
-        )
-    return (folder / folder_adapter(folder, method)).resolve()
+        return f"{method} folder {folder.resolve()}"
+    return f"adapter {(folder / folder_adapter(folder, method)).resolve()}"
 
 
 def _load_arms(arms: list[tuple[str, str]], task: str, data_dir, device, warm_answers) -> list:
-    """Each arm loaded (`load_downstream`), after checking they all decode one model."""
-    adapters = {str(_target_adapter(Path(folder))) for folder, _ in arms}
-    if len(adapters) != 1:
-        raise ValueError(f"the arms decode different models (adapters {sorted(adapters)}); compare needs one")
+    """Each arm loaded (`load_downstream`), after checking they all decode one model (a ``medusa2`` or ``streaming``
+    folder's own model: that folder's arms, its drafter and ``:engine``)."""
+    models = {_target_model(Path(folder)) for folder, _ in arms}
+    if len(models) != 1:
+        raise ValueError(
+            f"the arms decode different models ({sorted(models)}); compare runs arms on one fine-tuned model: lora, "
+            "eagle and medusa folders on one adapter, or one medusa2 or streaming folder with its :engine arm"
+        )
     loaded, target = [], None
     for folder, drafter in arms:
         warm = None
         if drafter in SUFFIX_DRAFTERS:
             warm = chat_answers(warm_answers) if warm_answers else training_targets(task, data_dir)
         arm = load_downstream(folder, device=device, drafter=drafter, warm_texts=warm, target=target)
-        target = target or (arm.model, arm.tokenizer)  # one copy of the model serves every arm
+        if arm.info["method"] in SHARED_TARGET_METHODS:
+            target = target or (arm.model, arm.tokenizer)  # one copy of the model serves every arm
         loaded.append(arm)
     return loaded
 
@@ -105,7 +109,7 @@ def _arm_record(arm, folder: str, drafter: str, row: dict, plain_tps: float, n: 
     tps = row["tokens"] / max(row["seconds"], 1e-9)
     training = arm.info.get("training") or {}
     return {
-        "arm": f"{folder}:{drafter}" if arm.info["method"] == "lora" or drafter.startswith("hybrid-suffix") else folder,
+        "arm": f"{folder}:{drafter}" if arm.info["method"] == "lora" or drafter.startswith(("hybrid-suffix", "engine")) else folder,
         "method": arm.info["method"],
         "drafter": arm.drafter,
         "tau": round(sum(row["accepted"]) / len(row["accepted"]), 4) if row["accepted"] else None,

@@ -162,9 +162,11 @@ def _training_free_drafter(name: str, warm_texts: list[str] | None = None, token
 
 
 def _load_streaming(
-    folder: Path, info: dict, tokenizer, base, pruning_threshold: float | None, gen: dict
+    folder: Path, info: dict, tokenizer, base, pruning_threshold: float | None, gen: dict, engine_only: bool = False
 ) -> DownstreamModel:
-    """A ``streaming`` folder: plain is the joint forward one token at a time, speculative the streams' own drafting."""
+    """A ``streaming`` folder: plain is the joint forward one token at a time, speculative the streams' own drafting
+    (``engine_only``: the joint forward's one-token steps through the engine, nothing drafted)."""
+    from hf_speculative.bench.root_only import ENGINE_CALL, ENGINE_LABEL, RootOnlyDrafter
     from hf_speculative.drafters.streaming.modeling_speculative_streaming import LlamaForSpeculativeStreaming
 
     ss = LlamaForSpeculativeStreaming.from_pretrained(folder, base_model=base)
@@ -174,15 +176,16 @@ def _load_streaming(
     name = "speculative streaming (shared mode, self-drafting)"
     if ss.config.pruning_layer is not None and ss.config.pruning_threshold > 0:
         name = f"speculative streaming (shared mode, self-drafting, tree pruning after layer {ss.config.pruning_layer} at {ss.config.pruning_threshold:g})"
+    drafting = {"assistant_model": RootOnlyDrafter(), **ENGINE_CALL} if engine_only else {}
     return DownstreamModel(
         info,
         tokenizer,
         plain=lambda ids, n: ss.generate_autoregressive(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, **gen
         ),
-        speculative=lambda ids, n: ss.generate(ids, max_new_tokens=n, **gen),
-        drafter=name,
-        extra_parameters=ss.num_stream_parameters(),
+        speculative=lambda ids, n: ss.generate(ids, max_new_tokens=n, **drafting, **gen),
+        drafter=ENGINE_LABEL if engine_only else name,
+        extra_parameters=0 if engine_only else ss.num_stream_parameters(),
         device=base.device,
     )
 
@@ -211,10 +214,11 @@ def load_downstream(
     method = info["method"]
     hybrid_suffix = drafter.startswith("hybrid-suffix") and method in TRAINED_DRAFTER_METHODS
     gate = drafter != "hybrid-suffix-ungated"  # ungated: the trained drafter drafts for every row on every step
-    if drafter != "prompt-lookup" and method != "lora" and not hybrid_suffix:
+    engine_only = drafter == "engine"  # any folder: its model's one-token steps through the engine
+    if drafter != "prompt-lookup" and method != "lora" and not (hybrid_suffix or engine_only):
         raise ValueError(
-            f"--drafter {drafter} applies to a 'lora' folder (and hybrid-suffix to a {', '.join(TRAINED_DRAFTER_METHODS)} "
-            f"folder too); {folder} drafts with its own {method} drafter"
+            f"--drafter {drafter} applies to a 'lora' folder (engine to every folder, hybrid-suffix to a "
+            f"{', '.join(TRAINED_DRAFTER_METHODS)} folder too); {folder} drafts with its own {method} drafter"
         )
     if pruning_threshold is not None and (method != "streaming" or not (info.get("training") or {}).get("pruning")):
         raise ValueError(
@@ -226,12 +230,14 @@ def load_downstream(
     gen = dict(do_sample=False, return_dict_in_generate=True)
 
     if method == "streaming":
-        return _load_streaming(folder, info, tokenizer, base, pruning_threshold, gen)
+        return _load_streaming(folder, info, tokenizer, base, pruning_threshold, gen, engine_only)
     if method == "medusa2":
         from hf_speculative.drafters.medusa.training_medusa2 import load_medusa2
 
         model, heads = load_medusa2(folder, base, merge=True)
         drafter, name, extra = heads, "medusa-2 heads", sum(p.numel() for p in heads.parameters())
+        if engine_only:
+            (drafter, name), extra = _training_free_drafter("engine"), 0
     elif method == "eagle":
         from hf_speculative.drafters.eagle.modeling_eagle import EagleDrafter
 
