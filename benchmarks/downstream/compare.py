@@ -108,8 +108,9 @@ def _decode_rotating(plain, loaded: list, prompts: list[torch.Tensor], n_new: in
 def _arm_record(arm, folder: str, drafter: str, row: dict, plain_tps: float, n: int) -> dict:
     tps = row["tokens"] / max(row["seconds"], 1e-9)
     training = arm.info.get("training") or {}
+    named = arm.info["method"] == "lora" or drafter.startswith(("hybrid-suffix", "engine"))  # not the folder's own
     return {
-        "arm": f"{folder}:{drafter}" if arm.info["method"] == "lora" or drafter.startswith(("hybrid-suffix", "engine")) else folder,
+        "arm": f"{folder}:{drafter}" if named else folder,
         "method": arm.info["method"],
         "drafter": arm.drafter,
         "tau": round(sum(row["accepted"]) / len(row["accepted"]), 4) if row["accepted"] else None,
