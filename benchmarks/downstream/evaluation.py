@@ -147,9 +147,9 @@ def _training_free_drafter(name: str, warm_texts: list[str] | None = None, token
     if name == "prompt-lookup":
         return hfs.PromptLookupDrafter(), "tree prompt lookup"
     if name == "engine":  # the engine's loop with nothing drafted: what speculation adds is measured against it
-        from hf_speculative.bench.root_only import RootOnlyDrafter
+        from hf_speculative.bench.root_only import ENGINE_LABEL, RootOnlyDrafter
 
-        return RootOnlyDrafter(), "engine, nothing drafted"
+        return RootOnlyDrafter(), ENGINE_LABEL
     if name == "hf-prompt-lookup":  # no drafter of ours: generate(prompt_lookup_num_tokens=...)
         return None, f"transformers prompt lookup ({HF_PROMPT_LOOKUP_TOKENS} tokens)"
     if name == "token-recycling":
