@@ -175,9 +175,10 @@ def test_pruning_is_active_and_exact_in_a_batch(arch):
     base, ss = _pruned_ss(arch, seed=7, layer=2, threshold=0.012)
     prompts, ids, attention_mask = _ragged_batch()
     calls = []
+    hfs.enable(base)  # before the hook: enable checks the engine's decoder loop against the model's forward
     handle = base.register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
-        out = hfs.enable(base).generate(
+        out = base.generate(
             ids,
             attention_mask=attention_mask,
             assistant_model=ss,

@@ -97,9 +97,12 @@ def test_lazy_logits_only_when_logits_are_the_plain_lm_head():
 def test_the_final_state_comes_from_one_hook_unless_the_drafter_reads_hidden_states(arch, monkeypatch):
     """With the lazy head and a drafter that reads no hidden states, verification forwards run without
     ``output_hidden_states`` (the decoder's output is hooked instead); a model whose decoder output is not the head's
-    input keeps it; outputs are plain generate()'s either way."""
+    input keeps it; outputs are plain generate()'s either way. (The model's own forward: the engine's decoder loop
+    returns its final state itself, `tests/test_decoder_loop.py`.)"""
     from hf_speculative.engine import decoding
     from hf_speculative.engine.logits import FinalState
+
+    monkeypatch.setenv("HF_SPECULATIVE_FORWARD", "model")
 
     asked = []
     forward = decoding.verification_forward

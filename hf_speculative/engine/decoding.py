@@ -281,26 +281,35 @@ class SpeculativeLoop:
 
     def verify(self, drafts: list[DraftTree]):
         """One target forward over all rows' trees (pruned inside it by a drafter with a pruning hook); returns the
-        outputs and the drafts they verified."""
+        outputs and the drafts they verified. The speed policy's decoder loop runs it when it serves the model
+        (`hf_speculative.engine.decoder_loop`: bitwise the model's forward); else the model's own forward."""
         batch, lazy, final = self.batch, self.lazy_head is not None, self.final
         input_ids, position_ids = batch.tree_inputs(drafts, self.device)
-        no_rows = torch.empty(0, dtype=torch.long, device=self.device)
-        capture = final.capture() if final is not None else contextlib.nullcontext()
-        with self.policy.engine_kernels(self.model, rows=input_ids.numel()), capture:
-            return verification_forward(
-                self.model,
-                self.drafter,
-                drafts,
-                lambda pruned, positions: self.masks(batch, pruned, positions),
-                input_ids=input_ids,
-                attention_mask=None if self.one_query(drafts) else self.masks(batch, drafts, position_ids),
-                position_ids=position_ids,
-                **cache_arg(self.cache),
-                use_cache=True,
-                output_hidden_states=self.drafter.needs_target_hidden_states or (lazy and final is None),
-                # with the lazy head the forward computes no logits: `NodeLogits` computes the rows the walk reads
-                logits_to_keep=no_rows if lazy else 0,
-            )
+        inputs = dict(
+            input_ids=input_ids,
+            attention_mask=None if self.one_query(drafts) else self.masks(batch, drafts, position_ids),
+            position_ids=position_ids,
+            output_hidden_states=self.drafter.needs_target_hidden_states or (lazy and final is None),
+            # with the lazy head the forward computes no logits: `NodeLogits` computes the rows the walk reads
+            logits_to_keep=torch.empty(0, dtype=torch.long, device=self.device) if lazy else 0,
+        )
+        loop = self.policy.decoder_loop(self.model) if self.drafter.pruning_layer is None else None
+        with self.policy.engine_kernels(self.model, rows=input_ids.numel()):
+            if loop is not None:
+                outputs = loop(cache=self.cache, **inputs)
+                if final is not None:
+                    final.state = outputs.final_state
+                return outputs, drafts
+            with final.capture() if final is not None else contextlib.nullcontext():
+                return verification_forward(
+                    self.model,
+                    self.drafter,
+                    drafts,
+                    lambda pruned, positions: self.masks(batch, pruned, positions),
+                    **cache_arg(self.cache),
+                    use_cache=True,
+                    **inputs,
+                )
 
     def one_query(self, drafts: list[DraftTree]) -> bool:
         """A one-token step of one row that sees every cached column: it needs no mask (the model's own unmasked

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .decoder_loop import DecoderLoop
 from .kernels.linear import (
     ROW_BUCKETS,
     KernelForward,
@@ -44,6 +45,7 @@ from .kernels.linear import (
 from .step_pricing import PRICING_ENV, StepPricer
 
 __all__ = [
+    "FORWARD_ENV",
     "KERNELS_ENV",
     "DrafterInUseError",
     "DraftingLinearForward",
@@ -54,6 +56,7 @@ __all__ = [
 ]
 
 KERNELS_ENV = "HF_SPECULATIVE_KERNELS"
+FORWARD_ENV = "HF_SPECULATIVE_FORWARD"
 #: engine forwards between two scans of a model's modules (a module added later, e.g. an adapter, is found then)
 RESCAN_EVERY = 256
 #: models with fewer linear-weight bytes than this get the default table (too small to time meaningfully)
@@ -79,6 +82,10 @@ class SpeedPolicy:
         table: the kernel table in force (measured or read by `prepare`; set one to use it as is).
         pricing: draft only while tree steps beat one-token steps here (`hf_speculative.engine.step_pricing`;
             ``HF_SPECULATIVE_PRICING=0`` at ``enable`` turns it off; a call's ``speculative_pricing`` overrides it).
+        forward: ``"auto"`` (default): the verification forward of a model the engine's decoder loop reproduces
+            bitwise (`hf_speculative.engine.decoder_loop`, checked once per model) runs that loop, without
+            transformers' per-layer plumbing; ``"model"``: the model's own forward always
+            (``HF_SPECULATIVE_FORWARD=model`` at ``enable`` also).
     """
 
     kernels: str = "auto"
@@ -86,6 +93,7 @@ class SpeedPolicy:
     measure_seconds: float = 2.0
     table: KernelTable | None = None
     pricing: bool = True
+    forward: str = "auto"
     _kernels: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _linears: list = field(default_factory=lambda: [RESCAN_EVERY, []], init=False, repr=False, compare=False)
     _prepared: "weakref.WeakKeyDictionary" = field(
@@ -100,12 +108,18 @@ class SpeedPolicy:
     _drafting: "weakref.WeakSet" = field(default_factory=weakref.WeakSet, init=False, repr=False, compare=False)
     #: bytes of the memory budget the model's kernels leave for drafters' copies (set by `prepare`), and those held
     _allowance: list = field(default_factory=lambda: [0, 0], init=False, repr=False, compare=False)
+    #: per model, its checked decoder loop (or None) and, when the check failed, why (`decoder_loop`)
+    _loops: "weakref.WeakKeyDictionary" = field(
+        default_factory=weakref.WeakKeyDictionary, init=False, repr=False, compare=False
+    )
     #: the model's cost curves this process read, measured or was given (`hf_speculative.perf_model.get_cost_curve`)
     cost_curves: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.kernels not in ("auto", "torch"):
             raise ValueError(f"kernels must be 'auto' or 'torch', got {self.kernels!r}")
+        if self.forward not in ("auto", "model"):
+            raise ValueError(f"forward must be 'auto' or 'model', got {self.forward!r}")
         if not self.memory_budget >= 0:
             raise ValueError(
                 f"memory_budget must be a fraction >= 0 of the model's parameter bytes, got {self.memory_budget!r}"
@@ -120,14 +134,19 @@ class SpeedPolicy:
             policy.kernels = "torch"
         if os.environ.get(PRICING_ENV, "1").strip().lower() in ("0", "off", "false", "no"):
             policy.pricing = False
+        if os.environ.get(FORWARD_ENV, "auto").strip().lower() in ("0", "off", "false", "no", "model"):
+            policy.forward = "model"
         return policy
 
     # --------------------------------------------------------------------- preparing, at enable
 
     def prepare(self, model) -> None:
-        """Build and check this CPU's kernel, then measure or read the table for the model's dtype. Nothing is done
-        for a model with any weight off the CPU (CUDA, meta, offloaded), or with the kernels off."""
+        """Check the decoder loop against the model's forward (`decoder_loop`); build and check this CPU's kernel, then
+        measure or read the table for the model's dtype. No kernel is prepared for a model with any weight off the CPU
+        (CUDA, meta, offloaded), or with the kernels off."""
         self._kernels, self._linears[0] = {}, RESCAN_EVERY
+        self._loops.pop(model, None)
+        self.decoder_loop(model)
         if not self.runs_kernels(model):
             return
         from .kernels.build import build_direct_gemm
@@ -263,6 +282,36 @@ class SpeedPolicy:
                 del module.__dict__["forward"]
         self._linears[0] = RESCAN_EVERY
 
+    def decoder_loop(self, model) -> DecoderLoop | None:
+        """The engine's decoder loop for this forward of ``model``, or None (the model's own forward then runs): with
+        ``forward="auto"``, for a model the loop serves (`DecoderLoop.for_model`) that passed its bitwise check against
+        the model's forward (`DecoderLoop.check`, once per model, at ``enable``; `loop_report` says why one failed), while nothing
+        it would bypass has a hook and no gradient is taken."""
+        if self.forward != "auto":
+            return None
+        entry = self._loops.get(model)
+        if entry is None:
+            loop = DecoderLoop.for_model(model)
+            try:
+                failed = loop.check(model.get_input_embeddings().num_embeddings) if loop is not None else None
+            except Exception as error:  # a transformers whose Llama the loop does not reproduce
+                failed = f"{type(error).__name__}: {error}"
+            entry = self._loops[model] = (None, failed) if failed else (loop, None)
+        loop = entry[0]
+        return loop if loop is not None and loop.usable() else None
+
+    def loop_report(self, model) -> str:
+        """Which forward the engine runs for ``model``, and why."""
+        if self.forward != "auto":
+            return "the model's own forward (forward='model')"
+        loop = self.decoder_loop(model)
+        failed = self._loops[model][1] if model in self._loops else None
+        if loop is not None:
+            return "the engine's decoder loop (checked bitwise against the model's forward)"
+        if failed:
+            return f"the model's own forward: the decoder loop's check failed ({failed})"
+        return "the model's own forward: the decoder loop does not serve this model, or a hook or gradient is on"
+
     # --------------------------------------------------------------------- per drafter
 
     def step_pricer(self, drafter, model, rows: int) -> StepPricer:
@@ -356,6 +405,7 @@ _RUNTIME = (
     "_lock",
     "_drafting",
     "_allowance",
+    "_loops",
     "cost_curves",
 )
 
@@ -370,6 +420,7 @@ def _runtime_state() -> dict:
         _lock=threading.Lock(),
         _drafting=weakref.WeakSet(),
         _allowance=[0, 0],
+        _loops=weakref.WeakKeyDictionary(),
         cost_curves={},
     )
 
@@ -470,4 +521,5 @@ def speed_policy(model) -> SpeedPolicy:
         # a model class that decodes speculatively by itself (Speculative Streaming): a policy of its own, torch's
         # kernels, made on first use
         policy = model.__dict__["_hfs_policy"] = SpeedPolicy.from_env(kernels="torch")
-    return policy if policy is not None else SpeedPolicy.from_env(kernels="torch")
+    # a model never enabled: a policy for this call only, which runs the model's own forward (its loop unchecked)
+    return policy if policy is not None else SpeedPolicy.from_env(kernels="torch", forward="model")
