@@ -16,9 +16,9 @@ hf-speculative warm-recycling --model reference --threads 2 \
 METHODS=plain,hf-prompt-lookup,tree-prompt-lookup,token-recycling,medusa,hybrid:pl+tr,hybrid:pl+medusa,hybrid:tr+medusa,hybrid
 # 3. fp32: held-out task prompts (8, round robin over the 4 categories) and MT-Bench (one per category)
 hf-speculative bench --model reference --threads 2 --prompts heldout --limit 8 --max-new-tokens 96 --no-numerics-floor \
-  --methods "$METHODS" --drafter medusa="$MEDUSA" --recycling "$TR" --output $OUT/2026-11-25-token-recycling-heldout-fp32.json
+  --methods "$METHODS" --drafter medusa="$MEDUSA" --recycling "$TR" --output $OUT/2026-11-25-token-recycling-heldout-fp32.json.gz
 hf-speculative bench --model reference --threads 2 --prompts mt_bench --per-category 1 --max-new-tokens 96 --no-numerics-floor \
-  --methods "$METHODS" --drafter medusa="$MEDUSA" --recycling "$TR" --output $OUT/2026-11-25-token-recycling-mtbench-fp32.json
+  --methods "$METHODS" --drafter medusa="$MEDUSA" --recycling "$TR" --output $OUT/2026-11-25-token-recycling-mtbench-fp32.json.gz
 # 4. bf16: the same held-out prompts (identical-output rate against plain bf16 and the numerics floor)
 hf-speculative bench --model reference --threads 2 --dtype bfloat16 --prompts heldout --limit 8 --max-new-tokens 96 \
   --methods plain,hf-prompt-lookup,tree-prompt-lookup,token-recycling,hybrid:pl+tr --recycling "$TR" \

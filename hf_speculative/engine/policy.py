@@ -304,13 +304,16 @@ class SpeedPolicy:
         """Which forward the engine runs for ``model``, and why."""
         if self.forward != "auto":
             return "the model's own forward (forward='model')"
-        loop = self.decoder_loop(model)
+        with torch.no_grad():  # as the engine's forwards run
+            loop = self.decoder_loop(model)
         failed = self._loops[model][1] if model in self._loops else None
         if loop is not None:
             return "the engine's decoder loop (checked bitwise against the model's forward)"
         if failed:
             return f"the model's own forward: the decoder loop's check failed ({failed})"
-        return "the model's own forward: the decoder loop does not serve this model, or a hook or gradient is on"
+        return (
+            "the model's own forward: the decoder loop does not serve this model, or a hook is on a module it bypasses"
+        )
 
     # --------------------------------------------------------------------- per drafter
 
