@@ -45,6 +45,11 @@ class LoopOutput:
     final_state: torch.Tensor
     cache: object = None
 
+    @property
+    def past_key_values(self):
+        """The cache, under the name transformers before 5.24 gives it."""
+        return self.cache
+
 
 class DecoderLoop:
     """The verification forward of a ``LlamaForCausalLM`` as one loop (see the module docstring)."""
@@ -56,7 +61,6 @@ class DecoderLoop:
         self.modeling = modeling = sys.modules[_supported_base(type(model)).__module__]
         self.create_causal_mask = modeling.create_causal_mask
         self.apply_rotary = modeling.apply_rotary_pos_emb
-        self.slice_rows = sys.modules["transformers.modeling_utils"].slice_logits_to_keep
         self.bypassed = [model, self.decoder, *self.layers, *(layer.self_attn for layer in self.layers)]
 
     @classmethod
@@ -95,9 +99,8 @@ class DecoderLoop:
     ) -> LoopOutput:
         decoder, config = self.decoder, self.model.config
         hidden = decoder.embed_tokens(input_ids)
-        mask = self.create_causal_mask(
-            config=config, inputs_embeds=hidden, attention_mask=attention_mask, cache=cache, position_ids=position_ids
-        )
+        # positional: the cache's keyword is ``past_key_values`` before transformers 5.24 and ``cache`` from it
+        mask = self.create_causal_mask(config, hidden, attention_mask, cache, position_ids)
         rotary = decoder.rotary_emb(hidden, position_ids=position_ids)
         attend = _attention_function(config._attn_implementation, self.modeling)
         states = [hidden] if output_hidden_states else None
@@ -108,7 +111,7 @@ class DecoderLoop:
         hidden = decoder.norm(hidden)
         if states is not None:
             states[-1] = hidden  # as transformers' output capturing ties the last hidden state to the normed one
-        logits = self.model.lm_head(self.slice_rows(hidden, logits_to_keep))
+        logits = self.model.lm_head(_kept_rows(hidden, logits_to_keep))
         return LoopOutput(logits, tuple(states) if states is not None else None, hidden, cache)
 
     def layer(self, layer, hidden: torch.Tensor, context: tuple) -> torch.Tensor:
@@ -154,6 +157,13 @@ class DecoderLoop:
                 if not torch.equal(reference.logits, self(**inputs, cache=caches[1]).logits):
                     return f"the logits of a {end - start}-token forward differ from the model's"
         return None
+
+
+def _kept_rows(hidden: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+    """The positions whose logits the forward computes, as ``LlamaForCausalLM.forward`` slices them: the last
+    ``logits_to_keep`` (0: all of them), or the positions a 1D tensor names."""
+    index = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+    return hidden[:, index, :]
 
 
 def _supported_base(kind: type) -> type | None:

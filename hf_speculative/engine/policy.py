@@ -291,11 +291,11 @@ class SpeedPolicy:
             return None
         entry = self._loops.get(model)
         if entry is None:
-            loop = DecoderLoop.for_model(model)
             try:
+                loop = DecoderLoop.for_model(model)
                 failed = loop.check(model.get_input_embeddings().num_embeddings) if loop is not None else None
             except Exception as error:  # a transformers whose Llama the loop does not reproduce
-                failed = f"{type(error).__name__}: {error}"
+                loop, failed = None, f"{type(error).__name__}: {error}"
             entry = self._loops[model] = (None, failed) if failed else (loop, None)
         loop = entry[0]
         return loop if loop is not None and loop.usable() else None
