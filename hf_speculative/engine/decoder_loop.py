@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .trees import tree_attention_mask
+
 __all__ = ["DecoderLoop", "LoopOutput"]
 
 #: the modules this loop serves, by class name and the module transformers defines them in
@@ -144,9 +146,8 @@ class DecoderLoop:
 
         device, dtype = self.model.device, self.model.dtype
         tokens = torch.randint(0, vocab_size, (1, 9), generator=torch.Generator().manual_seed(0)).to(device)
-        tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool, device=device)
-        visible = torch.cat([torch.ones(3, 6, dtype=torch.bool, device=device), tree], dim=1)
-        mask = torch.zeros(1, 1, 3, 9, dtype=dtype, device=device).masked_fill(~visible, torch.finfo(dtype).min)
+        ancestors = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # node 2 sees 0, not 1
+        mask = tree_attention_mask(ancestors, 6, dtype, device)
         steps = [(0, 5, None, [0, 1, 2, 3, 4]), (5, 6, None, [5]), (6, 9, mask, [6, 7, 7])]
         caches = [DynamicCache(config=self.model.config), DynamicCache(config=self.model.config)]
         with torch.no_grad():
