@@ -530,3 +530,57 @@ def test_a_drafter_saved_in_bfloat16_is_read_from_a_bfloat16_copy_with_the_same_
     assert torch.equal(out, kernel.product(saved, x, 96, layer.bias.detach()))
     (stamp, held), *_ = policy._prepared[layer].values()
     assert held.dtype == torch.bfloat16
+
+
+def test_a_drafter_network_runs_the_kernel_its_own_table_chose_for_each_forwards_rows(direct_available):
+    """A drafter network big enough to time gets its own table, measured on its layers in their drafting variants (a
+    bfloat16-saved drafter reads half the bytes the model's table timed); each drafting forward then runs the kernel
+    that table chose for its row count, torch's own where it chose torch's, and torch's outside drafting."""
+    from hf_speculative.engine.policy import DRAFTING_MEASURE_MIN_BYTES, DraftingLinearForward, engine_product
+
+    model = hfs.enable(tiny_model("llama"), policy=SpeedPolicy(memory_budget=100.0))  # room for the network's copies
+    policy = speed_policy(model)
+    policy.table = kernels.KernelTable({1: "torch", 64: "torch"})  # the model's table: torch's everywhere
+    policy._install(model)
+    gen = torch.Generator().manual_seed(5)
+    width = 512
+    count = DRAFTING_MEASURE_MIN_BYTES // (width * width * 4) + 1
+    network = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(count)])
+    with torch.no_grad():
+        for layer in network:
+            layer.weight.copy_(torch.randn(width, width, generator=gen).to(torch.bfloat16).float())
+
+    class Drafter:
+        def draft_modules(self):
+            return (network,)
+
+    ran = []
+    bound = policy._bound
+    policy._bound = lambda module, kernel: ran.append(kernel.name) or bound(module, kernel)
+    with torch.no_grad(), policy.drafting_kernels(Drafter()):
+        forward = network[0].__dict__["forward"]
+        assert isinstance(forward, DraftingLinearForward)
+        assert forward.table is not policy.table and forward.table.meta["linears"] == count  # measured on the network
+        assert set(forward.table.choice.values()) <= set(policy._kernels)
+        forward.table = kernels.KernelTable({2: "direct", 64: "torch"})
+        one, many = torch.randn(1, width, generator=gen), torch.randn(8, width, generator=gen)
+        got_one, got_many = network[0](one), network[0](many)
+        assert engine_product(network[0], one) is not None  # the drafter's own head takes its kernel
+        # a layer of the model it shares (an LM head) keeps the model's choice, torch's: the caller's own product runs
+        assert engine_product(model.lm_head, torch.randn(1, model.lm_head.in_features)) is None
+    ran.remove("direct-drafting")  # the engine_product call above
+    assert ran == ["direct-drafting"]  # one row: the table's direct kernel, drafting variant; eight rows: torch's
+    drafting = kernels.linear.drafting_kernel(direct_available["direct"])
+    assert torch.equal(got_one, drafting.product(drafting.prepare(network[0].weight.detach()), one, width, None))
+    assert torch.equal(got_many, F.linear(many, network[0].weight))
+    with torch.no_grad():
+        network[0](one)  # outside drafting: torch's own
+    assert ran == ["direct-drafting"]
+
+
+def test_a_policy_that_measures_nothing_gives_drafters_the_models_table(direct_available):
+    """``measure_seconds=0``: no time is spent timing a drafter network either; its layers take the model's table."""
+    model = hfs.enable(tiny_model("llama"), policy=SpeedPolicy(measure_seconds=0))
+    policy = speed_policy(model)
+    network = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])
+    assert policy.drafting_table(network) is policy.table

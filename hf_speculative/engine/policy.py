@@ -64,6 +64,10 @@ MEASURE_MIN_BYTES = 8 * 2**20
 #: weight bytes the quick measurement at ``enable`` times at least; more where the CPU's last-level cache would hold
 #: them (`hf_speculative.engine.kernels.linear.memory_bound_sample_bytes`: memory-bound, as a step)
 MEASURE_SAMPLE_BYTES = 40 * 2**20
+#: time a drafter network's kernel table may take to measure (`SpeedPolicy.drafting_table`, once per network)
+DRAFTING_MEASURE_SECONDS = 0.3
+#: drafter networks with fewer linear-weight bytes than this take the model's table (too small to time meaningfully)
+DRAFTING_MEASURE_MIN_BYTES = 2 * 2**20
 
 
 @dataclass
@@ -230,35 +234,69 @@ class SpeedPolicy:
 
     @contextlib.contextmanager
     def drafting_kernels(self, drafter):
-        """While ``drafter`` drafts, in this thread: the linear layers of its networks (`TreeDrafter.draft_modules`, on
-        the CPU in a dtype the kernels take) run the table's kernel for one row (drafting runs forwards of a few rows,
-        memory-bound as a one-token step is), in its drafting variant (`DraftingLinearForward`: a weight saved in
-        bfloat16 read from a bfloat16 copy); torch's own ``F.linear`` everywhere else. A layer the engine already runs
-        as part of a model (`EngineLinearForward`) keeps its forward."""
-        modules = drafter.draft_modules() if self._kernels else ()
-        kernel = self.kernel_for_rows(1) if modules else None
-        if kernel is None:
+        """While ``drafter`` drafts, in this thread: each forward of the linear layers of its networks
+        (`TreeDrafter.draft_modules`, on the CPU in a dtype the kernels take) runs the kernel its network's own table
+        chose for that many rows (`drafting_table`), in its drafting variant (`DraftingLinearForward`: a weight saved
+        in bfloat16 read from a bfloat16 copy); a layer of the model the drafter shares (an LM head) runs the model's
+        table's kernel for one row (the drafter's own product where that is torch's, e.g.
+        `hf_speculative.engine.logits.vocab_logits`); torch's own ``F.linear`` everywhere else. A layer the engine already runs as part
+        of a model (`EngineLinearForward`) keeps its forward."""
+        modules = drafter.draft_modules() if self._kernels and self.table is not None else ()
+        if not modules:
             yield None
             return
         for module in modules:
             if module not in self._drafting:
-                self._install_drafting(module, drafting_kernel(kernel))
+                self._install_drafting(module, self.drafting_table(module))
                 self._drafting.add(module)
-        with self._in_thread(kernel):
-            yield kernel
+        kernel = self.kernel_for_rows(1)
+        previous = getattr(self._local, "drafting", False)
+        self._local.drafting = True
+        try:
+            with self._in_thread(kernel):
+                yield kernel
+        finally:
+            self._local.drafting = previous
 
-    def _install_drafting(self, module: torch.nn.Module, kernel: LinearKernel) -> None:
-        """Give the linear layers of a drafter network their forward: `DraftingLinearForward` when the copies its
-        drafting ``kernel`` may make (`LinearKernel.copy_bytes`, counted before any is made) fit in what the memory
-        budget has left (`_allowance`), else `EngineLinearForward` (weights read in place). A layer that already has
-        an `EngineLinearForward` (part of the model) keeps it."""
+    def drafting_now(self) -> bool:
+        """Whether a drafter is drafting in this thread (`drafting_kernels`)."""
+        return getattr(self._local, "drafting", False)
+
+    def drafting_table(self, module: torch.nn.Module) -> KernelTable:
+        """The kernel table of a drafter network's own layers: torch's ``F.linear`` against the drafting variant of
+        each kernel offered (`hf_speculative.engine.kernels.linear.drafting_kernel`), timed on those layers
+        (`measure_kernel_table`, about `DRAFTING_MEASURE_SECONDS`, once per network). The model's table does not
+        decide for them: a drafter saved in bfloat16 is read from half the bytes the model's table timed, so its
+        kernel can win where the model's lost (on an Intel Xeon, at one to sixteen rows where the model's table keeps
+        torch's at one and two). A network too small to time, or a policy that measures nothing, takes the model's
+        table."""
+        size = sum(m.weight.nbytes for m in linear_layers(module))
+        if self.measure_seconds <= 0 or size < DRAFTING_MEASURE_MIN_BYTES:
+            return self.table
+        kernels = {n: drafting_kernel(k) if n != "torch" else k for n, k in self._kernels.items()}
+        return measure_kernel_table(
+            module,
+            ROW_BUCKETS,
+            repeats=3,
+            budget_bytes=memory_bound_sample_bytes(MEASURE_SAMPLE_BYTES),
+            seconds=DRAFTING_MEASURE_SECONDS,
+            kernels=kernels,
+        )
+
+    def _install_drafting(self, module: torch.nn.Module, table: KernelTable) -> None:
+        """Give the linear layers of a drafter network their forward: `DraftingLinearForward` with the network's
+        ``table`` when the copies its kernels may make (`LinearKernel.copy_bytes`, counted before any is made) fit in
+        what the memory budget has left (`_allowance`), else `EngineLinearForward` (weights read in place, the
+        model's kernel for one row). A layer that already has an `EngineLinearForward` (part of the model) keeps
+        it."""
         layers = [m for m in linear_layers(module) if type(m.__dict__.get("forward")) is not EngineLinearForward]
-        need = sum(kernel.copy_bytes(m.weight) for m in layers)
+        kernels = {n: drafting_kernel(self._kernels[n]) for n in set(table.choice.values()) if n in self._kernels}
+        need = sum(k.copy_bytes(m.weight) for k in kernels.values() for m in layers)
         left, held = self._allowance
         fits = need <= left - held
         self._allowance[1] += need if fits else 0
         for linear in layers:
-            linear.forward = (DraftingLinearForward if fits else EngineLinearForward)(linear, self)
+            linear.forward = DraftingLinearForward(linear, self, table) if fits else EngineLinearForward(linear, self)
 
     def thread_kernel(self) -> LinearKernel | None:
         """The kernel of the engine forward running in this thread (None: torch's own)."""
@@ -470,6 +508,10 @@ class EngineLinearForward(KernelForward):
         """The kernel this layer runs when the thread's forward runs ``kernel``."""
         return kernel
 
+    def runs_now(self) -> bool:
+        """Whether this forward runs a kernel of the policy's in this thread now (else torch's own)."""
+        return self.policy.thread_kernel() is not None
+
     def __getstate__(self):
         return (self.module, self.policy)
 
@@ -478,14 +520,34 @@ class EngineLinearForward(KernelForward):
 
 
 class DraftingLinearForward(EngineLinearForward):
-    """The forward of a drafter's own linear layer (`SpeedPolicy.drafting_kernels`): the drafting variant of the
-    thread's kernel (`hf_speculative.engine.kernels.linear.drafting_kernel`: a weight saved in bfloat16 is read from a
-    bfloat16 copy, half the bytes for the same products)."""
+    """The forward of a drafter's own linear layer (`SpeedPolicy.drafting_kernels`): while it drafts, the kernel its
+    network's table (`SpeedPolicy.drafting_table`) chose for the forward's row count, in its drafting variant
+    (`hf_speculative.engine.kernels.linear.drafting_kernel`: a weight saved in bfloat16 is read from a bfloat16 copy,
+    half the bytes for the same products); torch's own ``F.linear`` where the table chose it, and outside drafting."""
 
-    __slots__ = ()
+    __slots__ = ("table",)
 
-    def kernel(self, kernel: LinearKernel) -> LinearKernel:
-        return drafting_kernel(kernel)
+    def __init__(self, module: torch.nn.Linear, policy: SpeedPolicy, table: KernelTable):
+        super().__init__(module, policy)
+        self.table = table
+
+    def runs_now(self) -> bool:
+        return self.policy.drafting_now()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        module = self.module
+        if not self.policy.drafting_now() or torch.is_grad_enabled():
+            return torch.nn.Linear.forward(module, x)
+        kernel = self.policy._kernels.get(self.table.kernel_for(x.numel() // max(x.shape[-1], 1)))
+        if kernel is None or kernel.name == "torch" or not kernel.supports(module.weight):
+            return torch.nn.Linear.forward(module, x)
+        return self.policy._bound(module, drafting_kernel(kernel))(x)
+
+    def __getstate__(self):
+        return (self.module, self.policy, self.table)
+
+    def __setstate__(self, state):
+        self.module, self.policy, self.table = state
 
 
 def engine_product(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
@@ -493,7 +555,7 @@ def engine_product(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | N
     engine forward or drafting runs in this thread (`SpeedPolicy.drafting_kernels`); None otherwise (the caller then
     keeps its own product, e.g. `hf_speculative.engine.logits.vocab_logits`)."""
     forward = module.__dict__.get("forward") if hasattr(module, "__dict__") else None
-    if not isinstance(forward, EngineLinearForward) or forward.policy.thread_kernel() is None:
+    if not isinstance(forward, EngineLinearForward) or not forward.runs_now():
         return None
     return forward(x)
 
