@@ -8,6 +8,7 @@ from transformers import DynamicCache
 
 import hf_speculative as hfs
 from hf_speculative._compat import cache_arg
+from hf_speculative.engine import decoder_loop
 from hf_speculative.engine.decoder_loop import DecoderLoop
 from hf_speculative.engine.policy import SpeedPolicy
 
@@ -29,9 +30,10 @@ def _drafters():
     return [hfs.PromptLookupDrafter(), hfs.HybridDrafter([hfs.PromptLookupDrafter(), hfs.TokenRecyclingDrafter()])]
 
 
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_an_enabled_llama_verifies_through_the_loop_and_decodes_plain_generates_tokens(attention, loop_calls):
-    model = hfs.enable(tiny_model("llama", seed=5, attn_implementation=attention))
+def test_an_enabled_model_verifies_through_the_loop_and_decodes_plain_generates_tokens(arch, attention, loop_calls):
+    model = hfs.enable(tiny_model(arch, seed=5, attn_implementation=attention))
     policy = model._hfs_policy
     assert "decoder loop" in policy.loop_report(model)
     loop_calls.clear()  # the check at enable ran the loop
@@ -60,11 +62,27 @@ def test_a_batch_through_the_loop_decodes_plain_batched_generates_tokens(loop_ca
     assert torch.equal(out, expected) and loop_calls
 
 
-def test_the_loops_hidden_states_are_the_models_bitwise():
-    model = tiny_model("llama", seed=7)
+WINDOWS = {
+    "llama": dict(arch="llama"),
+    "mistral, a window": dict(arch="mistral", sliding_window=4),
+    "qwen2, every layer windowed": dict(arch="qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=0),
+    "qwen2, windowed and full layers": dict(
+        arch="qwen2",
+        use_sliding_window=True,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WINDOWS))
+def test_the_loops_hidden_states_are_the_models_bitwise(case):
+    """Past a sliding window too: each layer gets the mask of its kind and its window, as the model's forward."""
+    settings = dict(WINDOWS[case])
+    model = tiny_model(settings.pop("arch"), seed=7, **settings)
     loop = DecoderLoop.for_model(model)
-    ids = torch.randint(0, 96, (2, 6))
-    positions = torch.arange(6)[None].expand(2, -1)
+    ids = torch.randint(0, 96, (2, 10))
+    positions = torch.arange(10)[None].expand(2, -1)
     with torch.no_grad():
         reference = model(
             input_ids=ids,
@@ -89,10 +107,12 @@ def test_the_models_own_forward_runs_when_the_loop_is_off_hooked_or_not_the_mode
     monkeypatch.setenv("HF_SPECULATIVE_FORWARD", "model")  # read at enable
     from_env = hfs.enable(tiny_model("llama", seed=8))
     monkeypatch.delenv("HF_SPECULATIVE_FORWARD")
-    qwen = hfs.enable(tiny_model("qwen2", seed=8))  # not a model the loop reproduces
-    assert qwen._hfs_policy.decoder_loop(qwen) is None
+    with monkeypatch.context() as patch:
+        patch.delitem(decoder_loop.SUPPORTED, "Qwen2ForCausalLM")  # a model class the loop does not serve
+        other = hfs.enable(tiny_model("qwen2", seed=8))
+        assert other._hfs_policy.decoder_loop(other) is None
     loop_calls.clear()
-    for model in (off, from_env, qwen):
+    for model in (off, from_env, other):
         expected = model.generate(prompt, max_new_tokens=12, do_sample=False)
         assert torch.equal(model.generate(prompt, **generate), expected)
     assert not loop_calls
@@ -133,3 +153,17 @@ def test_a_subclass_with_a_forward_of_its_own_is_not_served():
     assert DecoderLoop.for_model(model) is None
     with pytest.raises(ValueError, match="forward must be"):
         SpeedPolicy(forward="fast")
+
+
+@pytest.mark.parametrize("case", [c for c in sorted(WINDOWS) if c != "llama"])
+def test_past_a_sliding_window_the_loop_decodes_plain_generates_tokens(case, loop_calls):
+    """The engine's tree masks with the window applied (one mask, or one per layer type for a model with windowed and
+    full layers) go through the loop as through the model's forward."""
+    settings = dict(WINDOWS[case])
+    model = hfs.enable(tiny_model(settings.pop("arch"), seed=11, **settings))
+    assert "decoder loop" in model._hfs_policy.loop_report(model)
+    prompt = torch.tensor([[5, 17, 33, 2, 9, 41, 7, 5, 17, 33, 2, 9]])  # longer than the window of 4
+    expected = model.generate(prompt, max_new_tokens=24, do_sample=False)
+    loop_calls.clear()
+    out = model.generate(prompt, assistant_model=_drafters()[1], max_new_tokens=24, do_sample=False)
+    assert torch.equal(out, expected) and any(loop_calls)
