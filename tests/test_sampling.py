@@ -3,8 +3,11 @@
 Method: sample many short continuations, compare their empirical distribution with the EXACT distribution
 of the target (enumerated over a small vocabulary, with the same temperature / top-k / top-p warpers)
 by Pearson's chi-square goodness-of-fit test. Cells with an expected count below 5 are pooled.
-Significance level: alpha = 1e-3 per test (seeds are fixed, so the outcome is deterministic; a wrong
-acceptance rule shifts probability mass by far more than this test's resolution, see the negative control).
+Significance level: alpha = 1e-3 per test. A wrong acceptance rule shifts probability mass by far more than this
+test's resolution (see the negative control). Under the shipped speed policy, step pricing decides from wall-clock
+timings which steps draft, so a speculative test's draws (not their distribution) vary from run to run even with its
+seed fixed: such a test draws once more with another seed when the first draw fails (`assert_like_exact`), and
+fails only when both do.
 """
 
 from __future__ import annotations
@@ -31,6 +34,19 @@ def _policy_as_shipped():
 
 
 ALPHA = 1e-3
+
+
+def assert_like_exact(draw, exact: dict, n: int, seed: int) -> None:
+    """``draw()``'s ``n`` samples follow ``exact``: the chi-square p-value above `ALPHA` for a draw seeded ``seed``,
+    or, when that one falls below (a false alarm in 1,000 runs whose timings differ), for a second draw seeded
+    ``seed + 1`` (both below: 1 in a million by chance; a wrong acceptance rule fails every draw)."""
+    torch.manual_seed(seed)
+    first = chi_square_pvalue(draw(), exact, n)
+    if first > ALPHA:
+        return
+    torch.manual_seed(seed + 1)
+    second = chi_square_pvalue(draw(), exact, n)
+    assert second > ALPHA, (first, second)
 
 
 def chi_square_pvalue(counts: dict, expected_probs: dict, n: int) -> float:
@@ -210,12 +226,12 @@ def test_generate_sampling_matches_target_distribution(
     exact = _exact_generate(target, prompt, **kw)
     drafter = hfs.CausalLMDrafter(draft, draft_sampling=draft_sampling)
     spec = hfs.TreeSpec.cartesian(tree)
-    torch.manual_seed(1234)
     n = 3000
     gen_kwargs = dict(
         do_sample=True, max_new_tokens=NEW, top_k=kw["top_k"] or None, temperature=kw["temperature"], top_p=kw["top_p"]
     )
-    counts = _batched_sample_counts(
+    draw = functools.partial(
+        _batched_sample_counts,
         lambda ids, mask: target.generate(
             ids,
             attention_mask=mask,
@@ -228,7 +244,7 @@ def test_generate_sampling_matches_target_distribution(
         n,
         rows,
     )
-    assert chi_square_pvalue(counts, exact, n) > ALPHA
+    assert_like_exact(draw, exact, n, seed=1234)
     # the draft really differs from the target (otherwise the test would prove little)
     with torch.no_grad():
         p = torch.softmax(target(prompt).logits[0, -1], -1)
@@ -250,17 +266,17 @@ def test_magicdec_sampling_matches_target_distribution(sampling_models):
     exact = _exact_generate(target, prompt, **kw)
     drafter = hfs.MagicDecDrafter(target, sliding_window=2, num_sink_tokens=1, num_draft_tokens=2)
     tree = chain_with_alternatives(2, 2)
-    torch.manual_seed(1234)
     n = 3000
     gen_kwargs = dict(do_sample=True, max_new_tokens=NEW, top_k=kw["top_k"], temperature=kw["temperature"])
-    counts = _batched_sample_counts(
+    draw = functools.partial(
+        _batched_sample_counts,
         lambda ids, mask: target.generate(
             ids, attention_mask=mask, assistant_model=drafter, speculative_tree=tree, **gen_kwargs
         ),
         prompt,
         n,
     )
-    assert chi_square_pvalue(counts, exact, n) > ALPHA
+    assert_like_exact(draw, exact, n, seed=1234)
     # the sparse draft really differs from the target
     seq = torch.cat([prompt, torch.tensor([[3]])], 1)
     with torch.no_grad():
