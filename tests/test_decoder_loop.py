@@ -4,6 +4,7 @@ is, and the model's own forward everywhere else."""
 import pytest
 import torch
 from conftest import tiny_model
+from test_batch import _window_cases
 from transformers import DynamicCache
 
 import hf_speculative as hfs
@@ -35,7 +36,7 @@ def _drafters():
 def test_an_enabled_model_verifies_through_the_loop_and_decodes_plain_generates_tokens(arch, attention, loop_calls):
     model = hfs.enable(tiny_model(arch, seed=5, attn_implementation=attention))
     policy = model._hfs_policy
-    assert "decoder loop" in policy.loop_report(model)
+    assert policy.loop_report(model).startswith("the engine's decoder loop")
     loop_calls.clear()  # the check at enable ran the loop
     prompt = torch.tensor([[5, 17, 33, 2, 9, 41, 7, 5, 17, 33, 2]])
     expected = model.generate(prompt, max_new_tokens=20, do_sample=False)
@@ -62,17 +63,7 @@ def test_a_batch_through_the_loop_decodes_plain_batched_generates_tokens(loop_ca
     assert torch.equal(out, expected) and loop_calls
 
 
-WINDOWS = {
-    "llama": dict(arch="llama"),
-    "mistral, a window": dict(arch="mistral", sliding_window=4),
-    "qwen2, every layer windowed": dict(arch="qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=0),
-    "qwen2, windowed and full layers": dict(
-        arch="qwen2",
-        use_sliding_window=True,
-        sliding_window=4,
-        layer_types=["sliding_attention", "full_attention"] * 2,
-    ),
-}
+WINDOWS = {"llama": dict(arch="llama"), **_window_cases()}  # windows of 8: Mistral, Qwen2, Qwen2 alternating
 
 
 @pytest.mark.parametrize("case", sorted(WINDOWS))
@@ -161,9 +152,21 @@ def test_past_a_sliding_window_the_loop_decodes_plain_generates_tokens(case, loo
     full layers) go through the loop as through the model's forward."""
     settings = dict(WINDOWS[case])
     model = hfs.enable(tiny_model(settings.pop("arch"), seed=11, **settings))
-    assert "decoder loop" in model._hfs_policy.loop_report(model)
-    prompt = torch.tensor([[5, 17, 33, 2, 9, 41, 7, 5, 17, 33, 2, 9]])  # longer than the window of 4
+    assert model._hfs_policy.loop_report(model).startswith("the engine's decoder loop")
+    prompt = torch.tensor([[5, 17, 33, 2, 9, 41, 7, 5, 17, 33, 2, 9]])  # longer than the window of 8
     expected = model.generate(prompt, max_new_tokens=24, do_sample=False)
     loop_calls.clear()
     out = model.generate(prompt, assistant_model=_drafters()[1], max_new_tokens=24, do_sample=False)
     assert torch.equal(out, expected) and any(loop_calls)
+
+
+def test_a_window_shorter_than_the_checks_tokens_is_checked_as_the_engine_holds_its_cache():
+    """The check's caches keep every key, as the engine's do (a sliding layer that dropped keys would not fit the
+    check's tree step), so a window of 4 under the check's 9 tokens is checked and served."""
+    windowed = {
+        "mistral": dict(sliding_window=4),
+        "qwen2": dict(use_sliding_window=True, sliding_window=4, max_window_layers=0),
+    }
+    for arch, settings in windowed.items():
+        model = hfs.enable(tiny_model(arch, seed=12, **settings))
+        assert model._hfs_policy.loop_report(model).startswith("the engine's decoder loop"), arch
