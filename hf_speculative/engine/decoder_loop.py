@@ -42,6 +42,8 @@ SUPPORTED = {
 ATTENTION = ("sdpa", "eager")
 #: the layer type of layers without a sliding window (False) and with one (True), as a mask mapping names them
 WINDOWED = {False: "full_attention", True: "sliding_attention"}
+#: the function the model's forward makes the mask of layers without a window (False) and with one (True) with
+MASK_FUNCTIONS = {False: "create_causal_mask", True: "create_sliding_window_causal_mask"}
 OUTPUT_CAPTURING = "transformers.utils.output_capturing"
 
 
@@ -73,8 +75,7 @@ class DecoderLoop:
         self.modeling = modeling = sys.modules[_supported_base(type(model)).__module__]
         # the mask of a layer with a window and of one without, each made once per forward, as the model makes them
         kinds = {window is not None for window in windows}
-        masks = {False: "create_causal_mask", True: "create_sliding_window_causal_mask"}
-        self.mask_functions = {kind: getattr(modeling, masks[kind]) for kind in kinds}
+        self.mask_functions = {kind: getattr(modeling, MASK_FUNCTIONS[kind]) for kind in kinds}
         self.apply_rotary = modeling.apply_rotary_pos_emb
         self.bypassed = [model, self.decoder, *self.layers, *(layer.self_attn for layer in self.layers)]
 

@@ -189,14 +189,7 @@ class SpeedPolicy:
             return cached
         size = sum(m.weight.nbytes for m in linear_layers(model))
         if self.measure_seconds > 0 and size >= MEASURE_MIN_BYTES and len(kernels) > 1:
-            return measure_kernel_table(
-                model,
-                ROW_BUCKETS,
-                repeats=3,
-                budget_bytes=memory_bound_sample_bytes(MEASURE_SAMPLE_BYTES),
-                seconds=self.measure_seconds,
-                kernels=kernels,
-            )
+            return _quick_table(model, kernels, self.measure_seconds)
         return default_kernel_table(dtype, kernels)
 
     # --------------------------------------------------------------------- running, in the engine's forwards
@@ -239,8 +232,8 @@ class SpeedPolicy:
         chose for that many rows (`drafting_table`), in its drafting variant (`DraftingLinearForward`: a weight saved
         in bfloat16 read from a bfloat16 copy); a layer of the model the drafter shares (an LM head) runs the model's
         table's kernel for one row (the drafter's own product where that is torch's, e.g.
-        `hf_speculative.engine.logits.vocab_logits`); torch's own ``F.linear`` everywhere else. A layer the engine already runs as part
-        of a model (`EngineLinearForward`) keeps its forward."""
+        `hf_speculative.engine.logits.vocab_logits`); torch's own ``F.linear`` everywhere else. A layer the engine
+        already runs as part of a model (`EngineLinearForward`) keeps its forward."""
         modules = drafter.draft_modules() if self._kernels and self.table is not None else ()
         if not modules:
             yield None
@@ -274,14 +267,7 @@ class SpeedPolicy:
         if self.measure_seconds <= 0 or size < DRAFTING_MEASURE_MIN_BYTES:
             return self.table
         kernels = {n: drafting_kernel(k) if n != "torch" else k for n, k in self._kernels.items()}
-        return measure_kernel_table(
-            module,
-            ROW_BUCKETS,
-            repeats=3,
-            budget_bytes=memory_bound_sample_bytes(MEASURE_SAMPLE_BYTES),
-            seconds=DRAFTING_MEASURE_SECONDS,
-            kernels=kernels,
-        )
+        return _quick_table(module, kernels, DRAFTING_MEASURE_SECONDS)
 
     def _install_drafting(self, module: torch.nn.Module, table: KernelTable) -> None:
         """Give the linear layers of a drafter network their forward: `DraftingLinearForward` with the network's
@@ -499,14 +485,14 @@ class EngineLinearForward(KernelForward):
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         module = self.module
-        kernel = self.policy.thread_kernel()
-        if kernel is None or torch.is_grad_enabled() or not kernel.supports(module.weight):
+        kernel = None if torch.is_grad_enabled() else self.kernel_for(x)
+        if kernel is None or kernel.name == "torch" or not kernel.supports(module.weight):
             return torch.nn.Linear.forward(module, x)
-        return self.policy._bound(module, self.kernel(kernel))(x)
+        return self.policy._bound(module, kernel)(x)
 
-    def kernel(self, kernel: LinearKernel) -> LinearKernel:
-        """The kernel this layer runs when the thread's forward runs ``kernel``."""
-        return kernel
+    def kernel_for(self, x: torch.Tensor) -> LinearKernel | None:
+        """The kernel this layer runs for ``x`` now: the thread's engine forward's (None: torch's own)."""
+        return self.policy.thread_kernel()
 
     def runs_now(self) -> bool:
         """Whether this forward runs a kernel of the policy's in this thread now (else torch's own)."""
@@ -534,14 +520,12 @@ class DraftingLinearForward(EngineLinearForward):
     def runs_now(self) -> bool:
         return self.policy.drafting_now()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        module = self.module
-        if not self.policy.drafting_now() or torch.is_grad_enabled():
-            return torch.nn.Linear.forward(module, x)
+    def kernel_for(self, x: torch.Tensor) -> LinearKernel | None:
+        """While drafting, the drafting variant of the kernel the table chose for ``x``'s rows; else None."""
+        if not self.policy.drafting_now():
+            return None
         kernel = self.policy._kernels.get(self.table.kernel_for(x.numel() // max(x.shape[-1], 1)))
-        if kernel is None or kernel.name == "torch" or not kernel.supports(module.weight):
-            return torch.nn.Linear.forward(module, x)
-        return self.policy._bound(module, drafting_kernel(kernel))(x)
+        return None if kernel is None else drafting_kernel(kernel)
 
     def __getstate__(self):
         return (self.module, self.policy, self.table)
@@ -558,6 +542,12 @@ def engine_product(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | N
     if not isinstance(forward, EngineLinearForward) or not forward.runs_now():
         return None
     return forward(x)
+
+
+def _quick_table(module: torch.nn.Module, kernels: dict, seconds: float) -> KernelTable:
+    """``kernels`` timed on ``module``'s own linear layers (a memory-bound sample of them) in about ``seconds``."""
+    budget = memory_bound_sample_bytes(MEASURE_SAMPLE_BYTES)
+    return measure_kernel_table(module, ROW_BUCKETS, repeats=3, budget_bytes=budget, seconds=seconds, kernels=kernels)
 
 
 def _parameter_bytes(model) -> int:
