@@ -30,6 +30,8 @@ KEEP = (
 #: NLG's EAGLE-3 (a 2,048-token draft vocabulary: 12 MiB in bfloat16) and WikiSQL's Medusa heads (2.6 MiB). EAGLE-3
 #: took the room of the GPU-trained E2E NLG arms of the H100 run of 2026-11-28 (docs/gpu.md), which decoded at
 #: 0.88-1.00x their own plain decoding on the 2-core CPU; their cards keep their numbers and rebuild commands.
+#: WikiSQL's EAGLE-3 (`eagle3-smollm2-135m-wikisql`, 12 MiB) is faster there than the heads but does not fit beside
+#: E2E NLG's; its card keeps the command that rebuilds it.
 TASK_DRAFTERS = ("eagle3-smollm2-135m-e2e-nlg", "medusa-smollm2-135m-wikisql")
 KEEP += TASK_DRAFTERS
 #: The task LoRA adapters (docs/downstream.md, the ``lora`` arms): each task's fine-tuned model (the E2E NLG EAGLE-3

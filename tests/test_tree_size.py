@@ -13,8 +13,8 @@ TREE_BUDGET_MIB = 40
 #: The weights under model_cards/ (bfloat16 where trained in float32; scripts/slim_cards.py KEEP): the drafters the
 #: README and the demo use (4.9 MiB), the three task LoRA adapters of docs/downstream.md (4.7 MiB each, 14.1 MiB;
 #: TASK_ADAPTERS), and the best trained drafter per task that fits (TASK_DRAFTERS): E2E NLG's EAGLE-3 (12.0 MiB with a
-#: 2,048-token draft vocabulary) and WikiSQL's Medusa heads (2.6 MiB), in room the docs' result records made when they
-#: were gzipped: 33.7 MiB today.
+#: 2,048-token draft vocabulary) and WikiSQL's Medusa heads (2.6 MiB; WikiSQL's faster EAGLE-3 would take another 12.0
+#: MiB), in room the docs' result records made when they were gzipped: 33.7 MiB today.
 WEIGHTS_BUDGET_MIB = 34
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt")
 
