@@ -32,14 +32,12 @@ EDGES = (1.25, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0)
 
 
 def chain_depth(tokens: list[int], parents: list[int], committed: list[int], cut: int) -> int:
-    """The deepest node of a part's own tree on the committed path, its nodes deeper than ``cut`` left out."""
-    depth, best = {0: 0}, 0
+    """The deepest node of a part's own tree on the committed path (`accepted_depth`), its nodes deeper than ``cut``
+    left out."""
+    depth = [0] * len(tokens)
     for node in range(1, len(tokens)):
-        p = parents[node]
-        if p in depth and depth[p] < min(cut, len(committed)) and tokens[node] == committed[depth[p]]:
-            depth[node] = depth[p] + 1
-            best = max(best, depth[node])
-    return best
+        depth[node] = depth[parents[node]] + 1
+    return accepted_depth(tokens, parents, [n for n in range(len(tokens)) if depth[n] <= cut], committed)
 
 
 def record(args) -> list[dict]:
