@@ -255,6 +255,9 @@ def _add_compare_parser(sub) -> None:
     c.add_argument("--task", required=True, choices=TASKS)
     c.add_argument("--data", required=True, help="the task's data folder")
     c.add_argument("--limit", type=int, default=None, help="the first N test prompts")
+    c.add_argument(
+        "--spread", action="store_true", help="with --limit N: N test prompts evenly spaced over the test set"
+    )
     c.add_argument("--max-new-tokens", type=int, default=None, help="default: the task's")
     c.add_argument("--output", default=None, help="write the JSON here (and the table beside it, .md)")
     c.add_argument("--warm-answers", default=None, help="warm the suffix drafters with this chat jsonl's answers")
@@ -370,6 +373,7 @@ def run_compare(args) -> int:
         device=args.device,
         progress=not args.no_progress,
         warm_answers=args.warm_answers,
+        spread=args.spread,
     )
     result["threads"] = args.threads
     result["command"] = command_line(args)
@@ -402,6 +406,7 @@ def run_eval(args) -> int:
         drafter=args.drafter,
         pruning_threshold=args.pruning_threshold,
         warm_answers=args.warm_answers,
+        spread=args.spread,
     )
     result["threads"] = args.threads
     result["command"] = command_line(args)

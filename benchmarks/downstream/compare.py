@@ -125,6 +125,17 @@ def _arm_record(arm, folder: str, drafter: str, row: dict, plain_tps: float, n: 
     }
 
 
+def test_sample(records: list, limit: int | None, spread: bool = False) -> list:
+    """The first ``limit`` test records, or with ``spread`` ``limit`` records evenly spaced over all of them (record
+    ``i * len / limit``). A test file grouped by one field (E2E NLG's by venue: its first 30 MRs name two venues) is
+    then sampled across its groups."""
+    if not limit or limit >= len(records):
+        return list(records)
+    if not spread:
+        return list(records[:limit])
+    return [records[i * len(records) // limit] for i in range(limit)]
+
+
 @torch.inference_mode()
 def compare_arms(
     arms: list[str],
@@ -135,10 +146,12 @@ def compare_arms(
     device: str | None = None,
     progress: bool = True,
     warm_answers=None,
+    spread: bool = False,
 ) -> dict:
     """Decode the test prompts of ``task`` plainly and with every arm (``FOLDER[:DRAFTER]``), the order rotating per
     prompt, one warm-up prompt first; each arm's speedup is over the plain tokens/s of this run, and ``over_engine``
-    over the ``engine`` arm's tokens/s when there is one."""
+    over the ``engine`` arm's tokens/s when there is one. The prompts: the first ``limit``, or with ``spread``
+    ``limit`` of them evenly spaced over the test set (`test_sample`)."""
     from hf_speculative.bench.harness import machine_info
     from hf_speculative.bench.shapes import peak_resident_memory
     from hf_speculative.training.data import encode_chat
@@ -150,7 +163,7 @@ def compare_arms(
     if not parsed:
         raise ValueError("compare needs at least one arm")
     loaded = _load_arms(parsed, task, data_dir, device, warm_answers)
-    records = spec.load(data_dir, "test")[: limit or None]
+    records = test_sample(spec.load(data_dir, "test"), limit, spread)
     if not records:
         raise ValueError(f"no test prompts for {task} in {data_dir}")
     n_new = max_new_tokens or spec.max_new_tokens
@@ -168,6 +181,7 @@ def compare_arms(
     return {
         "task": task,
         "n": len(records),
+        "prompts": f"{len(records)} spread evenly over the test set" if spread else f"the first {len(records)}",
         "max_new_tokens": n_new,
         "plain_tokens_per_s": round(plain_tps, 3),
         "metric": compute_metric(task, texts, [list(r.reference) for r in records]),
