@@ -613,7 +613,9 @@ def test_batched_drafting_equals_drafting_row_by_row(variant, monkeypatch):
         for one, seq, draft in zip(alone, sequences, drafts):
             (expected,) = real([one], [seq], tree, options)
             assert draft.tokens.tolist() == expected.tokens.tolist() and draft.parents == expected.parents
-            torch.testing.assert_close(torch.tensor(draft.scores), torch.tensor(expected.scores))
+            # float32 rounding only: the batch attends over a padded block (another summation order; on an AMD EPYC
+            # with AVX-512 the path confidences differed by up to 1.4e-5)
+            torch.testing.assert_close(torch.tensor(draft.scores), torch.tensor(expected.scores), rtol=1e-4, atol=1e-4)
         steps.append(len(drafts))
         return drafts
 

@@ -406,7 +406,6 @@ def run_eval(args) -> int:
         drafter=args.drafter,
         pruning_threshold=args.pruning_threshold,
         warm_answers=args.warm_answers,
-        spread=args.spread,
     )
     result["threads"] = args.threads
     result["command"] = command_line(args)
