@@ -18,9 +18,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import downstream_steps  # noqa: E402
 from downstream.compare import _load_arms, parse_arm  # noqa: E402
+from hybrid_variants import prompt_args  # noqa: E402
 
 from hf_speculative.drafters.eagle import drafting, modeling_eagle  # noqa: E402
 
@@ -40,13 +42,7 @@ def timed(name, fn):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("arm")
-    p.add_argument("--task", default="e2e_nlg")
-    p.add_argument("--first", type=int, default=0)
-    p.add_argument("--limit", type=int, default=15)
-    p.add_argument("--threads", type=int, default=2)
-    args = p.parse_args()
-    args.data = str(ROOT.parent / "shared" / "data" / args.task)
-    torch.set_num_threads(args.threads)
+    args = prompt_args(p, limit=15)
 
     drafting.committed_rows = timed("the pass over the new committed rows", drafting.committed_rows)
     drafting.TreeRows.run = timed("one tree depth's forward", drafting.TreeRows.run)

@@ -30,6 +30,19 @@ from downstream.compare import _load_arms, parse_arm  # noqa: E402
 from hf_speculative.engine.trees import TreeSpec  # noqa: E402
 
 
+def prompt_args(p: argparse.ArgumentParser, limit: int) -> argparse.Namespace:
+    """Parse ``p`` with the test-prompt options (``--task``, ``--first``, ``--limit``, ``--threads``); sets the
+    threads and ``args.data`` (the task data at ``../shared/data/TASK``)."""
+    p.add_argument("--task", default="e2e_nlg")
+    p.add_argument("--first", type=int, default=0)
+    p.add_argument("--limit", type=int, default=limit)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    args.data = str(ROOT.parent / "shared" / "data" / args.task)
+    torch.set_num_threads(args.threads)
+    return args
+
+
 def hybrid_of(arm):
     """The `HybridDrafter` an arm passes as ``assistant_model``."""
     cells = (c.cell_contents for c in arm.speculative.__closure__)
@@ -38,7 +51,6 @@ def hybrid_of(arm):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", default="e2e_nlg")
     p.add_argument("--lora", default="model_cards/lora-smollm2-135m-e2e-nlg")
     p.add_argument("--eagle", default="model_cards/eagle3-smollm2-135m-e2e-nlg")
     p.add_argument("--cost-scale", type=float, nargs="*", default=[])
@@ -47,12 +59,7 @@ def main() -> None:
     p.add_argument(
         "--eagle-tree", action="append", default=[], help="EAGLE-3's own tree in the hybrid, as JSON paths of ranks"
     )
-    p.add_argument("--first", type=int, default=0)
-    p.add_argument("--limit", type=int, default=30)
-    p.add_argument("--threads", type=int, default=2)
-    args = p.parse_args()
-    args.data = str(ROOT.parent / "shared" / "data" / args.task)
-    torch.set_num_threads(args.threads)
+    args = prompt_args(p, limit=30)
     names = ["LoRA + SuffixDecoding", "EAGLE-3 + SuffixDecoding"]
     names += [f"drafting cost x{s}" for s in args.cost_scale] + [f"follow, scores >= {m}" for m in args.follow_min]
     names += [f"EAGLE-3 tree {t}" for t in args.eagle_tree]
