@@ -125,7 +125,7 @@ def _arm_record(arm, folder: str, drafter: str, row: dict, plain_tps: float, n: 
     }
 
 
-def test_sample(records: list, limit: int | None, spread: bool = False) -> list:
+def sample_test_records(records: list, limit: int | None, spread: bool = False) -> list:
     """The first ``limit`` test records, or with ``spread`` ``limit`` records evenly spaced over all of them (record
     ``i * len / limit``). A test file grouped by one field (E2E NLG's by venue: its first 30 MRs name two venues) is
     then sampled across its groups."""
@@ -151,7 +151,7 @@ def compare_arms(
     """Decode the test prompts of ``task`` plainly and with every arm (``FOLDER[:DRAFTER]``), the order rotating per
     prompt, one warm-up prompt first; each arm's speedup is over the plain tokens/s of this run, and ``over_engine``
     over the ``engine`` arm's tokens/s when there is one. The prompts: the first ``limit``, or with ``spread``
-    ``limit`` of them evenly spaced over the test set (`test_sample`)."""
+    ``limit`` of them evenly spaced over the test set (`sample_test_records`)."""
     from hf_speculative.bench.harness import machine_info
     from hf_speculative.bench.shapes import peak_resident_memory
     from hf_speculative.training.data import encode_chat
@@ -163,7 +163,7 @@ def compare_arms(
     if not parsed:
         raise ValueError("compare needs at least one arm")
     loaded = _load_arms(parsed, task, data_dir, device, warm_answers)
-    records = test_sample(spec.load(data_dir, "test"), limit, spread)
+    records = sample_test_records(spec.load(data_dir, "test"), limit, spread)
     if not records:
         raise ValueError(f"no test prompts for {task} in {data_dir}")
     n_new = max_new_tokens or spec.max_new_tokens

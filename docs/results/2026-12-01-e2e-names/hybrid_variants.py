@@ -7,7 +7,7 @@ rotating per prompt (every output compared with SuffixDecoding's, which equals p
     gunzip -c docs/results/2026-12-01-e2e-names/follow.patch.gz | git apply
     python docs/results/2026-12-01-e2e-names/hybrid_variants.py --follow-min 0 0.5 0.8 --limit 30
 
-Run from the repository root with the task data at ``../shared/data/TASK``.
+Run from the repository root; ``--data`` defaults to the task data at ``../shared/data/TASK``.
 """
 
 from __future__ import annotations
@@ -31,14 +31,15 @@ from hf_speculative.engine.trees import TreeSpec  # noqa: E402
 
 
 def prompt_args(p: argparse.ArgumentParser, limit: int) -> argparse.Namespace:
-    """Parse ``p`` with the test-prompt options (``--task``, ``--first``, ``--limit``, ``--threads``); sets the
-    threads and ``args.data`` (the task data at ``../shared/data/TASK``)."""
+    """Parse ``p`` with the test-prompt options (``--task``, ``--data``, ``--first``, ``--limit``, ``--threads``) and
+    set the threads; ``--data`` defaults to the task data at ``../shared/data/TASK`` beside the repository."""
     p.add_argument("--task", default="e2e_nlg")
+    p.add_argument("--data", default=None, help="the task's data folder")
     p.add_argument("--first", type=int, default=0)
     p.add_argument("--limit", type=int, default=limit)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
-    args.data = str(ROOT.parent / "shared" / "data" / args.task)
+    args.data = args.data or str(ROOT.parent / "shared" / "data" / args.task)
     torch.set_num_threads(args.threads)
     return args
 
