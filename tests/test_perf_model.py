@@ -84,6 +84,19 @@ def test_get_cost_curve_measures_once_then_loads_from_disk(tmp_path, monkeypatch
     assert get_cost_curve(model) == first and len(calls) == 1  # from disk
     # another dtype is another curve (and another file)
     assert perf_model.cost_curve_path(model.to(torch.float64)) != perf_model.cost_curve_path(model.to(torch.float32))
+    # a new version of the engine's kernel measures again: its source is part of both keys
+    from hf_speculative.engine import kernels
+    from hf_speculative.engine.kernels import build
+
+    with_kernels = hfs.enable(tiny_model("llama"))
+    paths = perf_model.cost_curve_path(with_kernels), kernels.kernel_table_path(with_kernels)
+    torch_path = perf_model.cost_curve_path(model)
+    with monkeypatch.context() as patch:
+        patch.setattr(build, "source_digest", lambda: "another-kernel")
+        assert perf_model.cost_curve_path(with_kernels) != paths[0]
+        assert kernels.kernel_table_path(with_kernels) != paths[1]
+        assert perf_model.cost_curve_path(model) == torch_path  # kernels="torch": no kernel in the key
+    assert (perf_model.cost_curve_path(with_kernels), kernels.kernel_table_path(with_kernels)) == paths
     # an injected curve wins, and can be withdrawn
     fixed = CostCurve((1, 2), (1.0, 1.5))
     set_cost_curve(model, fixed)

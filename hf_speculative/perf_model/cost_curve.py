@@ -321,7 +321,8 @@ CURVE_VERSION = "engine-step-4"  # 4: timed with the in-place kernels
 
 def cost_curve_path(model, prefix: int = 128) -> Path:
     """``$HF_SPECULATIVE_CACHE/cost_curves/<key>.json``, the key naming the machine, dtype, model and whether the
-    engine's kernels are on (`hf_speculative.engine.policy.SpeedPolicy`)."""
+    engine's kernels are on (`hf_speculative.engine.policy.SpeedPolicy`), and if on, the kernel's source."""
+    from ..engine.kernels.build import source_digest
     from ..engine.policy import speed_policy
     from ..paths import cache_root, speed_key
 
@@ -329,6 +330,8 @@ def cost_curve_path(model, prefix: int = 128) -> Path:
     parts = [machine_description(param.device), str(param.dtype), speed_key(model), str(prefix), CURVE_VERSION]
     if speed_policy(model).kernels != "auto":
         parts.append(f"kernels={speed_policy(model).kernels}")
+    else:  # a curve measured with another version of the kernel is measured again
+        parts.append(source_digest())
     key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
     return cache_root() / "cost_curves" / f"{key}.json"
 

@@ -35,6 +35,7 @@ __all__ = [
     "ABI_VERSION",
     "BUILD_TIMEOUT",
     "SOURCE",
+    "source_digest",
     "build_direct_gemm",
     "built_direct_gemm",
     "kernel_library_path",
@@ -75,6 +76,13 @@ def _cpu_signature() -> str:
         return os.uname().machine
     keep = [ln for ln in lines if ln.startswith(("model name", "flags", "Features"))]
     return "\n".join(sorted(set(keep)))
+
+
+@lru_cache(maxsize=None)
+def source_digest() -> str:
+    """A short hash of the kernel's source: the cached kernel tables and cost curves name it, so that what was measured
+    with another version of the kernel is measured again."""
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
 
 
 def kernel_library_path(compiler: str) -> Path:

@@ -5,9 +5,10 @@
  * the kernels add no memory. What makes that fast is the order of the reads:
  *
  *  - up to SMALL_M rows of x: one weight row at a time, every row of x against it (a row of x per accumulator
- *    set), so the whole weight is one sequential stream through memory, prefetched PF_AHEAD elements ahead;
- *    past STREAM_ANY_K rows only while those rows of x fit a core's L1 data cache (STREAM_X_BYTES): each weight
- *    row reads every row of x again, and from L2 that costs more than the x-transposed path's padded tile;
+ *    set), so the whole weight is one sequential stream through memory, every cache line of it prefetched
+ *    PF_AHEAD elements ahead; past STREAM_ANY_K rows only while those rows of x fit a core's L1 data cache
+ *    (STREAM_X_BYTES): each weight row reads every row of x again, and from L2 that costs more than the
+ *    x-transposed path's padded tile;
  *  - 13-24 rows on AVX-512 (32 vector registers): register blocks of 4 rows of x by 6 weight rows, K along the
  *    lanes, in chunks of BLOCK_KC so a group's chunk and x's stay in L1: 10 loads for 24 FMAs;
  *  - more rows: x is transposed once into a small per-thread buffer (tiles of XT_TILE rows, K x XT_TILE floats
@@ -95,7 +96,8 @@ static inline float hsum_tree(vf v) {
             int64_t k = 0;                                                                                \
             for (; k + U * VW <= K; k += U * VW) {                                                        \
                 __builtin_prefetch(w + k + PF_AHEAD);                                                     \
-                if (U * VW * sizeof(WT) > 64) __builtin_prefetch(w + k + PF_AHEAD + 64 / sizeof(WT));     \
+                for (int q = 64; q < U * VW * (int)sizeof(WT); q += 64)                                   \
+                    __builtin_prefetch(w + k + PF_AHEAD + q / sizeof(WT));                                \
                 for (int u = 0; u < U; u++) {                                                             \
                     vf wv = load_##NAME(w + k + u * VW);                                                  \
                     for (int i = 0; i < R; i++) acc[i][u] += load_f32(x + i * K + k + u * VW) * wv;       \
@@ -473,8 +475,10 @@ static int blocked_rows(int64_t M) {
 #endif
 }
 
+/* the sequential path's accumulators per row of x (U) by row count: 2 and 3 rows with 2 each (with 4, a 2-core AMD
+ * EPYC ran them slower than 4 rows) */
 #define DEFINE_KERNELS(NAME, WT)                                                                          \
-    DEFINE_STREAM(NAME, WT, 1, 4) DEFINE_STREAM(NAME, WT, 2, 4) DEFINE_STREAM(NAME, WT, 3, 4)              \
+    DEFINE_STREAM(NAME, WT, 1, 4) DEFINE_STREAM(NAME, WT, 2, 2) DEFINE_STREAM(NAME, WT, 3, 2)              \
     DEFINE_STREAM(NAME, WT, 4, 3) DEFINE_STREAM(NAME, WT, 5, 2) DEFINE_STREAM(NAME, WT, 6, 2)              \
     DEFINE_STREAM(NAME, WT, 7, 1) DEFINE_STREAM(NAME, WT, 8, 1) DEFINE_STREAM(NAME, WT, 9, 1)              \
     DEFINE_STREAM(NAME, WT, 10, 1) DEFINE_STREAM(NAME, WT, 11, 1) DEFINE_STREAM(NAME, WT, 12, 1)           \

@@ -486,13 +486,15 @@ def measure_kernel_table(
 
 def kernel_table_path(model) -> Path:
     """``$HF_SPECULATIVE_CACHE/kernel_tables/<key>.json``, the key naming the machine (CPU, thread count), the
-    dtype and the model (`hf_speculative.paths.speed_key`: its config, shapes and a few values)."""
+    dtype, the model (`hf_speculative.paths.speed_key`: its config, shapes and a few values) and the kernel's source
+    (`build.source_digest`)."""
     import hashlib
 
     from ...paths import cache_root, machine_description, speed_key
+    from .build import source_digest
 
     param = next(model.parameters())
-    parts = [machine_description(param.device), str(param.dtype), speed_key(model), "kernel-table-2"]
+    parts = [machine_description(param.device), str(param.dtype), speed_key(model), "kernel-table-2", source_digest()]
     return cache_root() / "kernel_tables" / f"{hashlib.sha256('|'.join(parts).encode()).hexdigest()[:16]}.json"
 
 
