@@ -784,6 +784,8 @@ def train_arm(
     command: str | None = None,
 ) -> dict:
     """Train one arm on one task and write its folder ``out`` (weights + ``downstream.json``); returns the record."""
+    from transformers import set_seed
+
     from hf_speculative.bench.reference import resolve_model
 
     from .tasks import calibration_split, get_task
@@ -807,6 +809,9 @@ def train_arm(
         train = train[:limit]
     print(f"{task}: {len(train)} training pairs, {len(calib)} calibration pairs", file=sys.stderr)
     model, tokenizer = resolve_model(base_model, device=device)
+    # the new modules' random initialisation (stream embeddings, LoRA, heads) from --seed, not from whatever drew
+    # random numbers in this process before: the same command trains the same weights
+    set_seed(cfg.seed)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     # under several processes (accelerate launch) each takes its share of every optimizer step's examples
