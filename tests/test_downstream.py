@@ -478,6 +478,10 @@ def test_streaming_arm_with_tree_pruning_and_a_learning_curve(work, trained, tmp
     assert all(p["expected_tau_calibrated"] >= 1.0 for p in curve)
     config = json.loads((out / "config.json").read_text())
     assert config["pruning_layer"] == 1 and config["pruning_threshold"] == 0.2
+    # the tiny model, a few seconds trained, predicts nearly uniformly: an answer that it happens to end at once has no
+    # tree step to count; without an end-of-sequence token every answer runs its 12 tokens (plain decoding too)
+    generation = json.loads((out / "generation_config.json").read_text())
+    (out / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": None}))
     nodes = {}
     for threshold in ("0.9", "0"):
         result_path = tmp_path / f"pruned_{threshold}.json"
