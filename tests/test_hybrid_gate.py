@@ -59,6 +59,11 @@ def test_the_gate_drafts_where_the_measured_gain_pays_and_still_explores():
         gate.observe(1.0, 0.6)
     assert gate.gain(1.0) == pytest.approx(0.6, rel=0.02) and gate.wants(1.0, 1.0, 0.5)
     assert not gate.wants(1.0, 1.0, 0.7)  # 0.6 tokens do not pay for 0.7 steps of drafting
+    assert gate.extra_cost(1.0) == 0.0  # no extra verification measured: drafting alone is priced
+    for _ in range(400):
+        gate.observe(1.0, 0.6, extra_cost=0.3)  # the same gain, each time with 0.3 steps more verification
+    assert gate.extra_cost(1.0) == pytest.approx(0.3, rel=0.05)
+    assert gate.wants(1.0, 1.0, 0.2) and not gate.wants(1.0, 1.0, 0.4)  # 0.6 pays for 0.2 + 0.3, not 0.4 + 0.3
 
 
 def test_suffix_and_eagle_drafts_carry_their_own_scores():
@@ -109,3 +114,41 @@ def test_the_gate_leaves_eagle_out_where_suffix_is_sure_and_output_is_unchanged(
     out = model.generate(other, assistant_model=hybrid, max_new_tokens=30, do_sample=False)
     assert torch.equal(out, model.generate(other, max_new_tokens=30, do_sample=False))
     assert hybrid.drafted[0] > drafted
+
+
+def test_rows_only_suffixdecoding_drafted_are_verified_with_its_own_tree(monkeypatch):
+    """When the gate leaves EAGLE out, the hybrid verifies SuffixDecoding's draft as SuffixDecoding drafts it
+    alone (it prices its own tree); when EAGLE drafts, the merged tree is priced by the hybrid."""
+    model = hfs.enable(tiny_model("llama", seed=5, num_layers=4))
+    prompt = torch.tensor([[3, 9, 14, 2, 30, 7]])
+    ref = model.generate(prompt, max_new_tokens=24, do_sample=False)
+    answer = ref[0, prompt.shape[1] :].tolist()
+    eagle = EagleDrafter.from_base_model(model, variant="eagle3", draft_vocab_size=60)
+    sfx = hfs.SuffixDrafter(cost_curve=_costly_curve()).warm([answer, answer[:5] + [1, 2, 3]])
+    hybrid = hfs.HybridDrafter([eagle, sfx], cost_curve=_costly_curve(), max_depth=32)
+    own, verified = [], []
+    propose = type(sfx).propose_batch
+
+    def suffix_propose(self, *args):
+        drafts = propose(self, *args)
+        own.extend(drafts)
+        return drafts
+
+    monkeypatch.setattr(type(sfx), "propose_batch", suffix_propose)
+    monkeypatch.setattr(DraftGate, "wants", lambda self, *args: False)  # EAGLE never drafts
+    hybrid_propose = type(hybrid).propose_batch
+    monkeypatch.setattr(
+        type(hybrid), "propose_batch", lambda self, *a: verified.extend(hybrid_propose(self, *a)) or verified[-1:]
+    )
+    out = model.generate(prompt, assistant_model=hybrid, max_new_tokens=24, do_sample=False)
+    assert torch.equal(out, ref)
+    assert len(own) == len(verified) > 0 and max(len(d) for d in own) > 1
+    for mine, theirs in zip(own, verified):
+        assert torch.equal(mine.tokens, theirs.tokens) and mine.parents == theirs.parents
+
+    # a call's smaller budget cuts that tree (depth first, then nodes in order), its ancestors kept
+    verified.clear()
+    budget = hfs.TreeSpec([(0,), (0, 0), (0, 0, 0)])
+    out = model.generate(prompt, assistant_model=hybrid, max_new_tokens=24, do_sample=False, speculative_tree=budget)
+    assert torch.equal(out, ref) and max(len(d) for d in verified) > 1
+    assert all(len(d) <= 4 and all(p < i for i, p in enumerate(d.parents) if i) for d in verified)

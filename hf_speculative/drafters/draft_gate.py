@@ -2,16 +2,19 @@
 a row this step?
 
 The free parts (prompt lookup, SuffixDecoding, Token Recycling) draft first; their merged plan expects ``tau_free``
-tokens at a verification cost of ``cost_free`` plain steps. Drafting the costly part adds ``d`` steps of drafting and
-some expected tokens ``g``, its gain over the free plan. It pays when ``(tau_free + g) / (cost_free + d)`` beats
-``tau_free / cost_free``, that is when ``g > tau_free * d / cost_free``.
+tokens at a verification cost of ``cost_free`` plain steps. Drafting the costly part adds ``d`` steps of drafting,
+``e`` steps of verification (the merged tree's nodes beyond the free plan's, on the target's cost curve) and some
+expected tokens ``g``, its gain over the free plan. It pays when ``(tau_free + g) / (cost_free + d + e)`` beats
+``tau_free / cost_free``, that is when ``g > tau_free * (d + e) / cost_free``.
 
 The gain is measured, not guessed: after each verification of a row the part drafted for, the gate compares the
 tokens accepted with the tokens the free plan alone would have accepted (`accepted_depth`). The gain depends on how
 good the free plan is (a long suffix match leaves little to add; no match leaves everything), so it is kept per band
 of ``tau_free`` (`TAU_EDGES`): a mean that starts from an optimistic prior (`PRIOR_GAIN`, worth `PRIOR_ROWS` rows,
 so a band drafts until its rows show otherwise) and forgets old rows slowly (`DECAY`: about the last hundred count),
-so it follows a part whose acceptance changes. A band that skips still drafts once in `EXPLORE_EVERY` rows.
+so it follows a part whose acceptance changes. The extra verification cost ``e`` is measured the same way, per band
+(the merged plan's cost less the free plan's, starting from 0). A band that skips still drafts once in
+`EXPLORE_EVERY` rows.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class DraftGate:
         bands = len(TAU_EDGES) + 1
         self.total = [PRIOR_GAIN * PRIOR_ROWS] * bands  # decayed sum of the measured gains per band, prior included
         self.rows = [PRIOR_ROWS] * bands  # decayed count of rows per band, prior included
+        self.extra = [0.0] * bands  # decayed sum of the measured extra verification costs per band (prior: 0)
         self.skips = [0] * bands  # rows skipped per band since its last exploration
 
     @staticmethod
@@ -65,10 +69,16 @@ class DraftGate:
         b = self.band(tau_free)
         return self.total[b] / self.rows[b]
 
+    def extra_cost(self, tau_free: float) -> float:
+        """The expected extra verification cost (plain steps) of the merged tree over the free plan, for a row whose
+        free plan expects ``tau_free`` tokens."""
+        b = self.band(tau_free)
+        return self.extra[b] / self.rows[b]
+
     def wants(self, tau_free: float, cost_free: float, drafting: float) -> bool:
         """Whether the part drafts for a row whose free plan expects ``tau_free`` tokens at ``cost_free`` steps; its
         drafting costs ``drafting`` steps."""
-        if self.gain(tau_free) > tau_free * drafting / cost_free:
+        if self.gain(tau_free) > tau_free * (drafting + self.extra_cost(tau_free)) / cost_free:
             return True
         b = self.band(tau_free)
         self.skips[b] += 1
@@ -77,8 +87,10 @@ class DraftGate:
             return True
         return False
 
-    def observe(self, tau_free: float, gain: float) -> None:
-        """A measured gain (tokens accepted beyond the free plan's) for a row whose free plan expected ``tau_free``."""
+    def observe(self, tau_free: float, gain: float, extra_cost: float = 0.0) -> None:
+        """A measured gain (tokens accepted beyond the free plan's) and extra verification cost (the merged plan's
+        cost less the free plan's, in plain steps) for a row whose free plan expected ``tau_free``."""
         b = self.band(tau_free)
         self.total[b] = DECAY * self.total[b] + float(gain)
+        self.extra[b] = DECAY * self.extra[b] + float(extra_cost)
         self.rows[b] = DECAY * self.rows[b] + 1.0

@@ -9,8 +9,8 @@ draft model on the model's own hidden state; their candidates overlap only in pa
    **Gate.** A part that costs drafting time (a drafter network: EAGLE, Medusa heads, a draft model) and declares
    its proposals optional (`TreeDrafter.proposals_optional`) drafts for a row only when it pays there: the free
    parts draft first, and the costly part runs for the rows where the tokens it has been adding beyond the free
-   parts' plan, measured at plans of that quality, are worth its drafting time (`DraftGate`). When SuffixDecoding
-   has found a long copy, EAGLE's forwards are not run at all.
+   parts' plan, measured at plans of that quality, are worth its drafting time and the verification of the nodes it
+   adds (`DraftGate`). When SuffixDecoding has found a long copy, EAGLE's forwards are not run at all.
 2. **Score.** Each node of a part's tree gets an estimated chance of lying on the accepted path: the product, along
    its path, of that part's measured acceptance. A part that scores its own nodes (`DraftTree.scores`:
    SuffixDecoding's empirical probability, EAGLE's confidence) is measured by that confidence
@@ -22,7 +22,10 @@ draft model on the model's own hidden state; their candidates overlap only in pa
    nodes always include their ancestors.
 4. **Keep the best under the cost budget.** Nodes are taken best first; the number kept, N, maximizes expected tau
    per step cost, ``(1 + sum of kept scores) / (c(N + 1) + drafting)``, on the target's cost curve (the parts'
-   drafting costs when they state them), within the call's node and depth budget.
+   drafting costs when they state them), within the call's node and depth budget. A row only one free part drafted
+   for, a part that prices its own draft (SuffixDecoding, on the rows the gate leaves EAGLE out of:
+   `TreeDrafter.prices_own_draft`), is verified with that draft as it is: the tree the part verifies alone, so the
+   hybrid is never below it there.
 5. **Learn.** After verification every part sees the verified (merged) tree and what was accepted, exactly as when
    it drafts alone (`advance_batch`), and the hybrid updates each part's acceptance table from the part's own tree
    (when it drafted one for the row).
@@ -145,6 +148,7 @@ class HybridDrafter(TreeDrafter):
         #: per part: its gate (used when the part costs drafting time and its proposals are optional)
         self.gates = [DraftGate() for _ in self.parts]
         self._free: dict[int, tuple] = {}  # row -> the free parts' plan of this step (when a part was gated)
+        self._merged_cost: dict[int, float] = {}  # row -> this step's verification cost (when a gated part drafted)
         #: the target the parts were last made drafters for (a weak reference) and those drafters
         self._resolved: tuple[weakref.ref, list[TreeDrafter]] | None = None
         self._part_trees: list[TreeSpec | None] = []  # each part's own tree of the call (set by begin_batch)
@@ -207,7 +211,7 @@ class HybridDrafter(TreeDrafter):
     def begin_batch(self, prompts: list[torch.LongTensor], target_outputs: TargetRows) -> None:
         if not self.drafters:
             raise RuntimeError("HybridDrafter was not attached to a target (the engine calls attach_target)")
-        self._own, self._free = {}, {}
+        self._own, self._free, self._merged_cost = {}, {}, {}
         batch = len(prompts)
         self._part_trees = self._part_trees_for(batch)
         for drafter in self.drafters:
@@ -216,6 +220,7 @@ class HybridDrafter(TreeDrafter):
         self._gated = [
             self.gate and cost > 0 and d.capabilities.proposals_optional for d, cost in zip(self.drafters, self._costs)
         ]
+        self._prices_own = [d.capabilities.prices_own_draft for d in self.drafters]
         self._verify_cost = lambda n: curve(batch * n) / curve(batch) if batch > 1 else curve(n)
 
     def _plan(self, own: list[DraftTree | None], values: list[list[float] | None], tree: TreeSpec, root: int):
@@ -225,11 +230,24 @@ class HybridDrafter(TreeDrafter):
         present = [i for i, draft in enumerate(own) if draft is not None]
         if not present:  # every part gated out: a one-token step
             return [root], [-1], [1.0], [0], 1.0, self._verify_cost(1)
+        if len(present) == 1 and not self._gated[present[0]] and self._prices_own[present[0]]:
+            return self._alone_plan(own[present[0]], values[present[0]], tree)
         drafting = sum(self._costs[i] for i in present)
         tokens, parents, scores, depths = merge_drafts([own[i] for i in present], [values[i] for i in present])
         keep, ratio = best_plan(scores, depths, tree.num_nodes, tree.depth, lambda n: self._verify_cost(n) + drafting)
         tau = 1.0 + sum(scores[i] for i in keep[1:])
         return tokens, parents, scores, keep, tau, tau / ratio - drafting
+
+    def _alone_plan(self, draft: DraftTree, values: list[float], tree: TreeSpec):
+        """`_plan` of a row that only a free part pricing its own draft drafted for (`TreeDrafter.prices_own_draft`):
+        that draft as it is, the tree the part would verify alone, cut to the call's node and depth budget."""
+        parents = list(draft.parents)
+        depths = [0] * len(parents)
+        for node in range(1, len(parents)):
+            depths[node] = depths[parents[node]] + 1
+        keep = [node for node in range(len(parents)) if depths[node] <= tree.depth][: tree.num_nodes + 1]
+        tau = 1.0 + sum(values[node] for node in keep[1:])
+        return draft.tokens.tolist(), parents, list(values), keep, tau, self._verify_cost(len(keep))
 
     def _values(self, part: int, draft: DraftTree) -> list[float]:
         table = self.calibration[part] if draft.scores is not None else self.accuracy[part]
@@ -253,7 +271,7 @@ class HybridDrafter(TreeDrafter):
         for i in (i for i, gated in enumerate(self._gated) if not gated):
             draft(i, everyone)
         plans = [None] * len(rows)  # a row's plan, when no gated part drafts for it: the free parts' plan
-        self._free = {}
+        self._free, self._merged_cost = {}, {}
         if any(self._gated):
             plans = [self._plan(own[j], values[j], tree, int(sequences[j][0, -1])) for j in everyone]
             self._free = {rows[j]: plan for j, plan in enumerate(plans)}
@@ -264,6 +282,7 @@ class HybridDrafter(TreeDrafter):
             self._own[r] = own[j]
             if plans[j] is None or any(own[j][i] is not None for i, gated in enumerate(self._gated) if gated):
                 plans[j] = self._plan(own[j], values[j], tree, int(seq[0, -1]))
+                self._merged_cost[r] = plans[j][5]
             tokens, parents, scores, keep, _, _ = plans[j]
             drafts.append(kept_draft(tokens, parents, scores, keep, seq.device))
         return drafts
@@ -272,11 +291,12 @@ class HybridDrafter(TreeDrafter):
         """Each gated part that drafted for row ``r``: the tokens accepted beyond the free plan's (`DraftGate`)."""
         if r not in self._free:
             return
-        tokens, parents, _, keep, tau_free, _ = self._free[r]
+        tokens, parents, _, keep, tau_free, cost_free = self._free[r]
         gain = len(committed) - 1 - accepted_depth(tokens, parents, keep, committed)
+        extra = self._merged_cost.get(r, cost_free) - cost_free  # the merged tree's verification beyond the free plan's
         for i, own in enumerate(self._own.get(r, ())):
             if self._gated[i] and own is not None:
-                self.gates[i].observe(tau_free, gain)
+                self.gates[i].observe(tau_free, gain, extra)
 
     def advance_batch(self, sequences, rows, drafts, results, target_outputs: TargetRows) -> None:
         for r, result in zip(rows, results):
@@ -292,4 +312,4 @@ class HybridDrafter(TreeDrafter):
     def end_batch(self) -> None:
         for drafter in self.drafters:
             drafter.end_batch()
-        self._own, self._free = {}, {}
+        self._own, self._free, self._merged_cost = {}, {}, {}

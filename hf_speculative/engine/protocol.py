@@ -65,6 +65,9 @@ class DrafterCapabilities:
     pruning_layer: int | None
     #: `propose_batch` may be left out for some rows on some steps (see `TreeDrafter.proposals_optional`)
     proposals_optional: bool = False
+    #: each draft is the tree this drafter would verify alone, priced on the target's cost curve (see
+    #: `TreeDrafter.prices_own_draft`)
+    prices_own_draft: bool = False
 
 
 class TreeDrafter(ABC):  # noqa: B024  (no abstract method: a drafter implements the batched or the per-row API)
@@ -93,6 +96,10 @@ class TreeDrafter(ABC):  # noqa: B024  (no abstract method: a drafter implements
     #: catches up on the committed tokens when it next drafts), so a drafter that merges several (`HybridDrafter`) may
     #: leave out its `propose_batch` for some rows on some steps, when its drafting would not pay
     proposals_optional: bool = False
+    #: every draft `propose_batch` returns is already the tree this drafter would verify alone, sized on the target's
+    #: cost curve by the drafter's own scores (SuffixDecoding), even when a `HybridDrafter` gives it a larger budget;
+    #: on a row where it is the only part that drafted, the hybrid verifies that draft as it is
+    prices_own_draft: bool = False
     #: the long-lived object whose step prices (`hf_speculative.engine.step_pricing`) are kept across calls: a drafter
     #: model makes a new `TreeDrafter` per call, so `resolve_drafter` sets the model here (None: this drafter)
     pricing_owner: object | None = None
@@ -115,6 +122,7 @@ class TreeDrafter(ABC):  # noqa: B024  (no abstract method: a drafter implements
             verified_top_k=int(self.verified_top_k),
             pruning_layer=self.pruning_layer,
             proposals_optional=bool(self.proposals_optional),
+            prices_own_draft=bool(self.prices_own_draft),
         )
 
     def tree_for_batch(self, batch_size: int) -> TreeSpec | DynamicTree | None:

@@ -68,6 +68,7 @@ class SuffixDrafter(TreeDrafter):
     """
 
     learns_across_calls = True
+    prices_own_draft = True  # `draft` keeps the nodes that pay on the target's cost curve, by the tree's own scores
     config_class = SuffixConfig
 
     def __init__(self, config: SuffixConfig | None = None, cost_curve=None, **kwargs):
