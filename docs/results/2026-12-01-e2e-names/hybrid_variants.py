@@ -50,6 +50,27 @@ def hybrid_of(arm):
     return next(c["assistant_model"] for c in cells if isinstance(c, dict) and "assistant_model" in c)
 
 
+def alternate(names: list[str], arms, prompts: list[torch.Tensor], n_new: int) -> None:
+    """Decode every prompt with every arm, the arms' order rotating per prompt, and print each arm's tau, time,
+    speed against the first arm's and how many outputs match the first arm's."""
+    for arm in arms:
+        arm.speculative(prompts[0], 8)  # warm-up
+    seconds, accepted, outs = [0.0] * len(arms), [[] for _ in arms], [[] for _ in arms]
+    for i, ids in enumerate(prompts):
+        for k in [(i + j) % len(arms) for j in range(len(arms))]:
+            start = time.perf_counter()
+            out = arms[k].speculative(ids, n_new)
+            seconds[k] += time.perf_counter() - start
+            accepted[k] += list(out.speculative_stats.accepted_lengths)
+            outs[k].append(out.sequences[0, ids.shape[1] :].tolist())
+    for name, s, acc, out in zip(names, seconds, accepted, outs):
+        same = sum(x == y for x, y in zip(out, outs[0]))
+        print(
+            f"{name:28s} tau {sum(acc) / len(acc):.2f}  {s:6.2f} s  {seconds[0] / s:.3f}x {names[0]}'s speed  "
+            f"same {same}/{len(out)}"
+        )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lora", default="model_cards/lora-smollm2-135m-e2e-nlg")
@@ -82,22 +103,7 @@ def main() -> None:
             hybrid, spec = hybrid_of(arm), TreeSpec.from_choices(json.loads(paths))
             hybrid._part_trees_for = lambda b, h=hybrid, spec=spec: [spec] + type(h)._part_trees_for(h, b)[1:]
         prompts = downstream_steps._prompts(args, arms[0].tokenizer)
-        for arm in arms:
-            arm.speculative(prompts[0], 8)  # warm-up
-        seconds, accepted, outs = [0.0] * len(arms), [[] for _ in arms], [[] for _ in arms]
-        for i, ids in enumerate(prompts):
-            for k in [(i + j) % len(arms) for j in range(len(arms))]:
-                start = time.perf_counter()
-                out = arms[k].speculative(ids, 64)
-                seconds[k] += time.perf_counter() - start
-                accepted[k] += list(out.speculative_stats.accepted_lengths)
-                outs[k].append(out.sequences[0, ids.shape[1] :].tolist())
-    for name, s, acc, out in zip(names, seconds, accepted, outs):
-        same = sum(x == y for x, y in zip(out, outs[0]))
-        print(
-            f"{name:28s} tau {sum(acc) / len(acc):.2f}  {s:6.2f} s  {seconds[0] / s:.3f}x SuffixDecoding's speed  "
-            f"same {same}/{len(out)}"
-        )
+        alternate(names, arms, prompts, 64)
 
 
 if __name__ == "__main__":

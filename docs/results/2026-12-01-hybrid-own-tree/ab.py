@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -31,7 +30,7 @@ sys.path.insert(0, str(HERE.parent / "2026-12-01-e2e-names"))
 
 from downstream.compare import _load_arms, parse_arm, sample_test_records  # noqa: E402
 from downstream.tasks import get_task  # noqa: E402
-from hybrid_variants import hybrid_of, prompt_args  # noqa: E402
+from hybrid_variants import alternate, hybrid_of, prompt_args  # noqa: E402
 
 from hf_speculative.training.data import encode_chat  # noqa: E402
 
@@ -77,25 +76,11 @@ def main() -> None:
         records = task.load(args.data, "test")
         records = sample_test_records(records, args.limit, True) if args.spread else records[args.first :][: args.limit]
         prompts = [torch.tensor([encode_chat(arms[0].tokenizer, r.messages)]) for r in records]
-        for arm in arms:
-            arm.speculative(prompts[0], 8)  # warm-up
-        seconds, accepted, outs = [0.0] * len(arms), [[] for _ in arms], [[] for _ in arms]
-        for i, ids in enumerate(prompts):
-            for k in [(i + j) % len(arms) for j in range(len(arms))]:
-                start = time.perf_counter()
-                out = arms[k].speculative(ids, n_new)
-                seconds[k] += time.perf_counter() - start
-                accepted[k] += list(out.speculative_stats.accepted_lengths)
-                outs[k].append(out.sequences[0, ids.shape[1] :].tolist())
-    print(
-        f"{len(prompts)} prompts, {n_new} new tokens at most; SuffixDecoding warmed with {args.warm_answers or 'references'}"
-    )
-    for name, s, acc, out in zip(names, seconds, accepted, outs):
-        same = sum(x == y for x, y in zip(out, outs[0]))
         print(
-            f"{name:28s} tau {sum(acc) / len(acc):.2f}  {s:6.2f} s  {seconds[0] / s:.3f}x SuffixDecoding's speed  "
-            f"same {same}/{len(out)}"
+            f"{len(prompts)} prompts, {n_new} new tokens at most; "
+            f"SuffixDecoding warmed with {args.warm_answers or 'references'}"
         )
+        alternate(names, arms, prompts, n_new)
 
 
 if __name__ == "__main__":
