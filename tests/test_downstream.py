@@ -823,7 +823,8 @@ def test_compare_runs_every_arm_on_one_model_in_one_process(work, trained, tmp_p
 
 def test_compare_samples_the_first_prompts_or_spreads_them_over_the_test_set():
     """``--limit N`` takes the first N test prompts; with ``--spread`` N evenly spaced ones (a test file grouped by
-    venue is sampled across its groups); a limit at or above the test set's size takes it all."""
+    venue is sampled across its groups); a limit at or above the test set's size takes it all; ``--first N`` leaves
+    out the first N."""
     from downstream.compare import sample_test_records
 
     records = list(range(630))
@@ -832,6 +833,9 @@ def test_compare_samples_the_first_prompts_or_spreads_them_over_the_test_set():
     assert spread == list(range(0, 630, 21)) and len(set(spread)) == 30
     assert sample_test_records(records[:7], 3, spread=True) == [0, 2, 4]
     assert sample_test_records(records[:5], 9, spread=True) == records[:5] == sample_test_records(records[:5], None)
+    # ``--first N`` leaves out the first N before either: prompts never among the first N
+    assert sample_test_records(records, 3, first=30) == [30, 31, 32]
+    assert sample_test_records(records, 60, spread=True, first=30) == list(range(30, 630, 10))
 
 
 @pytest.mark.parametrize("method", ["medusa2", "streaming"])

@@ -258,6 +258,7 @@ def _add_compare_parser(sub) -> None:
     c.add_argument(
         "--spread", action="store_true", help="with --limit N: N test prompts evenly spaced over the test set"
     )
+    c.add_argument("--first", type=int, default=0, help="leave out the first N test prompts (before --limit/--spread)")
     c.add_argument("--max-new-tokens", type=int, default=None, help="default: the task's")
     c.add_argument("--output", default=None, help="write the JSON here (and the table beside it, .md)")
     c.add_argument("--warm-answers", default=None, help="warm the suffix drafters with this chat jsonl's answers")
@@ -374,6 +375,7 @@ def run_compare(args) -> int:
         progress=not args.no_progress,
         warm_answers=args.warm_answers,
         spread=args.spread,
+        first=args.first,
     )
     result["threads"] = args.threads
     result["command"] = command_line(args)

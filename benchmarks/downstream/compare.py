@@ -125,15 +125,23 @@ def _arm_record(arm, folder: str, drafter: str, row: dict, plain_tps: float, n: 
     }
 
 
-def sample_test_records(records: list, limit: int | None, spread: bool = False) -> list:
+def sample_test_records(records: list, limit: int | None, spread: bool = False, first: int = 0) -> list:
     """The first ``limit`` test records, or with ``spread`` ``limit`` records evenly spaced over all of them (record
-    ``i * len / limit``). A test file grouped by one field (E2E NLG's by venue: its first 30 MRs name two venues) is
-    then sampled across its groups."""
+    ``i * len / limit``), the first ``first`` left out before either. A test file grouped by one field (E2E NLG's by
+    venue: its first 30 MRs name two venues) is then sampled across its groups."""
+    records = records[first:]
     if not limit or limit >= len(records):
         return list(records)
     if not spread:
         return list(records[:limit])
     return [records[i * len(records) // limit] for i in range(limit)]
+
+
+def _prompts_label(n: int, spread: bool, first: int) -> str:
+    """Which test prompts a comparison decoded, in words."""
+    if spread:
+        return f"{n} spread evenly over the test set" + (f" after the first {first}" if first else "")
+    return f"{n} in order after the first {first}" if first else f"the first {n}"
 
 
 @torch.inference_mode()
@@ -147,11 +155,12 @@ def compare_arms(
     progress: bool = True,
     warm_answers=None,
     spread: bool = False,
+    first: int = 0,
 ) -> dict:
     """Decode the test prompts of ``task`` plainly and with every arm (``FOLDER[:DRAFTER]``), the order rotating per
     prompt, one warm-up prompt first; each arm's speedup is over the plain tokens/s of this run, and ``over_engine``
     over the ``engine`` arm's tokens/s when there is one. The prompts: the first ``limit``, or with ``spread``
-    ``limit`` of them evenly spaced over the test set (`sample_test_records`)."""
+    ``limit`` of them evenly spaced over the test set (`sample_test_records`), after the first ``first`` left out."""
     from hf_speculative.bench.harness import machine_info
     from hf_speculative.bench.shapes import peak_resident_memory
     from hf_speculative.training.data import encode_chat
@@ -163,7 +172,7 @@ def compare_arms(
     if not parsed:
         raise ValueError("compare needs at least one arm")
     loaded = _load_arms(parsed, task, data_dir, device, warm_answers)
-    records = sample_test_records(spec.load(data_dir, "test"), limit, spread)
+    records = sample_test_records(spec.load(data_dir, "test"), limit, spread, first)
     if not records:
         raise ValueError(f"no test prompts for {task} in {data_dir}")
     n_new = max_new_tokens or spec.max_new_tokens
@@ -181,7 +190,7 @@ def compare_arms(
     return {
         "task": task,
         "n": len(records),
-        "prompts": f"{len(records)} spread evenly over the test set" if spread else f"the first {len(records)}",
+        "prompts": _prompts_label(len(records), spread, first),
         "max_new_tokens": n_new,
         "plain_tokens_per_s": round(plain_tps, 3),
         "metric": compute_metric(task, texts, [list(r.reference) for r in records]),
