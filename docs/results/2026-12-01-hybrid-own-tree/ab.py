@@ -73,8 +73,7 @@ def main() -> None:
         gate_without_verification(hybrid_of(arms[4]))
         if args.only:
             names, arms = [names[0], names[1], names[4]], [arms[0], arms[1], arms[4]]
-        records = task.load(args.data, "test")
-        records = sample_test_records(records, args.limit, True) if args.spread else records[args.first :][: args.limit]
+        records = sample_test_records(task.load(args.data, "test"), args.limit, args.spread, args.first)
         prompts = [torch.tensor([encode_chat(arms[0].tokenizer, r.messages)]) for r in records]
         print(
             f"{len(prompts)} prompts, {n_new} new tokens at most; "

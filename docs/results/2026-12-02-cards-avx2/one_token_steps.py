@@ -4,12 +4,13 @@ off, as the bench's ``engine`` method) and with the card as its drafter (pricing
 pricer), alternating, two rounds; per call, its target forwards, how many verified a drafted tree, and the engine's
 timings.
 
-    python docs/results/2026-12-02-cards-avx2/one_token_steps.py
+    python docs/results/2026-12-02-cards-avx2/one_token_steps.py   (from any directory)
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 from transformers import AutoModel
@@ -19,7 +20,7 @@ from hf_speculative.bench.prompts import load_prompts
 from hf_speculative.bench.reference import resolve_model
 from hf_speculative.bench.root_only import RootOnlyDrafter
 
-CARD = "model_cards/speculative-streaming-smollm2-135m-instruct"
+CARD = Path(__file__).resolve().parents[3] / "model_cards" / "speculative-streaming-smollm2-135m-instruct"
 
 
 def main() -> None:
@@ -34,9 +35,10 @@ def main() -> None:
         for r in load_prompts("heldout", limit=8)
     ]
     settings = dict(max_new_tokens=64, do_sample=False, return_dict_in_generate=True)
+    root_only = RootOnlyDrafter()
     arms = {
         "engine, nothing drafted": lambda ids: model.generate(
-            ids, assistant_model=RootOnlyDrafter(), speculative_pricing=False, **settings
+            ids, assistant_model=root_only, speculative_pricing=False, **settings
         ),
         "Speculative Streaming card": lambda ids: model.generate(ids, assistant_model=stream, **settings),
     }
